@@ -1,0 +1,146 @@
+# autoreply - build, test, sanitizers, fuzzing, benchmarks.
+#   make            library + bin/autoreply
+#   make test       every test (unit, golden fixtures, fuzz corpus replay)
+#   make asan       the whole suite under AddressSanitizer + UndefinedBehaviorSanitizer
+#   make fuzz       libFuzzer targets (clang), run briefly over their corpus
+#   make bench      benchmark programs under bench/
+#   make deps       install the Debian packages the build needs (root)
+
+CC       ?= cc
+BUILD    ?= build
+OPT      ?= -O2
+WERROR   ?=
+SAN      ?=
+PKGS     := libmicrohttpd sqlite3 libpcre2-8 libcjson msgpack
+PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+
+WARN := -Wall -Wextra -Wpedantic -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
+        -Wcast-qual -Wpointer-arith -Wformat=2 -Wvla -Wundef -Wdouble-promotion
+CFLAGS_ALL := -std=c11 -D_GNU_SOURCE $(OPT) -g -fno-math-errno -pthread $(WARN) \
+              $(if $(WERROR),-Werror) $(SAN) -Iinclude -Isrc $(PKG_CFLAGS) $(CFLAGS)
+LDLIBS_ALL := $(PKG_LIBS) -lm -pthread $(LDLIBS)
+
+# Per-file ISA flags: only kernels/ builds SIMD code; the choice is made at run time.
+FLAGS_avx2        := -mavx2 -mfma -mf16c
+FLAGS_avx512      := -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512dq
+FLAGS_avx512_vnni := $(FLAGS_avx512) -mavx512vnni
+
+# Modules in layer order (ARCHITECTURE.md) and what each may use.
+MODULES := base gguf kernels kv tokenizer sampler model metrics store engine reply server
+DEPS_base      :=
+DEPS_gguf      := base
+DEPS_kernels   := base
+DEPS_kv        := base
+DEPS_tokenizer := gguf base
+DEPS_sampler   := base
+DEPS_model     := gguf kernels kv base
+DEPS_metrics   := base
+DEPS_store     := base
+DEPS_engine    := model tokenizer sampler gguf kernels kv base
+DEPS_reply     := engine store metrics model tokenizer sampler gguf kernels kv base
+DEPS_server    := reply engine store metrics model tokenizer sampler gguf kernels kv base
+DEPS_cli       := server reply engine store metrics model tokenizer sampler gguf kernels kv base
+
+srcs_of = $(wildcard src/$(1)/*.c)
+objs_of = $(patsubst src/%.c,$(BUILD)/obj/%.o,$(call srcs_of,$(1)))
+lib_of  = $(BUILD)/lib/libar_$(1).a
+libs_for = $(foreach m,$(1) $(DEPS_$(1)),$(call lib_of,$(m)))
+
+LIB_ALL := $(BUILD)/libautoreply.a
+BIN     := bin/autoreply
+
+.PHONY: all test asan fuzz fuzz-run bench deps clean format check-fixtures
+all: $(BIN)
+
+$(BUILD)/obj/%.o: src/%.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) $(FLAGS_$(basename $(notdir $<))) -MMD -MP -c $< -o $@
+
+define module_lib
+$(call lib_of,$(1)): $(call objs_of,$(1))
+	@mkdir -p $$(dir $$@)
+	@rm -f $$@
+	ar rcs $$@ $$^
+endef
+$(foreach m,$(MODULES),$(eval $(call module_lib,$(m))))
+
+$(LIB_ALL): $(foreach m,$(MODULES),$(call objs_of,$(m)))
+	@mkdir -p $(dir $@)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BIN): $(call objs_of,cli) $(LIB_ALL)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -o $@ $(call objs_of,cli) $(LIB_ALL) $(LDLIBS_ALL)
+
+# ---- tests: tests/<module>/<name>_test.c links its module's closure ---------------------
+TEST_SRCS := $(wildcard tests/*/*_test.c)
+TEST_BINS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRCS))
+test_mod = $(word 2,$(subst /, ,$(1)))
+
+define test_rule
+$(patsubst tests/%.c,$(BUILD)/tests/%,$(1)): $(1) $(call libs_for,$(call test_mod,$(1))) $(wildcard tests/harness/*.h)
+	@mkdir -p $$(dir $$@)
+	$(CC) $(CFLAGS_ALL) -Wno-missing-prototypes -Itests -o $$@ $(1) \
+	    $(call libs_for,$(call test_mod,$(1))) -lcmocka $(LDLIBS_ALL)
+endef
+$(foreach t,$(TEST_SRCS),$(eval $(call test_rule,$(t))))
+
+# Fuzz targets double as corpus-replay programs in every build.
+FUZZ_SRCS := $(wildcard fuzz/*_fuzz.c)
+FUZZ_REPLAY := $(patsubst fuzz/%.c,$(BUILD)/fuzz/%_replay,$(FUZZ_SRCS))
+$(BUILD)/fuzz/%_replay: fuzz/%.c fuzz/replay_main.c $(LIB_ALL)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -Wno-missing-prototypes -o $@ $< fuzz/replay_main.c $(LIB_ALL) $(LDLIBS_ALL)
+
+tests: $(TEST_BINS) $(FUZZ_REPLAY) $(BIN)
+
+test: tests
+	@BUILD=$(BUILD) sh tests/run.sh
+
+asan:
+	$(MAKE) BUILD=build-asan OPT=-O1 \
+	    SAN="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" test
+
+# ---- fuzzing (clang + libFuzzer) --------------------------------------------------------
+FUZZ_CFLAGS := -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all
+fuzz:
+	$(MAKE) CC=clang BUILD=build-fuzz OPT=-O1 SAN="$(FUZZ_CFLAGS)" build-fuzz/libautoreply.a
+	@mkdir -p build-fuzz/bin
+	@for f in $(FUZZ_SRCS); do n=$$(basename $$f .c); \
+	    echo "clang $$f"; \
+	    clang -std=c11 -D_GNU_SOURCE -O1 -g -Iinclude -Isrc $(PKG_CFLAGS) \
+	        -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
+	        -o build-fuzz/bin/$$n $$f build-fuzz/libautoreply.a $(LDLIBS_ALL) || exit 1; done
+
+FUZZ_SECONDS ?= 30
+fuzz-run: fuzz
+	@for f in $(FUZZ_SRCS); do n=$$(basename $$f .c); \
+	    mkdir -p build-fuzz/corpus/$$n; \
+	    d=""; [ -f fuzz/$$n.dict ] && d="-dict=fuzz/$$n.dict"; \
+	    echo "fuzzing $$n for $(FUZZ_SECONDS)s"; \
+	    build-fuzz/bin/$$n -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 $$d \
+	        build-fuzz/corpus/$$n fuzz/corpus/$$n || exit 1; done
+
+# ---- benchmarks ---------------------------------------------------------------------------
+BENCH_SRCS := $(wildcard bench/*.c)
+BENCH_BINS := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRCS))
+$(BUILD)/bench/%: bench/%.c $(LIB_ALL)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -Wno-missing-prototypes -o $@ $< $(LIB_ALL) $(LDLIBS_ALL)
+bench: $(BENCH_BINS) $(BIN)
+
+check-fixtures: $(BIN)
+	$(BIN) check-fixtures ../shared/fixtures
+
+deps:
+	sh tools/install-deps.sh
+
+format:
+	clang-format -i $$(find src tests fuzz bench include -name '*.[ch]')
+
+clean:
+	rm -rf build build-asan build-fuzz bin
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -1,0 +1,170 @@
+/* base.c - status strings, error filling, allocation with fault injection, logging, time.
+ * The only global state of the library lives here (log sink, fault-injection counter). */
+#define _POSIX_C_SOURCE 200809L
+#include "base.h"
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+const char *ar_status_str(enum ar_status st)
+{
+    switch (st) {
+    case AR_OK:
+        return "ok";
+    case AR_ENOMEM:
+        return "out of memory";
+    case AR_EIO:
+        return "i/o error";
+    case AR_EFORMAT:
+        return "malformed input";
+    case AR_EINVAL:
+        return "invalid argument";
+    case AR_EBUSY:
+        return "busy";
+    case AR_ENOTSUP:
+        return "not supported";
+    case AR_ERANGE:
+        return "out of range";
+    case AR_ECANCELED:
+        return "cancelled";
+    }
+    return "unknown status";
+}
+
+enum ar_status ar_err_set(struct ar_err *err, enum ar_status code, uint64_t offset,
+                          const char *fmt, ...)
+{
+    if (err) {
+        va_list ap;
+        err->code = code;
+        err->offset = offset;
+        va_start(ap, fmt);
+        vsnprintf(err->msg, sizeof(err->msg), fmt, ap);
+        va_end(ap);
+    }
+    return code;
+}
+
+/* ---- allocation ---------------------------------------------------------------------- */
+
+static uint64_t alloc_count;
+static uint64_t alloc_fail_at; /* 0: never */
+
+static bool alloc_should_fail(void)
+{
+    if (!alloc_fail_at)
+        return false;
+    return ++alloc_count >= alloc_fail_at;
+}
+
+uint64_t ar_alloc_fail_after(uint64_t n)
+{
+    uint64_t c = alloc_count;
+    alloc_count = 0;
+    alloc_fail_at = n;
+    return c;
+}
+
+void *ar_malloc(size_t size)
+{
+    if (alloc_should_fail())
+        return NULL;
+    return malloc(size ? size : 1);
+}
+
+void *ar_calloc(size_t n, size_t size)
+{
+    if (alloc_should_fail())
+        return NULL;
+    return calloc(n ? n : 1, size ? size : 1);
+}
+
+void *ar_realloc(void *p, size_t size)
+{
+    if (alloc_should_fail())
+        return NULL;
+    return realloc(p, size ? size : 1);
+}
+
+void ar_free(void *p)
+{
+    free(p);
+}
+
+char *ar_strndup(const char *s, size_t len)
+{
+    char *d = ar_malloc(len + 1);
+    if (!d)
+        return NULL;
+    memcpy(d, s, len);
+    d[len] = '\0';
+    return d;
+}
+
+char *ar_strdup(const char *s)
+{
+    return ar_strndup(s, strlen(s));
+}
+
+void *ar_malloc_aligned(size_t size)
+{
+    void *p = NULL;
+    if (alloc_should_fail())
+        return NULL;
+    size = (size + 63) & ~(size_t)63;
+    if (posix_memalign(&p, 64, size ? size : 64) != 0)
+        return NULL;
+    return p;
+}
+
+void ar_free_aligned(void *p)
+{
+    free(p);
+}
+
+/* ---- logging ------------------------------------------------------------------------- */
+
+static ar_log_fn log_fn;
+static void *log_user;
+static enum ar_log_level log_min = AR_LOG_INFO;
+static pthread_mutex_t log_mu = PTHREAD_MUTEX_INITIALIZER;
+
+void ar_log_set(ar_log_fn fn, void *user_data)
+{
+    log_fn = fn;
+    log_user = user_data;
+}
+
+void ar_log_set_level(enum ar_log_level min_level)
+{
+    log_min = min_level;
+}
+
+void ar_log(enum ar_log_level level, const char *fmt, ...)
+{
+    static const char *names[] = {"debug", "info", "warn", "error"};
+    char buf[1024];
+    va_list ap;
+    if (level < log_min)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof(buf), fmt, ap);
+    va_end(ap);
+    if (log_fn) {
+        log_fn(level, buf, log_user);
+        return;
+    }
+    pthread_mutex_lock(&log_mu);
+    fprintf(stderr, "autoreply: %s: %s\n", names[level], buf);
+    pthread_mutex_unlock(&log_mu);
+}
+
+double ar_time_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}

@@ -1,0 +1,20 @@
+/* cpu.h - run-time CPU feature detection (CPUID + XGETBV: the OS must also save the
+ * registers). Kernels are chosen from this at start-up, never at build time only. */
+#ifndef AR_CPU_H
+#define AR_CPU_H
+
+#include <stdbool.h>
+
+struct cpu_features {
+    bool sse42, avx, avx2, fma, f16c;
+    bool avx512f, avx512bw, avx512vl, avx512dq, avx512vnni, avx512bf16;
+    bool avxvnni;
+    bool amx; /* advertised only: AMX faults on use on the machines we know; never used */
+};
+
+/* Detects once and caches; thread-safe after the first call returns. */
+const struct cpu_features *cpu_features_get(void);
+/* One line such as "avx2 fma f16c avx512f avx512bw avx512vl avx512vnni" into buf. */
+void cpu_features_str(const struct cpu_features *cpu, char *buf, int size);
+
+#endif

@@ -1,0 +1,66 @@
+/* kernels.h - compute on tensor types: dequantize, quantize, dot products and matrix tiles,
+ * plus the few f32 vector ops of a transformer layer. Every operation has a scalar reference
+ * (ref.c, the spec); SIMD variants (avx2.c, avx512.c, avx512_vnni.c) are chosen at run time
+ * from the CPU features. Kernels know nothing of models or threads: callers split rows. */
+#ifndef AR_KERNELS_H
+#define AR_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../base/base.h"
+#include "../base/cpu.h"
+#include "../base/types.h"
+
+/* Activation type consumed by the dot product of weight type t:
+ * F32 -> F32, F16 -> F16, BF16 -> BF16, Q8_0/Q4_0 -> Q8_0, Q4_K/Q5_K/Q6_K -> Q8_K
+ * (as llama.cpp's CPU backend rounds activations). AR_TYPE_COUNT when unsupported. */
+enum ar_type kernels_vec_dot_type(enum ar_type t);
+
+struct kernel_ops {
+    const char *name; /* "ref", "avx2", "avx512", "avx512_vnni" */
+
+    /* Per weight type t (indexed by enum ar_type); n is a multiple of t's block size. */
+    /* x: row of n elements of type t -> y: n floats. */
+    void (*to_float[AR_TYPE_COUNT])(const void *x, float *y, int64_t n);
+    /* n floats -> row of type t (activation quantizers Q8_0, Q8_K, F16, BF16, F32). */
+    void (*from_float[AR_TYPE_COUNT])(const float *x, void *y, int64_t n);
+    /* *s = dot(x, y): x a row of type t, y a row of kernels_vec_dot_type(t). */
+    void (*vec_dot[AR_TYPE_COUNT])(int n, float *s, const void *x, const void *y);
+    /* Tile of a matrix product: for i < nr, j < nc:
+     *   y[j * ldy + i] = dot(w row i, x row j)
+     * w rows are w_row bytes apart (type t), x rows x_row bytes apart (vec_dot type). */
+    void (*gemm[AR_TYPE_COUNT])(int n, int nr, int nc, const void *w, size_t w_row,
+                                const void *x, size_t x_row, float *y, size_t ldy);
+
+    /* f32 vector ops */
+    float (*dot_f32)(int n, const float *x, const float *y);
+    float (*dot_f16_f32)(int n, const ar_f16 *x, const float *y);
+    void (*axpy_f32)(int n, float a, const float *x, float *y); /* y += a * x */
+    void (*axpy_f16)(int n, float a, const ar_f16 *x, float *y);
+    /* out = x / rms(x) * w, rms over n with eps */
+    void (*rmsnorm)(int n, float *out, const float *x, const float *w, float eps);
+    /* x = softmax(x) in place over n */
+    void (*softmax)(int n, float *x);
+    /* out[i] = silu(gate[i]) * up[i] */
+    void (*silu_mul)(int n, float *out, const float *gate, const float *up);
+};
+
+/* The reference table (every entry set). */
+const struct kernel_ops *kernels_ref(void);
+/* The best table for this CPU, with every entry a variant lacks filled from the next best
+ * (finally from ref). AR_KERNELS=ref|avx2|avx512|avx512_vnni in the environment forces one
+ * (falling back to ref with a warning when the CPU lacks it). Thread-safe. */
+const struct kernel_ops *kernels_get(void);
+/* All variants this CPU can run, best first, each completed as above; returns the count.
+ * Used by tests to hold each variant to the reference. */
+int kernels_variants(const struct kernel_ops **out, int max);
+
+/* Reference quantizer for weights (used by `autoreply quantize` and gen-model):
+ * quantizes n floats (a multiple of t's block size) into dst. Supports F32, F16, BF16, Q8_0,
+ * Q4_0, Q4_K, Q5_K, Q6_K. Returns bytes written, 0 if t is unsupported. */
+size_t kernels_quantize_row(enum ar_type t, const float *src, void *dst, int64_t n);
+/* Reference dequantizer for any supported type (same as kernels_ref()->to_float[t]). */
+void kernels_dequantize_row(enum ar_type t, const void *src, float *dst, int64_t n);
+
+#endif

@@ -1,0 +1,202 @@
+/* base_test.c - half-precision conversion, type table, thread pool, fault injection. */
+#include "harness/harness.h"
+
+#include <math.h>
+
+#include "base/base.h"
+#include "base/cpu.h"
+#include "base/pool.h"
+#include "base/types.h"
+
+static void f16_roundtrips_every_non_nan_value(void **state)
+{
+    (void)state;
+    for (uint32_t h = 0; h < 65536; h++) {
+        float f = ar_f16_to_f32((ar_f16)h);
+        if (isnan(f))
+            continue;
+        assert_int_equal(ar_f32_to_f16(f), h);
+    }
+}
+
+/* Independent reference: the nearest binary16 by exhaustive search over the 65536 values,
+ * ties to the even bit pattern. */
+static ar_f16 nearest_f16(float x)
+{
+    double best = INFINITY;
+    uint32_t best_h = 0;
+    for (uint32_t h = 0; h < 0x7c00; h++) {
+        double v = ar_f16_to_f32((ar_f16)h);
+        double d = fabs(v - fabs((double)x));
+        if (d < best || (d == best && !(h & 1))) {
+            best = d;
+            best_h = h;
+        }
+    }
+    /* beyond the largest finite value + half an ulp: infinity */
+    if (fabs((double)x) >= 65520.0)
+        best_h = 0x7c00;
+    return (ar_f16)(best_h | (signbit(x) ? 0x8000 : 0));
+}
+
+static void f32_to_f16_rounds_to_nearest_even(void **state)
+{
+    struct th_rng r = {42};
+    (void)state;
+    for (int i = 0; i < 300; i++) {
+        /* spread over the whole binary16 range, subnormals included */
+        float x = th_rng_f32(&r) * ldexpf(1.0f, (int)(th_rng_u64(&r) % 44) - 26);
+        assert_int_equal(ar_f32_to_f16(x), nearest_f16(x));
+    }
+    /* exact halfway cases */
+    assert_int_equal(ar_f32_to_f16(1.0f + ldexpf(1.0f, -11)), 0x3c00);
+    assert_int_equal(ar_f32_to_f16(1.0f + 3 * ldexpf(1.0f, -11)), 0x3c02);
+    assert_int_equal(ar_f32_to_f16(65504.0f), 0x7bff);
+    assert_int_equal(ar_f32_to_f16(65520.0f), 0x7c00);
+    assert_int_equal(ar_f32_to_f16(-INFINITY), 0xfc00);
+}
+
+static void bf16_rounds_to_nearest_even(void **state)
+{
+    (void)state;
+    assert_int_equal(ar_f32_to_bf16(1.0f), 0x3f80);
+    assert_int_equal(ar_f32_to_bf16(ar_bits_f32(0x3f808000u)), 0x3f80); /* tie, even down */
+    assert_int_equal(ar_f32_to_bf16(ar_bits_f32(0x3f818000u)), 0x3f82); /* tie, even up */
+    assert_int_equal(ar_f32_to_bf16(ar_bits_f32(0x3f808001u)), 0x3f81);
+    assert_true(isnan(ar_bf16_to_f32(ar_f32_to_bf16(NAN))));
+}
+
+static void type_table_matches_gguf_sizes(void **state)
+{
+    enum ar_type t;
+    (void)state;
+    assert_int_equal(ar_type_row_size(AR_TYPE_Q8_0, 256), 8 * 34);
+    assert_int_equal(ar_type_row_size(AR_TYPE_Q4_K, 256), 144);
+    assert_int_equal(ar_type_row_size(AR_TYPE_Q6_K, 512), 420);
+    assert_int_equal(ar_type_row_size(AR_TYPE_Q4_0, 33), 0);
+    assert_int_equal(ar_type_row_size(99, 32), 0);
+    assert_true(ar_type_from_name("Q4_K", &t));
+    assert_int_equal(t, AR_TYPE_Q4_K);
+    assert_false(ar_type_from_name("q9_9", &t));
+    assert_string_equal(ar_type_name(123), "?");
+}
+
+struct sum_job {
+    int64_t n;
+    int64_t partial[8];
+    int calls[8];
+};
+
+static void sum_range(void *ctx, int ith, int nth)
+{
+    struct sum_job *j = ctx;
+    int64_t b, e, s = 0;
+    ar_pool_range(j->n, 4, ith, nth, &b, &e);
+    for (int64_t i = b; i < e; i++)
+        s += i;
+    j->partial[ith] = s;
+    j->calls[ith]++;
+}
+
+static void pool_runs_every_thread_once_per_job(void **state)
+{
+    (void)state;
+    for (int nth = 1; nth <= 4; nth++) {
+        struct ar_pool *p;
+        assert_int_equal(ar_pool_create(nth, &p), AR_OK);
+        assert_int_equal(ar_pool_size(p), nth);
+        for (int rep = 0; rep < 200; rep++) {
+            struct sum_job j = {.n = 1001 + rep};
+            int64_t total = 0;
+            ar_pool_run(p, sum_range, &j);
+            for (int i = 0; i < nth; i++) {
+                assert_int_equal(j.calls[i], 1);
+                total += j.partial[i];
+            }
+            assert_int_equal(total, j.n * (j.n - 1) / 2);
+        }
+        ar_pool_destroy(p);
+    }
+}
+
+static void pool_range_covers_without_overlap(void **state)
+{
+    (void)state;
+    for (int64_t n = 0; n < 70; n++) {
+        for (int nth = 1; nth <= 5; nth++) {
+            int64_t expect = 0;
+            for (int i = 0; i < nth; i++) {
+                int64_t b, e;
+                ar_pool_range(n, 8, i, nth, &b, &e);
+                assert_int_equal(b, expect);
+                assert_true(e >= b);
+                assert_true(b % 8 == 0 || b == n);
+                expect = e;
+            }
+            assert_int_equal(expect, n);
+        }
+    }
+}
+
+static void pool_rejects_bad_sizes(void **state)
+{
+    struct ar_pool *p = NULL;
+    (void)state;
+    assert_int_equal(ar_pool_create(0, &p), AR_EINVAL);
+    assert_null(p);
+}
+
+static void fault_injection_fails_nth_allocation(void **state)
+{
+    void *a, *b;
+    (void)state;
+    ar_alloc_fail_after(2);
+    a = ar_malloc(10);
+    b = ar_malloc(10);
+    ar_alloc_fail_after(0);
+    assert_non_null(a);
+    assert_null(b);
+    ar_free(a);
+}
+
+static void err_set_formats_message(void **state)
+{
+    struct ar_err e;
+    (void)state;
+    assert_int_equal(ar_err_set(&e, AR_EFORMAT, 12, "bad %s", "magic"), AR_EFORMAT);
+    assert_string_equal(e.msg, "bad magic");
+    assert_int_equal(e.offset, 12);
+    assert_int_equal(ar_err_set(NULL, AR_EIO, 0, "x"), AR_EIO);
+    assert_string_equal(ar_status_str(AR_ENOMEM), "out of memory");
+}
+
+static void cpu_detection_is_consistent(void **state)
+{
+    const struct cpu_features *c = cpu_features_get();
+    (void)state;
+    /* implications that must hold whatever the machine */
+    if (c->avx512vnni)
+        assert_true(c->avx512f);
+    if (c->avx512bw)
+        assert_true(c->avx512f);
+    if (c->avx2)
+        assert_true(c->avx);
+    assert_ptr_equal(c, cpu_features_get());
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(f16_roundtrips_every_non_nan_value),
+        cmocka_unit_test(f32_to_f16_rounds_to_nearest_even),
+        cmocka_unit_test(bf16_rounds_to_nearest_even),
+        cmocka_unit_test(type_table_matches_gguf_sizes),
+        cmocka_unit_test(pool_runs_every_thread_once_per_job),
+        cmocka_unit_test(pool_range_covers_without_overlap),
+        cmocka_unit_test(pool_rejects_bad_sizes),
+        cmocka_unit_test(fault_injection_fails_nth_allocation),
+        cmocka_unit_test(err_set_formats_message),
+        cmocka_unit_test(cpu_detection_is_consistent),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

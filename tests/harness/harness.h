@@ -1,0 +1,87 @@
+/* harness.h - what every test shares: cmocka, the fixture and model paths, file and JSON
+ * loading, a fixed-seed RNG. Tests run from the repository root (tests/run.sh does so). */
+#ifndef AR_TEST_HARNESS_H
+#define AR_TEST_HARNESS_H
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <cjson/cJSON.h>
+
+/* ../shared beside the checkout, or $AR_SHARED. */
+static inline const char *th_shared_dir(void)
+{
+    const char *d = getenv("AR_SHARED");
+    return d && *d ? d : "../shared";
+}
+
+/* Writes "<shared>/<rel>" into buf and returns buf. */
+static inline const char *th_shared_path(char *buf, size_t size, const char *rel)
+{
+    snprintf(buf, size, "%s/%s", th_shared_dir(), rel);
+    return buf;
+}
+
+/* Reads a whole file (NUL-terminated); NULL on failure. Caller frees with free(). */
+static inline char *th_read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    char *buf;
+    long n;
+    if (!f)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    buf = malloc((size_t)n + 1);
+    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        free(buf);
+        buf = NULL;
+    }
+    fclose(f);
+    if (buf) {
+        buf[n] = '\0';
+        if (len)
+            *len = (size_t)n;
+    }
+    return buf;
+}
+
+/* Parses a JSON file; fails the test when it cannot. Caller frees with cJSON_Delete. */
+static inline cJSON *th_read_json(const char *path)
+{
+    char *text = th_read_file(path, NULL);
+    cJSON *j;
+    if (!text)
+        fail_msg("cannot read %s", path);
+    j = cJSON_Parse(text);
+    free(text);
+    if (!j)
+        fail_msg("cannot parse %s", path);
+    return j;
+}
+
+/* xorshift64*: deterministic data for kernel tests. */
+struct th_rng {
+    uint64_t s;
+};
+static inline uint64_t th_rng_u64(struct th_rng *r)
+{
+    r->s ^= r->s >> 12;
+    r->s ^= r->s << 25;
+    r->s ^= r->s >> 27;
+    return r->s * 2685821657736338717ull;
+}
+/* Uniform in [-1, 1). */
+static inline float th_rng_f32(struct th_rng *r)
+{
+    return (float)((double)(th_rng_u64(r) >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+}
+
+#endif

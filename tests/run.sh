@@ -1,0 +1,36 @@
+#!/bin/sh
+# Runs every test binary and fuzz-corpus replay of $BUILD from the repository root and
+# prints one closing line "N passed, N failed" (N = test cases, from cmocka's summaries).
+BUILD=${BUILD:-build}
+export CMOCKA_MESSAGE_OUTPUT=stdout
+passed=0
+failed=0
+log=$(mktemp)
+for t in $(find "$BUILD/tests" -type f -name '*_test' | sort); do
+    echo "== $t"
+    if "$t" >"$log" 2>&1; then rc=0; else rc=$?; fi
+    cat "$log"
+    p=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' "$log" | awk '{s+=$1} END {print s+0}')
+    f=$(sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' "$log" | awk '{s+=$1} END {print s+0}')
+    if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then
+        echo "!! $t exited with status $rc"
+        f=1
+    fi
+    passed=$((passed + p))
+    failed=$((failed + f))
+done
+for r in $(find "$BUILD/fuzz" -type f -name '*_replay' 2>/dev/null | sort); do
+    n=$(basename "$r" _replay)
+    echo "== $r fuzz/corpus/$n"
+    if "$r" "fuzz/corpus/$n" >"$log" 2>&1; then
+        passed=$((passed + 1))
+        tail -n 1 "$log"
+    else
+        cat "$log"
+        echo "!! corpus replay $n failed"
+        failed=$((failed + 1))
+    fi
+done
+rm -f "$log"
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
