@@ -1,0 +1,174 @@
+/* select.c - builds the kernel tables once from the CPU features and picks one: ref, then
+ * avx2, avx512, avx512_vnni, each starting as a copy of the next lower table so that entries an
+ * ISA file leaves NULL fall back. AR_KERNELS=<name> forces a table. AMX is never used. */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels_internal.h"
+
+enum { V_REF, V_AVX2, V_AVX512, V_AVX512_VNNI, V_COUNT };
+
+static const char *const variant_names[V_COUNT] = {"ref", "avx2", "avx512", "avx512_vnni"};
+static void (*const variant_fill[V_COUNT])(struct kernel_ops *) = {
+    kernels_fill_ref, kernels_fill_avx2, kernels_fill_avx512, kernels_fill_avx512_vnni};
+
+static struct kernel_ops tables[V_COUNT];
+static bool table_ok[V_COUNT];
+static int chosen;
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+
+static bool cpu_can_run(int v, const struct cpu_features *cpu)
+{
+    bool avx2 = cpu->avx2 && cpu->fma && cpu->f16c;
+    bool avx512 = avx2 && cpu->avx512f && cpu->avx512bw && cpu->avx512vl && cpu->avx512dq;
+    switch (v) {
+    case V_REF:
+        return true;
+    case V_AVX2:
+        return avx2;
+    case V_AVX512:
+        return avx512;
+    case V_AVX512_VNNI:
+        return avx512 && cpu->avx512vnni;
+    default:
+        return false;
+    }
+}
+
+/* ---- generic gemm over a table's own vec_dot -------------------------------------------------
+ * A table copied from a lower one keeps that table's gemm, which calls the lower vec_dot. When an
+ * ISA file supplies a faster vec_dot[t] but no gemm[t], the tile loop is rebound to the faster
+ * vec_dot through these small per-(table, type) wrappers. */
+
+static void gemm_loop(void (*dot)(int, float *, const void *, const void *), int n, int nr, int nc,
+                      const void *w, size_t w_row, const void *x, size_t x_row, float *y,
+                      size_t ldy)
+{
+    const uint8_t *wb = w, *xb = x;
+    for (int j = 0; j < nc; j++)
+        for (int i = 0; i < nr; i++)
+            dot(n, &y[(size_t)j * ldy + (size_t)i], wb + (size_t)i * w_row, xb + (size_t)j * x_row);
+}
+
+#define GEMM_WRAP(v, ty)                                                                           \
+    static void gemm_##v##_##ty(int n, int nr, int nc, const void *w, size_t w_row, const void *x, \
+                                size_t x_row, float *y, size_t ldy)                                \
+    {                                                                                              \
+        gemm_loop(tables[v].vec_dot[AR_TYPE_##ty], n, nr, nc, w, w_row, x, x_row, y, ldy);         \
+    }
+#define GEMM_WRAP_ALL(v)                                                                           \
+    GEMM_WRAP(v, F32)                                                                              \
+    GEMM_WRAP(v, F16)                                                                              \
+    GEMM_WRAP(v, BF16)                                                                             \
+    GEMM_WRAP(v, Q8_0)                                                                             \
+    GEMM_WRAP(v, Q4_0)                                                                             \
+    GEMM_WRAP(v, Q4_K)                                                                             \
+    GEMM_WRAP(v, Q5_K)                                                                             \
+    GEMM_WRAP(v, Q6_K)
+GEMM_WRAP_ALL(V_AVX2)
+GEMM_WRAP_ALL(V_AVX512)
+GEMM_WRAP_ALL(V_AVX512_VNNI)
+
+typedef void (*gemm_fn)(int, int, int, const void *, size_t, const void *, size_t, float *, size_t);
+#define GEMM_ROW(v)                                                                                \
+    {                                                                                              \
+        [AR_TYPE_F32] = gemm_##v##_F32, [AR_TYPE_F16] = gemm_##v##_F16,                            \
+        [AR_TYPE_BF16] = gemm_##v##_BF16, [AR_TYPE_Q8_0] = gemm_##v##_Q8_0,                        \
+        [AR_TYPE_Q4_0] = gemm_##v##_Q4_0, [AR_TYPE_Q4_K] = gemm_##v##_Q4_K,                        \
+        [AR_TYPE_Q5_K] = gemm_##v##_Q5_K, [AR_TYPE_Q6_K] = gemm_##v##_Q6_K,                        \
+    }
+static const gemm_fn gemm_wrappers[V_COUNT][AR_TYPE_COUNT] = {
+    [V_AVX2] = GEMM_ROW(V_AVX2),
+    [V_AVX512] = GEMM_ROW(V_AVX512),
+    [V_AVX512_VNNI] = GEMM_ROW(V_AVX512_VNNI),
+};
+
+/* ---- building ------------------------------------------------------------------------------ */
+
+static void build_tables(void)
+{
+    const struct cpu_features *cpu = cpu_features_get();
+    const char *env = getenv("AR_KERNELS");
+
+    kernels_fill_ref(&tables[V_REF]);
+    table_ok[V_REF] = true;
+    for (int v = V_AVX2; v < V_COUNT; v++) {
+        const struct kernel_ops *lower = &tables[v - 1];
+        if (!table_ok[v - 1] || !cpu_can_run(v, cpu))
+            break;
+        /* start empty so we can see what the ISA file filled, then fall back entry by entry */
+        memset(&tables[v], 0, sizeof(tables[v]));
+        variant_fill[v](&tables[v]);
+        for (int t = 0; t < AR_TYPE_COUNT; t++) {
+            if (!tables[v].to_float[t])
+                tables[v].to_float[t] = lower->to_float[t];
+            if (!tables[v].from_float[t])
+                tables[v].from_float[t] = lower->from_float[t];
+            if (!tables[v].vec_dot[t])
+                tables[v].vec_dot[t] = lower->vec_dot[t];
+            if (!tables[v].gemm[t]) {
+                tables[v].gemm[t] = lower->gemm[t];
+                if (tables[v].vec_dot[t] != lower->vec_dot[t] && gemm_wrappers[v][t])
+                    tables[v].gemm[t] = gemm_wrappers[v][t];
+            }
+        }
+#define FALL_BACK(f)                                                                               \
+    if (!tables[v].f)                                                                              \
+        tables[v].f = lower->f;
+        FALL_BACK(dot_f32)
+        FALL_BACK(dot_f16_f32)
+        FALL_BACK(axpy_f32)
+        FALL_BACK(axpy_f16)
+        FALL_BACK(rmsnorm)
+        FALL_BACK(softmax)
+        FALL_BACK(silu_mul)
+#undef FALL_BACK
+        tables[v].name = variant_names[v];
+        table_ok[v] = true;
+    }
+
+    chosen = V_REF;
+    for (int v = 0; v < V_COUNT; v++)
+        if (table_ok[v])
+            chosen = v;
+    if (env && *env) {
+        int want = -1;
+        for (int v = 0; v < V_COUNT; v++)
+            if (strcmp(env, variant_names[v]) == 0)
+                want = v;
+        if (want < 0) {
+            AR_WARN("AR_KERNELS=%s is not a kernel variant (ref, avx2, avx512, avx512_vnni); "
+                    "using ref",
+                    env);
+            chosen = V_REF;
+        } else if (!table_ok[want]) {
+            AR_WARN("AR_KERNELS=%s: this CPU cannot run it; using ref", env);
+            chosen = V_REF;
+        } else {
+            chosen = want;
+        }
+    }
+}
+
+const struct kernel_ops *kernels_ref(void)
+{
+    pthread_once(&once, build_tables);
+    return &tables[V_REF];
+}
+
+const struct kernel_ops *kernels_get(void)
+{
+    pthread_once(&once, build_tables);
+    return &tables[chosen];
+}
+
+int kernels_variants(const struct kernel_ops **out, int max)
+{
+    int n = 0;
+    pthread_once(&once, build_tables);
+    for (int v = V_COUNT - 1; v >= 0; v--)
+        if (table_ok[v] && n < max)
+            out[n++] = &tables[v];
+    return n;
+}

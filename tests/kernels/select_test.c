@@ -1,0 +1,114 @@
+/* select_test.c - run-time kernel selection: AR_KERNELS forces a table, unknown names and
+ * variants the CPU lacks fall back to ref. The choice is made once per process, so each case
+ * runs in a forked child that sets the environment before its first kernels_* call; the
+ * parent never calls kernels_* itself. */
+#include "harness/harness.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "kernels/kernels.h"
+
+/* Child exit codes */
+enum { CHILD_OK = 0, CHILD_WRONG_TABLE = 3, CHILD_NO_WARNING = 4 };
+
+static int warnings;
+
+static void count_warnings(enum ar_log_level level, const char *msg, void *user)
+{
+    (void)msg;
+    (void)user;
+    if (level == AR_LOG_WARN)
+        warnings++;
+}
+
+/* Whether a variant named `name` is available in this CPU: true for "ref", otherwise decided
+ * from the CPU features independently of select.c. */
+static bool cpu_has(const char *name)
+{
+    const struct cpu_features *c = cpu_features_get();
+    bool avx2 = c->avx2 && c->fma && c->f16c;
+    bool avx512 = avx2 && c->avx512f && c->avx512bw && c->avx512vl && c->avx512dq;
+    if (strcmp(name, "ref") == 0)
+        return true;
+    if (strcmp(name, "avx2") == 0)
+        return avx2;
+    if (strcmp(name, "avx512") == 0)
+        return avx512;
+    if (strcmp(name, "avx512_vnni") == 0)
+        return avx512 && c->avx512vnni;
+    return false;
+}
+
+/* In a child: set AR_KERNELS=value, call kernels_get() and check it names `want`, and that a
+ * warning was logged exactly when `warn` is set. Returns the child's exit code. */
+static int run_child(const char *value, const char *want, bool warn)
+{
+    pid_t pid = fork();
+    int status;
+    if (pid == 0) {
+        const struct kernel_ops *k;
+        ar_log_set(count_warnings, NULL);
+        if (value)
+            setenv("AR_KERNELS", value, 1);
+        else
+            unsetenv("AR_KERNELS");
+        k = kernels_get();
+        if (strcmp(k->name, want) != 0)
+            _exit(CHILD_WRONG_TABLE);
+        if (strcmp(want, "ref") == 0 && k != kernels_ref())
+            _exit(CHILD_WRONG_TABLE);
+        if ((warnings > 0) != warn)
+            _exit(CHILD_NO_WARNING);
+        _exit(CHILD_OK);
+    }
+    assert_true(pid > 0);
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    return WEXITSTATUS(status);
+}
+
+static void ar_kernels_ref_forces_the_reference_table(void **state)
+{
+    (void)state;
+    assert_int_equal(run_child("ref", "ref", false), CHILD_OK);
+}
+
+static void unknown_ar_kernels_name_warns_and_uses_ref(void **state)
+{
+    (void)state;
+    assert_int_equal(run_child("sse9", "ref", true), CHILD_OK);
+    assert_int_equal(run_child("AMX", "ref", true), CHILD_OK);
+}
+
+static void ar_kernels_names_each_variant_or_falls_back(void **state)
+{
+    static const char *names[] = {"avx2", "avx512", "avx512_vnni"};
+    (void)state;
+    for (size_t i = 0; i < AR_ARRAY_LEN(names); i++) {
+        bool has = cpu_has(names[i]);
+        assert_int_equal(run_child(names[i], has ? names[i] : "ref", !has), CHILD_OK);
+    }
+}
+
+static void default_choice_is_the_best_the_cpu_supports(void **state)
+{
+    const char *best = cpu_has("avx512_vnni") ? "avx512_vnni"
+                       : cpu_has("avx512")    ? "avx512"
+                       : cpu_has("avx2")      ? "avx2"
+                                              : "ref";
+    (void)state;
+    assert_int_equal(run_child(NULL, best, false), CHILD_OK);
+    assert_int_equal(run_child("", best, false), CHILD_OK);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(ar_kernels_ref_forces_the_reference_table),
+        cmocka_unit_test(unknown_ar_kernels_name_warns_and_uses_ref),
+        cmocka_unit_test(ar_kernels_names_each_variant_or_falls_back),
+        cmocka_unit_test(default_choice_is_the_best_the_cpu_supports),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
