@@ -1,0 +1,80 @@
+/* metrics.h - counters, gauges and histograms with label sets, rendered in the Prometheus
+ * text exposition format 0.0.4 (served by the server's /metrics endpoint).
+ * Hot path: resolve a label set to a child once (metrics_child), cache the pointer, then
+ * update it with lock-free atomics from any thread. */
+#ifndef AR_METRICS_H
+#define AR_METRICS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "autoreply.h"
+
+/* Children per family beyond which new label sets all share one child whose label values
+ * are all "other" (bounds memory when a label value comes from clients). */
+#define METRICS_MAX_CHILDREN 1000
+#define METRICS_MAX_LABELS 8
+#define METRICS_MAX_BUCKETS 64
+
+enum metrics_type { METRICS_TYPE_COUNTER, METRICS_TYPE_GAUGE, METRICS_TYPE_HISTOGRAM };
+
+struct metrics_registry;
+struct metrics_family;
+struct metrics_child;
+
+/* Default latency buckets in seconds, 0.0005 .. 60 (METRICS_DEFAULT_BUCKETS_LEN values). */
+#define METRICS_DEFAULT_BUCKETS_LEN 17
+extern const double metrics_default_buckets[METRICS_DEFAULT_BUCKETS_LEN];
+
+/* Returns a new empty registry; the caller owns it (metrics_registry_destroy, which frees
+ * every family and child: no pointer obtained from it may be used afterwards). */
+enum ar_status metrics_registry_create(struct metrics_registry **out);
+void metrics_registry_destroy(struct metrics_registry *reg);
+
+/* Registers a family. name: [a-zA-Z_:][a-zA-Z0-9_:]*; label_names: NULL-terminated array
+ * (or NULL for none) of [a-zA-Z_][a-zA-Z0-9_]* not starting with "__" ("le" is also
+ * reserved for histograms), at most METRICS_MAX_LABELS, no duplicates. help is any text.
+ * Registering the same name again with the same type, labels (and buckets) returns the
+ * existing family; with different ones AR_EINVAL. *out is borrowed from reg.
+ * Thread-safe. AR_EINVAL, AR_ENOMEM. */
+enum ar_status metrics_counter(struct metrics_registry *reg, const char *name, const char *help,
+                               const char *const *label_names, struct metrics_family **out);
+enum ar_status metrics_gauge(struct metrics_registry *reg, const char *name, const char *help,
+                             const char *const *label_names, struct metrics_family **out);
+/* bounds: n_bounds strictly increasing finite upper bounds (the "+Inf" bucket is implicit),
+ * 1 <= n_bounds <= METRICS_MAX_BUCKETS; bounds NULL: metrics_default_buckets. */
+enum ar_status metrics_histogram(struct metrics_registry *reg, const char *name, const char *help,
+                                 const char *const *label_names, const double *bounds,
+                                 size_t n_bounds, struct metrics_family **out);
+
+/* The child for one label set: label_values has one entry per label name of the family
+ * (NULL entries read as ""; label_values may be NULL for a family without labels). Created
+ * on first use; after METRICS_MAX_CHILDREN children, or if memory runs out, new label sets
+ * get the shared "other" child. Never NULL for a non-NULL family. Borrowed from the
+ * registry. Thread-safe; takes the family's lock, so cache the result on hot paths. */
+struct metrics_child *metrics_child(struct metrics_family *fam, const char *const *label_values);
+
+/* Updates; each is one atomic operation, thread-safe, no locks, no allocation.
+ * A NULL child is ignored. metrics_inc: counters (v >= 0, negative or NaN ignored) and
+ * gauges (any v). metrics_set: gauges only. metrics_observe: histograms only. */
+void metrics_inc(struct metrics_child *c, double v);
+void metrics_set(struct metrics_child *c, double v);
+void metrics_observe(struct metrics_child *c, double v);
+
+/* Reads, for tests and benchmarks. Thread-safe. metrics_value: counter or gauge value,
+ * histogram sum. metrics_histogram_count: number of observations (0 for other types). */
+double metrics_value(const struct metrics_child *c);
+uint64_t metrics_histogram_count(const struct metrics_child *c);
+
+/* The q-quantile (0 <= q <= 1) estimated from a histogram child's buckets: find the bucket
+ * holding rank q * count and interpolate linearly inside it (the lowest bucket starts at 0
+ * when its bound is positive). A rank in the +Inf bucket answers the largest finite bound.
+ * NaN when the child has no observations or is not a histogram. Thread-safe. */
+double metrics_quantile(const struct metrics_child *c, double q);
+
+/* Writes the whole registry as exposition text (families in registration order, children
+ * in creation order) into a new NUL-terminated buffer *out of *len bytes (NUL excluded);
+ * the caller owns it (ar_free). Thread-safe. AR_ENOMEM. */
+enum ar_status metrics_render(struct metrics_registry *reg, char **out, size_t *len);
+
+#endif
