@@ -152,5 +152,9 @@ enum ar_status gguf_writer_add_tensor(struct gguf_writer *w, const char *name, e
 /* Writes version 3 to path atomically (path.tmp, then rename): no partial file is left on
  * failure. Honours general.alignment if it was set as u32. */
 enum ar_status gguf_writer_write(struct gguf_writer *w, const char *path, struct ar_err *err);
+/* Same bytes as gguf_writer_write, into a new buffer of *out_size bytes that the caller
+ * frees with ar_free (tests, fuzz seeds, in-memory round trips). */
+enum ar_status gguf_writer_write_memory(struct gguf_writer *w, void **out, size_t *out_size,
+                                        struct ar_err *err);
 
 #endif
