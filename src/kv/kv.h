@@ -58,4 +58,51 @@ enum ar_status kv_seq_reserve(struct kv_cache *kv, struct kv_seq *s, int64_t n_t
 /* Drops blocks beyond n_tokens positions (keeps ceil(n_tokens / block_tokens)). */
 void kv_seq_truncate(struct kv_cache *kv, struct kv_seq *s, int64_t n_tokens);
 
+/* ---- prefix cache ----------------------------------------------------------------------
+ * Reuse of the KV of identical prompt prefixes (kv/prefix.c). Only FULL blocks are cached.
+ * An entry is one block of block_tokens token ids at a fixed place in a chain: its key is a
+ * 64-bit hash of (parent entry's key, the block's token ids), and the entry also stores its
+ * parent entry's handle and the exact token ids, both compared on lookup, so a hash
+ * collision can never hand out the KV of a different prefix. By induction, a matched chain
+ * of n entries holds exactly the tokens [0, n * block_tokens) of the prompt.
+ * The cache holds one reference on each cached block; a block referenced only by the cache
+ * is evictable, least recently used first, children before parents.
+ * Model identity: a cache belongs to one kv_cache used by one model, so the key is only the
+ * token ids (a cache must never be shared between models).
+ * Handles: 0 is the root (no parent); a handle names an entry and becomes stale (never
+ * matches) once the entry is evicted. Not thread-safe: one thread at a time. */
+struct kv_prefix;
+
+/* kv is borrowed and must outlive the cache. The caller owns *out (kv_prefix_destroy). */
+enum ar_status kv_prefix_create(struct kv_cache *kv, struct kv_prefix **out);
+/* Drops every entry and its block reference. */
+void kv_prefix_destroy(struct kv_prefix *pc);
+
+/* The chained key of one block: parent_key (0 for the first block) and its tokens. */
+uint64_t kv_prefix_hash(uint64_t parent_key, const int32_t *tokens, int n);
+
+/* Walks the full blocks of tokens[0, n_tokens) from the start while they are cached and
+ * appends each matching block to s (taking a reference), which must be empty. Returns the
+ * number of tokens matched (a multiple of block_tokens) and, in *last, the handle of the
+ * last matched entry (0 when none). Matched entries become most recently used. */
+int64_t kv_prefix_lookup(struct kv_prefix *pc, const int32_t *tokens, int64_t n_tokens,
+                         struct kv_seq *s, uint64_t *last);
+
+/* Registers a computed full block: tokens (block_tokens ids) following the entry `parent`
+ * (0: first block). *block is the caller's block holding their K/V. If an equal entry exists
+ * already, *block is replaced by the cached block (a reference is taken on it and the
+ * caller's reference on the old one released: same tokens, same positions, same KV), so a
+ * sequence always holds the blocks of all ancestors of the entries it holds. Otherwise a new
+ * entry takes a reference on *block. *handle receives the entry's handle.
+ * AR_EINVAL when parent is stale (evicted): nothing is registered then. */
+enum ar_status kv_prefix_insert(struct kv_prefix *pc, uint64_t parent, const int32_t *tokens,
+                                int32_t *block, uint64_t *handle);
+
+/* Evicts up to n blocks held only by the cache (LRU, leaves first); returns how many were
+ * freed. */
+int64_t kv_prefix_evict(struct kv_prefix *pc, int64_t n);
+/* Blocks held only by the cache (all evictable); entries in the cache. */
+int64_t kv_prefix_n_evictable(const struct kv_prefix *pc);
+int64_t kv_prefix_n_entries(const struct kv_prefix *pc);
+
 #endif

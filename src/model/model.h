@@ -58,6 +58,7 @@ struct model_batch {
     const int32_t *pos;     /* (n_tokens) */
     const int32_t *seq;     /* (n_tokens) index into the seqs array of model_forward */
     const uint8_t *logits;  /* (n_tokens) nonzero: produce logits for this row; NULL: last row only */
+    int n_seqs;             /* optional: entries in seqs, so seq[] can be checked; 0: unchecked */
 };
 
 struct model_ctx;

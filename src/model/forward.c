@@ -1,0 +1,581 @@
+/* forward.c - one transformer forward pass over a batch of (token, position, sequence) rows,
+ * with K/V in the paged cache. Each step of a layer is a parallel stage on the pool: row
+ * stages (norms, RoPE, activations) split batch rows, matmul stages split weight rows (so
+ * each thread streams its share of every matrix once per batch), attention splits
+ * (row, head) pairs. No stage's result depends on the thread count. */
+#include "model_internal.h"
+
+#include <assert.h>
+#include <math.h>
+
+#include "../kernels/kernels.h"
+
+/* Weight rows per gemm tile and per thread split unit; batch rows per gemm tile. Tiles
+ * start at multiples of these from 0 whatever the thread count, so a thread split never
+ * changes which kernel call computes an output. */
+#define MM_TILE_ROWS 16
+#define MM_TILE_COLS 32
+#define MM_MAX_MATS 3
+
+/* One matmul of a stage: out[j * ldy + i] = dot(w row i, input row j). */
+struct mm_item {
+    const struct model_mat *w;
+    float *out;
+    size_t ldy;
+};
+
+struct model_ctx {
+    const struct model *m;
+    const struct kernel_ops *ops;
+    struct ar_pool *pool; /* borrowed */
+    int nth;
+    int n_batch_max;
+
+    /* scratch, (n_batch_max, width) row-major, allocated once */
+    float *x;    /* owned, n_embd: the residual stream */
+    float *xn;   /* owned, n_embd: normed input of a matmul */
+    float *proj; /* owned, n_embd: attention / ffn output before the residual add */
+    float *q;    /* owned, n_heads * head_dim */
+    float *k;    /* owned, n_kv_heads * head_dim */
+    float *v;    /* owned, n_kv_heads * head_dim */
+    float *att;  /* owned, n_heads * head_dim: attention output */
+    float *gate; /* owned, n_ff */
+    float *up;   /* owned, n_ff */
+    float *hid;  /* owned, n_ff: silu(gate) * up */
+    float *rope; /* owned, rope_dim: (cos, sin) pairs per rotated pair */
+    uint8_t *act;     /* owned, act_row bytes per row: input rows in a vec_dot type */
+    size_t act_row;   /* max bytes of one converted input row over all matrices */
+    float *scores;    /* owned, (nth, score_cap) */
+    int64_t score_cap;
+    int32_t *out_rows; /* owned, (n_batch_max): batch row of each logits row */
+
+    /* What act holds now: rows of `act_src` converted to act_type (NULL: nothing). */
+    const float *act_src;
+    enum ar_type act_type;
+
+    /* ---- state of the running forward pass, read by the stages ---- */
+    struct kv_cache *kv;
+    struct kv_seq *const *seqs;
+    const struct model_batch *b;
+    int n_rows;   /* rows the current row stage covers */
+    int layer;
+    size_t kv_elem; /* 2 (F16) or 4 (F32) */
+    /* row stages */
+    const float *norm_w;      /* norm stage weights */
+    bool norm_add;            /* norm stage: x += proj first */
+    const float *conv_src;    /* convert stage / fused conversion source */
+    int64_t conv_n;           /* elements per row */
+    enum ar_type conv_type;   /* AR_TYPE_F32: no conversion */
+    /* matmul stage */
+    struct mm_item mm[MM_MAX_MATS];
+    int n_mm;
+    const void *mm_x; /* input rows */
+    size_t mm_x_row;  /* bytes between input rows */
+};
+
+/* ---- allocation ---------------------------------------------------------------------- */
+
+static enum ar_status alloc_rows(float **p, int n_rows, int64_t width)
+{
+    uint64_t bytes;
+    if (ar_mul_overflow_u64((uint64_t)n_rows * (uint64_t)width, sizeof(float), &bytes) ||
+        bytes > SIZE_MAX)
+        return AR_ENOMEM;
+    *p = ar_malloc_aligned((size_t)bytes);
+    return *p ? AR_OK : AR_ENOMEM;
+}
+
+static size_t mat_act_row(const struct model_mat *w)
+{
+    return w->vec_type == AR_TYPE_F32 ? 0 : ar_type_row_size(w->vec_type, w->n_in);
+}
+
+enum ar_status model_ctx_create(const struct model *m, int n_batch_max, struct ar_pool *pool,
+                                struct model_ctx **out)
+{
+    const struct model_hparams *hp;
+    struct model_ctx *c;
+    enum ar_status st = AR_ENOMEM;
+    int64_t n_q, n_kv;
+    uint64_t bytes;
+    if (!m || !out || n_batch_max < 1 || n_batch_max > (1 << 20))
+        return AR_EINVAL;
+    hp = &m->hp;
+    n_q = (int64_t)hp->n_heads * hp->head_dim;
+    n_kv = (int64_t)hp->n_kv_heads * hp->head_dim;
+    c = ar_calloc(1, sizeof(*c));
+    if (!c)
+        return AR_ENOMEM;
+    c->m = m;
+    c->ops = kernels_get();
+    c->pool = pool;
+    c->nth = ar_pool_size(pool);
+    c->n_batch_max = n_batch_max;
+
+    c->act_row = mat_act_row(&m->output);
+    for (int l = 0; l < hp->n_layers; l++) {
+        const struct model_layer *L = &m->layers[l];
+        const struct model_mat *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo,
+                                        &L->wgate, &L->wup, &L->wdown};
+        for (size_t i = 0; i < AR_ARRAY_LEN(ws); i++)
+            c->act_row = AR_MAX(c->act_row, mat_act_row(ws[i]));
+    }
+    /* grown on demand by ensure_scores; a huge context_length must not cost memory up front */
+    c->score_cap = AR_MAX(AR_MIN(hp->n_ctx_train, 4096), 16);
+
+    if (alloc_rows(&c->x, n_batch_max, hp->n_embd) || alloc_rows(&c->xn, n_batch_max, hp->n_embd) ||
+        alloc_rows(&c->proj, n_batch_max, hp->n_embd) || alloc_rows(&c->q, n_batch_max, n_q) ||
+        alloc_rows(&c->k, n_batch_max, n_kv) || alloc_rows(&c->v, n_batch_max, n_kv) ||
+        alloc_rows(&c->att, n_batch_max, n_q) || alloc_rows(&c->gate, n_batch_max, hp->n_ff) ||
+        alloc_rows(&c->up, n_batch_max, hp->n_ff) || alloc_rows(&c->hid, n_batch_max, hp->n_ff) ||
+        alloc_rows(&c->rope, n_batch_max, hp->rope_dim) ||
+        alloc_rows(&c->scores, c->nth, c->score_cap))
+        goto fail;
+    if (ar_mul_overflow_u64((uint64_t)n_batch_max, AR_MAX(c->act_row, 1), &bytes) ||
+        bytes > SIZE_MAX || !(c->act = ar_malloc_aligned((size_t)bytes)))
+        goto fail;
+    if (!(c->out_rows = ar_malloc((size_t)n_batch_max * sizeof(*c->out_rows))))
+        goto fail;
+    *out = c;
+    return AR_OK;
+fail:
+    model_ctx_destroy(c);
+    return st;
+}
+
+void model_ctx_destroy(struct model_ctx *c)
+{
+    if (!c)
+        return;
+    ar_free_aligned(c->x);
+    ar_free_aligned(c->xn);
+    ar_free_aligned(c->proj);
+    ar_free_aligned(c->q);
+    ar_free_aligned(c->k);
+    ar_free_aligned(c->v);
+    ar_free_aligned(c->att);
+    ar_free_aligned(c->gate);
+    ar_free_aligned(c->up);
+    ar_free_aligned(c->hid);
+    ar_free_aligned(c->rope);
+    ar_free_aligned(c->act);
+    ar_free_aligned(c->scores);
+    ar_free(c->out_rows);
+    ar_free(c);
+}
+
+/* Grows the per-thread attention score rows to hold n positions (only when a sequence
+ * gets longer than any before). */
+static enum ar_status ensure_scores(struct model_ctx *c, int64_t n)
+{
+    int64_t cap = c->score_cap;
+    float *s;
+    if (n <= cap)
+        return AR_OK;
+    while (cap < n)
+        cap *= 2;
+    if (alloc_rows(&s, c->nth, cap) != AR_OK)
+        return AR_ENOMEM;
+    ar_free_aligned(c->scores);
+    c->scores = s;
+    c->score_cap = cap;
+    return AR_OK;
+}
+
+/* ---- row stages ---------------------------------------------------------------------- */
+
+static void row_range(const struct model_ctx *c, int ith, int nth, int64_t *r0, int64_t *r1)
+{
+    ar_pool_range(c->n_rows, 1, ith, nth, r0, r1);
+}
+
+/* Converts rows [r0, r1) of conv_src into act (the caller checks conv_type != F32). */
+static void convert_rows(struct model_ctx *c, int64_t r0, int64_t r1)
+{
+    for (int64_t r = r0; r < r1; r++)
+        c->ops->from_float[c->conv_type](c->conv_src + r * c->conv_n, c->act + r * c->act_row,
+                                         c->conv_n);
+}
+
+static void stage_embed(void *arg, int ith, int nth)
+{
+    struct model_ctx *c = arg;
+    const struct model_mat *e = &c->m->tok_embd;
+    int64_t n = c->m->hp.n_embd, r0, r1;
+    row_range(c, ith, nth, &r0, &r1);
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *row = (const uint8_t *)e->data + (size_t)c->b->tokens[r] * e->row_size;
+        c->ops->to_float[e->type](row, c->x + r * n, n);
+    }
+}
+
+/* xn[r] = rmsnorm(x[r]) * norm_w, after x += proj when norm_add; then the conversion of
+ * xn[r] for the next matmul when conv_type is not F32. */
+static void stage_norm(void *arg, int ith, int nth)
+{
+    struct model_ctx *c = arg;
+    int64_t n = c->m->hp.n_embd, r0, r1;
+    row_range(c, ith, nth, &r0, &r1);
+    for (int64_t r = r0; r < r1; r++) {
+        float *x = c->x + r * n;
+        if (c->norm_add) {
+            const float *p = c->proj + r * n;
+            for (int64_t i = 0; i < n; i++)
+                x[i] += p[i];
+        }
+        c->ops->rmsnorm((int)n, c->xn + r * n, x, c->norm_w, c->m->hp.rms_eps);
+    }
+    if (c->conv_type != AR_TYPE_F32)
+        convert_rows(c, r0, r1);
+}
+
+static void stage_convert(void *arg, int ith, int nth)
+{
+    struct model_ctx *c = arg;
+    int64_t r0, r1;
+    row_range(c, ith, nth, &r0, &r1);
+    convert_rows(c, r0, r1);
+}
+
+/* hid = silu(gate) * up, then its conversion for the down projection. */
+static void stage_silu(void *arg, int ith, int nth)
+{
+    struct model_ctx *c = arg;
+    int64_t n = c->m->hp.n_ff, r0, r1;
+    row_range(c, ith, nth, &r0, &r1);
+    for (int64_t r = r0; r < r1; r++)
+        c->ops->silu_mul((int)n, c->hid + r * n, c->gate + r * n, c->up + r * n);
+    if (c->conv_type != AR_TYPE_F32)
+        convert_rows(c, r0, r1);
+}
+
+static void rope_rotate(float *x, int n_heads, int head_dim, int rope_dim, bool neox,
+                        const float *cs)
+{
+    int half = rope_dim / 2;
+    for (int h = 0; h < n_heads; h++, x += head_dim) {
+        for (int i = 0; i < half; i++) {
+            float cos_t = cs[2 * i], sin_t = cs[2 * i + 1];
+            int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+            float x0 = x[a], x1 = x[b];
+            x[a] = x0 * cos_t - x1 * sin_t;
+            x[b] = x0 * sin_t + x1 * cos_t;
+        }
+    }
+}
+
+/* Biases, RoPE on q and k, and the K/V rows written into each row's sequence blocks. */
+static void stage_qkv_post(void *arg, int ith, int nth)
+{
+    struct model_ctx *c = arg;
+    const struct model_hparams *hp = &c->m->hp;
+    const struct model_layer *L = &c->m->layers[c->layer];
+    int n_q = hp->n_heads * hp->head_dim, n_kv = hp->n_kv_heads * hp->head_dim;
+    int bt = kv_params(c->kv)->block_tokens;
+    size_t row_size = kv_row_size(c->kv);
+    int64_t r0, r1;
+    row_range(c, ith, nth, &r0, &r1);
+    for (int64_t r = r0; r < r1; r++) {
+        float *q = c->q + r * n_q, *k = c->k + r * n_kv, *v = c->v + r * n_kv;
+        float *cs = c->rope + r * hp->rope_dim;
+        int32_t pos = c->b->pos[r];
+        const struct kv_seq *s = c->seqs[c->b->seq[r]];
+        int32_t block = s->blocks[pos / bt];
+        size_t off = (size_t)(pos % bt) * row_size;
+        uint8_t *kd = (uint8_t *)kv_k_block(c->kv, c->layer, block) + off;
+        uint8_t *vd = (uint8_t *)kv_v_block(c->kv, c->layer, block) + off;
+
+        if (L->bq)
+            for (int i = 0; i < n_q; i++)
+                q[i] += L->bq[i];
+        if (L->bk)
+            for (int i = 0; i < n_kv; i++)
+                k[i] += L->bk[i];
+        if (L->bv)
+            for (int i = 0; i < n_kv; i++)
+                v[i] += L->bv[i];
+        /* angles in double: pos * freq_scale * base^(-2i / rope_dim) */
+        for (int i = 0; i < hp->rope_dim / 2; i++) {
+            double theta = (double)pos * c->m->rope_inv_freq[i];
+            cs[2 * i] = (float)cos(theta);
+            cs[2 * i + 1] = (float)sin(theta);
+        }
+        rope_rotate(q, hp->n_heads, hp->head_dim, hp->rope_dim, hp->rope_neox, cs);
+        rope_rotate(k, hp->n_kv_heads, hp->head_dim, hp->rope_dim, hp->rope_neox, cs);
+        if (c->kv_elem == 4) {
+            memcpy(kd, k, (size_t)n_kv * 4);
+            memcpy(vd, v, (size_t)n_kv * 4);
+        } else {
+            ar_f16 *kh = (ar_f16 *)(void *)kd, *vh = (ar_f16 *)(void *)vd;
+            for (int i = 0; i < n_kv; i++) {
+                kh[i] = ar_f32_to_f16(k[i]);
+                vh[i] = ar_f32_to_f16(v[i]);
+            }
+        }
+    }
+}
+
+/* att[r, head h] = softmax(q·K^T * scale) V over positions 0..pos[r] of row r's sequence;
+ * query head h reads KV head h / (n_heads / n_kv_heads). */
+static void stage_attn(void *arg, int ith, int nth)
+{
+    struct model_ctx *c = arg;
+    const struct model_hparams *hp = &c->m->hp;
+    const struct kernel_ops *ops = c->ops;
+    int hd = hp->head_dim, n_q = hp->n_heads * hd;
+    int group = hp->n_heads / hp->n_kv_heads;
+    int bt = kv_params(c->kv)->block_tokens;
+    size_t row_size = kv_row_size(c->kv), es = c->kv_elem;
+    float scale = (float)(1.0 / sqrt((double)hd));
+    float *scores = c->scores + (int64_t)ith * c->score_cap;
+    int64_t i0, i1;
+    ar_pool_range((int64_t)c->n_rows * hp->n_heads, 1, ith, nth, &i0, &i1);
+    for (int64_t it = i0; it < i1; it++) {
+        int64_t r = it / hp->n_heads;
+        int h = (int)(it % hp->n_heads), kvh = h / group;
+        const float *q = c->q + r * n_q + (int64_t)h * hd;
+        float *out = c->att + r * n_q + (int64_t)h * hd;
+        int32_t n_pos = c->b->pos[r] + 1;
+        const struct kv_seq *s = c->seqs[c->b->seq[r]];
+        size_t head_off = (size_t)kvh * (size_t)hd * es;
+
+        for (int32_t t0 = 0, bi = 0; t0 < n_pos; t0 += bt, bi++) {
+            const uint8_t *kb = (const uint8_t *)kv_k_block(c->kv, c->layer, s->blocks[bi]);
+            int nt = AR_MIN(bt, n_pos - t0);
+            for (int t = 0; t < nt; t++) {
+                const void *kr = kb + (size_t)t * row_size + head_off;
+                float d = es == 4 ? ops->dot_f32(hd, kr, q) : ops->dot_f16_f32(hd, kr, q);
+                scores[t0 + t] = d * scale;
+            }
+        }
+        ops->softmax(n_pos, scores);
+        memset(out, 0, (size_t)hd * sizeof(float));
+        for (int32_t t0 = 0, bi = 0; t0 < n_pos; t0 += bt, bi++) {
+            const uint8_t *vb = (const uint8_t *)kv_v_block(c->kv, c->layer, s->blocks[bi]);
+            int nt = AR_MIN(bt, n_pos - t0);
+            for (int t = 0; t < nt; t++) {
+                const void *vr = vb + (size_t)t * row_size + head_off;
+                if (es == 4)
+                    ops->axpy_f32(hd, scores[t0 + t], vr, out);
+                else
+                    ops->axpy_f16(hd, scores[t0 + t], vr, out);
+            }
+        }
+    }
+}
+
+/* ---- matmul stage -------------------------------------------------------------------- */
+
+static void stage_matmul(void *arg, int ith, int nth)
+{
+    struct model_ctx *c = arg;
+    int n_cols = c->n_rows;
+    for (int k = 0; k < c->n_mm; k++) {
+        const struct mm_item *it = &c->mm[k];
+        const struct model_mat *w = it->w;
+        int64_t r0, r1;
+        ar_pool_range(w->n_out, MM_TILE_ROWS, ith, nth, &r0, &r1);
+        for (int64_t i = r0; i < r1; i += MM_TILE_ROWS) {
+            int nr = (int)AR_MIN(MM_TILE_ROWS, r1 - i);
+            const uint8_t *wr = (const uint8_t *)w->data + (size_t)i * w->row_size;
+            for (int j = 0; j < n_cols; j += MM_TILE_COLS) {
+                int nc = AR_MIN(MM_TILE_COLS, n_cols - j);
+                c->ops->gemm[w->type]((int)w->n_in, nr, nc, wr, w->row_size,
+                                      (const uint8_t *)c->mm_x + (size_t)j * c->mm_x_row,
+                                      c->mm_x_row, it->out + (size_t)j * it->ldy + i, it->ldy);
+            }
+        }
+    }
+}
+
+/* Sets the conversion fields for input rows src (n elements each) to type t. */
+static void set_conv(struct model_ctx *c, const float *src, int64_t n, enum ar_type t)
+{
+    c->conv_src = src;
+    c->conv_n = n;
+    c->conv_type = t;
+}
+
+/* Records that act now holds src converted to t (after a stage with conversion ran). */
+static void note_act(struct model_ctx *c, const float *src, enum ar_type t)
+{
+    c->act_src = t == AR_TYPE_F32 ? NULL : src;
+    c->act_type = t;
+}
+
+/* out_k = W_k · in for each item, over c->n_rows input rows of n_in floats. Items that
+ * consume the same activation type share one conversion and one pool run. */
+static void run_matmuls(struct model_ctx *c, const float *in, const struct mm_item *items,
+                        int n_items)
+{
+    int k = 0;
+    while (k < n_items) {
+        enum ar_type vt = items[k].w->vec_type;
+        int64_t n_in = items[k].w->n_in;
+        int e = k + 1;
+        while (e < n_items && items[e].w->vec_type == vt)
+            e++;
+        if (vt == AR_TYPE_F32) {
+            c->mm_x = in;
+            c->mm_x_row = (size_t)n_in * sizeof(float);
+        } else {
+            if (c->act_src != in || c->act_type != vt) {
+                set_conv(c, in, n_in, vt);
+                ar_pool_run(c->pool, stage_convert, c);
+                note_act(c, in, vt);
+            }
+            c->mm_x = c->act;
+            c->mm_x_row = c->act_row; /* converted rows sit act_row bytes apart */
+        }
+        c->n_mm = e - k;
+        for (int i = 0; i < c->n_mm; i++)
+            c->mm[i] = items[k + i];
+        ar_pool_run(c->pool, stage_matmul, c);
+        k = e;
+    }
+}
+
+/* Moves the residual and attention rows listed in out_rows (ascending) to the front and
+ * shrinks the row count: the rest of the last layer and the output run on those only. */
+static void compact_rows(struct model_ctx *c, int n_out)
+{
+    const struct model_hparams *hp = &c->m->hp;
+    size_t n_q = (size_t)hp->n_heads * (size_t)hp->head_dim;
+    for (int j = 0; j < n_out; j++) {
+        int r = c->out_rows[j];
+        if (r == j)
+            continue;
+        memmove(c->x + (size_t)j * hp->n_embd, c->x + (size_t)r * hp->n_embd,
+                (size_t)hp->n_embd * sizeof(float));
+        memmove(c->att + (size_t)j * n_q, c->att + (size_t)r * n_q, n_q * sizeof(float));
+    }
+    c->n_rows = n_out;
+}
+
+/* ---- the pass ------------------------------------------------------------------------ */
+
+static enum ar_status check_batch(const struct model_ctx *c, const struct kv_cache *kv,
+                                  struct kv_seq *const *seqs, const struct model_batch *b,
+                                  const float *logits, int *n_out)
+{
+    const struct model_hparams *hp = &c->m->hp;
+    const struct kv_params *kp;
+    if (!kv || !b || !seqs || b->n_tokens < 0 || b->n_tokens > c->n_batch_max)
+        return AR_EINVAL;
+    if (b->n_tokens > 0 && (!b->tokens || !b->pos || !b->seq))
+        return AR_EINVAL;
+    kp = kv_params(kv);
+    if (kp->n_layers != hp->n_layers || kp->n_kv_heads != hp->n_kv_heads ||
+        kp->head_dim != hp->head_dim || (kp->type != AR_TYPE_F32 && kp->type != AR_TYPE_F16))
+        return AR_EINVAL;
+    *n_out = 0;
+    for (int r = 0; r < b->n_tokens; r++) {
+        const struct kv_seq *s;
+        if (b->tokens[r] < 0 || b->tokens[r] >= hp->n_vocab || b->pos[r] < 0 || b->seq[r] < 0 ||
+            (b->n_seqs > 0 && b->seq[r] >= b->n_seqs))
+            return AR_EINVAL;
+        s = seqs[b->seq[r]];
+        if (!s || (int64_t)b->pos[r] >= (int64_t)s->n_blocks * kp->block_tokens)
+            return AR_EINVAL;
+        for (int32_t i = 0; i <= b->pos[r] / kp->block_tokens; i++)
+            if (s->blocks[i] < 0 || s->blocks[i] >= kp->n_blocks)
+                return AR_EINVAL; /* a table from another cache */
+        if (b->logits ? b->logits[r] != 0 : r == b->n_tokens - 1)
+            (*n_out)++;
+    }
+    if (*n_out > 0 && !logits)
+        return AR_EINVAL;
+    return AR_OK;
+}
+
+enum ar_status model_forward(struct model_ctx *c, struct kv_cache *kv, struct kv_seq *const *seqs,
+                             const struct model_batch *b, float *logits)
+{
+    const struct model *m;
+    const struct model_hparams *hp;
+    enum ar_status st;
+    int n, n_out;
+    int32_t max_pos = 0;
+    if (!c)
+        return AR_EINVAL;
+    if ((st = check_batch(c, kv, seqs, b, logits, &n_out)) != AR_OK)
+        return st;
+    n = b->n_tokens;
+    if (n == 0)
+        return AR_OK;
+    for (int r = 0; r < n; r++)
+        max_pos = AR_MAX(max_pos, b->pos[r]);
+    if ((st = ensure_scores(c, (int64_t)max_pos + 1)) != AR_OK)
+        return st;
+
+    m = c->m;
+    hp = &m->hp;
+    c->kv = kv;
+    c->seqs = seqs;
+    c->b = b;
+    c->kv_elem = kv_params(kv)->type == AR_TYPE_F32 ? 4 : 2;
+    c->n_rows = n;
+    c->act_src = NULL;
+
+    for (int r = 0, j = 0; r < n; r++)
+        if (b->logits ? b->logits[r] != 0 : r == n - 1)
+            c->out_rows[j++] = r;
+    ar_pool_run(c->pool, stage_embed, c);
+    for (int l = 0; l < hp->n_layers; l++) {
+        const struct model_layer *L = &m->layers[l];
+        struct mm_item qkv[3] = {{&L->wq, c->q, (size_t)L->wq.n_out},
+                                 {&L->wk, c->k, (size_t)L->wk.n_out},
+                                 {&L->wv, c->v, (size_t)L->wv.n_out}};
+        struct mm_item o = {&L->wo, c->proj, (size_t)hp->n_embd};
+        struct mm_item gu[2] = {{&L->wgate, c->gate, (size_t)hp->n_ff},
+                                {&L->wup, c->up, (size_t)hp->n_ff}};
+        struct mm_item d = {&L->wdown, c->proj, (size_t)hp->n_embd};
+        c->layer = l;
+
+        /* attention block: x += Wo · attn(rmsnorm(x) * attn_norm) */
+        c->norm_w = L->attn_norm;
+        c->norm_add = l > 0; /* the previous layer's ffn output */
+        set_conv(c, c->xn, hp->n_embd, L->wq.vec_type);
+        ar_pool_run(c->pool, stage_norm, c);
+        note_act(c, c->xn, L->wq.vec_type);
+        run_matmuls(c, c->xn, qkv, 3);
+        ar_pool_run(c->pool, stage_qkv_post, c);
+        ar_pool_run(c->pool, stage_attn, c);
+        c->act_src = NULL; /* att is new */
+        if (l == hp->n_layers - 1 && c->n_rows > n_out) {
+            /* K/V are written: from here on only rows that produce logits matter */
+            compact_rows(c, n_out);
+            if (n_out == 0)
+                break;
+        }
+        run_matmuls(c, c->att, &o, 1);
+
+        /* feed-forward block: x += Wdown · (silu(Wgate · h) * (Wup · h)) */
+        c->norm_w = L->ffn_norm;
+        c->norm_add = true;
+        set_conv(c, c->xn, hp->n_embd, L->wgate.vec_type);
+        ar_pool_run(c->pool, stage_norm, c);
+        note_act(c, c->xn, L->wgate.vec_type);
+        run_matmuls(c, c->xn, gu, 2);
+        set_conv(c, c->hid, hp->n_ff, L->wdown.vec_type);
+        ar_pool_run(c->pool, stage_silu, c);
+        note_act(c, c->hid, L->wdown.vec_type);
+        run_matmuls(c, c->hid, &d, 1);
+    }
+
+    /* final norm and output matrix over the rows that want logits (now rows 0..n_out-1) */
+    if (n_out > 0) {
+        struct mm_item out = {&m->output, logits, (size_t)hp->n_vocab};
+        assert(c->n_rows == n_out);
+        c->norm_w = m->output_norm;
+        c->norm_add = true;
+        set_conv(c, c->xn, hp->n_embd, m->output.vec_type);
+        ar_pool_run(c->pool, stage_norm, c);
+        note_act(c, c->xn, m->output.vec_type);
+        run_matmuls(c, c->xn, &out, 1);
+    }
+    c->kv = NULL;
+    c->seqs = NULL;
+    c->b = NULL;
+    return AR_OK;
+}

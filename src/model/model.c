@@ -1,0 +1,410 @@
+/* model.c - loading a transformer from GGUF: architecture and hyperparameters from the
+ * metadata, every weight tensor located and checked (shape, type, size) against them, and
+ * views into the mapping built once. The forward pass lives in forward.c. */
+#include "model_internal.h"
+
+#include <math.h>
+#include <stdio.h>
+
+#include "../kernels/kernels.h"
+
+/* Sanity bounds for sizes read from files: large enough for any real model, small enough
+ * that products of two of them cannot overflow 64-bit byte counts. */
+#define MODEL_MAX_DIM (1 << 20)
+#define MODEL_MAX_LAYERS 4096
+#define MODEL_MAX_VOCAB (1 << 26)
+
+const char *model_arch_name(enum model_arch a)
+{
+    switch (a) {
+    case MODEL_ARCH_LLAMA:
+        return "llama";
+    case MODEL_ARCH_QWEN2:
+        return "qwen2";
+    }
+    return "?";
+}
+
+/* ---- metadata ------------------------------------------------------------------------ */
+
+/* Reads "<arch>.<suffix>" as an integer in [lo, hi]. Absent: *out = def and OK when
+ * required is false, AR_EFORMAT otherwise. */
+static enum ar_status read_int(const struct gguf_file *f, const char *arch, const char *suffix,
+                               bool required, int64_t def, int64_t lo, int64_t hi, int *out,
+                               struct ar_err *err)
+{
+    char key[128];
+    int64_t v;
+    snprintf(key, sizeof(key), "%s.%s", arch, suffix);
+    if (!gguf_find(f, key)) {
+        if (required)
+            return ar_err_set(err, AR_EFORMAT, 0, "missing metadata key %s", key);
+        *out = (int)def;
+        return AR_OK;
+    }
+    if (!gguf_get_i64(f, key, &v))
+        return ar_err_set(err, AR_EFORMAT, 0, "metadata key %s is not a single integer", key);
+    if (v < lo || v > hi)
+        return ar_err_set(err, AR_EFORMAT, 0, "metadata key %s = %lld out of range [%lld, %lld]",
+                          key, (long long)v, (long long)lo, (long long)hi);
+    *out = (int)v;
+    return AR_OK;
+}
+
+/* Reads "<arch>.<suffix>" as a float; absent: *out = def (found = false). */
+static enum ar_status read_float(const struct gguf_file *f, const char *arch, const char *suffix,
+                                 float def, float *out, bool *found, struct ar_err *err)
+{
+    char key[128];
+    snprintf(key, sizeof(key), "%s.%s", arch, suffix);
+    *found = false;
+    *out = def;
+    if (!gguf_find(f, key))
+        return AR_OK;
+    if (!gguf_get_f32(f, key, out) || !isfinite(*out))
+        return ar_err_set(err, AR_EFORMAT, 0, "metadata key %s is not a finite float", key);
+    *found = true;
+    return AR_OK;
+}
+
+static bool str_eq(struct gguf_str s, const char *lit)
+{
+    size_t n = strlen(lit);
+    return s.len == n && memcmp(s.ptr, lit, n) == 0;
+}
+
+static enum ar_status read_rope_scaling(const struct gguf_file *f, const char *arch,
+                                        struct model_hparams *hp, struct ar_err *err)
+{
+    char key[128];
+    struct gguf_str type = {"linear", 6}; /* the convention when the key is absent */
+    float factor = 0.0f;
+    bool found;
+    enum ar_status st;
+    snprintf(key, sizeof(key), "%s.rope.scaling.type", arch);
+    if (gguf_find(f, key) && !gguf_get_str(f, key, &type))
+        return ar_err_set(err, AR_EFORMAT, 0, "metadata key %s is not a string", key);
+    if (str_eq(type, "none")) {
+        hp->rope_freq_scale = 1.0f;
+        return AR_OK;
+    }
+    if (!str_eq(type, "linear"))
+        return ar_err_set(err, AR_ENOTSUP, 0, "rope scaling type '%.*s' is not supported",
+                          (int)AR_MIN(type.len, 64), type.ptr);
+    if ((st = read_float(f, arch, "rope.scaling.factor", 0.0f, &factor, &found, err)) != AR_OK)
+        return st;
+    if (!found || factor == 0.0f)
+        if ((st = read_float(f, arch, "rope.scale_linear", 0.0f, &factor, &found, err)) != AR_OK)
+            return st;
+    if (factor < 0.0f)
+        return ar_err_set(err, AR_EFORMAT, 0, "negative rope scaling factor %g", (double)factor);
+    hp->rope_freq_scale = factor == 0.0f ? 1.0f : 1.0f / factor;
+    return AR_OK;
+}
+
+static enum ar_status read_hparams(const struct gguf_file *f, struct model_hparams *hp,
+                                   struct ar_err *err)
+{
+    struct gguf_str arch_s;
+    const char *arch;
+    const struct gguf_arr *tokens;
+    enum ar_status st;
+    bool found;
+    int vocab = 0, value_len;
+
+    memset(hp, 0, sizeof(*hp));
+    if (!gguf_get_str(f, "general.architecture", &arch_s))
+        return ar_err_set(err, AR_EFORMAT, 0, "missing metadata key general.architecture");
+    if (str_eq(arch_s, "llama")) {
+        hp->arch = MODEL_ARCH_LLAMA;
+        hp->rope_neox = false;
+    } else if (str_eq(arch_s, "qwen2")) {
+        hp->arch = MODEL_ARCH_QWEN2;
+        hp->rope_neox = true;
+    } else {
+        return ar_err_set(err, AR_ENOTSUP, 0, "unsupported architecture '%.*s'",
+                          (int)AR_MIN(arch_s.len, 64), arch_s.ptr);
+    }
+    arch = model_arch_name(hp->arch);
+
+    if ((st = read_int(f, arch, "embedding_length", true, 0, 1, MODEL_MAX_DIM, &hp->n_embd,
+                       err)) != AR_OK ||
+        (st = read_int(f, arch, "block_count", true, 0, 1, MODEL_MAX_LAYERS, &hp->n_layers,
+                       err)) != AR_OK ||
+        (st = read_int(f, arch, "feed_forward_length", true, 0, 1, MODEL_MAX_DIM, &hp->n_ff,
+                       err)) != AR_OK ||
+        (st = read_int(f, arch, "attention.head_count", true, 0, 1, MODEL_MAX_DIM, &hp->n_heads,
+                       err)) != AR_OK ||
+        (st = read_int(f, arch, "attention.head_count_kv", false, hp->n_heads, 1, hp->n_heads,
+                       &hp->n_kv_heads, err)) != AR_OK ||
+        (st = read_int(f, arch, "context_length", true, 0, 1, INT32_MAX, &hp->n_ctx_train,
+                       err)) != AR_OK)
+        return st;
+    if (hp->n_heads % hp->n_kv_heads != 0)
+        return ar_err_set(err, AR_EFORMAT, 0, "head_count %d is not a multiple of head_count_kv %d",
+                          hp->n_heads, hp->n_kv_heads);
+    if ((st = read_int(f, arch, "attention.key_length", false, 0, 1, MODEL_MAX_DIM / hp->n_heads,
+                       &hp->head_dim, err)) != AR_OK)
+        return st;
+    if (hp->head_dim == 0) {
+        if (hp->n_embd % hp->n_heads != 0)
+            return ar_err_set(err, AR_EFORMAT, 0,
+                              "embedding_length %d is not a multiple of head_count %d",
+                              hp->n_embd, hp->n_heads);
+        hp->head_dim = hp->n_embd / hp->n_heads;
+    }
+    if ((st = read_int(f, arch, "attention.value_length", false, hp->head_dim, 1, MODEL_MAX_DIM,
+                       &value_len, err)) != AR_OK)
+        return st;
+    if (value_len != hp->head_dim)
+        return ar_err_set(err, AR_ENOTSUP, 0, "value_length %d != key_length %d is not supported",
+                          value_len, hp->head_dim);
+    if ((st = read_int(f, arch, "rope.dimension_count", false, hp->head_dim, 2, hp->head_dim,
+                       &hp->rope_dim, err)) != AR_OK)
+        return st;
+    if (hp->rope_dim % 2 != 0)
+        return ar_err_set(err, AR_EFORMAT, 0, "rope.dimension_count %d is odd", hp->rope_dim);
+
+    if ((st = read_float(f, arch, "attention.layer_norm_rms_epsilon", 0.0f, &hp->rms_eps, &found,
+                         err)) != AR_OK)
+        return st;
+    if (!found)
+        return ar_err_set(err, AR_EFORMAT, 0, "missing metadata key %s.attention.layer_norm_rms_epsilon",
+                          arch);
+    if (!(hp->rms_eps > 0.0f))
+        return ar_err_set(err, AR_EFORMAT, 0, "rms epsilon %g is not positive", (double)hp->rms_eps);
+    if ((st = read_float(f, arch, "rope.freq_base", 10000.0f, &hp->rope_freq_base, &found,
+                         err)) != AR_OK)
+        return st;
+    if (!(hp->rope_freq_base > 0.0f))
+        return ar_err_set(err, AR_EFORMAT, 0, "rope.freq_base %g is not positive",
+                          (double)hp->rope_freq_base);
+    if ((st = read_rope_scaling(f, arch, hp, err)) != AR_OK)
+        return st;
+
+    /* vocabulary: <arch>.vocab_size, else the token list; checked against token_embd later */
+    if ((st = read_int(f, arch, "vocab_size", false, 0, 1, MODEL_MAX_VOCAB, &vocab, err)) != AR_OK)
+        return st;
+    if (vocab == 0 && gguf_get_arr(f, "tokenizer.ggml.tokens", &tokens)) {
+        if (tokens->n < 1 || tokens->n > MODEL_MAX_VOCAB)
+            return ar_err_set(err, AR_EFORMAT, 0, "tokenizer.ggml.tokens has %llu entries",
+                              (unsigned long long)tokens->n);
+        vocab = (int)tokens->n;
+    }
+    hp->n_vocab = vocab; /* 0: take token_embd's row count */
+    return AR_OK;
+}
+
+/* ---- tensors ------------------------------------------------------------------------- */
+
+static const struct gguf_tensor *find_tensor(const struct gguf_file *f, char *name, size_t size,
+                                             int layer, const char *what)
+{
+    if (layer >= 0)
+        snprintf(name, size, "blk.%d.%s", layer, what);
+    else
+        snprintf(name, size, "%s", what);
+    return gguf_find_tensor(f, name);
+}
+
+static bool shape_is(const struct gguf_tensor *t, int64_t ne0, int64_t ne1)
+{
+    return t->ne[0] == ne0 && t->ne[1] == ne1 && t->ne[2] == 1 && t->ne[3] == 1;
+}
+
+/* Locates a weight matrix n_in -> n_out and checks shape, type and byte size. n_out < 0
+ * accepts any row count (token_embd before the vocabulary size is known). */
+static enum ar_status load_mat(const struct gguf_file *f, int layer, const char *what,
+                               int64_t n_in, int64_t n_out, struct model_mat *out,
+                               struct ar_err *err)
+{
+    char name[96];
+    const struct gguf_tensor *t = find_tensor(f, name, sizeof(name), layer, what);
+    const struct kernel_ops *ops = kernels_get();
+    enum ar_type vt;
+    size_t row;
+    if (!t)
+        return ar_err_set(err, AR_EFORMAT, 0, "missing tensor %s", name);
+    if (n_out < 0)
+        n_out = t->ne[1];
+    if (!shape_is(t, n_in, n_out) || n_out < 1)
+        return ar_err_set(err, AR_EFORMAT, 0,
+                          "tensor %s has shape [%lld, %lld, %lld, %lld], expected [%lld, %lld]",
+                          name, (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2],
+                          (long long)t->ne[3], (long long)n_in, (long long)n_out);
+    if ((unsigned)t->type >= AR_TYPE_COUNT || !ar_type_info(t->type)->supported ||
+        (vt = kernels_vec_dot_type(t->type)) == AR_TYPE_COUNT || !ops->gemm[t->type] ||
+        !ops->to_float[t->type] || (vt != AR_TYPE_F32 && !ops->from_float[vt]))
+        return ar_err_set(err, AR_ENOTSUP, 0, "tensor %s has unsupported type %s", name,
+                          ar_type_name(t->type));
+    row = ar_type_row_size(t->type, n_in);
+    if (!row || !ar_type_row_size(vt, n_in))
+        return ar_err_set(err, AR_EFORMAT, 0,
+                          "tensor %s: row length %lld is not a multiple of the %s block size",
+                          name, (long long)n_in, ar_type_name(t->type));
+    if (t->size != (uint64_t)row * (uint64_t)n_out || !t->data)
+        return ar_err_set(err, AR_EFORMAT, 0, "tensor %s has %llu bytes, expected %llu", name,
+                          (unsigned long long)t->size,
+                          (unsigned long long)((uint64_t)row * (uint64_t)n_out));
+    out->data = t->data;
+    out->type = t->type;
+    out->vec_type = vt;
+    out->n_in = n_in;
+    out->n_out = n_out;
+    out->row_size = row;
+    return AR_OK;
+}
+
+/* Locates an F32 vector of n elements (norm weights, biases). Absent: *out = NULL, which is
+ * an error only when required. */
+static enum ar_status load_vec(const struct gguf_file *f, int layer, const char *what, int64_t n,
+                               bool required, const float **out, struct ar_err *err)
+{
+    char name[96];
+    const struct gguf_tensor *t = find_tensor(f, name, sizeof(name), layer, what);
+    *out = NULL;
+    if (!t)
+        return required ? ar_err_set(err, AR_EFORMAT, 0, "missing tensor %s", name) : AR_OK;
+    if (!shape_is(t, n, 1))
+        return ar_err_set(err, AR_EFORMAT, 0,
+                          "tensor %s has shape [%lld, %lld, %lld, %lld], expected [%lld]", name,
+                          (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2],
+                          (long long)t->ne[3], (long long)n);
+    if (t->type != AR_TYPE_F32)
+        return ar_err_set(err, AR_ENOTSUP, 0, "tensor %s has type %s, expected f32", name,
+                          ar_type_name(t->type));
+    if (t->size != (uint64_t)n * 4 || !t->data || (uintptr_t)t->data % 4 != 0)
+        return ar_err_set(err, AR_EFORMAT, 0, "tensor %s: bad size or alignment", name);
+    *out = t->data;
+    return AR_OK;
+}
+
+static uint64_t mat_bytes(const struct model_mat *w)
+{
+    return (uint64_t)w->row_size * (uint64_t)w->n_out;
+}
+
+static enum ar_status load_tensors(struct model *m, struct ar_err *err)
+{
+    const struct gguf_file *f = m->file;
+    struct model_hparams *hp = &m->hp;
+    int64_t n_q = (int64_t)hp->n_heads * hp->head_dim;
+    int64_t n_kv = (int64_t)hp->n_kv_heads * hp->head_dim;
+    enum ar_status st;
+
+    if ((st = load_mat(f, -1, "token_embd.weight", hp->n_embd, hp->n_vocab ? hp->n_vocab : -1,
+                       &m->tok_embd, err)) != AR_OK)
+        return st;
+    if (m->tok_embd.n_out > MODEL_MAX_VOCAB)
+        return ar_err_set(err, AR_EFORMAT, 0, "token_embd.weight has too many rows");
+    hp->n_vocab = (int)m->tok_embd.n_out;
+    if ((st = load_vec(f, -1, "output_norm.weight", hp->n_embd, true, &m->output_norm, err)) !=
+        AR_OK)
+        return st;
+    if (gguf_find_tensor(f, "output.weight")) {
+        if ((st = load_mat(f, -1, "output.weight", hp->n_embd, hp->n_vocab, &m->output, err)) !=
+            AR_OK)
+            return st;
+        hp->tied_output = false;
+    } else {
+        m->output = m->tok_embd;
+        hp->tied_output = true;
+    }
+    m->weight_bytes = mat_bytes(&m->output);
+
+    m->layers = ar_calloc((size_t)hp->n_layers, sizeof(*m->layers));
+    if (!m->layers)
+        return AR_ENOMEM;
+    for (int l = 0; l < hp->n_layers; l++) {
+        struct model_layer *L = &m->layers[l];
+        if ((st = load_vec(f, l, "attn_norm.weight", hp->n_embd, true, &L->attn_norm, err)) ||
+            (st = load_vec(f, l, "ffn_norm.weight", hp->n_embd, true, &L->ffn_norm, err)) ||
+            (st = load_vec(f, l, "attn_q.bias", n_q, false, &L->bq, err)) ||
+            (st = load_vec(f, l, "attn_k.bias", n_kv, false, &L->bk, err)) ||
+            (st = load_vec(f, l, "attn_v.bias", n_kv, false, &L->bv, err)) ||
+            (st = load_mat(f, l, "attn_q.weight", hp->n_embd, n_q, &L->wq, err)) ||
+            (st = load_mat(f, l, "attn_k.weight", hp->n_embd, n_kv, &L->wk, err)) ||
+            (st = load_mat(f, l, "attn_v.weight", hp->n_embd, n_kv, &L->wv, err)) ||
+            (st = load_mat(f, l, "attn_output.weight", n_q, hp->n_embd, &L->wo, err)) ||
+            (st = load_mat(f, l, "ffn_gate.weight", hp->n_embd, hp->n_ff, &L->wgate, err)) ||
+            (st = load_mat(f, l, "ffn_up.weight", hp->n_embd, hp->n_ff, &L->wup, err)) ||
+            (st = load_mat(f, l, "ffn_down.weight", hp->n_ff, hp->n_embd, &L->wdown, err)))
+            return st;
+        m->weight_bytes += mat_bytes(&L->wq) + mat_bytes(&L->wk) + mat_bytes(&L->wv) +
+                           mat_bytes(&L->wo) + mat_bytes(&L->wgate) + mat_bytes(&L->wup) +
+                           mat_bytes(&L->wdown);
+    }
+    return AR_OK;
+}
+
+/* ---- public -------------------------------------------------------------------------- */
+
+enum ar_status model_load(const char *path, struct model **out, struct ar_err *err)
+{
+    enum ar_status st;
+    struct model *m;
+    int half;
+    if (!path || !out)
+        return ar_err_set(err, AR_EINVAL, 0, "model_load: NULL argument");
+    m = ar_calloc(1, sizeof(*m));
+    if (!m)
+        return ar_err_set(err, AR_ENOMEM, 0, "out of memory");
+    if ((st = gguf_open(path, &m->file, err)) != AR_OK)
+        goto fail;
+    if ((st = read_hparams(m->file, &m->hp, err)) != AR_OK)
+        goto fail;
+    if ((st = load_tensors(m, err)) != AR_OK)
+        goto fail;
+    half = m->hp.rope_dim / 2;
+    m->rope_inv_freq = ar_malloc((size_t)half * sizeof(*m->rope_inv_freq));
+    if (!m->rope_inv_freq) {
+        st = AR_ENOMEM;
+        goto fail;
+    }
+    for (int i = 0; i < half; i++)
+        m->rope_inv_freq[i] = (double)m->hp.rope_freq_scale *
+                              pow((double)m->hp.rope_freq_base, -2.0 * i / m->hp.rope_dim);
+    *out = m;
+    return AR_OK;
+fail:
+    if (st == AR_ENOMEM)
+        ar_err_set(err, AR_ENOMEM, 0, "out of memory");
+    model_destroy(m);
+    return st;
+}
+
+void model_destroy(struct model *m)
+{
+    if (!m)
+        return;
+    ar_free(m->rope_inv_freq);
+    ar_free(m->layers);
+    gguf_close(m->file);
+    ar_free(m);
+}
+
+const struct model_hparams *model_hparams(const struct model *m)
+{
+    return &m->hp;
+}
+
+const struct gguf_file *model_gguf(const struct model *m)
+{
+    return m->file;
+}
+
+uint64_t model_weight_bytes(const struct model *m)
+{
+    return m->weight_bytes;
+}
+
+void model_kv_params(const struct model *m, int block_tokens, int64_t n_blocks, enum ar_type type,
+                     struct kv_params *out)
+{
+    out->n_layers = m->hp.n_layers;
+    out->n_kv_heads = m->hp.n_kv_heads;
+    out->head_dim = m->hp.head_dim;
+    out->block_tokens = block_tokens;
+    out->n_blocks = n_blocks;
+    out->type = type;
+}
