@@ -1,7 +1,658 @@
-/* avx2.c - SIMD kernels for CPUs with avx2, chosen at run time by select.c. */
+/* avx2.c - SIMD kernels for CPUs with avx2 + fma + f16c, chosen at run time by select.c.
+ * Every entry matches ref.c: quantizers byte for byte, integer-sum dot products up to the
+ * order of the float accumulation. gemm works in register tiles (TILE_RW weight rows by
+ * TILE_RX activation rows) so that each weight block fetched from memory serves several
+ * activation rows; with one activation row it is a GEMV that streams TILE_RW rows at once. */
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
 #include "kernels_internal.h"
+
+#define AR_INLINE static inline __attribute__((always_inline))
+
+/* ---- helpers ------------------------------------------------------------------------------ */
+
+AR_INLINE float hsum_ps(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+AR_INLINE float f16_to_f32(ar_f16 h)
+{
+    return _cvtsh_ss(h);
+}
+
+/* Sum of 4 u8*s8 products per int32 lane. Safe from the int16 saturation of maddubs as long
+ * as no pair reaches 2 * 128 * 128: u <= 128 with s >= -127, or u <= 63. */
+AR_INLINE __m256i dot_u8s8(__m256i u, __m256i s)
+{
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+
+/* Signed 8-bit dot product per int32 lane: |w| * (x with w's sign). */
+AR_INLINE __m256i dot_s8s8(__m256i w, __m256i x)
+{
+    return dot_u8s8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+}
+
+/* ---- register tiles ------------------------------------------------------------------------
+ * BLOCK(wb, xb, &acc) adds the contribution of one weight block against one activation block
+ * to a vector of partial sums; the tile sums the vectors at the end. Fully unrolled, the
+ * compiler shares each weight block's loads and unpacking among the RX activation rows (and
+ * each activation block's among the RW weight rows). */
+
+#define TILE_RW 4
+#define TILE_RX 2
+
+#define DEFINE_TILE(NAME, WT, XT, BLOCK, RW, RX)                                                   \
+    static void NAME##_tile_##RW##x##RX(int nb, const uint8_t *w, size_t w_row, const uint8_t *x,  \
+                                        size_t x_row, float *y, size_t ldy)                        \
+    {                                                                                              \
+        __m256 acc[RW][RX];                                                                        \
+        _Pragma("GCC unroll 8") for (int i = 0; i < RW; i++)                                      \
+            _Pragma("GCC unroll 8") for (int j = 0; j < RX; j++) acc[i][j] = _mm256_setzero_ps();  \
+        for (int b = 0; b < nb; b++) {                                                             \
+            _Pragma("GCC unroll 8") for (int i = 0; i < RW; i++)                                  \
+            {                                                                                      \
+                const WT *wb = (const WT *)(const void *)(w + (size_t)i * w_row) + b;              \
+                _Pragma("GCC unroll 8") for (int j = 0; j < RX; j++)                              \
+                    BLOCK(wb, (const XT *)(const void *)(x + (size_t)j * x_row) + b, &acc[i][j]);  \
+            }                                                                                      \
+        }                                                                                          \
+        _Pragma("GCC unroll 8") for (int i = 0; i < RW; i++)                                      \
+            _Pragma("GCC unroll 8") for (int j = 0; j < RX; j++)                                  \
+                y[(size_t)j * ldy + (size_t)i] = hsum_ps(acc[i][j]);                               \
+    }
+
+/* Touches the bytes [p, p + size) in order so that the next tile's weight rows stream in
+ * sequentially while the current tile computes (several rows read side by side straight
+ * from memory stream far slower than one row after another). */
+AR_INLINE void prefetch_bytes(const uint8_t *p, size_t size)
+{
+    for (size_t k = 0; k < size; k += 64)
+        _mm_prefetch((const char *)p + k, _MM_HINT_T0);
+}
+
+/* gemm: with one activation row, a weight row at a time (a GEMV at memory bandwidth);
+ * otherwise whole tiles, then the edges with narrower tiles. vec_dot is the 1 x 1 tile.
+ * The tiles take nb in blocks of QK elements. */
+#define DEFINE_GEMM_LOOP(NAME, QK)                                                                 \
+    static void NAME##_gemm(int n, int nr, int nc, const void *w, size_t w_row, const void *x,     \
+                            size_t x_row, float *y, size_t ldy)                                    \
+    {                                                                                              \
+        const uint8_t *wp = w, *xp = x;                                                            \
+        int nb = n / (QK), i = 0;                                                                  \
+        if (nc == 1) {                                                                             \
+            for (; i < nr; i++)                                                                    \
+                NAME##_tile_1x1(nb, wp + (size_t)i * w_row, w_row, xp, x_row, y + i, ldy);         \
+            return;                                                                                \
+        }                                                                                          \
+        for (; i + TILE_RW <= nr; i += TILE_RW) {                                                  \
+            const uint8_t *wi = wp + (size_t)i * w_row;                                            \
+            int j = 0;                                                                             \
+            if (i + 2 * TILE_RW <= nr)                                                             \
+                prefetch_bytes(wi + TILE_RW * w_row, TILE_RW * w_row);                             \
+            for (; j + TILE_RX <= nc; j += TILE_RX)                                                \
+                NAME##_tile_4x2(nb, wi, w_row, xp + (size_t)j * x_row, x_row,                      \
+                                y + (size_t)j * ldy + i, ldy);                                     \
+            for (; j < nc; j++)                                                                    \
+                NAME##_tile_4x1(nb, wi, w_row, xp + (size_t)j * x_row, x_row,                      \
+                                y + (size_t)j * ldy + i, ldy);                                     \
+        }                                                                                          \
+        for (; i < nr; i++) {                                                                      \
+            const uint8_t *wi = wp + (size_t)i * w_row;                                            \
+            int j = 0;                                                                             \
+            for (; j + TILE_RX <= nc; j += TILE_RX)                                                \
+                NAME##_tile_1x2(nb, wi, w_row, xp + (size_t)j * x_row, x_row,                      \
+                                y + (size_t)j * ldy + i, ldy);                                     \
+            for (; j < nc; j++)                                                                    \
+                NAME##_tile_1x1(nb, wi, w_row, xp + (size_t)j * x_row, x_row,                      \
+                                y + (size_t)j * ldy + i, ldy);                                     \
+        }                                                                                          \
+    }                                                                                              \
+    static void NAME##_vec_dot(int n, float *s, const void *x, const void *y)                      \
+    {                                                                                              \
+        NAME##_tile_1x1(n / (QK), x, 0, y, 0, s, 0);                                               \
+    }
+
+#define DEFINE_GEMM(NAME, WT, XT, BLOCK, QK)                                                       \
+    DEFINE_TILE(NAME, WT, XT, BLOCK, 4, 2)                                                         \
+    DEFINE_TILE(NAME, WT, XT, BLOCK, 4, 1)                                                         \
+    DEFINE_TILE(NAME, WT, XT, BLOCK, 1, 2)                                                         \
+    DEFINE_TILE(NAME, WT, XT, BLOCK, 1, 1)                                                         \
+    DEFINE_GEMM_LOOP(NAME, QK)
+
+/* ---- Q8_0 and Q4_0 weights against Q8_0 activations ---------------------------------------- */
+
+AR_INLINE void q8_0_block(const struct block_q8_0 *w, const struct block_q8_0 *x, __m256 *acc)
+{
+    __m256i p = dot_s8s8(_mm256_loadu_si256((const __m256i *)(const void *)w->qs),
+                         _mm256_loadu_si256((const __m256i *)(const void *)x->qs));
+    __m256 d = _mm256_set1_ps(f16_to_f32(w->d) * f16_to_f32(x->d));
+    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), d, *acc);
+}
+DEFINE_GEMM(q8_0, struct block_q8_0, struct block_q8_0, q8_0_block, QK8_0)
+
+/* Elements 0..15 are the low nibbles, 16..31 the high nibbles: one 256-bit vector of q - 8. */
+AR_INLINE __m256i q4_0_unpack(const uint8_t *qs)
+{
+    __m128i raw = _mm_loadu_si128((const __m128i *)(const void *)qs);
+    __m256i q = _mm256_set_m128i(_mm_srli_epi16(raw, 4), raw);
+    q = _mm256_and_si256(q, _mm256_set1_epi8(0x0f));
+    return _mm256_sub_epi8(q, _mm256_set1_epi8(8));
+}
+
+AR_INLINE void q4_0_block(const struct block_q4_0 *w, const struct block_q8_0 *x, __m256 *acc)
+{
+    __m256i p =
+        dot_s8s8(q4_0_unpack(w->qs), _mm256_loadu_si256((const __m256i *)(const void *)x->qs));
+    __m256 d = _mm256_set1_ps(f16_to_f32(w->d) * f16_to_f32(x->d));
+    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), d, *acc);
+}
+DEFINE_GEMM(q4_0, struct block_q4_0, struct block_q8_0, q4_0_block, QK4_0)
+
+/* ---- K-quants against Q8_K activations ------------------------------------------------------ */
+
+/* The 8 six-bit scales and mins of a Q4_K/Q5_K block (layout in ref.c's k_scale_min). */
+AR_INLINE void k_scales_mins(const uint8_t *q, uint8_t *sc, uint8_t *m)
+{
+    for (int j = 0; j < 4; j++) {
+        sc[j] = q[j] & 63;
+        m[j] = q[j + 4] & 63;
+        sc[j + 4] = (uint8_t)((q[j + 8] & 0x0f) | ((q[j] >> 6) << 4));
+        m[j + 4] = (uint8_t)((q[j + 8] >> 4) | ((q[j + 4] >> 6) << 4));
+    }
+}
+
+/* Shuffle mask that broadcasts int16 element k of each 128-bit lane to the whole lane. */
+AR_INLINE __m256i bcast16_mask(int k)
+{
+    return _mm256_set1_epi16((short)(((2 * k + 1) << 8) | (2 * k)));
+}
+
+/* Block of Q4_K (qh NULL) or Q5_K: d * yd * sum_j sc_j * sum(q * y) - dmin * yd * sum_j m_j *
+ * (bsums of sub-block j). */
+AR_INLINE void qk45_block(ar_f16 dh, ar_f16 dminh, const uint8_t *scales, const uint8_t *qs,
+                          const uint8_t *qh, const struct block_q8_K *x, __m256 *acc)
+{
+    uint8_t sc[8], m[8];
+    k_scales_mins(scales, sc, m);
+    /* the 8 scales as int16 in both lanes; mins duplicated per bsum pair: m0 m0 m1 m1 .. m7 m7 */
+    __m128i sc16 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(const void *)sc));
+    __m256i scv = _mm256_broadcastsi128_si256(sc16);
+    __m128i m16 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(const void *)m));
+    __m256i mv = _mm256_set_m128i(_mm_unpackhi_epi16(m16, m16), _mm_unpacklo_epi16(m16, m16));
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    __m256i hbits = qh ? _mm256_loadu_si256((const __m256i *)(const void *)qh) : _mm256_setzero_si256();
+    __m256i isum = _mm256_setzero_si256();
+    for (int c = 0; c < 4; c++) {
+        __m256i raw = _mm256_loadu_si256((const __m256i *)(const void *)(qs + 32 * c));
+        __m256i lo = _mm256_and_si256(raw, m4);
+        __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+        if (qh) {
+            __m256i b0 = _mm256_set1_epi8((char)(1 << (2 * c)));
+            __m256i b1 = _mm256_set1_epi8((char)(2 << (2 * c)));
+            __m256i s16 = _mm256_set1_epi8(16);
+            lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hbits, b0), b0), s16));
+            hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hbits, b1), b1), s16));
+        }
+        __m256i ylo = _mm256_loadu_si256((const __m256i *)(const void *)(x->qs + 64 * c));
+        __m256i yhi = _mm256_loadu_si256((const __m256i *)(const void *)(x->qs + 64 * c + 32));
+        __m256i plo = _mm256_maddubs_epi16(lo, ylo);
+        __m256i phi = _mm256_maddubs_epi16(hi, yhi);
+        plo = _mm256_madd_epi16(plo, _mm256_shuffle_epi8(scv, bcast16_mask(2 * c)));
+        phi = _mm256_madd_epi16(phi, _mm256_shuffle_epi8(scv, bcast16_mask(2 * c + 1)));
+        isum = _mm256_add_epi32(isum, _mm256_add_epi32(plo, phi));
+    }
+    __m256i msum = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(const void *)x->bsums), mv);
+    float d = f16_to_f32(dh) * x->d;
+    float dmin = f16_to_f32(dminh) * x->d;
+    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(d), *acc);
+    *acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_set1_ps(dmin), *acc);
+}
+
+AR_INLINE void q4_K_block(const struct block_q4_K *w, const struct block_q8_K *x, __m256 *acc)
+{
+    qk45_block(w->d, w->dmin, w->scales, w->qs, NULL, x, acc);
+}
+DEFINE_GEMM(q4_K, struct block_q4_K, struct block_q8_K, q4_K_block, QK_K)
+
+AR_INLINE void q5_K_block(const struct block_q5_K *w, const struct block_q8_K *x, __m256 *acc)
+{
+    qk45_block(w->d, w->dmin, w->scales, w->qs, w->qh, x, acc);
+}
+DEFINE_GEMM(q5_K, struct block_q5_K, struct block_q8_K, q5_K_block, QK_K)
+
+/* Q6_K: q = 6 unsigned bits, w = d * scales[e / 16] * (q - 32). The -32 is applied once per
+ * block through the bsums: sum(sc * (q - 32) * y) = sum(sc * q * y) - 32 * sum(sc * bsum). */
+AR_INLINE void q6_K_block(const struct block_q6_K *w, const struct block_q8_K *x, __m256 *acc)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
+    /* 16 int16 scales: lane 0 holds sub-blocks 0..7 (first half), lane 1 sub-blocks 8..15 */
+    __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)w->scales));
+    __m256i isum = _mm256_setzero_si256();
+    for (int h = 0; h < 2; h++) {
+        __m256i ql0 = _mm256_loadu_si256((const __m256i *)(const void *)(w->ql + 64 * h));
+        __m256i ql1 = _mm256_loadu_si256((const __m256i *)(const void *)(w->ql + 64 * h + 32));
+        __m256i qhv = _mm256_loadu_si256((const __m256i *)(const void *)(w->qh + 32 * h));
+        __m256i q[4];
+        q[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_and_si256(_mm256_slli_epi16(qhv, 4), m30));
+        q[1] = _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_and_si256(_mm256_slli_epi16(qhv, 2), m30));
+        q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), _mm256_and_si256(qhv, m30));
+        q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                               _mm256_and_si256(_mm256_srli_epi16(qhv, 2), m30));
+        /* this half's 8 scales in both lanes */
+        __m256i sch = h ? _mm256_permute4x64_epi64(sc16, 0xee) : _mm256_permute4x64_epi64(sc16, 0x44);
+        for (int k = 0; k < 4; k++) {
+            /* 32 elements: sub-block 2k of the half in lane 0, 2k + 1 in lane 1 */
+            __m256i mask = _mm256_set_m128i(_mm_set1_epi16((short)(((4 * k + 3) << 8) | (4 * k + 2))),
+                                            _mm_set1_epi16((short)(((4 * k + 1) << 8) | (4 * k))));
+            __m256i y = _mm256_loadu_si256((const __m256i *)(const void *)(x->qs + 128 * h + 32 * k));
+            __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(q[k], y), _mm256_shuffle_epi8(sch, mask));
+            isum = _mm256_add_epi32(isum, p);
+        }
+    }
+    __m256i off = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(const void *)x->bsums), sc16);
+    isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(off, 5));
+    float d = f16_to_f32(w->d) * x->d;
+    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(d), *acc);
+}
+DEFINE_GEMM(q6_K, struct block_q6_K, struct block_q8_K, q6_K_block, QK_K)
+
+/* ---- float weights: F32, F16, BF16 (8 elements per step, scalar tail) ----------------------- */
+
+AR_INLINE __m256 load_f16x8(const ar_f16 *p)
+{
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)p));
+}
+
+AR_INLINE __m256 load_bf16x8(const ar_bf16 *p)
+{
+    __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+}
+
+AR_INLINE __m256 load_f32x8(const float *p)
+{
+    return _mm256_loadu_ps(p);
+}
+
+AR_INLINE float f32_elem(const float *p)
+{
+    return *p;
+}
+
+AR_INLINE float bf16_elem(const ar_bf16 *p)
+{
+    return ar_bf16_to_f32(*p);
+}
+
+AR_INLINE float f16_elem(const ar_f16 *p)
+{
+    return f16_to_f32(*p);
+}
+
+#define DEFINE_FTILE(NAME, ET, LOAD, ELEM, RW, RX)                                                 \
+    static void NAME##_tile_##RW##x##RX(int n, const uint8_t *w, size_t w_row, const uint8_t *x,   \
+                                        size_t x_row, float *y, size_t ldy)                        \
+    {                                                                                              \
+        __m256 acc[RW][RX];                                                                        \
+        int k = 0;                                                                                 \
+        _Pragma("GCC unroll 8") for (int i = 0; i < RW; i++)                                      \
+            _Pragma("GCC unroll 8") for (int j = 0; j < RX; j++) acc[i][j] = _mm256_setzero_ps();  \
+        for (; k + 8 <= n; k += 8) {                                                               \
+            _Pragma("GCC unroll 8") for (int i = 0; i < RW; i++)                                  \
+            {                                                                                      \
+                __m256 wv = LOAD((const ET *)(const void *)(w + (size_t)i * w_row) + k);           \
+                _Pragma("GCC unroll 8") for (int j = 0; j < RX; j++) acc[i][j] = _mm256_fmadd_ps(  \
+                    wv, LOAD((const ET *)(const void *)(x + (size_t)j * x_row) + k), acc[i][j]);   \
+            }                                                                                      \
+        }                                                                                          \
+        _Pragma("GCC unroll 8") for (int i = 0; i < RW; i++)                                      \
+            _Pragma("GCC unroll 8") for (int j = 0; j < RX; j++)                                  \
+        {                                                                                          \
+            const ET *wi = (const ET *)(const void *)(w + (size_t)i * w_row);                      \
+            const ET *xj = (const ET *)(const void *)(x + (size_t)j * x_row);                      \
+            float s = hsum_ps(acc[i][j]);                                                          \
+            for (int t = k; t < n; t++)                                                            \
+                s += ELEM(wi + t) * ELEM(xj + t);                                                  \
+            y[(size_t)j * ldy + (size_t)i] = s;                                                    \
+        }                                                                                          \
+    }
+
+#define DEFINE_FGEMM(NAME, ET, LOAD, ELEM)                                                         \
+    DEFINE_FTILE(NAME, ET, LOAD, ELEM, 4, 2)                                                       \
+    DEFINE_FTILE(NAME, ET, LOAD, ELEM, 4, 1)                                                       \
+    DEFINE_FTILE(NAME, ET, LOAD, ELEM, 1, 2)                                                       \
+    DEFINE_FTILE(NAME, ET, LOAD, ELEM, 1, 1)                                                       \
+    DEFINE_GEMM_LOOP(NAME, 1)
+
+DEFINE_FGEMM(f32, float, load_f32x8, f32_elem)
+DEFINE_FGEMM(f16, ar_f16, load_f16x8, f16_elem)
+DEFINE_FGEMM(bf16, ar_bf16, load_bf16x8, bf16_elem)
+
+/* ---- activation quantizers ----------------------------------------------------------------- */
+
+/* round(v) with halves away from zero, exactly as roundf: trunc, then step away from zero
+ * when the (exact) dropped fraction is at least one half. */
+AR_INLINE __m256 round_half_away(__m256 v)
+{
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    __m256 frac = _mm256_andnot_ps(sign, _mm256_sub_ps(v, t));
+    __m256 one = _mm256_or_ps(_mm256_set1_ps(1.0f), _mm256_and_ps(v, sign));
+    __m256 step = _mm256_and_ps(_mm256_cmp_ps(frac, _mm256_set1_ps(0.5f), _CMP_GE_OQ), one);
+    return _mm256_add_ps(t, step);
+}
+
+/* 32 int32 in four vectors -> 32 int8 in element order. */
+AR_INLINE __m256i pack_i32_to_i8(__m256i a, __m256i b, __m256i c, __m256i d)
+{
+    __m256i ab = _mm256_packs_epi32(a, b); /* a0-3 b0-3 | a4-7 b4-7 */
+    __m256i cd = _mm256_packs_epi32(c, d);
+    __m256i all = _mm256_packs_epi16(ab, cd); /* a0-3 b0-3 c0-3 d0-3 | a4-7 b4-7 c4-7 d4-7 */
+    return _mm256_permutevar8x32_epi32(all, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+static void q8_0_from_float(const float *x, void *y, int64_t n)
+{
+    struct block_q8_0 *b = y;
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int64_t i = 0; i < n / QK8_0; i++) {
+        const float *xb = x + i * QK8_0;
+        __m256 v[4];
+        __m256 amax = _mm256_setzero_ps();
+        for (int k = 0; k < 4; k++) {
+            v[k] = _mm256_loadu_ps(xb + 8 * k);
+            amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[k]));
+        }
+        __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+        m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        m = _mm_max_ss(m, _mm_movehdup_ps(m));
+        float d = _mm_cvtss_f32(m) / 127.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        b[i].d = ar_f32_to_f16(d);
+        __m256 idv = _mm256_set1_ps(id);
+        __m256i q[4];
+        for (int k = 0; k < 4; k++)
+            q[k] = _mm256_cvtps_epi32(round_half_away(_mm256_mul_ps(v[k], idv)));
+        _mm256_storeu_si256((__m256i *)(void *)b[i].qs, pack_i32_to_i8(q[0], q[1], q[2], q[3]));
+    }
+}
+
+/* Q8_K: the first value of largest magnitude sets iscale = -127 / max (see ref.c). */
+static void q8_K_from_float(const float *x, void *y, int64_t n)
+{
+    struct block_q8_K *b = y;
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const float *xb = x + i * QK_K;
+        __m256 amaxv = _mm256_setzero_ps();
+        for (int k = 0; k < QK_K; k += 8)
+            amaxv = _mm256_max_ps(amaxv, _mm256_andnot_ps(sign, _mm256_loadu_ps(xb + k)));
+        __m128 m = _mm_max_ps(_mm256_castps256_ps128(amaxv), _mm256_extractf128_ps(amaxv, 1));
+        m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        m = _mm_max_ss(m, _mm_movehdup_ps(m));
+        float amax = _mm_cvtss_f32(m);
+        memset(&b[i], 0, sizeof(b[i]));
+        if (amax == 0.0f)
+            continue;
+        float max = 0.0f;
+        for (int k = 0; k < QK_K; k++) {
+            if (fabsf(xb[k]) == amax) {
+                max = xb[k];
+                break;
+            }
+        }
+        float iscale = -127.0f / max;
+        __m256 isv = _mm256_set1_ps(iscale);
+        const __m256i lim = _mm256_set1_epi32(127);
+        for (int k = 0; k < QK_K; k += 32) {
+            __m256i q[4];
+            for (int t = 0; t < 4; t++) {
+                __m256 r = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(xb + k + 8 * t), isv),
+                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                q[t] = _mm256_min_epi32(_mm256_cvtps_epi32(r), lim);
+            }
+            __m256i q8 = pack_i32_to_i8(q[0], q[1], q[2], q[3]);
+            _mm256_storeu_si256((__m256i *)(void *)(b[i].qs + k), q8);
+            /* sums of each 16: widen to int16, add pairs, then fold */
+            __m256i s16 = _mm256_maddubs_epi16(_mm256_set1_epi8(1), q8);
+            __m256i s32 = _mm256_madd_epi16(s16, _mm256_set1_epi16(1)); /* 4 per 8 bytes */
+            __m128i lo = _mm256_castsi256_si128(s32), hi = _mm256_extracti128_si256(s32, 1);
+            __m128i t2 = _mm_hadd_epi32(lo, hi); /* [0-7][8-15][16-23][24-31] */
+            t2 = _mm_hadd_epi32(t2, t2);         /* [0-15][16-31] ... */
+            b[i].bsums[k / 16] = (int16_t)_mm_cvtsi128_si32(t2);
+            b[i].bsums[k / 16 + 1] = (int16_t)_mm_extract_epi32(t2, 1);
+        }
+        b[i].d = 1.0f / iscale;
+    }
+}
+
+static void f16_from_float(const float *x, void *y, int64_t n)
+{
+    ar_f16 *h = y;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(void *)(h + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), 0));
+    for (; i < n; i++)
+        h[i] = ar_f32_to_f16(x[i]);
+}
+
+static void bf16_from_float(const float *x, void *y, int64_t n)
+{
+    ar_bf16 *h = y;
+    int64_t i = 0;
+    const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
+    for (; i + 16 <= n; i += 16) {
+        __m256i r[2];
+        for (int t = 0; t < 2; t++) {
+            __m256i u = _mm256_loadu_si256((const __m256i *)(const void *)(x + i + 8 * t));
+            __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+            __m256i rounded = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), odd));
+            __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, abs_mask), inf);
+            __m256i quiet = _mm256_or_si256(u, _mm256_set1_epi32(64 << 16));
+            r[t] = _mm256_srli_epi32(_mm256_blendv_epi8(rounded, quiet, nan), 16);
+        }
+        __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(r[0], r[1]), 0xd8);
+        _mm256_storeu_si256((__m256i *)(void *)(h + i), p);
+    }
+    for (; i < n; i++)
+        h[i] = ar_f32_to_bf16(x[i]);
+}
+
+/* ---- f32 vector ops ------------------------------------------------------------------------- */
+
+/* e^x for x <= 88.7 (larger x saturate at e^88.7); below -87.3 the result flushes to 0.
+ * Range reduction x = k ln2 + r, |r| <= ln2 / 2, then a degree-6 polynomial for e^r (the
+ * classic Cephes coefficients): relative error about 2e-7. */
+AR_INLINE __m256 exp_ps(__m256 x)
+{
+    const __m256 hi = _mm256_set1_ps(88.7f), lo = _mm256_set1_ps(-87.3f);
+    __m256 underflow = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    x = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
+    __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    /* 2^k in two factors so that k = 128 (x near 88.7) stays finite */
+    __m256i ki = _mm256_cvtps_epi32(k);
+    __m256i k1 = _mm256_srai_epi32(ki, 1), k2 = _mm256_sub_epi32(ki, k1);
+    __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k1, _mm256_set1_epi32(127)), 23));
+    __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k2, _mm256_set1_epi32(127)), 23));
+    p = _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+    return _mm256_andnot_ps(underflow, p);
+}
+
+static float dot_f32(int n, const float *x, const float *y)
+{
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8), _mm256_loadu_ps(y + i + 8), a1);
+    }
+    for (; i + 8 <= n; i += 8)
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), a0);
+    float s = hsum_ps(_mm256_add_ps(a0, a1));
+    for (; i < n; i++)
+        s += x[i] * y[i];
+    return s;
+}
+
+static float dot_f16_f32(int n, const ar_f16 *x, const float *y)
+{
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        a0 = _mm256_fmadd_ps(load_f16x8(x + i), _mm256_loadu_ps(y + i), a0);
+        a1 = _mm256_fmadd_ps(load_f16x8(x + i + 8), _mm256_loadu_ps(y + i + 8), a1);
+    }
+    for (; i + 8 <= n; i += 8)
+        a0 = _mm256_fmadd_ps(load_f16x8(x + i), _mm256_loadu_ps(y + i), a0);
+    float s = hsum_ps(_mm256_add_ps(a0, a1));
+    for (; i < n; i++)
+        s += f16_to_f32(x[i]) * y[i];
+    return s;
+}
+
+static void axpy_f32(int n, float a, const float *x, float *y)
+{
+    __m256 av = _mm256_set1_ps(a);
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++)
+        y[i] += a * x[i];
+}
+
+static void axpy_f16(int n, float a, const ar_f16 *x, float *y)
+{
+    __m256 av = _mm256_set1_ps(a);
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, load_f16x8(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++)
+        y[i] += a * f16_to_f32(x[i]);
+}
+
+static void rmsnorm(int n, float *out, const float *x, const float *w, float eps)
+{
+    /* squares summed in double, as the reference does */
+    __m256d s0 = _mm256_setzero_pd(), s1 = _mm256_setzero_pd();
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        __m256 sq = _mm256_mul_ps(v, v);
+        s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(sq)));
+        s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(sq, 1)));
+    }
+    __m256d s = _mm256_add_pd(s0, s1);
+    __m128d h = _mm_add_pd(_mm256_castpd256_pd128(s), _mm256_extractf128_pd(s, 1));
+    double sum = _mm_cvtsd_f64(_mm_add_sd(h, _mm_unpackhi_pd(h, h)));
+    for (; i < n; i++)
+        sum += (double)(x[i] * x[i]);
+    float mean = (float)(sum / n);
+    float scale = 1.0f / sqrtf(mean + eps);
+    __m256 sv = _mm256_set1_ps(scale);
+    for (i = 0; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), sv), _mm256_loadu_ps(w + i)));
+    for (; i < n; i++)
+        out[i] = (x[i] * scale) * w[i];
+}
+
+static void softmax(int n, float *x)
+{
+    __m256 mv = _mm256_set1_ps(-INFINITY);
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        mv = _mm256_max_ps(mv, _mm256_loadu_ps(x + i));
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(mv), _mm256_extractf128_ps(mv, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    float max = _mm_cvtss_f32(m);
+    for (; i < n; i++)
+        max = fmaxf(max, x[i]);
+    __m256 maxv = _mm256_set1_ps(max);
+    __m256d s0 = _mm256_setzero_pd(), s1 = _mm256_setzero_pd();
+    for (i = 0; i + 8 <= n; i += 8) {
+        __m256 e = exp_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), maxv));
+        _mm256_storeu_ps(x + i, e);
+        s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+        s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+    }
+    __m256d s = _mm256_add_pd(s0, s1);
+    __m128d h = _mm_add_pd(_mm256_castpd256_pd128(s), _mm256_extractf128_pd(s, 1));
+    double sum = _mm_cvtsd_f64(_mm_add_sd(h, _mm_unpackhi_pd(h, h)));
+    for (; i < n; i++) {
+        x[i] = expf(x[i] - max);
+        sum += (double)x[i];
+    }
+    float inv = (float)(1.0 / sum);
+    __m256 iv = _mm256_set1_ps(inv);
+    for (i = 0; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), iv));
+    for (; i < n; i++)
+        x[i] *= inv;
+}
+
+static void silu_mul(int n, float *out, const float *gate, const float *up)
+{
+    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 g = _mm256_loadu_ps(gate + i);
+        __m256 e = exp_ps(_mm256_xor_ps(g, sign));
+        __m256 s = _mm256_div_ps(g, _mm256_add_ps(one, e));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(s, _mm256_loadu_ps(up + i)));
+    }
+    for (; i < n; i++)
+        out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+}
+
+/* ---- the table ------------------------------------------------------------------------------ */
 
 void kernels_fill_avx2(struct kernel_ops *ops)
 {
-    (void)ops;
+    ops->from_float[AR_TYPE_F16] = f16_from_float;
+    ops->from_float[AR_TYPE_BF16] = bf16_from_float;
+    ops->from_float[AR_TYPE_Q8_0] = q8_0_from_float;
+    ops->from_float[AR_TYPE_Q8_K] = q8_K_from_float;
+
+    ops->vec_dot[AR_TYPE_F32] = f32_vec_dot;
+    ops->vec_dot[AR_TYPE_F16] = f16_vec_dot;
+    ops->vec_dot[AR_TYPE_BF16] = bf16_vec_dot;
+    ops->vec_dot[AR_TYPE_Q8_0] = q8_0_vec_dot;
+    ops->vec_dot[AR_TYPE_Q4_0] = q4_0_vec_dot;
+    ops->vec_dot[AR_TYPE_Q4_K] = q4_K_vec_dot;
+    ops->vec_dot[AR_TYPE_Q5_K] = q5_K_vec_dot;
+    ops->vec_dot[AR_TYPE_Q6_K] = q6_K_vec_dot;
+
+    ops->gemm[AR_TYPE_F32] = f32_gemm;
+    ops->gemm[AR_TYPE_F16] = f16_gemm;
+    ops->gemm[AR_TYPE_BF16] = bf16_gemm;
+    ops->gemm[AR_TYPE_Q8_0] = q8_0_gemm;
+    ops->gemm[AR_TYPE_Q4_0] = q4_0_gemm;
+    ops->gemm[AR_TYPE_Q4_K] = q4_K_gemm;
+    ops->gemm[AR_TYPE_Q5_K] = q5_K_gemm;
+    ops->gemm[AR_TYPE_Q6_K] = q6_K_gemm;
+
+    ops->dot_f32 = dot_f32;
+    ops->dot_f16_f32 = dot_f16_f32;
+    ops->axpy_f32 = axpy_f32;
+    ops->axpy_f16 = axpy_f16;
+    ops->rmsnorm = rmsnorm;
+    ops->softmax = softmax;
+    ops->silu_mul = silu_mul;
 }

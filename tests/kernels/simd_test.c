@@ -1,0 +1,425 @@
+/* simd_test.c - every SIMD kernel variant this CPU can run, held to the scalar reference
+ * (kernels_ref(), the spec) on fixed-seed random data at awkward sizes. Only entries whose
+ * pointer differs from the reference's are tested (the others are the reference itself).
+ * Tolerances: integer-sum dot products and gemm within 1e-5 of sum |w_i * x_i| (float
+ * accumulation order is all that differs); quantizers byte for byte; f32 ops as stated. */
+#include "harness/harness.h"
+
+#include <math.h>
+
+#include "kernels/kernels.h"
+#include "kernels/quants.h"
+
+#define MAX_VARIANTS 8
+
+static const int f32_sizes[] = {1, 2, 3, 7, 15, 16, 17, 31, 33, 255, 256, 257, 1000};
+static const int block_counts[] = {1, 2, 3, 7, 8, 9};
+static const int tile_sizes[] = {1, 2, 3, 4, 5, 7, 8, 9, 16, 17};
+
+#define COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+/* The variants other than "ref"; fails if the list is malformed. */
+static int simd_variants(const struct kernel_ops **out)
+{
+    const struct kernel_ops *all[MAX_VARIANTS];
+    int n = kernels_variants(all, MAX_VARIANTS), k = 0;
+    assert_true(n >= 1);
+    for (int i = 0; i < n; i++)
+        if (all[i] != kernels_ref())
+            out[k++] = all[i];
+    return k;
+}
+
+static void fill_f32(struct th_rng *r, float *x, int n, float scale)
+{
+    for (int i = 0; i < n; i++)
+        x[i] = th_rng_f32(r) * scale;
+}
+
+static const enum ar_type weight_types[] = {AR_TYPE_F32,  AR_TYPE_F16,  AR_TYPE_BF16,
+                                            AR_TYPE_Q8_0, AR_TYPE_Q4_0, AR_TYPE_Q4_K,
+                                            AR_TYPE_Q5_K, AR_TYPE_Q6_K};
+
+static bool is_float_type(enum ar_type t)
+{
+    return t == AR_TYPE_F32 || t == AR_TYPE_F16 || t == AR_TYPE_BF16;
+}
+
+static ar_f16 random_scale(struct th_rng *r, float lo, float hi)
+{
+    float v = lo + (hi - lo) * 0.5f * (th_rng_f32(r) + 1.0f);
+    return ar_f32_to_f16(th_rng_u64(r) & 1 ? -v : v);
+}
+
+/* A weight row of n elements of type t: float types from random floats; quantized types from
+ * random bytes (every bit pattern of the quants, scales and mins) with sane f16 scales. */
+static void make_weight_row(struct th_rng *r, enum ar_type t, int n, uint8_t *dst)
+{
+    const struct ar_type_info *ti = ar_type_info(t);
+    size_t size = ar_type_row_size(t, n);
+    if (is_float_type(t)) {
+        float *f = malloc((size_t)n * sizeof(float));
+        assert_non_null(f);
+        fill_f32(r, f, n, 1.0f);
+        assert_int_equal(kernels_quantize_row(t, f, dst, n), size);
+        free(f);
+        return;
+    }
+    for (size_t i = 0; i < size; i++)
+        dst[i] = (uint8_t)th_rng_u64(r);
+    for (int b = 0; b < n / ti->block_size; b++) {
+        uint8_t *blk = dst + (size_t)b * (size_t)ti->type_size;
+        ar_f16 d = random_scale(r, 0.001f, 0.02f), dmin = random_scale(r, 0.001f, 0.02f);
+        switch (t) {
+        case AR_TYPE_Q8_0:
+        case AR_TYPE_Q4_0:
+            memcpy(blk, &d, 2);
+            break;
+        case AR_TYPE_Q4_K:
+        case AR_TYPE_Q5_K:
+            memcpy(blk, &d, 2);
+            memcpy(blk + 2, &dmin, 2);
+            break;
+        case AR_TYPE_Q6_K:
+            memcpy(blk + offsetof(struct block_q6_K, d), &d, 2);
+            break;
+        default:
+            fail_msg("no weight maker for type %d", t);
+        }
+    }
+}
+
+/* An activation row of n elements in the vec-dot type of t, made by the reference quantizer. */
+static void make_act_row(struct th_rng *r, enum ar_type t, int n, uint8_t *dst)
+{
+    enum ar_type at = kernels_vec_dot_type(t);
+    float *f = malloc((size_t)n * sizeof(float));
+    assert_non_null(f);
+    fill_f32(r, f, n, 2.0f);
+    kernels_ref()->from_float[at](f, dst, n);
+    free(f);
+}
+
+/* sum |w_i * x_i| over the dequantized rows: the scale of the rounding allowance. */
+static double abs_terms(enum ar_type t, int n, const void *w, const void *x)
+{
+    float *a = malloc((size_t)n * sizeof(float)), *b = malloc((size_t)n * sizeof(float));
+    double s = 0.0;
+    assert_non_null(a);
+    assert_non_null(b);
+    kernels_dequantize_row(t, w, a, n);
+    kernels_dequantize_row(kernels_vec_dot_type(t), x, b, n);
+    for (int i = 0; i < n; i++)
+        s += fabs((double)a[i] * (double)b[i]);
+    free(a);
+    free(b);
+    return s;
+}
+
+static void assert_dot_close(float got, float want, double terms, const char *what, const char *v,
+                             enum ar_type t, int n)
+{
+    double tol = 1e-5 * terms + 1e-30;
+    if (!(fabs((double)got - (double)want) <= tol))
+        fail_msg("%s %s %s n=%d: got %.9g want %.9g (tol %.3g)", v, what, ar_type_name(t), n,
+                 (double)got, (double)want, tol);
+}
+
+/* ---- dot products ---------------------------------------------------------------------------- */
+
+static void vec_dot_matches_reference_for_every_weight_type(void **state)
+{
+    const struct kernel_ops *vs[MAX_VARIANTS], *ref = kernels_ref();
+    int nv = simd_variants(vs), checked = 0;
+    (void)state;
+    for (int v = 0; v < nv; v++) {
+        for (int ti = 0; ti < COUNT(weight_types); ti++) {
+            enum ar_type t = weight_types[ti];
+            int bs = ar_type_info(t)->block_size;
+            int nsizes = is_float_type(t) ? COUNT(f32_sizes) : COUNT(block_counts);
+            if (vs[v]->vec_dot[t] == ref->vec_dot[t])
+                continue;
+            for (int si = 0; si < nsizes; si++) {
+                int n = is_float_type(t) ? f32_sizes[si] : block_counts[si] * bs;
+                struct th_rng r = {0x5eed0000u + (uint64_t)(ti * 100 + si)};
+                uint8_t *w = malloc(ar_type_row_size(t, n));
+                uint8_t *x = malloc(ar_type_row_size(kernels_vec_dot_type(t), n));
+                float got = NAN, want = NAN;
+                assert_non_null(w);
+                assert_non_null(x);
+                make_weight_row(&r, t, n, w);
+                make_act_row(&r, t, n, x);
+                ref->vec_dot[t](n, &want, w, x);
+                vs[v]->vec_dot[t](n, &got, w, x);
+                assert_dot_close(got, want, abs_terms(t, n, w, x), "vec_dot", vs[v]->name, t, n);
+                checked++;
+                free(w);
+                free(x);
+            }
+        }
+    }
+    print_message("vec_dot: %d comparisons over %d SIMD variant(s)\n", checked, nv);
+}
+
+/* Every (nr, nc) tile edge, with row strides padded past the row size and ldy > nr, so a tile
+ * that reads the wrong row or writes outside its slot is caught. */
+static void gemm_matches_reference_dot_at_every_tile_edge(void **state)
+{
+    const struct kernel_ops *vs[MAX_VARIANTS], *ref = kernels_ref();
+    int nv = simd_variants(vs), checked = 0;
+    (void)state;
+    for (int v = 0; v < nv; v++) {
+        for (int ti = 0; ti < COUNT(weight_types); ti++) {
+            enum ar_type t = weight_types[ti];
+            enum ar_type at = kernels_vec_dot_type(t);
+            int n = is_float_type(t) ? 37 : 2 * ar_type_info(t)->block_size;
+            int maxr = tile_sizes[COUNT(tile_sizes) - 1];
+            size_t w_row = ar_type_row_size(t, n) + 8, x_row = ar_type_row_size(at, n) + 24;
+            struct th_rng r = {0x9e3779b9u + (uint64_t)ti};
+            uint8_t *w, *x;
+            float *y;
+            if (vs[v]->gemm[t] == ref->gemm[t])
+                continue;
+            w = calloc((size_t)maxr, w_row);
+            x = calloc((size_t)maxr, x_row);
+            y = malloc(sizeof(float) * (size_t)(maxr + 3) * (size_t)maxr);
+            assert_non_null(w);
+            assert_non_null(x);
+            assert_non_null(y);
+            for (int i = 0; i < maxr; i++) {
+                make_weight_row(&r, t, n, w + (size_t)i * w_row);
+                make_act_row(&r, t, n, x + (size_t)i * x_row);
+            }
+            for (int a = 0; a < COUNT(tile_sizes); a++) {
+                for (int b = 0; b < COUNT(tile_sizes); b++) {
+                    int nr = tile_sizes[a], nc = tile_sizes[b];
+                    size_t ldy = (size_t)nr + 3;
+                    for (size_t k = 0; k < ldy * (size_t)nc; k++)
+                        y[k] = -12345.0f;
+                    vs[v]->gemm[t](n, nr, nc, w, w_row, x, x_row, y, ldy);
+                    for (int j = 0; j < nc; j++) {
+                        for (int i = 0; i < nr; i++) {
+                            const uint8_t *wi = w + (size_t)i * w_row, *xj = x + (size_t)j * x_row;
+                            float want;
+                            ref->vec_dot[t](n, &want, wi, xj);
+                            assert_dot_close(y[(size_t)j * ldy + (size_t)i], want,
+                                             abs_terms(t, n, wi, xj), "gemm", vs[v]->name, t, n);
+                        }
+                        for (size_t i = (size_t)nr; i < ldy; i++)
+                            assert_true(y[(size_t)j * ldy + i] == -12345.0f);
+                    }
+                    checked++;
+                }
+            }
+            free(w);
+            free(x);
+            free(y);
+        }
+    }
+    print_message("gemm: %d tile shapes over %d SIMD variant(s)\n", checked, nv);
+}
+
+/* ---- activation quantizers ---------------------------------------------------------------- */
+
+static const enum ar_type act_types[] = {AR_TYPE_Q8_0, AR_TYPE_Q8_K, AR_TYPE_F16, AR_TYPE_BF16};
+
+static void check_from_float(const struct kernel_ops *v, enum ar_type t, const float *x, int n)
+{
+    size_t size = ar_type_row_size(t, n);
+    uint8_t *a = malloc(size), *b = malloc(size);
+    assert_non_null(a);
+    assert_non_null(b);
+    memset(a, 0xaa, size);
+    memset(b, 0x55, size);
+    kernels_ref()->from_float[t](x, a, n);
+    v->from_float[t](x, b, n);
+    for (size_t i = 0; i < size; i++)
+        if (a[i] != b[i])
+            fail_msg("%s from_float %s n=%d: byte %zu is %02x, reference %02x", v->name,
+                     ar_type_name(t), n, i, b[i], a[i]);
+    free(a);
+    free(b);
+}
+
+static void activation_quantizers_match_reference_bytes(void **state)
+{
+    const struct kernel_ops *vs[MAX_VARIANTS], *ref = kernels_ref();
+    int nv = simd_variants(vs), checked = 0;
+    (void)state;
+    for (int v = 0; v < nv; v++) {
+        for (int ti = 0; ti < COUNT(act_types); ti++) {
+            enum ar_type t = act_types[ti];
+            int bs = ar_type_info(t)->block_size;
+            bool blocked = bs > 1;
+            int nsizes = blocked ? COUNT(block_counts) : COUNT(f32_sizes);
+            if (vs[v]->from_float[t] == ref->from_float[t])
+                continue;
+            for (int si = 0; si < nsizes; si++) {
+                int n = blocked ? block_counts[si] * bs : f32_sizes[si];
+                struct th_rng r = {0xc0ffeeu + (uint64_t)(ti * 100 + si)};
+                float *x = malloc((size_t)n * sizeof(float));
+                assert_non_null(x);
+                /* magnitudes spread over many binades, with an all-zero first block */
+                for (int i = 0; i < n; i++)
+                    x[i] = th_rng_f32(&r) * ldexpf(1.0f, (int)(th_rng_u64(&r) % 24) - 12);
+                if (si == 1)
+                    memset(x, 0, (size_t)bs * sizeof(float));
+                check_from_float(vs[v], t, x, n);
+                checked++;
+                free(x);
+            }
+        }
+    }
+    print_message("from_float: %d comparisons over %d SIMD variant(s)\n", checked, nv);
+}
+
+/* Exact halves: with amax 127 (Q8_0, d = 1) or max -127 (Q8_K, iscale = 1), x * scale is
+ * exactly x, so 2.5 must go to 3 in Q8_0 (away from zero) and to 2 in Q8_K (to even). */
+static void activation_quantizers_round_exact_halves_like_reference(void **state)
+{
+    const struct kernel_ops *vs[MAX_VARIANTS], *ref = kernels_ref();
+    int nv = simd_variants(vs);
+    float x[QK_K];
+    (void)state;
+    for (int i = 0; i < QK_K; i++)
+        x[i] = (float)((i % 50) - 25) + 0.5f;
+    for (int i = 0; i < QK_K; i += QK8_0)
+        x[i] = -127.0f; /* every Q8_0 block has amax 127; the Q8_K max is -127 */
+    for (int v = 0; v < nv; v++) {
+        if (vs[v]->from_float[AR_TYPE_Q8_0] != ref->from_float[AR_TYPE_Q8_0])
+            check_from_float(vs[v], AR_TYPE_Q8_0, x, QK_K);
+        if (vs[v]->from_float[AR_TYPE_Q8_K] != ref->from_float[AR_TYPE_Q8_K])
+            check_from_float(vs[v], AR_TYPE_Q8_K, x, QK_K);
+    }
+    /* the reference itself: independent truth for the two rounding rules */
+    struct block_q8_0 q0[QK_K / QK8_0];
+    struct block_q8_K qk;
+    ref->from_float[AR_TYPE_Q8_0](x, q0, QK_K);
+    ref->from_float[AR_TYPE_Q8_K](x, &qk, QK_K);
+    assert_int_equal(q0[0].qs[1], (int)roundf(x[1])); /* x[1] = -23.5 -> -24 */
+    assert_int_equal(q0[0].qs[1], -24);
+    assert_int_equal(qk.qs[1], -24); /* -23.5 -> even */
+    assert_int_equal(qk.qs[2], -22); /* -22.5 -> even */
+}
+
+/* ---- f32 vector ops ----------------------------------------------------------------------- */
+
+static void close_or_fail(float got, float want, double tol, const char *v, const char *what,
+                          int n, int i)
+{
+    if (!(fabs((double)got - (double)want) <= tol))
+        fail_msg("%s %s n=%d [%d]: got %.9g want %.9g (tol %.3g)", v, what, n, i, (double)got,
+                 (double)want, tol);
+}
+
+static void f32_ops_match_reference(void **state)
+{
+    const struct kernel_ops *vs[MAX_VARIANTS], *ref = kernels_ref();
+    int nv = simd_variants(vs);
+    (void)state;
+    for (int v = 0; v < nv; v++) {
+        const struct kernel_ops *k = vs[v];
+        for (int si = 0; si < COUNT(f32_sizes); si++) {
+            int n = f32_sizes[si];
+            struct th_rng r = {0xf00du + (uint64_t)si};
+            float *a = malloc(sizeof(float) * (size_t)n), *b = malloc(sizeof(float) * (size_t)n);
+            float *c = malloc(sizeof(float) * (size_t)n), *d = malloc(sizeof(float) * (size_t)n);
+            ar_f16 *h = malloc(sizeof(ar_f16) * (size_t)n);
+            double terms = 0.0;
+            assert_true(a && b && c && d && h);
+            fill_f32(&r, a, n, 3.0f);
+            fill_f32(&r, b, n, 3.0f);
+            for (int i = 0; i < n; i++)
+                h[i] = ar_f32_to_f16(a[i]);
+            for (int i = 0; i < n; i++)
+                terms += fabs((double)a[i] * (double)b[i]);
+            /* dot products: 1e-5 of sum |terms| */
+            if (k->dot_f32 != ref->dot_f32)
+                close_or_fail(k->dot_f32(n, a, b), ref->dot_f32(n, a, b), 1e-5 * terms, k->name,
+                              "dot_f32", n, 0);
+            if (k->dot_f16_f32 != ref->dot_f16_f32)
+                close_or_fail(k->dot_f16_f32(n, h, b), ref->dot_f16_f32(n, h, b),
+                              1e-5 * terms + 1e-6, k->name, "dot_f16_f32", n, 0);
+            /* axpy: per element, 1e-6 of |y| + |a x| (fused vs separate rounding) */
+            if (k->axpy_f32 != ref->axpy_f32) {
+                memcpy(c, b, sizeof(float) * (size_t)n);
+                memcpy(d, b, sizeof(float) * (size_t)n);
+                k->axpy_f32(n, 0.7f, a, c);
+                ref->axpy_f32(n, 0.7f, a, d);
+                for (int i = 0; i < n; i++)
+                    close_or_fail(c[i], d[i], 1e-6 * (fabs((double)b[i]) + fabs(0.7 * (double)a[i])),
+                                  k->name, "axpy_f32", n, i);
+            }
+            if (k->axpy_f16 != ref->axpy_f16) {
+                memcpy(c, b, sizeof(float) * (size_t)n);
+                memcpy(d, b, sizeof(float) * (size_t)n);
+                k->axpy_f16(n, -1.3f, h, c);
+                ref->axpy_f16(n, -1.3f, h, d);
+                for (int i = 0; i < n; i++)
+                    close_or_fail(c[i], d[i], 1e-6 * (fabs((double)b[i]) + fabs(1.3 * (double)a[i])),
+                                  k->name, "axpy_f16", n, i);
+            }
+            /* rmsnorm: relative 1e-6 per element */
+            if (k->rmsnorm != ref->rmsnorm) {
+                k->rmsnorm(n, c, a, b, 1e-5f);
+                ref->rmsnorm(n, d, a, b, 1e-5f);
+                for (int i = 0; i < n; i++)
+                    close_or_fail(c[i], d[i], 1e-6 * fabs((double)d[i]) + 1e-30, k->name,
+                                  "rmsnorm", n, i);
+            }
+            /* softmax over a spread of logits: relative 1e-5 per element (vector expf) */
+            if (k->softmax != ref->softmax) {
+                for (int i = 0; i < n; i++)
+                    c[i] = d[i] = a[i] * 10.0f;
+                k->softmax(n, c);
+                ref->softmax(n, d);
+                for (int i = 0; i < n; i++)
+                    close_or_fail(c[i], d[i], 1e-5 * fabs((double)d[i]) + 1e-12, k->name,
+                                  "softmax", n, i);
+            }
+            /* silu_mul with gates out to +-30: relative 1e-5 per element */
+            if (k->silu_mul != ref->silu_mul) {
+                for (int i = 0; i < n; i++)
+                    a[i] *= 10.0f;
+                k->silu_mul(n, c, a, b);
+                ref->silu_mul(n, d, a, b);
+                for (int i = 0; i < n; i++)
+                    close_or_fail(c[i], d[i], 1e-5 * fabs((double)d[i]) + 1e-30, k->name,
+                                  "silu_mul", n, i);
+            }
+            free(a);
+            free(b);
+            free(c);
+            free(d);
+            free(h);
+        }
+    }
+}
+
+static void variants_are_listed_best_first_and_reported(void **state)
+{
+    const struct kernel_ops *all[MAX_VARIANTS];
+    int n = kernels_variants(all, MAX_VARIANTS);
+    char line[256] = "";
+    (void)state;
+    assert_true(n >= 1);
+    assert_ptr_equal(all[n - 1], kernels_ref());
+    for (int i = 0; i < n; i++) {
+        strncat(line, " ", sizeof(line) - strlen(line) - 1);
+        strncat(line, all[i]->name, sizeof(line) - strlen(line) - 1);
+    }
+    print_message("kernel variants on this CPU:%s (all but ref are tested)\n", line);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(variants_are_listed_best_first_and_reported),
+        cmocka_unit_test(vec_dot_matches_reference_for_every_weight_type),
+        cmocka_unit_test(gemm_matches_reference_dot_at_every_tile_edge),
+        cmocka_unit_test(activation_quantizers_match_reference_bytes),
+        cmocka_unit_test(activation_quantizers_round_exact_halves_like_reference),
+        cmocka_unit_test(f32_ops_match_reference),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
