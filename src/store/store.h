@@ -1,0 +1,166 @@
+/* store.h - durable records in one SQLite database: generated replies keyed by
+ * (shop_id, review_id) for idempotency, and bulk jobs with one row per input line so that a
+ * restart after a crash (kill -9 included) resumes a job without redoing finished lines.
+ *
+ * The file is opened in WAL mode with synchronous=NORMAL: a committed transaction survives
+ * a process crash; after a power loss the last few commits may be lost, never half of one.
+ * The schema is created at open and versioned in PRAGMA user_version.
+ *
+ * Thread safety: a store handle owns one SQLite connection guarded by a mutex, so every
+ * function may be called from any thread; calls on one handle are serialised. Callbacks
+ * (store_job_results, store_jobs_unfinished) run with that mutex held and must not call
+ * back into the same handle. Several handles (or processes) may open the same file;
+ * SQLite's locking and a busy timeout arbitrate between them.
+ *
+ * Errors: AR_EINVAL for bad arguments (and for unknown job ids or lines, duplicate lines),
+ * AR_EBUSY when the database stayed locked past the busy timeout, AR_ENOMEM, AR_EFORMAT for
+ * a database written by a newer schema, and AR_EIO for anything else SQLite reports. The
+ * optional struct ar_err receives SQLite's message. */
+#ifndef AR_STORE_H
+#define AR_STORE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "../base/base.h"
+
+#define STORE_SCHEMA_VERSION 1
+#define STORE_ID_MAX 256    /* longest shop or review id, bytes */
+#define STORE_JOB_ID_LEN 32 /* hex digits of a job id (128 random bits) */
+#define STORE_BUSY_TIMEOUT_MS 5000
+
+struct store;
+
+/* Opens (creating if needed) the database at path. The caller owns *out (store_close). */
+enum ar_status store_open(const char *path, struct store **out, struct ar_err *err);
+/* Closes the connection; NULL does nothing. */
+void store_close(struct store *st);
+
+/* ---- replies ------------------------------------------------------------------------- */
+
+/* One review and the reply generated for it. As an input (store_reply_put) the strings are
+ * borrowed; as an output (get, put) they all point into `storage`, owned by the struct and
+ * released with store_reply_fini. */
+struct store_reply {
+    const char *shop_id;   /* non-empty, at most STORE_ID_MAX bytes */
+    const char *review_id; /* non-empty, at most STORE_ID_MAX bytes */
+    const char *text;      /* the review text (not NULL, may be empty) */
+    int rating;            /* stars, 1..5 */
+    const char *lang;      /* "zh", "en", ...; NULL is stored as "" */
+    const char *reply;     /* the reply text (not NULL, may be empty) */
+    bool needs_human;      /* routed to a person instead of (or besides) the reply */
+    float sentiment;       /* finite, conventionally -1..1 */
+    bool cached;           /* the reply came from the reply cache, not the model */
+    const char *model;     /* model name; NULL is stored as "" */
+    int64_t created_s;     /* unix seconds; 0 on put means now */
+    char *storage;         /* owned by outputs; NULL in inputs */
+};
+
+/* Releases an output's storage and zeroes it; NULL or a zeroed struct does nothing. */
+void store_reply_fini(struct store_reply *r);
+
+/* Looks up the reply for (shop_id, review_id). *found says whether there is one; when it
+ * is, *out is filled (the caller owns it: store_reply_fini). */
+enum ar_status store_reply_get(struct store *st, const char *shop_id, const char *review_id,
+                               struct store_reply *out, bool *found, struct ar_err *err);
+
+/* Inserts r unless a row with the same (shop_id, review_id) exists; an existing row is
+ * never changed. *existed (may be NULL) says which happened; out (may be NULL) receives
+ * the row now stored: r's values, or the existing row's. */
+enum ar_status store_reply_put(struct store *st, const struct store_reply *r,
+                               struct store_reply *out, bool *existed, struct ar_err *err);
+
+/* ---- bulk jobs ----------------------------------------------------------------------- */
+
+enum store_job_status {
+    STORE_JOB_QUEUED = 0, /* created, no line finished yet */
+    STORE_JOB_RUNNING,    /* some lines finished */
+    STORE_JOB_DONE,       /* every line finished (done or error) */
+    STORE_JOB_FAILED,     /* given up as a whole (store_job_set_status) */
+    STORE_JOB_CANCELLED   /* cancelled by the client (store_job_set_status) */
+};
+
+enum store_item_status {
+    STORE_ITEM_PENDING = 0, /* not processed yet (or processed but not recorded) */
+    STORE_ITEM_DONE,        /* result holds the result JSON */
+    STORE_ITEM_ERROR        /* result holds an error message */
+};
+
+/* Static strings ("queued", "pending", ...), never NULL. */
+const char *store_job_status_str(enum store_job_status s);
+const char *store_item_status_str(enum store_item_status s);
+
+struct store_job_info {
+    char id[STORE_JOB_ID_LEN + 1];
+    enum store_job_status status;
+    int64_t n_total;                /* lines */
+    int64_t n_done;                 /* lines finished with a result */
+    int64_t n_failed;               /* lines finished with an error */
+    int64_t created_s, updated_s;   /* unix seconds */
+    char shop_id[STORE_ID_MAX + 1]; /* the job's shop (default for its lines) */
+};
+
+/* One input line of a job, as given to store_job_create (strings borrowed). */
+struct store_item_in {
+    int64_t line;      /* line number in the uploaded file, >= 1, unique within the job */
+    const char *input; /* the line's JSON text, not NULL */
+};
+
+/* One line as read back. From store_job_next_pending the strings point into `storage`,
+ * owned by the item (store_items_free); in a store_job_results callback they are borrowed
+ * for the call and storage is NULL. */
+struct store_item {
+    int64_t line;
+    enum store_item_status status;
+    const char *input;  /* the line's JSON text */
+    const char *result; /* result JSON (done), error message (error), NULL (pending) */
+    char *storage;
+};
+
+void store_items_free(struct store_item *items, size_t n);
+
+/* Creates a queued job holding n >= 1 lines, all pending, in one transaction (all or
+ * nothing). job_id receives the new id, STORE_JOB_ID_LEN hex digits and a NUL. */
+enum ar_status store_job_create(struct store *st, const char *shop_id,
+                                const struct store_item_in *items, size_t n,
+                                char job_id[STORE_JOB_ID_LEN + 1], struct ar_err *err);
+
+/* Up to max pending lines of the job with line > after_line, in line order (after_line 0
+ * starts at the beginning). *items_out is owned by the caller (store_items_free); it is
+ * NULL when *n_out is 0. Lines are not claimed: one worker per job is expected. */
+enum ar_status store_job_next_pending(struct store *st, const char *job_id, int64_t after_line,
+                                      size_t max, struct store_item **items_out, size_t *n_out,
+                                      struct ar_err *err);
+
+/* Records a pending line as done (result JSON) or as failed (error message), and updates
+ * the job's counts, updated time and status (queued -> running -> done when every line is
+ * finished; a failed or cancelled job keeps its status) in the same transaction. A line
+ * that is not pending is left unchanged and AR_EINVAL returned, so a result is never
+ * counted twice. */
+enum ar_status store_job_item_done(struct store *st, const char *job_id, int64_t line,
+                                   const char *result_json, struct ar_err *err);
+enum ar_status store_job_item_error(struct store *st, const char *job_id, int64_t line,
+                                    const char *message, struct ar_err *err);
+
+/* Sets a job's status (e.g. STORE_JOB_CANCELLED). */
+enum ar_status store_job_set_status(struct store *st, const char *job_id,
+                                    enum store_job_status status, struct ar_err *err);
+
+/* *found says whether the job exists; when it does, *info is filled. */
+enum ar_status store_job_get(struct store *st, const char *job_id, struct store_job_info *info,
+                             bool *found, struct ar_err *err);
+
+/* Calls fn for every line of the job in line order (pending ones included). The item is
+ * borrowed for the call. fn returns false to stop early; the function then returns
+ * AR_ECANCELED. An unknown job id gives AR_EINVAL. */
+typedef bool (*store_item_fn)(const struct store_item *item, void *user);
+enum ar_status store_job_results(struct store *st, const char *job_id, store_item_fn fn, void *user,
+                                 struct ar_err *err);
+
+/* Calls fn for every queued or running job, oldest first (what a restart must resume).
+ * fn returns false to stop early (AR_ECANCELED). */
+typedef bool (*store_job_fn)(const struct store_job_info *info, void *user);
+enum ar_status store_jobs_unfinished(struct store *st, store_job_fn fn, void *user,
+                                     struct ar_err *err);
+
+#endif

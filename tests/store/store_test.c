@@ -1,0 +1,726 @@
+/* store_test.c - the SQLite store: insert-once replies, job progress and results,
+ * durability across close/reopen and across a kill -9 in the middle of a job, argument
+ * checks, and several threads sharing a handle. Every test works in a fresh mkdtemp dir. */
+#include "harness/harness.h"
+
+#include <dirent.h>
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sqlite3.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "store/store.h"
+
+struct fixture {
+    char dir[64];
+    char path[128];
+};
+
+static int setup(void **state)
+{
+    struct fixture *f = calloc(1, sizeof(*f));
+    if (!f)
+        return -1;
+    snprintf(f->dir, sizeof(f->dir), "/tmp/ar_store_test_XXXXXX");
+    if (!mkdtemp(f->dir)) {
+        free(f);
+        return -1;
+    }
+    snprintf(f->path, sizeof(f->path), "%s/store.db", f->dir);
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    struct fixture *f = *state;
+    DIR *d = opendir(f->dir);
+    struct dirent *e;
+    char p[512];
+    while (d && (e = readdir(d)) != NULL) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+            continue;
+        snprintf(p, sizeof(p), "%s/%s", f->dir, e->d_name);
+        unlink(p);
+    }
+    if (d)
+        closedir(d);
+    rmdir(f->dir);
+    free(f);
+    return 0;
+}
+
+static struct store *open_store(const char *path)
+{
+    struct store *st = NULL;
+    struct ar_err err = {0};
+    enum ar_status s = store_open(path, &st, &err);
+    if (s != AR_OK)
+        fail_msg("store_open(%s): %s: %s", path, ar_status_str(s), err.msg);
+    return st;
+}
+
+static struct store_reply sample_reply(const char *shop, const char *review, const char *reply)
+{
+    struct store_reply r = {0};
+    r.shop_id = shop;
+    r.review_id = review;
+    r.text = "物流很快，包装完好，宝贝质量不错！";
+    r.rating = 5;
+    r.lang = "zh";
+    r.reply = reply;
+    r.needs_human = false;
+    r.sentiment = 0.75f;
+    r.cached = true;
+    r.model = "qwen2-0.5b-q4_0";
+    r.created_s = 1700000000;
+    return r;
+}
+
+/* ---- replies ------------------------------------------------------------------------ */
+
+static void reply_put_twice_keeps_the_first_reply(void **state)
+{
+    struct fixture *f = *state;
+    struct store *st = open_store(f->path);
+    struct store_reply a = sample_reply("shop-1", "r-100", "感谢您的好评，期待再次光临！");
+    struct store_reply b = sample_reply("shop-1", "r-100", "a different reply");
+    struct store_reply out = {0};
+    bool existed = true, found = false;
+
+    assert_int_equal(store_reply_put(st, &a, &out, &existed, NULL), AR_OK);
+    assert_false(existed);
+    assert_string_equal(out.reply, a.reply);
+    store_reply_fini(&out);
+
+    b.rating = 1;
+    b.needs_human = true;
+    assert_int_equal(store_reply_put(st, &b, &out, &existed, NULL), AR_OK);
+    assert_true(existed);
+    /* the stored row is the first one, field for field */
+    assert_string_equal(out.shop_id, "shop-1");
+    assert_string_equal(out.review_id, "r-100");
+    assert_string_equal(out.text, a.text);
+    assert_string_equal(out.reply, a.reply);
+    assert_int_equal(out.rating, 5);
+    assert_string_equal(out.lang, "zh");
+    assert_false(out.needs_human);
+    assert_true(fabsf(out.sentiment - 0.75f) < 1e-6f);
+    assert_true(out.cached);
+    assert_string_equal(out.model, "qwen2-0.5b-q4_0");
+    assert_int_equal(out.created_s, 1700000000);
+    store_reply_fini(&out);
+    assert_null(out.storage);
+
+    assert_int_equal(store_reply_get(st, "shop-1", "r-100", &out, &found, NULL), AR_OK);
+    assert_true(found);
+    assert_string_equal(out.reply, a.reply);
+    store_reply_fini(&out);
+
+    /* the same review id in another shop is another record */
+    assert_int_equal(store_reply_get(st, "shop-2", "r-100", &out, &found, NULL), AR_OK);
+    assert_false(found);
+    b.shop_id = "shop-2";
+    assert_int_equal(store_reply_put(st, &b, NULL, &existed, NULL), AR_OK);
+    assert_false(existed);
+    assert_int_equal(store_reply_get(st, "shop-2", "r-100", &out, &found, NULL), AR_OK);
+    assert_true(found);
+    assert_string_equal(out.reply, "a different reply");
+    assert_int_equal(out.rating, 1);
+    assert_true(out.needs_human);
+    store_reply_fini(&out);
+    store_close(st);
+}
+
+static void reply_put_fills_defaults(void **state)
+{
+    struct fixture *f = *state;
+    struct store *st = open_store(f->path);
+    struct store_reply r = sample_reply("shop-1", "r-7", "");
+    struct store_reply out = {0};
+    int64_t before = (int64_t)time(NULL);
+    r.lang = NULL;
+    r.model = NULL;
+    r.created_s = 0;
+    r.text = "";
+    assert_int_equal(store_reply_put(st, &r, &out, NULL, NULL), AR_OK);
+    assert_string_equal(out.lang, "");
+    assert_string_equal(out.model, "");
+    assert_string_equal(out.text, "");
+    assert_string_equal(out.reply, "");
+    assert_true(out.created_s >= before && out.created_s <= (int64_t)time(NULL));
+    store_reply_fini(&out);
+    store_close(st);
+}
+
+static void invalid_reply_arguments_are_rejected(void **state)
+{
+    struct fixture *f = *state;
+    struct store *st = open_store(f->path);
+    struct store_reply good = sample_reply("shop-1", "r-1", "谢谢");
+    struct store_reply r, out;
+    struct ar_err err = {0};
+    char long_id[STORE_ID_MAX + 2];
+    bool found = true;
+    memset(long_id, 'x', sizeof(long_id) - 1);
+    long_id[sizeof(long_id) - 1] = '\0';
+
+    r = good, r.shop_id = NULL;
+    assert_int_equal(store_reply_put(st, &r, NULL, NULL, &err), AR_EINVAL);
+    assert_int_equal(err.code, AR_EINVAL);
+    r = good, r.shop_id = "";
+    assert_int_equal(store_reply_put(st, &r, NULL, NULL, NULL), AR_EINVAL);
+    r = good, r.review_id = "";
+    assert_int_equal(store_reply_put(st, &r, NULL, NULL, NULL), AR_EINVAL);
+    r = good, r.review_id = long_id;
+    assert_int_equal(store_reply_put(st, &r, NULL, NULL, NULL), AR_EINVAL);
+    r = good, r.rating = 0;
+    assert_int_equal(store_reply_put(st, &r, NULL, NULL, NULL), AR_EINVAL);
+    r = good, r.rating = 6;
+    assert_int_equal(store_reply_put(st, &r, NULL, NULL, NULL), AR_EINVAL);
+    r = good, r.sentiment = NAN;
+    assert_int_equal(store_reply_put(st, &r, NULL, NULL, NULL), AR_EINVAL);
+    r = good, r.text = NULL;
+    assert_int_equal(store_reply_put(st, &r, NULL, NULL, NULL), AR_EINVAL);
+    r = good, r.reply = NULL;
+    assert_int_equal(store_reply_put(st, &r, NULL, NULL, NULL), AR_EINVAL);
+    assert_int_equal(store_reply_put(NULL, &good, NULL, NULL, NULL), AR_EINVAL);
+    assert_int_equal(store_reply_put(st, NULL, NULL, NULL, NULL), AR_EINVAL);
+
+    assert_int_equal(store_reply_get(st, "", "r-1", &out, &found, NULL), AR_EINVAL);
+    assert_false(found);
+    assert_int_equal(store_reply_get(st, NULL, "r-1", &out, &found, NULL), AR_EINVAL);
+    assert_int_equal(store_reply_get(st, "shop-1", NULL, &out, &found, NULL), AR_EINVAL);
+    /* none of the rejected puts left a row behind */
+    assert_int_equal(store_reply_get(st, "shop-1", "r-1", &out, &found, NULL), AR_OK);
+    assert_false(found);
+
+    assert_int_equal(store_open(NULL, &(struct store *){NULL}, NULL), AR_EINVAL);
+    assert_int_equal(store_open("", &(struct store *){NULL}, NULL), AR_EINVAL);
+    store_close(st);
+    store_close(NULL);
+}
+
+/* ---- jobs --------------------------------------------------------------------------- */
+
+static const char *const job_lines[] = {
+    "{\"review_id\":\"a1\",\"text\":\"质量很好，物流也快\",\"rating\":5}",
+    "{\"review_id\":\"a2\",\"text\":\"Arrived broken, very disappointed\",\"rating\":1}",
+    "{\"review_id\":\"a3\",\"text\":\"还行吧\",\"rating\":3}",
+    "{\"review_id\":\"a4\",\"text\":\"客服态度差\",\"rating\":2}",
+    "{\"review_id\":\"a5\",\"text\":\"Great value for money!\",\"rating\":5}",
+};
+
+/* Lines 1, 2, 4, 7, 9 (a gap, as when blank lines were skipped). */
+static const int64_t job_line_numbers[] = {1, 2, 4, 7, 9};
+
+static void make_job(struct store *st, char id[STORE_JOB_ID_LEN + 1])
+{
+    struct store_item_in in[5];
+    struct ar_err err = {0};
+    enum ar_status s;
+    for (int i = 0; i < 5; i++) {
+        in[i].line = job_line_numbers[i];
+        in[i].input = job_lines[i];
+    }
+    s = store_job_create(st, "shop-9", in, 5, id, &err);
+    if (s != AR_OK)
+        fail_msg("store_job_create: %s: %s", ar_status_str(s), err.msg);
+}
+
+struct collected {
+    int n;
+    int stop_after;
+    int64_t lines[64];
+    enum store_item_status status[64];
+    char result[64][64];
+    char input[64][128];
+};
+
+static bool collect_item(const struct store_item *it, void *user)
+{
+    struct collected *c = user;
+    assert_null(it->storage);
+    if (c->n < 64) {
+        c->lines[c->n] = it->line;
+        c->status[c->n] = it->status;
+        snprintf(c->result[c->n], sizeof(c->result[0]), "%s", it->result ? it->result : "(null)");
+        snprintf(c->input[c->n], sizeof(c->input[0]), "%s", it->input);
+    }
+    c->n++;
+    return c->stop_after == 0 || c->n < c->stop_after;
+}
+
+static void job_progresses_from_queued_to_done(void **state)
+{
+    struct fixture *f = *state;
+    struct store *st = open_store(f->path);
+    char id[STORE_JOB_ID_LEN + 1];
+    struct store_job_info info;
+    struct store_item *items = NULL;
+    struct collected col = {0};
+    struct ar_err err = {0};
+    size_t n = 0;
+    bool found = false;
+
+    make_job(st, id);
+    assert_int_equal(strlen(id), STORE_JOB_ID_LEN);
+    assert_int_equal(strspn(id, "0123456789abcdef"), STORE_JOB_ID_LEN);
+    assert_int_equal(store_job_get(st, id, &info, &found, NULL), AR_OK);
+    assert_true(found);
+    assert_string_equal(info.id, id);
+    assert_int_equal(info.status, STORE_JOB_QUEUED);
+    assert_int_equal(info.n_total, 5);
+    assert_int_equal(info.n_done, 0);
+    assert_int_equal(info.n_failed, 0);
+    assert_string_equal(info.shop_id, "shop-9");
+    assert_true(info.created_s > 0 && info.updated_s == info.created_s);
+
+    /* pages of pending lines in line order */
+    assert_int_equal(store_job_next_pending(st, id, 0, 2, &items, &n, NULL), AR_OK);
+    assert_int_equal(n, 2);
+    assert_int_equal(items[0].line, 1);
+    assert_int_equal(items[1].line, 2);
+    assert_string_equal(items[0].input, job_lines[0]);
+    assert_string_equal(items[1].input, job_lines[1]);
+    assert_int_equal(items[0].status, STORE_ITEM_PENDING);
+    assert_null(items[0].result);
+    store_items_free(items, n);
+    assert_int_equal(store_job_next_pending(st, id, 2, 100, &items, &n, NULL), AR_OK);
+    assert_int_equal(n, 3);
+    assert_int_equal(items[0].line, 4);
+    assert_int_equal(items[2].line, 9);
+    assert_string_equal(items[2].input, job_lines[4]);
+    store_items_free(items, n);
+
+    assert_int_equal(store_job_item_done(st, id, 1, "{\"reply\":\"谢谢亲\"}", NULL), AR_OK);
+    assert_int_equal(store_job_item_error(st, id, 4, "model timeout", NULL), AR_OK);
+    assert_int_equal(store_job_get(st, id, &info, &found, NULL), AR_OK);
+    assert_int_equal(info.status, STORE_JOB_RUNNING);
+    assert_int_equal(info.n_done, 1);
+    assert_int_equal(info.n_failed, 1);
+
+    /* a finished line is never finished again, and nothing is counted twice */
+    assert_int_equal(store_job_item_done(st, id, 1, "{}", &err), AR_EINVAL);
+    assert_non_null(strstr(err.msg, "already done"));
+    assert_int_equal(store_job_item_done(st, id, 4, "{}", NULL), AR_EINVAL);
+    assert_int_equal(store_job_item_done(st, id, 3, "{}", &err), AR_EINVAL); /* no line 3 */
+    assert_non_null(strstr(err.msg, "no line 3"));
+    assert_int_equal(store_job_get(st, id, &info, &found, NULL), AR_OK);
+    assert_int_equal(info.n_done, 1);
+    assert_int_equal(info.n_failed, 1);
+
+    assert_int_equal(store_job_next_pending(st, id, 0, 10, &items, &n, NULL), AR_OK);
+    assert_int_equal(n, 3);
+    assert_int_equal(items[0].line, 2);
+    assert_int_equal(items[1].line, 7);
+    assert_int_equal(items[2].line, 9);
+    for (size_t i = 0; i < n; i++) {
+        char res[64];
+        snprintf(res, sizeof(res), "{\"line\":%lld}", (long long)items[i].line);
+        assert_int_equal(store_job_item_done(st, id, items[i].line, res, NULL), AR_OK);
+    }
+    store_items_free(items, n);
+    assert_int_equal(store_job_next_pending(st, id, 0, 10, &items, &n, NULL), AR_OK);
+    assert_int_equal(n, 0);
+    assert_null(items);
+
+    assert_int_equal(store_job_get(st, id, &info, &found, NULL), AR_OK);
+    assert_int_equal(info.status, STORE_JOB_DONE);
+    assert_int_equal(info.n_done, 4);
+    assert_int_equal(info.n_failed, 1);
+
+    assert_int_equal(store_job_results(st, id, collect_item, &col, NULL), AR_OK);
+    assert_int_equal(col.n, 5);
+    for (int i = 0; i < 5; i++) {
+        assert_int_equal(col.lines[i], job_line_numbers[i]);
+        assert_string_equal(col.input[i], job_lines[i]);
+    }
+    assert_string_equal(col.result[0], "{\"reply\":\"谢谢亲\"}");
+    assert_int_equal(col.status[0], STORE_ITEM_DONE);
+    assert_string_equal(col.result[1], "{\"line\":2}");
+    assert_int_equal(col.status[2], STORE_ITEM_ERROR);
+    assert_string_equal(col.result[2], "model timeout");
+    assert_string_equal(col.result[4], "{\"line\":9}");
+
+    memset(&col, 0, sizeof(col));
+    col.stop_after = 2;
+    assert_int_equal(store_job_results(st, id, collect_item, &col, NULL), AR_ECANCELED);
+    assert_int_equal(col.n, 2);
+    store_close(st);
+}
+
+static bool count_job(const struct store_job_info *info, void *user)
+{
+    struct collected *c = user;
+    if (c->n < 64)
+        snprintf(c->input[c->n], sizeof(c->input[0]), "%s", info->id);
+    c->n++;
+    return true;
+}
+
+static void cancelled_and_finished_jobs_are_not_unfinished(void **state)
+{
+    struct fixture *f = *state;
+    struct store *st = open_store(f->path);
+    char a[STORE_JOB_ID_LEN + 1], b[STORE_JOB_ID_LEN + 1], c[STORE_JOB_ID_LEN + 1];
+    struct collected col = {0};
+    struct store_job_info info;
+    bool found;
+    make_job(st, a);
+    make_job(st, b);
+    make_job(st, c);
+    assert_string_not_equal(a, b);
+    assert_string_not_equal(b, c);
+    assert_int_equal(store_job_set_status(st, b, STORE_JOB_CANCELLED, NULL), AR_OK);
+    for (int i = 0; i < 5; i++)
+        assert_int_equal(store_job_item_done(st, c, job_line_numbers[i], "{}", NULL), AR_OK);
+    assert_int_equal(store_jobs_unfinished(st, count_job, &col, NULL), AR_OK);
+    assert_int_equal(col.n, 1);
+    assert_string_equal(col.input[0], a);
+
+    /* a line finished after cancelling is recorded but the job stays cancelled */
+    assert_int_equal(store_job_item_done(st, b, 1, "{}", NULL), AR_OK);
+    assert_int_equal(store_job_get(st, b, &info, &found, NULL), AR_OK);
+    assert_int_equal(info.status, STORE_JOB_CANCELLED);
+    assert_int_equal(info.n_done, 1);
+
+    assert_int_equal(store_job_get(st, "0123456789abcdef0123456789abcdef", &info, &found, NULL),
+                     AR_OK);
+    assert_false(found);
+    assert_int_equal(
+        store_job_set_status(st, "0123456789abcdef0123456789abcdef", STORE_JOB_FAILED, NULL),
+        AR_EINVAL);
+    store_close(st);
+}
+
+static void invalid_job_arguments_are_rejected(void **state)
+{
+    struct fixture *f = *state;
+    struct store *st = open_store(f->path);
+    struct store_item_in in[3] = {{1, "{}"}, {2, "{}"}, {3, "{}"}};
+    char id[STORE_JOB_ID_LEN + 1];
+    struct store_job_info info;
+    struct store_item *items;
+    struct collected col = {0};
+    struct ar_err err = {0};
+    size_t n;
+    bool found;
+
+    assert_int_equal(store_job_create(st, NULL, in, 3, id, NULL), AR_EINVAL);
+    assert_int_equal(store_job_create(st, "", in, 3, id, NULL), AR_EINVAL);
+    assert_int_equal(store_job_create(st, "shop", in, 0, id, NULL), AR_EINVAL);
+    assert_int_equal(store_job_create(st, "shop", NULL, 3, id, NULL), AR_EINVAL);
+    in[1].line = 0;
+    assert_int_equal(store_job_create(st, "shop", in, 3, id, NULL), AR_EINVAL);
+    in[1].line = 2;
+    in[2].input = NULL;
+    assert_int_equal(store_job_create(st, "shop", in, 3, id, NULL), AR_EINVAL);
+    /* a duplicate line is caught by the database, and the whole job is rolled back */
+    in[2].input = "{}";
+    in[2].line = 1;
+    assert_int_equal(store_job_create(st, "shop", in, 3, id, &err), AR_EINVAL);
+    assert_string_equal(id, "");
+    assert_true(strlen(err.msg) > 0);
+    assert_int_equal(store_jobs_unfinished(st, count_job, &col, NULL), AR_OK);
+    assert_int_equal(col.n, 0);
+
+    assert_int_equal(store_job_get(st, "not-a-job-id", &info, &found, NULL), AR_EINVAL);
+    assert_int_equal(store_job_get(st, NULL, &info, &found, NULL), AR_EINVAL);
+    assert_int_equal(store_job_next_pending(st, "xyz", 0, 1, &items, &n, NULL), AR_EINVAL);
+    make_job(st, id);
+    assert_int_equal(store_job_next_pending(st, id, 0, 0, &items, &n, NULL), AR_EINVAL);
+    assert_int_equal(store_job_item_done(st, id, 1, NULL, NULL), AR_EINVAL);
+    assert_int_equal(store_job_set_status(st, id, (enum store_job_status)42, NULL), AR_EINVAL);
+    assert_int_equal(
+        store_job_results(st, "0123456789abcdef0123456789abcdef", collect_item, &col, NULL),
+        AR_EINVAL);
+    assert_int_equal(store_job_results(st, id, NULL, NULL, NULL), AR_EINVAL);
+    store_close(st);
+}
+
+/* ---- durability --------------------------------------------------------------------- */
+
+static int64_t pragma_int(const char *path, const char *sql, char *text, size_t text_size)
+{
+    sqlite3 *db = NULL;
+    sqlite3_stmt *s = NULL;
+    int64_t v = -1;
+    assert_int_equal(sqlite3_open_v2(path, &db, SQLITE_OPEN_READWRITE, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_prepare_v2(db, sql, -1, &s, NULL), SQLITE_OK);
+    if (sqlite3_step(s) == SQLITE_ROW) {
+        v = sqlite3_column_int64(s, 0);
+        if (text)
+            snprintf(text, text_size, "%s", (const char *)sqlite3_column_text(s, 0));
+    }
+    sqlite3_finalize(s);
+    sqlite3_close(db);
+    return v;
+}
+
+static void reopen_keeps_replies_and_jobs(void **state)
+{
+    struct fixture *f = *state;
+    struct store *st = open_store(f->path);
+    struct store_reply r = sample_reply("shop-1", "r-1", "Thanks for your feedback!");
+    struct store_reply out;
+    struct store_job_info info;
+    char id[STORE_JOB_ID_LEN + 1], mode[16];
+    struct collected col = {0};
+    bool found;
+
+    assert_int_equal(store_reply_put(st, &r, NULL, NULL, NULL), AR_OK);
+    make_job(st, id);
+    assert_int_equal(store_job_item_done(st, id, 2, "{\"ok\":true}", NULL), AR_OK);
+    store_close(st);
+
+    assert_int_equal(pragma_int(f->path, "PRAGMA user_version", NULL, 0), STORE_SCHEMA_VERSION);
+    pragma_int(f->path, "PRAGMA journal_mode", mode, sizeof(mode));
+    assert_string_equal(mode, "wal");
+
+    st = open_store(f->path);
+    assert_int_equal(store_reply_get(st, "shop-1", "r-1", &out, &found, NULL), AR_OK);
+    assert_true(found);
+    assert_string_equal(out.reply, "Thanks for your feedback!");
+    store_reply_fini(&out);
+    assert_int_equal(store_job_get(st, id, &info, &found, NULL), AR_OK);
+    assert_true(found);
+    assert_int_equal(info.status, STORE_JOB_RUNNING);
+    assert_int_equal(info.n_done, 1);
+    assert_int_equal(store_job_results(st, id, collect_item, &col, NULL), AR_OK);
+    assert_int_equal(col.n, 5);
+    assert_int_equal(col.status[1], STORE_ITEM_DONE);
+    assert_string_equal(col.result[1], "{\"ok\":true}");
+    assert_int_equal(col.status[0], STORE_ITEM_PENDING);
+    store_close(st);
+}
+
+static void open_rejects_non_database_and_newer_schema(void **state)
+{
+    struct fixture *f = *state;
+    struct store *st = NULL;
+    struct ar_err err = {0};
+    char junk[160], newer[160];
+    FILE *fp;
+    snprintf(junk, sizeof(junk), "%s/junk.db", f->dir);
+    fp = fopen(junk, "wb");
+    assert_non_null(fp);
+    for (int i = 0; i < 200; i++)
+        fputs("this is not an sqlite database. ", fp);
+    fclose(fp);
+    assert_int_equal(store_open(junk, &st, &err), AR_EFORMAT);
+    assert_null(st);
+    assert_true(strlen(err.msg) > 0);
+
+    snprintf(newer, sizeof(newer), "%s/newer.db", f->dir);
+    {
+        sqlite3 *db = NULL;
+        assert_int_equal(sqlite3_open(newer, &db), SQLITE_OK);
+        assert_int_equal(sqlite3_exec(db, "PRAGMA user_version = 99", NULL, NULL, NULL), SQLITE_OK);
+        sqlite3_close(db);
+    }
+    assert_int_equal(store_open(newer, &st, &err), AR_EFORMAT);
+    assert_null(st);
+    assert_non_null(strstr(err.msg, "99"));
+}
+
+#define CRASH_LINES 20
+
+/* The child: finishes lines 1-7, fails line 8, then starts a transaction that would finish
+ * line 9 and dies by SIGKILL before committing it. The store handle is never closed. */
+static void crash_child(const char *path, const char *id)
+{
+    struct store *st = NULL;
+    sqlite3 *db = NULL;
+    char res[64];
+    if (store_open(path, &st, NULL) != AR_OK)
+        _exit(3);
+    for (int line = 1; line <= 7; line++) {
+        snprintf(res, sizeof(res), "{\"by\":\"child\",\"line\":%d}", line);
+        if (store_job_item_done(st, id, line, res, NULL) != AR_OK)
+            _exit(4);
+    }
+    if (store_job_item_error(st, id, 8, "bad input", NULL) != AR_OK)
+        _exit(5);
+    if (sqlite3_open(path, &db) != SQLITE_OK)
+        _exit(6);
+    sqlite3_busy_timeout(db, 5000);
+    if (sqlite3_exec(db,
+                     "BEGIN IMMEDIATE;"
+                     "UPDATE job_items SET status = 'done', result = 'lost' WHERE line = 9;"
+                     "UPDATE jobs SET n_done = n_done + 1;",
+                     NULL, NULL, NULL) != SQLITE_OK)
+        _exit(7);
+    kill(getpid(), SIGKILL);
+    _exit(8); /* not reached */
+}
+
+static void kill_mid_job_then_resume_finishes_each_line_once(void **state)
+{
+    struct fixture *f = *state;
+    struct store *st = open_store(f->path);
+    struct store_item_in in[CRASH_LINES];
+    char inputs[CRASH_LINES][64];
+    char id[STORE_JOB_ID_LEN + 1];
+    struct store_job_info info;
+    struct store_item *items;
+    struct collected col = {0};
+    size_t n;
+    bool found;
+    pid_t pid;
+    int wstatus = 0;
+
+    for (int i = 0; i < CRASH_LINES; i++) {
+        snprintf(inputs[i], sizeof(inputs[i]), "{\"review_id\":\"c%d\",\"rating\":4}", i + 1);
+        in[i].line = i + 1;
+        in[i].input = inputs[i];
+    }
+    assert_int_equal(store_job_create(st, "shop-crash", in, CRASH_LINES, id, NULL), AR_OK);
+    store_close(st); /* the child opens its own connection */
+
+    fflush(NULL);
+    pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0)
+        crash_child(f->path, id);
+    assert_int_equal(waitpid(pid, &wstatus, 0), pid);
+    assert_true(WIFSIGNALED(wstatus));
+    assert_int_equal(WTERMSIG(wstatus), SIGKILL);
+
+    /* restart: the job is unfinished, with exactly the committed progress */
+    st = open_store(f->path);
+    assert_int_equal(store_jobs_unfinished(st, count_job, &col, NULL), AR_OK);
+    assert_int_equal(col.n, 1);
+    assert_string_equal(col.input[0], id);
+    assert_int_equal(store_job_get(st, id, &info, &found, NULL), AR_OK);
+    assert_int_equal(info.status, STORE_JOB_RUNNING);
+    assert_int_equal(info.n_done, 7);
+    assert_int_equal(info.n_failed, 1);
+
+    /* resume in pages of 5, as a worker would */
+    int64_t after = 0;
+    int resumed = 0;
+    for (;;) {
+        assert_int_equal(store_job_next_pending(st, id, after, 5, &items, &n, NULL), AR_OK);
+        if (n == 0)
+            break;
+        for (size_t i = 0; i < n; i++) {
+            char res[64];
+            assert_true(items[i].line >= 9);
+            assert_string_equal(items[i].input, inputs[items[i].line - 1]);
+            snprintf(res, sizeof(res), "{\"by\":\"parent\",\"line\":%lld}",
+                     (long long)items[i].line);
+            assert_int_equal(store_job_item_done(st, id, items[i].line, res, NULL), AR_OK);
+            after = items[i].line;
+            resumed++;
+        }
+        store_items_free(items, n);
+    }
+    assert_int_equal(resumed, CRASH_LINES - 8);
+    /* re-finishing a line the child finished is refused */
+    assert_int_equal(store_job_item_done(st, id, 3, "{}", NULL), AR_EINVAL);
+
+    assert_int_equal(store_job_get(st, id, &info, &found, NULL), AR_OK);
+    assert_int_equal(info.status, STORE_JOB_DONE);
+    assert_int_equal(info.n_done, CRASH_LINES - 1);
+    assert_int_equal(info.n_failed, 1);
+    assert_int_equal(info.n_done + info.n_failed, info.n_total);
+
+    memset(&col, 0, sizeof(col));
+    assert_int_equal(store_job_results(st, id, collect_item, &col, NULL), AR_OK);
+    assert_int_equal(col.n, CRASH_LINES);
+    for (int i = 0; i < CRASH_LINES; i++) {
+        char want[64];
+        int line = i + 1;
+        assert_int_equal(col.lines[i], line);
+        if (line == 8) {
+            assert_int_equal(col.status[i], STORE_ITEM_ERROR);
+            assert_string_equal(col.result[i], "bad input");
+            continue;
+        }
+        assert_int_equal(col.status[i], STORE_ITEM_DONE);
+        snprintf(want, sizeof(want), "{\"by\":\"%s\",\"line\":%d}", line <= 7 ? "child" : "parent",
+                 line);
+        assert_string_equal(col.result[i], want);
+    }
+    assert_int_equal(store_jobs_unfinished(st, count_job, &(struct collected){0}, NULL), AR_OK);
+    store_close(st);
+}
+
+/* ---- threads ------------------------------------------------------------------------ */
+
+#define N_THREADS 4
+#define N_PUTS 40
+
+struct put_worker {
+    struct store *st;
+    int index;
+    int n_new;
+    int n_fail;
+};
+
+static void *put_worker_run(void *arg)
+{
+    struct put_worker *w = arg;
+    char review[32];
+    for (int i = 0; i < N_PUTS; i++) {
+        /* even i: a key every thread writes; odd i: this thread's own key */
+        struct store_reply r = sample_reply("shop-t", review, "thanks");
+        bool existed = true;
+        if (i % 2 == 0)
+            snprintf(review, sizeof(review), "shared-%d", i);
+        else
+            snprintf(review, sizeof(review), "own-%d-%d", w->index, i);
+        if (store_reply_put(w->st, &r, NULL, &existed, NULL) != AR_OK)
+            w->n_fail++;
+        else if (!existed)
+            w->n_new++;
+    }
+    return NULL;
+}
+
+static void threads_sharing_handles_insert_each_key_once(void **state)
+{
+    struct fixture *f = *state;
+    struct store *st[2] = {open_store(f->path), open_store(f->path)};
+    struct put_worker w[N_THREADS];
+    pthread_t th[N_THREADS];
+    int n_new = 0;
+    for (int i = 0; i < N_THREADS; i++) {
+        w[i] = (struct put_worker){st[i % 2], i, 0, 0};
+        assert_int_equal(pthread_create(&th[i], NULL, put_worker_run, &w[i]), 0);
+    }
+    for (int i = 0; i < N_THREADS; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(w[i].n_fail, 0);
+        n_new += w[i].n_new;
+    }
+    /* N_PUTS/2 shared keys once, plus every thread's own keys */
+    assert_int_equal(n_new, N_PUTS / 2 + N_THREADS * (N_PUTS / 2));
+    store_close(st[0]);
+    store_close(st[1]);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(reply_put_twice_keeps_the_first_reply, setup, teardown),
+        cmocka_unit_test_setup_teardown(reply_put_fills_defaults, setup, teardown),
+        cmocka_unit_test_setup_teardown(invalid_reply_arguments_are_rejected, setup, teardown),
+        cmocka_unit_test_setup_teardown(job_progresses_from_queued_to_done, setup, teardown),
+        cmocka_unit_test_setup_teardown(cancelled_and_finished_jobs_are_not_unfinished, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(invalid_job_arguments_are_rejected, setup, teardown),
+        cmocka_unit_test_setup_teardown(reopen_keeps_replies_and_jobs, setup, teardown),
+        cmocka_unit_test_setup_teardown(open_rejects_non_database_and_newer_schema, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(kill_mid_job_then_resume_finishes_each_line_once, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(threads_sharing_handles_insert_each_key_once, setup,
+                                        teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
