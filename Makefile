@@ -28,6 +28,8 @@ FLAGS_avx512_vnni := $(FLAGS_avx512) -mavx512vnni
 
 # Modules in layer order (ARCHITECTURE.md) and what each may use.
 MODULES := base gguf kernels kv tokenizer sampler model metrics store engine reply server
+# tests/cli/ drive bin/autoreply as a user would; they link only base.
+TEST_ONLY_MODULES := cli
 DEPS_base      :=
 DEPS_gguf      := base
 DEPS_kernels   := base
@@ -40,7 +42,7 @@ DEPS_store     := base
 DEPS_engine    := model tokenizer sampler gguf kernels kv base
 DEPS_reply     := engine store metrics model tokenizer sampler gguf kernels kv base
 DEPS_server    := reply engine store metrics model tokenizer sampler gguf kernels kv base
-DEPS_cli       := server reply engine store metrics model tokenizer sampler gguf kernels kv base
+DEPS_cli       := base
 
 srcs_of = $(wildcard src/$(1)/*.c)
 objs_of = $(patsubst src/%.c,$(BUILD)/obj/%.o,$(call srcs_of,$(1)))
@@ -63,7 +65,7 @@ $(call lib_of,$(1)): $(call objs_of,$(1))
 	@rm -f $$@
 	ar rcs $$@ $$^
 endef
-$(foreach m,$(MODULES),$(eval $(call module_lib,$(m))))
+$(foreach m,$(MODULES) $(TEST_ONLY_MODULES),$(eval $(call module_lib,$(m))))
 
 $(LIB_ALL): $(foreach m,$(MODULES),$(call objs_of,$(m)))
 	@mkdir -p $(dir $@)

@@ -1,14 +1,93 @@
-/* main.c - the `autoreply` command: subcommands over the library. The only place that
- * prints usage or exits. */
+/* main.c - the `autoreply` command: dispatches to subcommands. The only place (with the other
+ * cli/ files) that prints usage or exits. */
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "autoreply.h"
+#include "cli.h"
+
+void cli_error(const char *fmt, ...)
+{
+    va_list ap;
+    fputs("autoreply: ", stderr);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+}
+
+bool cli_parse_i64(const char *flag, const char *s, int64_t lo, int64_t hi, int64_t *out)
+{
+    char *end;
+    long long v;
+    errno = 0;
+    v = strtoll(s, &end, 10);
+    if (errno || end == s || *end) {
+        cli_error("%s: '%s' is not an integer", flag, s);
+        return false;
+    }
+    if (v < lo || v > hi) {
+        cli_error("%s: %lld is out of range [%lld, %lld]", flag, v, (long long)lo, (long long)hi);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+bool cli_parse_f64(const char *flag, const char *s, double lo, double hi, double *out)
+{
+    char *end;
+    double v;
+    errno = 0;
+    v = strtod(s, &end);
+    if (errno || end == s || *end || isnan(v)) {
+        cli_error("%s: '%s' is not a number", flag, s);
+        return false;
+    }
+    if (v < lo || v > hi) {
+        cli_error("%s: %g is out of range [%g, %g]", flag, v, lo, hi);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+const char *cli_value(int argc, char **argv, int *i)
+{
+    if (*i + 1 >= argc) {
+        cli_error("%s needs a value", argv[*i]);
+        return NULL;
+    }
+    *i += 1;
+    return argv[*i];
+}
+
+struct command {
+    const char *name;
+    int (*fn)(int argc, char **argv);
+    const char *help;
+};
+
+static const struct command commands[] = {
+    {"generate", cmd_generate, "generate text from a prompt (streams to stdout)"},
+    {"tokenize", cmd_tokenize, "show the token ids and pieces of a text"},
+    {"inspect", cmd_inspect, "print a GGUF model's metadata and tensors"},
+    {"quantize", cmd_quantize, "convert an F32/F16/BF16 model to Q8_0, Q4_0, Q4_K, Q6_K, Q4_K_M"},
+    {"gen-model", cmd_gen_model, "write a random-weight model of a given shape (tests, benchmarks)"},
+    {"bench", cmd_bench, "measure prefill and decode speed against memory bandwidth"},
+    {"check-fixtures", cmd_check_fixtures, "check the engine against llama.cpp reference fixtures"},
+};
 
 static void usage(FILE *out)
 {
-    fprintf(out, "usage: autoreply <command> [options]\n"
-                 "commands: version\n");
+    fprintf(out, "usage: autoreply <command> [options]   (autoreply <command> --help)\n\n");
+    for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+        fprintf(out, "  %-15s %s\n", commands[i].name, commands[i].help);
+    fprintf(out, "  %-15s %s\n", "version", "print the version");
 }
 
 int main(int argc, char **argv)
@@ -17,10 +96,17 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
-    if (strcmp(argv[1], "version") == 0) {
+    if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return 0;
+    }
+    if (!strcmp(argv[1], "version") || !strcmp(argv[1], "--version")) {
         printf("autoreply %s\n", AR_VERSION);
         return 0;
     }
-    fprintf(stderr, "autoreply: unknown command '%s'\n", argv[1]);
+    for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+        if (!strcmp(argv[1], commands[i].name))
+            return commands[i].fn(argc - 1, argv + 1);
+    cli_error("unknown command '%s' (autoreply --help lists them)", argv[1]);
     return 2;
 }

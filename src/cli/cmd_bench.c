@@ -1,0 +1,263 @@
+/* cmd_bench.c - `autoreply bench -m MODEL`: prefill (ppN) and decode (tgN) speed, the memory
+ * read bandwidth of this machine measured in the same run, and decode efficiency =
+ * tok/s x weight bytes read per token / bandwidth. --json prints one object per line. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/base.h"
+#include "base/pool.h"
+#include "cli.h"
+#include "cli_internal.h"
+#include "gguf/gguf.h"
+#include "model/model.h"
+
+/* ---- memory read bandwidth ------------------------------------------------------------------ */
+
+struct bw_job {
+    const uint64_t *buf;
+    size_t n; /* uint64 words */
+    uint64_t sums[64];
+};
+
+static void bw_read(void *ctx, int ith, int nth)
+{
+    struct bw_job *j = ctx;
+    int64_t b, e;
+    uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    ar_pool_range((int64_t)j->n, 64, ith, nth, &b, &e);
+    for (int64_t i = b; i + 4 <= e; i += 4) {
+        s0 += j->buf[i];
+        s1 += j->buf[i + 1];
+        s2 += j->buf[i + 2];
+        s3 += j->buf[i + 3];
+    }
+    j->sums[ith & 63] = s0 + s1 + s2 + s3;
+}
+
+/* Best of several passes over a buffer much larger than the caches, in GB/s (1e9 B/s). */
+static double measure_bandwidth(struct ar_pool *pool, size_t bytes)
+{
+    struct bw_job j = {0};
+    double best = 0;
+    uint64_t *buf = ar_malloc_aligned(bytes);
+    if (!buf)
+        return 0;
+    j.n = bytes / sizeof(uint64_t);
+    for (size_t i = 0; i < j.n; i++)
+        buf[i] = i;
+    j.buf = buf;
+    for (int rep = 0; rep < 5; rep++) {
+        double t0 = ar_time_s();
+        ar_pool_run(pool, bw_read, &j);
+        double dt = ar_time_s() - t0;
+        double gbs = (double)bytes / dt / 1e9;
+        if (gbs > best)
+            best = gbs;
+    }
+    ar_free_aligned(buf);
+    return best;
+}
+
+/* ---- helpers ------------------------------------------------------------------------------- */
+
+static long proc_status_kb(const char *field)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long v = -1;
+    size_t fl = strlen(field);
+    if (!f)
+        return -1;
+    while (fgets(line, sizeof(line), f))
+        if (!strncmp(line, field, fl) && line[fl] == ':')
+            v = strtol(line + fl + 1, NULL, 10);
+    fclose(f);
+    return v;
+}
+
+static const char *file_type_name(uint32_t ft)
+{
+    switch (ft) {
+    case 0:
+        return "f32";
+    case 1:
+        return "f16";
+    case 2:
+        return "q4_0";
+    case 7:
+        return "q8_0";
+    case 14:
+        return "q4_k_s";
+    case 15:
+        return "q4_k_m";
+    case 17:
+        return "q5_k_m";
+    case 18:
+        return "q6_k";
+    case 32:
+        return "bf16";
+    default:
+        return "other";
+    }
+}
+
+static const char *base_name(const char *p)
+{
+    const char *s = strrchr(p, '/');
+    return s ? s + 1 : p;
+}
+
+static uint64_t rng_next(uint64_t *s)
+{
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+/* ---- the benchmark -------------------------------------------------------------------------- */
+
+int cmd_bench(int argc, char **argv)
+{
+    const char *path = NULL;
+    int threads[8] = {1, 2};
+    int n_thread_sets = 2;
+    int64_t n_prompt = 512, n_gen = 128, reps = 2, bw_mib = 1024;
+    bool json = false;
+    int rc = 1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+        if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
+            if (!(path = cli_value(argc, argv, &i)))
+                return 2;
+        } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
+            char *list, *tok, *save = NULL;
+            if (!(v = cli_value(argc, argv, &i)))
+                return 2;
+            list = strdup(v);
+            n_thread_sets = 0;
+            for (tok = strtok_r(list, ",", &save); tok && n_thread_sets < 8;
+                 tok = strtok_r(NULL, ",", &save)) {
+                int64_t t;
+                if (!cli_parse_i64("-t", tok, 1, 256, &t)) {
+                    free(list);
+                    return 2;
+                }
+                threads[n_thread_sets++] = (int)t;
+            }
+            free(list);
+            if (!n_thread_sets) {
+                cli_error("-t: empty thread list");
+                return 2;
+            }
+        } else if (!strcmp(a, "-p")) {
+            if (!(v = cli_value(argc, argv, &i)) || !cli_parse_i64("-p", v, 1, 65536, &n_prompt))
+                return 2;
+        } else if (!strcmp(a, "-n")) {
+            if (!(v = cli_value(argc, argv, &i)) || !cli_parse_i64("-n", v, 1, 65536, &n_gen))
+                return 2;
+        } else if (!strcmp(a, "-r") || !strcmp(a, "--reps")) {
+            if (!(v = cli_value(argc, argv, &i)) || !cli_parse_i64("-r", v, 1, 100, &reps))
+                return 2;
+        } else if (!strcmp(a, "--bw-mib")) {
+            if (!(v = cli_value(argc, argv, &i)) ||
+                !cli_parse_i64("--bw-mib", v, 64, 65536, &bw_mib))
+                return 2;
+        } else if (!strcmp(a, "--json")) {
+            json = true;
+        } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            printf("usage: autoreply bench -m MODEL [-t 1,2] [-p 512] [-n 128] [-r REPS] "
+                   "[--bw-mib 1024] [--json]\n");
+            return 0;
+        } else {
+            cli_error("bench: unknown option '%s'", a);
+            return 2;
+        }
+    }
+    if (!path) {
+        cli_error("bench: -m MODEL is required");
+        return 2;
+    }
+    for (int ts = 0; ts < n_thread_sets; ts++) {
+        struct cli_runner *r = NULL;
+        struct ar_pool *pool = NULL;
+        struct ar_err err = {0};
+        int nt = threads[ts];
+        int n_ctx = (int)(n_prompt > 1 + n_gen ? n_prompt : 1 + n_gen);
+        if (cli_runner_open(path, nt, AR_TYPE_F16, n_ctx, &r, &err) != AR_OK) {
+            cli_error("%s: %s", path, err.msg);
+            return 1;
+        }
+        const struct model *m = cli_runner_model(r);
+        const struct model_hparams *hp = model_hparams(m);
+        uint32_t ft = 0;
+        const char *type = gguf_get_u32(model_gguf(m), "general.file_type", &ft)
+                               ? file_type_name(ft)
+                               : "other";
+        uint64_t wbytes = model_weight_bytes(m);
+        int32_t *toks = ar_malloc(sizeof(int32_t) * (size_t)n_prompt);
+        uint64_t seed = 0x9e3779b97f4a7c15ull;
+        float *logits;
+        double pp_best = 0, tg_best = 0;
+        if (!toks) {
+            cli_runner_close(r);
+            return 1;
+        }
+        for (int64_t i = 0; i < n_prompt; i++)
+            toks[i] = (int32_t)(rng_next(&seed) % (uint64_t)hp->n_vocab);
+        for (int64_t rep = 0; rep < reps; rep++) {
+            double t0 = ar_time_s();
+            if (cli_runner_prefill(r, toks, (int)n_prompt, false, &logits, &err) != AR_OK)
+                goto fail;
+            double dt = ar_time_s() - t0;
+            if ((double)n_prompt / dt > pp_best)
+                pp_best = (double)n_prompt / dt;
+            if (cli_runner_prefill(r, toks, 1, false, &logits, &err) != AR_OK)
+                goto fail;
+            t0 = ar_time_s();
+            for (int64_t g = 0; g < n_gen; g++)
+                if (cli_runner_decode(r, cli_argmax(logits, hp->n_vocab), &logits, &err) != AR_OK)
+                    goto fail;
+            dt = ar_time_s() - t0;
+            if ((double)n_gen / dt > tg_best)
+                tg_best = (double)n_gen / dt;
+        }
+        long rss_kb = proc_status_kb("VmRSS"); /* weights touched by now: all mapped in */
+        if (ar_pool_create(nt, &pool) != AR_OK)
+            goto fail;
+        double bw = measure_bandwidth(pool, (size_t)bw_mib << 20);
+        ar_pool_destroy(pool);
+        double eff = bw > 0 ? tg_best * (double)wbytes / (bw * 1e9) : 0;
+        if (json) {
+            printf("{\"model\":\"%s\",\"type\":\"%s\",\"threads\":%d,\"test\":\"pp%" PRId64
+                   "\",\"tokens_per_s\":%.3f,\"bandwidth_gbs\":%.3f,\"efficiency\":null,"
+                   "\"speedup_vs_decode\":%.3f,\"weight_bytes\":%" PRIu64 ",\"peak_rss_kib\":%ld}\n",
+                   base_name(path), type, nt, n_prompt, pp_best, bw, pp_best / tg_best, wbytes,
+                   rss_kb);
+            printf("{\"model\":\"%s\",\"type\":\"%s\",\"threads\":%d,\"test\":\"tg%" PRId64
+                   "\",\"tokens_per_s\":%.3f,\"bandwidth_gbs\":%.3f,\"efficiency\":%.4f,"
+                   "\"weight_bytes\":%" PRIu64 ",\"peak_rss_kib\":%ld}\n",
+                   base_name(path), type, nt, n_gen, tg_best, bw, eff, wbytes, rss_kb);
+        } else {
+            printf("%s (%s, %.1f MiB of weights per token), %d thread%s\n", base_name(path), type,
+                   (double)wbytes / 1048576.0, nt, nt > 1 ? "s" : "");
+            printf("  pp%-5" PRId64 " %10.2f tok/s   (%.1fx decode)\n", n_prompt, pp_best,
+                   pp_best / tg_best);
+            printf("  tg%-5" PRId64 " %10.2f tok/s\n", n_gen, tg_best);
+            printf("  memory read bandwidth %.2f GB/s; decode efficiency %.3f\n", bw, eff);
+            printf("  peak RSS after load+run %.1f MiB\n", (double)rss_kb / 1024.0);
+        }
+        fflush(stdout);
+        ar_free(toks);
+        cli_runner_close(r);
+        continue;
+    fail:
+        cli_error("bench: %s", err.msg);
+        ar_free(toks);
+        cli_runner_close(r);
+        return rc;
+    }
+    return 0;
+}

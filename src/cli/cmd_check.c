@@ -1,0 +1,403 @@
+/* cmd_check.c - `autoreply check-fixtures DIR`: holds the engine to reference data produced by
+ * llama.cpp and by an exact float64 implementation (format: shared/fixtures/README.md).
+ *   dequant/<model>.json      every dumped tensor, bit for bit
+ *   logits{,_numpy}/<m>.json  every case: last-position (and all-position) logits, greedy run
+ *   tokenizer/tok-*.json      every string: ids, ids with specials, detokenized text
+ * Nothing here knows particular fixture files: everything is discovered from DIR. */
+#include <dirent.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "base/base.h"
+#include "cli.h"
+#include "cli_internal.h"
+#include "gguf/gguf.h"
+#include "kernels/kernels.h"
+#include "kv/kv.h"
+#include "model/model.h"
+
+/* ---- small helpers ------------------------------------------------------------------------- */
+
+char *cli_read_text(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    char *buf = NULL;
+    long n;
+    if (!f)
+        return NULL;
+    if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0) {
+        buf = malloc((size_t)n + 1);
+        if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
+            free(buf);
+            buf = NULL;
+        } else if (buf) {
+            buf[n] = '\0';
+        }
+    }
+    fclose(f);
+    return buf;
+}
+
+cJSON *cli_read_json(const char *path)
+{
+    char *t = cli_read_text(path);
+    cJSON *j;
+    if (!t)
+        return NULL;
+    j = cJSON_Parse(t);
+    free(t);
+    return j;
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Sorted names in dir ending with suffix; returns count (names malloc'd, free with
+ * free_names). */
+int cli_list_dir(const char *dir, const char *suffix, char ***out)
+{
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    char **names = NULL;
+    int n = 0, cap = 0;
+    size_t sl = strlen(suffix);
+    *out = NULL;
+    if (!d)
+        return -1;
+    while ((e = readdir(d))) {
+        size_t l = strlen(e->d_name);
+        if (e->d_name[0] == '.' || l < sl || strcmp(e->d_name + l - sl, suffix))
+            continue;
+        if (n == cap) {
+            char **nn = realloc(names, sizeof(*names) * (size_t)(cap = cap ? cap * 2 : 16));
+            if (!nn)
+                break;
+            names = nn;
+        }
+        names[n++] = strdup(e->d_name);
+    }
+    closedir(d);
+    if (n)
+        qsort(names, (size_t)n, sizeof(*names), cmp_str);
+    *out = names;
+    return n;
+}
+
+void cli_free_names(char **names, int n)
+{
+    for (int i = 0; i < n; i++)
+        free(names[i]);
+    free(names);
+}
+
+/* ---- dequantization ------------------------------------------------------------------------ */
+
+static int check_dequant(const char *dir, int *n_fail)
+{
+    char path[4096], **names;
+    int n = cli_list_dir((snprintf(path, sizeof(path), "%s/dequant", dir), path), ".json", &names);
+    int n_checked = 0;
+    if (n < 0)
+        return 0;
+    printf("== dequantization (%d files)\n", n);
+    for (int i = 0; i < n; i++) {
+        cJSON *j, *model, *items, *it;
+        struct gguf_file *f = NULL;
+        struct ar_err err = {0};
+        snprintf(path, sizeof(path), "%s/dequant/%s", dir, names[i]);
+        if (!(j = cli_read_json(path))) {
+            printf("FAIL %s: cannot read or parse\n", names[i]);
+            (*n_fail)++;
+            continue;
+        }
+        model = cJSON_GetObjectItem(j, "model");
+        items = cJSON_GetObjectItem(j, "dequant");
+        snprintf(path, sizeof(path), "%s/models/%s", dir,
+                 cJSON_IsString(model) ? model->valuestring : "?");
+        if (!cJSON_IsArray(items) || gguf_open(path, &f, &err) != AR_OK) {
+            printf("FAIL %s: cannot open %s: %s\n", names[i], path, err.msg);
+            (*n_fail)++;
+            cJSON_Delete(j);
+            continue;
+        }
+        cJSON_ArrayForEach(it, items)
+        {
+            const char *tn = cJSON_GetStringValue(cJSON_GetObjectItem(it, "tensor"));
+            cJSON *vals = cJSON_GetObjectItem(it, "values");
+            int rows = (int)cJSON_GetNumberValue(cJSON_GetObjectItem(it, "rows"));
+            const struct gguf_tensor *t = tn ? gguf_find_tensor(f, tn) : NULL;
+            int64_t n_el, bad = 0;
+            float *out;
+            if (!t || !cJSON_IsArray(vals) || rows < 1 || rows > t->ne[1]) {
+                printf("FAIL %s: %s: missing tensor or values\n", names[i], tn ? tn : "?");
+                (*n_fail)++;
+                continue;
+            }
+            n_el = (int64_t)rows * t->ne[0];
+            if (cJSON_GetArraySize(vals) != n_el || !(out = malloc(sizeof(float) * (size_t)n_el))) {
+                printf("FAIL %s: %s: %d values, expected %lld\n", names[i], tn,
+                       cJSON_GetArraySize(vals), (long long)n_el);
+                (*n_fail)++;
+                continue;
+            }
+            kernels_dequantize_row(t->type, t->data, out, n_el);
+            int64_t k = 0;
+            cJSON *v;
+            cJSON_ArrayForEach(v, vals)
+            {
+                float ref = (float)cJSON_GetNumberValue(v);
+                /* exact comparison, -0.0 included (the JSON keeps the sign) */
+                if (ar_f32_bits(ref) != ar_f32_bits(out[k]) && !(ref == 0 && out[k] == 0 &&
+                                                                 signbit(ref) == signbit(out[k])))
+                    bad++;
+                k++;
+            }
+            free(out);
+            printf("%s %-22s %-26s %-5s %lld values%s\n", bad ? "FAIL" : "ok  ", names[i], tn,
+                   ar_type_name(t->type), (long long)n_el, bad ? " differ" : " bit-exact");
+            if (bad)
+                (*n_fail)++;
+            n_checked++;
+        }
+        gguf_close(f);
+        cJSON_Delete(j);
+    }
+    cli_free_names(names, n);
+    return n_checked;
+}
+
+/* ---- logits -------------------------------------------------------------------------------- */
+
+static cJSON *find_tolerance(cJSON *tols, const char *arch, const char *type)
+{
+    cJSON *t;
+    cJSON_ArrayForEach(t, tols)
+    {
+        const char *a = cJSON_GetStringValue(cJSON_GetObjectItem(t, "arch"));
+        const char *ty = cJSON_GetStringValue(cJSON_GetObjectItem(t, "type"));
+        if (a && ty && !strcmp(a, arch) && !strcmp(ty, type))
+            return t;
+    }
+    return NULL;
+}
+
+struct diff {
+    double max_abs, sum_sq;
+    int64_t n;
+};
+
+static void diff_add(struct diff *d, const float *ours, cJSON *ref)
+{
+    cJSON *v;
+    int64_t i = 0;
+    cJSON_ArrayForEach(v, ref)
+    {
+        double e = fabs((double)ours[i++] - cJSON_GetNumberValue(v));
+        if (e > d->max_abs || isnan(e))
+            d->max_abs = isnan(e) ? (double)INFINITY : e;
+        d->sum_sq += e * e;
+        d->n++;
+    }
+}
+
+static double diff_rms(const struct diff *d)
+{
+    return d->n ? sqrt(d->sum_sq / (double)d->n) : 0;
+}
+
+static int read_ids(cJSON *arr, int32_t *ids, int max)
+{
+    cJSON *v;
+    int n = 0;
+    cJSON_ArrayForEach(v, arr)
+    {
+        if (n < max)
+            ids[n] = (int32_t)cJSON_GetNumberValue(v);
+        n++;
+    }
+    return n;
+}
+
+/* One model file: every case of logits_numpy/<name> and logits/<name>. */
+static void check_model_logits(const char *dir, const char *name, cJSON *tols, int *n_fail,
+                               int n_threads)
+{
+    char path[4096];
+    cJSON *ref_np, *ref_cpp, *tol;
+    struct cli_runner *r = NULL;
+    struct ar_err err = {0};
+    const char *arch, *type;
+    struct diff d_np = {0}, d_cpp = {0};
+    int greedy_ok = 0, greedy_total = 0, greedy_bad = 0;
+    snprintf(path, sizeof(path), "%s/logits_numpy/%s", dir, name);
+    ref_np = cli_read_json(path);
+    snprintf(path, sizeof(path), "%s/logits/%s", dir, name);
+    ref_cpp = cli_read_json(path);
+    if (!ref_np || !ref_cpp) {
+        printf("FAIL %s: missing or unreadable logits/ or logits_numpy/ file\n", name);
+        (*n_fail)++;
+        goto done;
+    }
+    arch = cJSON_GetStringValue(cJSON_GetObjectItem(ref_cpp, "arch"));
+    type = cJSON_GetStringValue(cJSON_GetObjectItem(ref_cpp, "type"));
+    tol = arch && type ? find_tolerance(tols, arch, type) : NULL;
+    if (!tol) {
+        printf("FAIL %s: no tolerance entry for (%s, %s)\n", name, arch ? arch : "?",
+               type ? type : "?");
+        (*n_fail)++;
+        goto done;
+    }
+    double tol_max = fmax(1e-3, 2 * cJSON_GetNumberValue(
+                                        cJSON_GetObjectItem(tol, "max_abs_vs_numpy_same_file")));
+    double tol_rms =
+        2 * cJSON_GetNumberValue(cJSON_GetObjectItem(tol, "rms_vs_numpy_same_file")) + 1e-3;
+    snprintf(path, sizeof(path), "%s/models/%s", dir,
+             cJSON_GetStringValue(cJSON_GetObjectItem(ref_cpp, "model"))
+                 ? cJSON_GetStringValue(cJSON_GetObjectItem(ref_cpp, "model"))
+                 : name);
+    if (cli_runner_open(path, n_threads, AR_TYPE_F32, 512, &r, &err) != AR_OK) {
+        printf("FAIL %s: %s\n", name, err.msg);
+        (*n_fail)++;
+        goto done;
+    }
+    cJSON *cases_np = cJSON_GetObjectItem(ref_np, "cases");
+    cJSON *cases_cpp = cJSON_GetObjectItem(ref_cpp, "cases");
+    int n_cases = cJSON_GetArraySize(cases_cpp);
+    int n_vocab = cli_runner_n_vocab(r);
+    for (int c = 0; c < n_cases; c++) {
+        cJSON *cc = cJSON_GetArrayItem(cases_cpp, c), *cn = cJSON_GetArrayItem(cases_np, c);
+        int32_t prompt[4096], gen[64];
+        int n_prompt = read_ids(cJSON_GetObjectItem(cc, "prompt_tokens"), prompt, 4096);
+        cJSON *all8_np = cJSON_GetObjectItem(cn, "all_logits_8");
+        cJSON *all8_cpp = cJSON_GetObjectItem(cc, "all_logits_8");
+        bool want_all = cJSON_IsArray(all8_np);
+        float *logits;
+        if (n_prompt > 4096 || !cn) {
+            printf("FAIL %s: case %d malformed\n", name, c);
+            (*n_fail)++;
+            continue;
+        }
+        if (cli_runner_prefill(r, prompt, n_prompt, want_all, &logits, &err) != AR_OK) {
+            printf("FAIL %s: case %d: %s\n", name, c, err.msg);
+            (*n_fail)++;
+            continue;
+        }
+        diff_add(&d_np, logits + (size_t)(want_all ? n_prompt - 1 : 0) * (size_t)n_vocab,
+                 cJSON_GetObjectItem(cn, "last_logits"));
+        diff_add(&d_cpp, logits + (size_t)(want_all ? n_prompt - 1 : 0) * (size_t)n_vocab,
+                 cJSON_GetObjectItem(cc, "last_logits"));
+        if (want_all) {
+            for (int p = 0; p < n_prompt && p < cJSON_GetArraySize(all8_np); p++) {
+                diff_add(&d_np, logits + (size_t)p * (size_t)n_vocab,
+                         cJSON_GetArrayItem(all8_np, p));
+                if (cJSON_IsArray(all8_cpp))
+                    diff_add(&d_cpp, logits + (size_t)p * (size_t)n_vocab,
+                             cJSON_GetArrayItem(all8_cpp, p));
+            }
+        }
+        /* greedy continuation, one token per forward call (the KV-cache path) */
+        int n_gen = read_ids(cJSON_GetObjectItem(cn, "greedy_tokens"), gen, 64);
+        cJSON *margins = cJSON_GetObjectItem(cn, "greedy_margins");
+        int32_t tok = cli_argmax(logits + (size_t)(want_all ? n_prompt - 1 : 0) * (size_t)n_vocab,
+                                 n_vocab);
+        for (int g = 0; g < n_gen && g < 64; g++) {
+            double margin = cJSON_GetNumberValue(cJSON_GetArrayItem(margins, g));
+            if (margin <= 2 * tol_max)
+                break; /* below this the sequences may legitimately diverge */
+            greedy_total++;
+            if (tok != gen[g]) {
+                greedy_bad++;
+                break;
+            }
+            greedy_ok++;
+            if (g + 1 < n_gen) {
+                if (cli_runner_decode(r, tok, &logits, &err) != AR_OK) {
+                    printf("FAIL %s: case %d decode: %s\n", name, c, err.msg);
+                    (*n_fail)++;
+                    break;
+                }
+                tok = cli_argmax(logits, n_vocab);
+            }
+        }
+    }
+    bool fail = d_np.max_abs > tol_max || diff_rms(&d_np) > tol_rms || greedy_bad;
+    printf("%s %-24s vs numpy max %.5f rms %.5f (limit %.4f / %.4f) | vs llama.cpp max %.5f "
+           "rms %.5f | greedy %d/%d agree while margin > %.3f\n",
+           fail ? "FAIL" : "ok  ", name, d_np.max_abs, diff_rms(&d_np), tol_max, tol_rms,
+           d_cpp.max_abs, diff_rms(&d_cpp), greedy_ok, greedy_total, 2 * tol_max);
+    if (fail)
+        (*n_fail)++;
+done:
+    cli_runner_close(r);
+    cJSON_Delete(ref_np);
+    cJSON_Delete(ref_cpp);
+}
+
+static int check_logits(const char *dir, int *n_fail, int n_threads)
+{
+    char path[4096], **names;
+    cJSON *tols;
+    int n = cli_list_dir((snprintf(path, sizeof(path), "%s/logits", dir), path), ".json", &names);
+    if (n <= 0)
+        return 0;
+    snprintf(path, sizeof(path), "%s/tolerances.json", dir);
+    if (!(tols = cli_read_json(path))) {
+        printf("FAIL cannot read %s\n", path);
+        (*n_fail)++;
+        cli_free_names(names, n);
+        return 0;
+    }
+    printf("== logits (%d model files)\n", n);
+    for (int i = 0; i < n; i++)
+        check_model_logits(dir, names[i], tols, n_fail, n_threads);
+    cJSON_Delete(tols);
+    cli_free_names(names, n);
+    return n;
+}
+
+int cmd_check_fixtures(int argc, char **argv)
+{
+    const char *dir = NULL;
+    int64_t n_threads = 1;
+    int n_fail = 0, n_checked = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-t") || !strcmp(argv[i], "--threads")) {
+            const char *v = cli_value(argc, argv, &i);
+            if (!v || !cli_parse_i64("-t", v, 1, 256, &n_threads))
+                return 2;
+        } else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            printf("usage: autoreply check-fixtures DIR [-t N]\n");
+            return 0;
+        } else if (!dir && argv[i][0] != '-') {
+            dir = argv[i];
+        } else {
+            cli_error("check-fixtures: unknown option '%s'", argv[i]);
+            return 2;
+        }
+    }
+    if (!dir) {
+        cli_error("check-fixtures: DIR is required");
+        return 2;
+    }
+    DIR *d = opendir(dir);
+    if (!d) {
+        cli_error("check-fixtures: cannot open directory %s", dir);
+        return 1;
+    }
+    closedir(d);
+    n_checked += check_dequant(dir, &n_fail);
+    n_checked += check_logits(dir, &n_fail, (int)n_threads);
+    n_checked += cli_check_tokenizer_fixtures(dir, &n_fail);
+    if (!n_checked) {
+        cli_error("check-fixtures: no fixtures found in %s", dir);
+        return 1;
+    }
+    printf("%d checks, %d failed\n", n_checked, n_fail);
+    return n_fail ? 1 : 0;
+}
