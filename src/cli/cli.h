@@ -14,6 +14,22 @@ int cmd_generate(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_check_fixtures(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
+int cmd_reply(int argc, char **argv);
+int cmd_batch(int argc, char **argv);
+
+/* The review-reply service on a server (cmd_reply.c): attach before server_start, give it
+ * the engine once the model is loaded (this starts the job runner and resumes unfinished
+ * jobs), detach after server_stop and before engine_destroy. */
+struct server;
+struct engine;
+struct tokenizer;
+struct cli_reply;
+int cli_reply_attach(struct server *srv, const char *shops_file, const char *data_dir,
+                     struct cli_reply **out);
+void cli_reply_set_engine(struct cli_reply *cr, struct engine *e, const struct tokenizer *tok,
+                          const char *model_name);
+void cli_reply_detach(struct cli_reply *cr);
 
 /* Prints "autoreply: <msg>" on stderr (one line). */
 void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -73,6 +73,9 @@ struct command {
 };
 
 static const struct command commands[] = {
+    {"serve", cmd_serve, "start the HTTP server (OpenAI API + review replies)"},
+    {"reply", cmd_reply, "answer one review from the command line"},
+    {"batch", cmd_batch, "answer a JSONL file of reviews (resumable)"},
     {"generate", cmd_generate, "generate text from a prompt (streams to stdout)"},
     {"tokenize", cmd_tokenize, "show the token ids and pieces of a text"},
     {"inspect", cmd_inspect, "print a GGUF model's metadata and tensors"},

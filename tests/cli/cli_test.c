@@ -45,7 +45,7 @@ static struct run run_argv(char *const argv[])
     return r;
 }
 
-#define RUN(...) run_argv((char *const[]){BIN, __VA_ARGS__, NULL})
+#define RUN(...) run_argv((char *const[]){(char *)BIN, __VA_ARGS__, NULL})
 
 static void run_free(struct run *r)
 {
@@ -72,8 +72,10 @@ static void expect_clean_failure(struct run *r, const char *needle)
 static void check_fixtures_passes_on_shared_fixtures(void **state)
 {
     char dir[512];
-    struct run r = RUN("check-fixtures", (char *)th_shared_path(dir, sizeof(dir), "fixtures"));
+    struct run r;
     (void)state;
+    th_shared_path(dir, sizeof(dir), "fixtures");
+    r = RUN("check-fixtures", dir);
     if (r.status != 0)
         fail_msg("check-fixtures failed:\n%s\n%s", r.out, r.err);
     assert_non_null(strstr(r.out, " 0 failed"));

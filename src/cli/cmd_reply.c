@@ -1,0 +1,614 @@
+/* cmd_reply.c - the review-reply product on the command line: `autoreply reply` answers one
+ * review, `autoreply batch` answers a JSONL file as a resumable bulk job (the store's job
+ * tables, keyed by the input file's path, size and mtime), and the glue that puts the
+ * product's endpoints on the HTTP server (`autoreply serve`). */
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "base/base.h"
+#include "cli.h"
+#include "engine/engine.h"
+#include "model/model.h"
+#include "reply/reply.h"
+#include "server/server.h"
+#include "store/store.h"
+#include "tokenizer/tokenizer.h"
+
+#define DEFAULT_MODEL "autoreply-demo-q8_0.gguf"
+#define DEFAULT_DATA_DIR "./var"
+#define DEFAULT_SHOP "default"
+
+/* ---- shared setup -------------------------------------------------------------------------- */
+
+struct product {
+    struct reply_profiles *profiles;
+    struct store *store;
+    struct reply_cache *cache;
+    struct model *model;
+    struct tokenizer *tok;
+    struct engine *engine;
+    struct reply_generator *gen;
+    struct reply_service *svc;
+};
+
+struct product_opts {
+    const char *model;
+    const char *shops;
+    const char *data_dir;
+    int threads;
+};
+
+/* <exe dir>/../models/NAME, then ./models/NAME. */
+static bool default_model_path(char *out, size_t size)
+{
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    if (n > 0) {
+        char *slash;
+        exe[n] = '\0';
+        slash = strrchr(exe, '/');
+        if (slash) {
+            *slash = '\0';
+            int k = snprintf(out, size, "%s/../models/%s", exe, DEFAULT_MODEL);
+            if (k > 0 && (size_t)k < size && access(out, R_OK) == 0)
+                return true;
+        }
+    }
+    snprintf(out, size, "./models/%s", DEFAULT_MODEL);
+    return access(out, R_OK) == 0;
+}
+
+static char *model_name_of(const char *path)
+{
+    const char *b = strrchr(path, '/');
+    size_t n;
+    b = b ? b + 1 : path;
+    n = strlen(b);
+    if (n > 5 && !strcmp(b + n - 5, ".gguf"))
+        n -= 5;
+    return ar_strndup(b, n);
+}
+
+static bool make_dir(const char *dir)
+{
+    if (mkdir(dir, 0755) == 0 || errno == EEXIST)
+        return true;
+    cli_error("cannot create %s: %s", dir, strerror(errno));
+    return false;
+}
+
+static bool open_profiles_store(const struct product_opts *o, struct product *p)
+{
+    struct ar_err err = {AR_OK, 0, {0}};
+    char db[PATH_MAX];
+    if (o->shops) {
+        if (reply_profiles_load(o->shops, &p->profiles, &err) != AR_OK) {
+            cli_error("--shops %s: %s", o->shops, err.msg);
+            return false;
+        }
+    } else if (reply_profiles_default(&p->profiles) != AR_OK) {
+        cli_error("out of memory");
+        return false;
+    }
+    if (!make_dir(o->data_dir))
+        return false;
+    snprintf(db, sizeof(db), "%s/replies.db", o->data_dir);
+    if (store_open(db, &p->store, &err) != AR_OK) {
+        cli_error("%s: %s", db, err.msg);
+        return false;
+    }
+    return true;
+}
+
+static bool product_open(const struct product_opts *o, struct product *p)
+{
+    struct ar_err err = {AR_OK, 0, {0}};
+    struct engine_params ep = engine_default_params();
+    struct reply_cache_params cp = reply_cache_default_params();
+    struct reply_service_params sp = reply_service_default_params();
+    char path[PATH_MAX];
+    const char *model = o->model;
+    char *name;
+    memset(p, 0, sizeof(*p));
+    if (!model) {
+        if (!default_model_path(path, sizeof(path))) {
+            cli_error("no model given (-m) and %s not found in <exe dir>/../models/ or "
+                      "./models/", DEFAULT_MODEL);
+            return false;
+        }
+        model = path;
+    }
+    if (!open_profiles_store(o, p))
+        return false;
+    if (reply_cache_create(&cp, &p->cache) != AR_OK) {
+        cli_error("out of memory");
+        return false;
+    }
+    if (model_load(model, &p->model, &err) != AR_OK) {
+        cli_error("%s: %s", model, err.msg);
+        return false;
+    }
+    if (tokenizer_load(model_gguf(p->model), &p->tok, &err) != AR_OK) {
+        cli_error("%s: tokenizer: %s", model, err.msg);
+        return false;
+    }
+    ep.n_threads = o->threads;
+    if (engine_create(p->model, p->tok, &ep, &p->engine, &err) != AR_OK) {
+        cli_error("engine: %s", err.msg);
+        return false;
+    }
+    name = model_name_of(model);
+    if (!name || reply_engine_generator(p->engine, p->tok, name, &p->gen) != AR_OK) {
+        ar_free(name);
+        cli_error("out of memory");
+        return false;
+    }
+    ar_free(name);
+    sp.profiles = p->profiles;
+    sp.store = p->store;
+    sp.cache = p->cache;
+    sp.gen = p->gen;
+    if (reply_service_create(&sp, &p->svc) != AR_OK) {
+        cli_error("cannot start the reply service");
+        return false;
+    }
+    return true;
+}
+
+static void product_close(struct product *p)
+{
+    reply_service_destroy(p->svc);
+    reply_generator_destroy(p->gen);
+    engine_destroy(p->engine);
+    tokenizer_destroy(p->tok);
+    model_destroy(p->model);
+    reply_cache_destroy(p->cache);
+    store_close(p->store);
+    reply_profiles_destroy(p->profiles);
+}
+
+/* Common flags; returns 1 when consumed (advancing *i), 0 when not ours, -1 on error. */
+static int common_flag(int argc, char **argv, int *i, struct product_opts *o)
+{
+    const char *a = argv[*i];
+    int64_t v;
+    if (!strcmp(a, "-m") || !strcmp(a, "--model"))
+        return (o->model = cli_value(argc, argv, i)) ? 1 : -1;
+    if (!strcmp(a, "--shops"))
+        return (o->shops = cli_value(argc, argv, i)) ? 1 : -1;
+    if (!strcmp(a, "--data-dir"))
+        return (o->data_dir = cli_value(argc, argv, i)) ? 1 : -1;
+    if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
+        const char *s = cli_value(argc, argv, i);
+        if (!s || !cli_parse_i64(a, s, 1, 256, &v))
+            return -1;
+        o->threads = (int)v;
+        return 1;
+    }
+    return 0;
+}
+
+static const char common_help[] =
+    "  -m, --model FILE   GGUF model (default: <exe dir>/../models/" DEFAULT_MODEL
+    ", then ./models/)\n"
+    "  --shops FILE       shop profiles (JSON; see src/reply/reply.h); default: built-in\n"
+    "  --data-dir DIR     where replies.db lives (" DEFAULT_DATA_DIR ")\n"
+    "  -t, --threads N    model threads (2)\n";
+
+/* ---- autoreply reply ------------------------------------------------------------------------ */
+
+static uint64_t fnv64(const void *data, size_t n, uint64_t h)
+{
+    const unsigned char *p = data;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+}
+
+int cmd_reply(int argc, char **argv)
+{
+    struct product_opts o = {NULL, NULL, DEFAULT_DATA_DIR, 2};
+    struct product p;
+    const char *text = NULL, *shop = DEFAULT_SHOP, *review_id = NULL, *lang = NULL;
+    char id_buf[40];
+    int64_t rating = 0;
+    bool json = false;
+    struct reply_review rv;
+    struct reply_result res;
+    int rc = 1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        int c = common_flag(argc, argv, &i, &o);
+        if (c < 0)
+            return 2;
+        if (c > 0)
+            continue;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            printf("usage: autoreply reply TEXT --rating N [--shop ID] [--review-id ID] "
+                   "[--lang zh|en] [--json]\n%s"
+                   "  --shop ID          shop (profile) the review belongs to (" DEFAULT_SHOP ")\n"
+                   "  --review-id ID     the review's id (default: a hash of text and rating); "
+                   "asking again returns the stored reply\n"
+                   "  --json             print the whole answer as JSON\n",
+                   common_help);
+            return 0;
+        } else if (!strcmp(a, "--rating") || !strcmp(a, "-r")) {
+            const char *s = cli_value(argc, argv, &i);
+            if (!s || !cli_parse_i64(a, s, 1, 5, &rating))
+                return 2;
+        } else if (!strcmp(a, "--shop")) {
+            if (!(shop = cli_value(argc, argv, &i)))
+                return 2;
+        } else if (!strcmp(a, "--review-id")) {
+            if (!(review_id = cli_value(argc, argv, &i)))
+                return 2;
+        } else if (!strcmp(a, "--lang")) {
+            if (!(lang = cli_value(argc, argv, &i)))
+                return 2;
+        } else if (!strcmp(a, "--json")) {
+            json = true;
+        } else if (a[0] == '-' && a[1]) {
+            cli_error("reply: unknown option '%s' (autoreply reply --help)", a);
+            return 2;
+        } else if (!text) {
+            text = a;
+        } else {
+            cli_error("reply: one review text at a time (quote it)");
+            return 2;
+        }
+    }
+    if (!text || rating == 0) {
+        cli_error("reply: usage: autoreply reply TEXT --rating N (1-5)");
+        return 2;
+    }
+    if (!review_id) {
+        uint64_t h = fnv64(text, strlen(text), 1469598103934665603ull);
+        h = fnv64(&rating, sizeof(rating), h);
+        snprintf(id_buf, sizeof(id_buf), "cli-%016llx", (unsigned long long)h);
+        review_id = id_buf;
+    }
+    if (!product_open(&o, &p)) {
+        product_close(&p);
+        return 1;
+    }
+    memset(&rv, 0, sizeof(rv));
+    rv.shop_id = shop;
+    rv.review_id = review_id;
+    rv.text = text;
+    rv.text_len = strlen(text);
+    rv.rating = (int)rating;
+    rv.lang = lang;
+    reply_service_answer(p.svc, &rv, ENGINE_PRIO_INTERACTIVE, &res);
+    if (json) {
+        cJSON *j = reply_result_to_json(&res, review_id);
+        char *s = j ? cJSON_Print(j) : NULL;
+        if (s)
+            printf("%s\n", s);
+        cJSON_free(s);
+        cJSON_Delete(j);
+        rc = res.status == 200 ? 0 : 1;
+    } else if (res.status == 200) {
+        printf("%s\n", res.reply);
+        fprintf(stderr,
+                "autoreply: %s, sentiment %s, needs_human %s, action %s, %.0f ms (review %s/%s)\n",
+                reply_source_str(res.source), reply_sentiment_str(res.sentiment),
+                res.needs_human ? "yes" : "no", reply_action_str(res.action), res.latency_ms,
+                shop, review_id);
+        rc = 0;
+    } else {
+        cli_error("reply: %s", res.error);
+        rc = res.status == 400 ? 2 : 1;
+    }
+    reply_result_fini(&res);
+    product_close(&p);
+    return rc;
+}
+
+/* ---- autoreply batch ------------------------------------------------------------------------ */
+
+struct progress {
+    bool tty;
+    double last;
+    double t0;
+};
+
+static void on_progress(void *user, const struct store_job_info *info)
+{
+    struct progress *pg = user;
+    double now = ar_time_s();
+    int64_t fin = info->n_done + info->n_failed;
+    bool last = fin >= info->n_total;
+    if (!last && now - pg->last < (pg->tty ? 0.1 : 2.0))
+        return;
+    pg->last = now;
+    if (pg->tty) {
+        int width = 30, fill = info->n_total ? (int)(width * fin / info->n_total) : width;
+        fprintf(stderr, "\r[%.*s%*s] %lld/%lld  %lld errors  %.0f s", fill,
+                "##############################", width - fill, "", (long long)fin,
+                (long long)info->n_total, (long long)info->n_failed, now - pg->t0);
+        if (last)
+            fputc('\n', stderr);
+    } else {
+        fprintf(stderr, "autoreply: batch %lld/%lld lines (%lld errors)\n", (long long)fin,
+                (long long)info->n_total, (long long)info->n_failed);
+    }
+    fflush(stderr);
+}
+
+static char *read_all(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    char *buf = NULL;
+    size_t n = 0, cap = 0;
+    if (!f)
+        return NULL;
+    for (;;) {
+        size_t got;
+        if (n + 65536 > cap) {
+            char *q = realloc(buf, cap = cap ? cap * 2 : 1 << 20);
+            if (!q) {
+                free(buf);
+                fclose(f);
+                return NULL;
+            }
+            buf = q;
+        }
+        got = fread(buf + n, 1, cap - n, f);
+        n += got;
+        if (!got)
+            break;
+    }
+    fclose(f);
+    *len = n;
+    return buf;
+}
+
+static bool write_atomic(const char *path, const char *data, size_t len)
+{
+    char tmp[PATH_MAX];
+    FILE *f;
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    f = fopen(tmp, "wb");
+    if (!f || fwrite(data, 1, len, f) != len || fflush(f) != 0 || fsync(fileno(f)) != 0) {
+        if (f)
+            fclose(f);
+        return false;
+    }
+    if (fclose(f) != 0 || rename(tmp, path) != 0)
+        return false;
+    return true;
+}
+
+int cmd_batch(int argc, char **argv)
+{
+    struct product_opts o = {NULL, NULL, DEFAULT_DATA_DIR, 2};
+    struct product p;
+    const char *input = NULL, *output = NULL, *shop = DEFAULT_SHOP;
+    char real[PATH_MAX], map_path[PATH_MAX + 64], job_id[STORE_JOB_ID_LEN + 1] = "";
+    struct stat sb;
+    struct progress pg;
+    struct ar_err err = {AR_OK, 0, {0}};
+    uint64_t key;
+    char *results = NULL;
+    size_t results_len = 0;
+    int rc = 1;
+    enum ar_status st;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        int c = common_flag(argc, argv, &i, &o);
+        if (c < 0)
+            return 2;
+        if (c > 0)
+            continue;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            printf("usage: autoreply batch REVIEWS.jsonl [-o REPLIES.jsonl] [--shop ID]\n%s"
+                   "  -o FILE            results, one JSON line per input line (stdout)\n"
+                   "  --shop ID          shop of lines without shop_id (" DEFAULT_SHOP ")\n"
+                   "Each line: {\"review_id\", \"text\", \"rating\", \"shop_id\"?, \"product\"?, "
+                   "\"lang\"?}. An interrupted batch resumes where it stopped when run again\n"
+                   "on the same unchanged file.\n",
+                   common_help);
+            return 0;
+        } else if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
+            if (!(output = cli_value(argc, argv, &i)))
+                return 2;
+        } else if (!strcmp(a, "--shop")) {
+            if (!(shop = cli_value(argc, argv, &i)))
+                return 2;
+        } else if (a[0] == '-' && a[1]) {
+            cli_error("batch: unknown option '%s' (autoreply batch --help)", a);
+            return 2;
+        } else if (!input) {
+            input = a;
+        } else {
+            cli_error("batch: one input file");
+            return 2;
+        }
+    }
+    if (!input) {
+        cli_error("batch: usage: autoreply batch REVIEWS.jsonl [-o REPLIES.jsonl]");
+        return 2;
+    }
+    if (!realpath(input, real) || stat(real, &sb) != 0) {
+        cli_error("batch: %s: %s", input, strerror(errno));
+        return 1;
+    }
+    /* the job of this exact file (path, size, mtime, shop), remembered beside the store */
+    key = fnv64(real, strlen(real), 1469598103934665603ull);
+    key = fnv64(&sb.st_size, sizeof(sb.st_size), key);
+    key = fnv64(&sb.st_mtim, sizeof(sb.st_mtim), key);
+    key = fnv64(shop, strlen(shop), key);
+    snprintf(map_path, sizeof(map_path), "%s/batch-%016llx.job", o.data_dir,
+             (unsigned long long)key);
+    if (!product_open(&o, &p))
+        goto done;
+    {
+        FILE *f = fopen(map_path, "r");
+        struct store_job_info info;
+        bool found = false;
+        if (f) {
+            if (fscanf(f, "%32s", job_id) != 1)
+                job_id[0] = '\0';
+            fclose(f);
+        }
+        if (job_id[0] && (store_job_get(p.store, job_id, &info, &found, NULL) != AR_OK || !found))
+            job_id[0] = '\0';
+        if (job_id[0])
+            fprintf(stderr, "autoreply: resuming job %s (%lld of %lld lines done)\n", job_id,
+                    (long long)(info.n_done + info.n_failed), (long long)info.n_total);
+    }
+    if (!job_id[0]) {
+        size_t len = 0;
+        int64_t n = 0;
+        char *body = read_all(real, &len);
+        if (!body) {
+            cli_error("batch: cannot read %s", input);
+            goto done;
+        }
+        st = reply_job_create(p.svc, shop, body, len, job_id, &n, &err);
+        free(body);
+        if (st != AR_OK) {
+            cli_error("batch: %s: %s", input, err.msg[0] ? err.msg : ar_status_str(st));
+            rc = st == AR_EINVAL ? 2 : 1;
+            goto done;
+        }
+        {
+            char line[STORE_JOB_ID_LEN + 2];
+            snprintf(line, sizeof(line), "%s\n", job_id);
+            if (!write_atomic(map_path, line, strlen(line)))
+                AR_WARN("batch: cannot write %s: an interrupted run will start over", map_path);
+        }
+        fprintf(stderr, "autoreply: job %s: %lld lines\n", job_id, (long long)n);
+    }
+    pg.tty = isatty(2);
+    pg.last = 0;
+    pg.t0 = ar_time_s();
+    st = reply_job_run(p.svc, job_id, on_progress, &pg, &err);
+    if (st != AR_OK) {
+        cli_error("batch: job %s: %s (run again to resume)", job_id,
+                  err.msg[0] ? err.msg : ar_status_str(st));
+        goto done;
+    }
+    if (reply_job_results_jsonl(p.svc, job_id, &results, &results_len, &err) != AR_OK) {
+        cli_error("batch: results: %s", err.msg);
+        goto done;
+    }
+    if (output) {
+        if (!write_atomic(output, results, results_len)) {
+            cli_error("batch: cannot write %s: %s", output, strerror(errno));
+            goto done;
+        }
+    } else if (fwrite(results, 1, results_len, stdout) != results_len) {
+        goto done;
+    }
+    rc = 0;
+done:
+    ar_free(results);
+    product_close(&p);
+    return rc;
+}
+
+/* ---- serve glue ------------------------------------------------------------------------- */
+
+struct cli_reply {
+    struct product p; /* profiles, store, cache, svc (model and engine belong to serve) */
+    struct reply_generator *gen;
+    struct route_ctx {
+        struct cli_reply *cr;
+        enum reply_endpoint ep;
+    } ctx[REPLY_EP_COUNT + 4];
+};
+
+static void http_done(void *c, int status, cJSON *json, const char *text, size_t len,
+                      const char *ctype)
+{
+    struct server_req *req = c;
+    if (json) {
+        if (status == 503)
+            server_reply_header(req, "Retry-After", "1");
+        server_reply_json(req, status, json);
+    } else if (text) {
+        server_reply_text(req, status, ctype ? ctype : "text/plain", text, len);
+    } else {
+        server_reply_error(req, 500, "server_error", "internal_error", "out of memory");
+    }
+}
+
+static void http_route(struct server_req *req, void *user)
+{
+    struct route_ctx *rc = user;
+    reply_handle(rc->cr->p.svc, rc->ep, server_req_path(req), server_req_body(req), NULL, 0,
+                 http_done, req);
+}
+
+int cli_reply_attach(struct server *srv, const char *shops_file, const char *data_dir,
+                     struct cli_reply **out)
+{
+    struct product_opts o = {NULL, shops_file, data_dir ? data_dir : DEFAULT_DATA_DIR, 2};
+    struct reply_cache_params cp = reply_cache_default_params();
+    struct reply_service_params sp = reply_service_default_params();
+    struct cli_reply *cr = calloc(1, sizeof(*cr));
+    const struct reply_route *routes;
+    size_t n_routes;
+    if (!cr)
+        return 1;
+    if (!open_profiles_store(&o, &cr->p) || reply_cache_create(&cp, &cr->p.cache) != AR_OK)
+        goto fail;
+    sp.profiles = cr->p.profiles;
+    sp.store = cr->p.store;
+    sp.cache = cr->p.cache;
+    sp.metrics = server_metrics(srv);
+    sp.n_workers = 32; /* mostly waiting on the engine */
+    if (reply_service_create(&sp, &cr->p.svc) != AR_OK)
+        goto fail;
+    routes = reply_routes(&n_routes);
+    for (size_t i = 0; i < n_routes && i < AR_ARRAY_LEN(cr->ctx); i++) {
+        struct server_route r;
+        cr->ctx[i].cr = cr;
+        cr->ctx[i].ep = routes[i].ep;
+        r.method = routes[i].method;
+        r.path = routes[i].path;
+        r.fn = http_route;
+        r.user = &cr->ctx[i];
+        r.flags = SERVER_ROUTE_ENGINE | (routes[i].json_body ? SERVER_ROUTE_BODY : 0);
+        if (server_add_route(srv, &r) != AR_OK) {
+            cli_error("serve: cannot add route %s %s", r.method, r.path);
+            goto fail;
+        }
+    }
+    *out = cr;
+    return 0;
+fail:
+    cli_reply_detach(cr);
+    return 1;
+}
+
+void cli_reply_set_engine(struct cli_reply *cr, struct engine *e, const struct tokenizer *tok,
+                          const char *model_name)
+{
+    if (reply_engine_generator(e, tok, model_name, &cr->gen) != AR_OK) {
+        cli_error("serve: reply service: out of memory");
+        return;
+    }
+    reply_service_set_generator(cr->p.svc, cr->gen);
+    if (reply_jobs_start(cr->p.svc) != AR_OK)
+        cli_error("serve: cannot start the job runner");
+}
+
+void cli_reply_detach(struct cli_reply *cr)
+{
+    if (!cr)
+        return;
+    reply_service_destroy(cr->p.svc);
+    reply_generator_destroy(cr->gen);
+    reply_cache_destroy(cr->p.cache);
+    store_close(cr->p.store);
+    reply_profiles_destroy(cr->p.profiles);
+    free(cr);
+}

@@ -1,0 +1,749 @@
+/* pipeline.c - the reply service: one review through store, profile, sentiment, reply cache,
+ * generation with guardrails and retries, signature, cache and store (reply.h lists the
+ * steps), plus many reviews at once on short-lived threads, the async worker pool and the
+ * reply metrics. */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "normalize.h"
+#include "reply_internal.h"
+
+struct reply_service_params reply_service_default_params(void)
+{
+    struct reply_service_params p;
+    memset(&p, 0, sizeof(p));
+    p.max_retries = 2;
+    p.temperature = 0.0f;
+    p.retry_temperature = 0.7f;
+    p.seed = 1234;
+    p.max_tokens = 160;
+    p.timeout_s = 60;
+    p.n_workers = 8;
+    p.queue_max = 256;
+    return p;
+}
+
+const char *reply_source_str(enum reply_source s)
+{
+    static const char *const names[] = {"model", "cache", "store", "fallback", "off"};
+    return (unsigned)s < AR_ARRAY_LEN(names) ? names[s] : "unknown";
+}
+
+void reply_generator_destroy(struct reply_generator *g)
+{
+    if (g && g->destroy)
+        g->destroy(g);
+}
+
+const char *reply_action_str(enum reply_action a)
+{
+    return a == REPLY_ACTION_SEND ? "send" : a == REPLY_ACTION_SUGGEST ? "suggest" : "none";
+}
+
+/* ---- metrics ----------------------------------------------------------------------------- */
+
+static struct metrics_child *counter(struct metrics_registry *reg, const char *name,
+                                     const char *help, const char *label, const char *value)
+{
+    struct metrics_family *f;
+    const char *names[2] = {label, NULL};
+    const char *values[1] = {value};
+    if (metrics_counter(reg, name, help, label ? names : NULL, &f) != AR_OK)
+        return NULL;
+    return metrics_child(f, label ? values : NULL);
+}
+
+static void metrics_setup(struct reply_service *svc)
+{
+    struct metrics_registry *reg = svc->p.metrics;
+    struct reply_metrics *m = &svc->m;
+    struct metrics_family *f;
+    if (!reg)
+        return;
+    for (int s = 0; s < 5; s++)
+        m->src[s] = counter(reg, "autoreply_reply_replies_total",
+                            "Review replies answered, by where the reply came from", "source",
+                            reply_source_str((enum reply_source)s));
+    m->errors = counter(reg, "autoreply_reply_errors_total",
+                        "Review requests answered with an error (bad input, busy, failure)",
+                        NULL, NULL);
+    m->cache_hits = counter(reg, "autoreply_reply_cache_hits_total",
+                            "Reply cache lookups that found a reply", NULL, NULL);
+    m->cache_misses = counter(reg, "autoreply_reply_cache_misses_total",
+                              "Reply cache lookups that found nothing", NULL, NULL);
+    m->cache_evictions = counter(reg, "autoreply_reply_cache_evictions_total",
+                                 "Reply cache entries pushed out by the byte budget", NULL, NULL);
+    m->needs_human = counter(reg, "autoreply_reply_needs_human_total",
+                             "Replies routed to a person (low rating, negative, sensitive)",
+                             NULL, NULL);
+    for (int g = 1; g < REPLY_GUARD_COUNT; g++)
+        m->retries[g] = counter(reg, "autoreply_reply_guard_rejections_total",
+                                "Generated replies rejected by a guardrail, by reason", "reason",
+                                reply_guard_str((enum reply_guard)g));
+    if (metrics_histogram(reg, "autoreply_reply_latency_seconds",
+                          "Time to answer one review (all sources)", NULL, NULL, 0, &f) == AR_OK)
+        m->latency = metrics_child(f, NULL);
+    m->job_lines_done = counter(reg, "autoreply_job_lines_total", "Job lines finished, by outcome",
+                                "outcome", "done");
+    m->job_lines_failed = counter(reg, "autoreply_job_lines_total",
+                                  "Job lines finished, by outcome", "outcome", "error");
+}
+
+/* Counts evictions by the difference of the cache's own counter since the last look. */
+static void note_evictions(struct reply_service *svc)
+{
+    struct reply_cache_stats cs;
+    uint64_t delta = 0;
+    if (!svc->p.cache)
+        return;
+    reply_cache_stats(svc->p.cache, &cs);
+    pthread_mutex_lock(&svc->mu);
+    if (cs.evictions > svc->evictions_seen) {
+        delta = cs.evictions - svc->evictions_seen;
+        svc->evictions_seen = cs.evictions;
+    }
+    pthread_mutex_unlock(&svc->mu);
+    if (delta)
+        metrics_inc(svc->m.cache_evictions, (double)delta);
+}
+
+/* ---- worker pool ------------------------------------------------------------------------- */
+
+static void *worker_main(void *arg)
+{
+    struct reply_service *svc = arg;
+    for (;;) {
+        struct rp_task *t;
+        pthread_mutex_lock(&svc->q_mu);
+        while (!svc->q_head && !svc->stopping)
+            pthread_cond_wait(&svc->q_cv, &svc->q_mu);
+        t = svc->q_head;
+        if (!t) { /* stopping and drained */
+            pthread_mutex_unlock(&svc->q_mu);
+            return NULL;
+        }
+        svc->q_head = t->next;
+        if (!svc->q_head)
+            svc->q_tail = NULL;
+        svc->q_len--;
+        pthread_mutex_unlock(&svc->q_mu);
+        t->fn(t->arg);
+        ar_free(t);
+    }
+}
+
+enum ar_status rp_submit(struct reply_service *svc, void (*fn)(void *), void *arg, bool bounded)
+{
+    struct rp_task *t = ar_calloc(1, sizeof(*t));
+    if (!t)
+        return AR_ENOMEM;
+    t->fn = fn;
+    t->arg = arg;
+    pthread_mutex_lock(&svc->q_mu);
+    if (svc->stopping || (bounded && svc->q_len >= svc->p.queue_max)) {
+        pthread_mutex_unlock(&svc->q_mu);
+        ar_free(t);
+        return AR_EBUSY;
+    }
+    if (svc->q_tail)
+        svc->q_tail->next = t;
+    else
+        svc->q_head = t;
+    svc->q_tail = t;
+    svc->q_len++;
+    pthread_cond_signal(&svc->q_cv);
+    pthread_mutex_unlock(&svc->q_mu);
+    return AR_OK;
+}
+
+/* ---- lifetime ---------------------------------------------------------------------------- */
+
+enum ar_status reply_service_create(const struct reply_service_params *p,
+                                    struct reply_service **out)
+{
+    struct reply_service *svc;
+    if (!p || !p->profiles || !p->store || p->max_retries < 0 || p->max_tokens < 1 ||
+        p->n_workers < 1 || p->queue_max < 1)
+        return AR_EINVAL;
+    svc = ar_calloc(1, sizeof(*svc));
+    if (!svc)
+        return AR_ENOMEM;
+    svc->p = *p;
+    svc->gen = p->gen;
+    pthread_mutex_init(&svc->mu, NULL);
+    pthread_mutex_init(&svc->q_mu, NULL);
+    pthread_cond_init(&svc->q_cv, NULL);
+    pthread_cond_init(&svc->job_cv, NULL);
+    metrics_setup(svc);
+    svc->workers = ar_calloc((size_t)p->n_workers, sizeof(pthread_t));
+    if (!svc->workers) {
+        reply_service_destroy(svc);
+        return AR_ENOMEM;
+    }
+    for (int i = 0; i < p->n_workers; i++) {
+        if (pthread_create(&svc->workers[i], NULL, worker_main, svc) != 0) {
+            reply_service_destroy(svc);
+            return AR_ENOMEM;
+        }
+        svc->n_workers++;
+    }
+    *out = svc;
+    return AR_OK;
+}
+
+void reply_service_destroy(struct reply_service *svc)
+{
+    if (!svc)
+        return;
+    pthread_mutex_lock(&svc->q_mu);
+    svc->stopping = true;
+    pthread_cond_broadcast(&svc->q_cv);
+    pthread_cond_broadcast(&svc->job_cv);
+    pthread_mutex_unlock(&svc->q_mu);
+    rp_jobs_stop(svc);
+    for (int i = 0; i < svc->n_workers; i++)
+        pthread_join(svc->workers[i], NULL);
+    ar_free(svc->workers);
+    pthread_cond_destroy(&svc->job_cv);
+    pthread_cond_destroy(&svc->q_cv);
+    pthread_mutex_destroy(&svc->q_mu);
+    pthread_mutex_destroy(&svc->mu);
+    ar_free(svc);
+}
+
+void reply_service_set_generator(struct reply_service *svc, struct reply_generator *gen)
+{
+    pthread_mutex_lock(&svc->mu);
+    svc->gen = gen;
+    pthread_mutex_unlock(&svc->mu);
+}
+
+/* ---- input ------------------------------------------------------------------------------- */
+
+static bool id_ok(const char *s)
+{
+    size_t n = s ? strlen(s) : 0;
+    return n > 0 && n <= STORE_ID_MAX && !memchr(s, 0x1f, n) && reply_utf8_valid(s, n);
+}
+
+/* Checks rv; on a problem writes msg and returns false. */
+static bool review_ok(const struct reply_review *rv, char *msg, size_t msg_size)
+{
+    if (!id_ok(rv->shop_id)) {
+        snprintf(msg, msg_size, "shop_id must be 1..%d bytes of UTF-8", STORE_ID_MAX);
+        return false;
+    }
+    if (!id_ok(rv->review_id)) {
+        snprintf(msg, msg_size, "review_id must be 1..%d bytes of UTF-8", STORE_ID_MAX);
+        return false;
+    }
+    if (!rv->text) {
+        snprintf(msg, msg_size, "text is required");
+        return false;
+    }
+    if (rv->text_len > REPLY_TEXT_MAX) {
+        snprintf(msg, msg_size, "text is %zu bytes, more than the limit of %d", rv->text_len,
+                 REPLY_TEXT_MAX);
+        return false;
+    }
+    if (!reply_utf8_valid(rv->text, rv->text_len) || memchr(rv->text, 0, rv->text_len)) {
+        snprintf(msg, msg_size, "text is not valid UTF-8");
+        return false;
+    }
+    {
+        /* a text of only spaces and markup has nothing to answer */
+        char *clean;
+        size_t clean_len = 0;
+        if (reply_sanitize_review(rv->text, rv->text_len, &clean, &clean_len) == AR_OK)
+            ar_free(clean);
+        if (clean_len == 0) {
+            snprintf(msg, msg_size, "text is empty");
+            return false;
+        }
+    }
+    if (rv->rating < 1 || rv->rating > 5) {
+        snprintf(msg, msg_size, "rating must be an integer from 1 to 5");
+        return false;
+    }
+    if (rv->product && (strlen(rv->product) > REPLY_PRODUCT_MAX ||
+                        !reply_utf8_valid(rv->product, strlen(rv->product)))) {
+        snprintf(msg, msg_size, "product must be at most %d bytes of UTF-8", REPLY_PRODUCT_MAX);
+        return false;
+    }
+    if (rv->lang && strcmp(rv->lang, "zh") != 0 && strcmp(rv->lang, "en") != 0) {
+        snprintf(msg, msg_size, "lang must be \"zh\" or \"en\"");
+        return false;
+    }
+    return true;
+}
+
+static const char *json_str(const cJSON *j, const char *key, bool *bad)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
+    if (!v || cJSON_IsNull(v))
+        return NULL;
+    if (!cJSON_IsString(v)) {
+        *bad = true;
+        return NULL;
+    }
+    return v->valuestring;
+}
+
+enum ar_status reply_review_from_json(const cJSON *j, const char *default_shop,
+                                      struct reply_review *rv, char *msg, size_t msg_size)
+{
+    const cJSON *rating, *text;
+    bool bad = false;
+    memset(rv, 0, sizeof(*rv));
+    if (!cJSON_IsObject(j)) {
+        snprintf(msg, msg_size, "a review must be a JSON object");
+        return AR_EINVAL;
+    }
+    rv->shop_id = json_str(j, "shop_id", &bad);
+    if (bad) {
+        snprintf(msg, msg_size, "shop_id must be a string");
+        return AR_EINVAL;
+    }
+    if (!rv->shop_id)
+        rv->shop_id = default_shop;
+    rv->review_id = json_str(j, "review_id", &bad);
+    if (bad) {
+        snprintf(msg, msg_size, "review_id must be a string");
+        return AR_EINVAL;
+    }
+    text = cJSON_GetObjectItemCaseSensitive(j, "text");
+    if (!text || cJSON_IsNull(text)) {
+        snprintf(msg, msg_size, "text is required");
+        return AR_EINVAL;
+    }
+    if (!cJSON_IsString(text)) {
+        snprintf(msg, msg_size, "text must be a string");
+        return AR_EINVAL;
+    }
+    rv->text = text->valuestring;
+    rv->text_len = strlen(text->valuestring);
+    rating = cJSON_GetObjectItemCaseSensitive(j, "rating");
+    if (!cJSON_IsNumber(rating) || rating->valuedouble != floor(rating->valuedouble) ||
+        rating->valuedouble < 1 || rating->valuedouble > 5) {
+        snprintf(msg, msg_size, "rating must be an integer from 1 to 5");
+        return AR_EINVAL;
+    }
+    rv->rating = (int)rating->valuedouble;
+    rv->product = json_str(j, "product", &bad);
+    rv->lang = json_str(j, "lang", &bad);
+    if (bad) {
+        snprintf(msg, msg_size, "product and lang must be strings");
+        return AR_EINVAL;
+    }
+    return review_ok(rv, msg, msg_size) ? AR_OK : AR_EINVAL;
+}
+
+/* ---- results ----------------------------------------------------------------------------- */
+
+void reply_result_fini(struct reply_result *r)
+{
+    if (!r)
+        return;
+    ar_free(r->reply);
+    memset(r, 0, sizeof(*r));
+}
+
+static void set_error(struct reply_result *r, int status, const char *fmt, ...) AR_PRINTF(3, 4);
+static void set_error(struct reply_result *r, int status, const char *fmt, ...)
+{
+    va_list ap;
+    r->status = status;
+    va_start(ap, fmt);
+    vsnprintf(r->error, sizeof(r->error), fmt, ap);
+    va_end(ap);
+}
+
+static const char *error_code(int status)
+{
+    switch (status) {
+    case 400: return "invalid_review";
+    case 409: return "duplicate_review_id";
+    case 503: return "overloaded";
+    default: return "internal_error";
+    }
+}
+
+cJSON *reply_result_to_json(const struct reply_result *r, const char *review_id)
+{
+    cJSON *j = cJSON_CreateObject();
+    bool ok = j != NULL;
+    if (ok && review_id)
+        ok = cJSON_AddStringToObject(j, "review_id", review_id) != NULL;
+    if (ok && r->status != 200) {
+        cJSON *e = cJSON_AddObjectToObject(j, "error");
+        ok = e && cJSON_AddStringToObject(e, "message", r->error) &&
+             cJSON_AddStringToObject(e, "code", error_code(r->status)) &&
+             cJSON_AddNumberToObject(j, "status", r->status);
+    } else if (ok) {
+        ok = cJSON_AddStringToObject(j, "reply", r->reply ? r->reply : "") &&
+             cJSON_AddBoolToObject(j, "cached", r->cached) &&
+             cJSON_AddBoolToObject(j, "needs_human", r->needs_human) &&
+             cJSON_AddStringToObject(j, "sentiment", reply_sentiment_str(r->sentiment)) &&
+             cJSON_AddNumberToObject(j, "sentiment_score",
+                                     round((double)r->sentiment_score * 1000.0) / 1000.0) &&
+             cJSON_AddStringToObject(j, "lang", r->lang) &&
+             cJSON_AddStringToObject(j, "model", r->model) &&
+             cJSON_AddNumberToObject(j, "latency_ms", round(r->latency_ms * 1000.0) / 1000.0) &&
+             cJSON_AddStringToObject(j, "source", reply_source_str(r->source)) &&
+             cJSON_AddStringToObject(j, "action", reply_action_str(r->action));
+    }
+    if (!ok) {
+        cJSON_Delete(j);
+        return NULL;
+    }
+    return j;
+}
+
+/* ---- one review -------------------------------------------------------------------------- */
+
+static bool has_sensitive(const struct reply_profile *p, const char *text, size_t len)
+{
+    return reply_find_word(text, len, p->sensitive, p->n_sensitive) >= 0;
+}
+
+static enum reply_action decide_action(const struct reply_profile *p, int rating,
+                                       bool needs_human)
+{
+    if (p->mode == REPLY_MODE_OFF)
+        return REPLY_ACTION_NONE;
+    if (p->mode == REPLY_MODE_SUGGEST)
+        return REPLY_ACTION_SUGGEST;
+    if (rating < p->auto_min_rating || (needs_human && p->hold_needs_human))
+        return REPLY_ACTION_SUGGEST;
+    return REPLY_ACTION_SEND;
+}
+
+/* Generates until a reply passes the guardrails; *text is new. Returns the source (MODEL or
+ * FALLBACK), or -1 with r->status set when the model cannot be reached. */
+static int generate(struct reply_service *svc, const struct reply_profile *prof,
+                    const struct reply_review *rv, const char *review_lang,
+                    const char *reply_lang, bool negative, enum engine_priority prio,
+                    struct reply_result *r, char **text)
+{
+    struct reply_generator *gen;
+    struct reply_gen_request gr;
+    char *user = NULL;
+    enum ar_status st;
+    pthread_mutex_lock(&svc->mu);
+    gen = svc->gen;
+    pthread_mutex_unlock(&svc->mu);
+    if (!gen) {
+        set_error(r, 503, "the model is not loaded yet");
+        return -1;
+    }
+    snprintf(r->model, sizeof(r->model), "%s", gen->model_name ? gen->model_name : "");
+    if (reply_user_message(rv->text, rv->text_len, rv->rating, review_lang, &user) != AR_OK) {
+        set_error(r, 500, "out of memory");
+        return -1;
+    }
+    memset(&gr, 0, sizeof(gr));
+    gr.system = prof->system;
+    gr.user = user;
+    gr.max_tokens = svc->p.max_tokens;
+    gr.priority = prio;
+    gr.timeout_s = svc->p.timeout_s;
+    for (int attempt = 0; attempt <= svc->p.max_retries; attempt++) {
+        char *out = NULL, *fixed = NULL;
+        size_t out_len = 0;
+        enum reply_guard g;
+        gr.temperature = attempt == 0 ? svc->p.temperature : svc->p.retry_temperature;
+        gr.seed = svc->p.seed + (uint64_t)attempt;
+        st = gen->generate(gen, &gr, &out, &out_len);
+        r->attempts++;
+        if (st == AR_EBUSY || (st != AR_OK && attempt == 0)) {
+            ar_free(user);
+            set_error(r, st == AR_EBUSY ? 503 : st == AR_ERANGE ? 400 : 500,
+                      "generation failed: %s", st == AR_ERANGE ? "the review does not fit the "
+                      "model's context" : ar_status_str(st));
+            return -1;
+        }
+        if (st != AR_OK)
+            break; /* a later attempt failed: the fallback answers */
+        g = reply_guard_check(prof, reply_lang, out, out_len, &fixed);
+        ar_free(out);
+        if (g == REPLY_GUARD_OK) {
+            ar_free(user);
+            *text = fixed;
+            return REPLY_SOURCE_MODEL;
+        }
+        metrics_inc(svc->m.retries[g], 1);
+        AR_DEBUG("reply %s/%s: attempt %d rejected (%s)", rv->shop_id, rv->review_id, attempt,
+                 reply_guard_str(g));
+    }
+    ar_free(user);
+    *text = ar_strdup(reply_fallback_text(reply_lang, negative));
+    if (!*text) {
+        set_error(r, 500, "out of memory");
+        return -1;
+    }
+    return REPLY_SOURCE_FALLBACK;
+}
+
+/* Signature, then banned words removed once more (the signature or a template may hold one):
+ * no banned word ever leaves the service. */
+static char *finish_text(const struct reply_profile *prof, const char *text)
+{
+    struct rp_buf b = {0};
+    char *joined, *clean = NULL;
+    size_t n;
+    rp_puts(&b, text);
+    if (prof->signature && *prof->signature) {
+        rp_puts(&b, "\n");
+        rp_puts(&b, prof->signature);
+    }
+    joined = rp_take(&b, &n);
+    if (!joined)
+        return NULL;
+    if (reply_strip_words(joined, n, prof->banned, prof->n_banned, &clean, NULL) != AR_OK)
+        clean = NULL;
+    ar_free(joined);
+    return clean;
+}
+
+static void fill_from_row(struct reply_result *r, const struct store_reply *row)
+{
+    ar_free(r->reply);
+    r->reply = ar_strdup(row->reply);
+    if (!r->reply)
+        set_error(r, 500, "out of memory");
+    r->needs_human = row->needs_human;
+    r->sentiment_score = row->sentiment;
+    snprintf(r->model, sizeof(r->model), "%s", row->model ? row->model : "");
+}
+
+static void answer(struct reply_service *svc, const struct reply_review *rv,
+                   enum engine_priority prio, struct reply_result *r)
+{
+    const struct reply_profile *prof;
+    const char *review_lang, *reply_lang;
+    char *key = NULL, *text = NULL;
+    size_t key_len = 0;
+    struct store_reply row, stored;
+    struct ar_err err = {AR_OK, 0, {0}};
+    bool found = false, negative;
+    enum ar_status st;
+    int src;
+
+    memset(&stored, 0, sizeof(stored));
+    if (!review_ok(rv, r->error, sizeof(r->error))) {
+        r->status = 400;
+        return;
+    }
+    prof = reply_profiles_get(svc->p.profiles, rv->shop_id);
+    review_lang = rv->lang ? rv->lang : reply_guess_lang(rv->text, rv->text_len);
+    reply_lang = prof->lang_policy == REPLY_LANG_ZH   ? "zh"
+                 : prof->lang_policy == REPLY_LANG_EN ? "en"
+                                                      : review_lang;
+    snprintf(r->lang, sizeof(r->lang), "%s", reply_lang);
+    r->sentiment =
+        reply_sentiment_classify(rv->text, rv->text_len, review_lang, rv->rating,
+                                 &r->sentiment_score);
+    negative = rv->rating <= 2 || r->sentiment == REPLY_SENT_NEGATIVE;
+    r->needs_human = negative || has_sensitive(prof, rv->text, rv->text_len);
+    r->action = decide_action(prof, rv->rating, r->needs_human);
+
+    /* 1. idempotency: an answered review is answered the same way, without the model */
+    st = store_reply_get(svc->p.store, rv->shop_id, rv->review_id, &stored, &found, &err);
+    if (st != AR_OK) {
+        set_error(r, st == AR_EBUSY ? 503 : 500, "store: %s", err.msg);
+        return;
+    }
+    if (found) {
+        fill_from_row(r, &stored);
+        r->cached = true;
+        r->source = REPLY_SOURCE_STORE;
+        r->action = decide_action(prof, rv->rating, r->needs_human);
+        store_reply_fini(&stored);
+        r->status = r->status ? r->status : 200;
+        return;
+    }
+    if (prof->mode == REPLY_MODE_OFF) {
+        r->reply = ar_strdup("");
+        r->source = REPLY_SOURCE_OFF;
+        r->status = r->reply ? 200 : 500;
+        return;
+    }
+
+    /* 2. the reply cache (its key holds the shop, the rating bucket and the language) */
+    if (svc->p.cache && reply_normalize_key(rv->shop_id, rv->rating, review_lang, rv->text,
+                                            rv->text_len, &key, &key_len) == AR_OK) {
+        char *hit = NULL;
+        if (reply_cache_get(svc->p.cache, key, key_len, &hit, NULL)) {
+            metrics_inc(svc->m.cache_hits, 1);
+            text = hit;
+            src = REPLY_SOURCE_CACHE;
+            r->cached = true;
+            pthread_mutex_lock(&svc->mu);
+            if (svc->gen && svc->gen->model_name)
+                snprintf(r->model, sizeof(r->model), "%s", svc->gen->model_name);
+            pthread_mutex_unlock(&svc->mu);
+            goto have_text;
+        }
+        metrics_inc(svc->m.cache_misses, 1);
+    }
+
+    /* 3. the model, behind the guardrails */
+    src = generate(svc, prof, rv, review_lang, reply_lang, negative, prio, r, &text);
+    if (src < 0) {
+        ar_free(key);
+        return;
+    }
+    if (src == REPLY_SOURCE_MODEL && key) {
+        /* the cache holds the checked reply without the signature */
+        if (reply_cache_put(svc->p.cache, key, key_len, text, strlen(text)) == AR_OK)
+            note_evictions(svc);
+    }
+
+have_text:
+    ar_free(key);
+    {
+        char *final = finish_text(prof, text);
+        ar_free(text);
+        if (!final) {
+            set_error(r, 500, "out of memory");
+            return;
+        }
+        r->reply = final;
+    }
+    r->source = (enum reply_source)src;
+
+    /* 4. durable, once: if another request stored a reply meanwhile, that one wins */
+    memset(&row, 0, sizeof(row));
+    row.shop_id = rv->shop_id;
+    row.review_id = rv->review_id;
+    row.text = rv->text;
+    row.rating = rv->rating;
+    row.lang = reply_lang;
+    row.reply = r->reply;
+    row.needs_human = r->needs_human;
+    row.sentiment = isfinite(r->sentiment_score) ? r->sentiment_score : 0.0f;
+    row.cached = r->cached;
+    row.model = r->model;
+    {
+        bool existed = false;
+        st = store_reply_put(svc->p.store, &row, &stored, &existed, &err);
+        if (st != AR_OK) {
+            set_error(r, st == AR_EBUSY ? 503 : 500, "store: %s", err.msg);
+            return;
+        }
+        if (existed) {
+            fill_from_row(r, &stored);
+            r->cached = true;
+            r->source = REPLY_SOURCE_STORE;
+        }
+        store_reply_fini(&stored);
+    }
+    r->status = r->status ? r->status : 200;
+}
+
+void reply_service_answer(struct reply_service *svc, const struct reply_review *rv,
+                          enum engine_priority prio, struct reply_result *out)
+{
+    double t0 = ar_time_s();
+    memset(out, 0, sizeof(*out));
+    answer(svc, rv, prio, out);
+    out->latency_ms = (ar_time_s() - t0) * 1000.0;
+    if (out->status == 200) {
+        metrics_inc(svc->m.src[out->source], 1);
+        if (out->needs_human)
+            metrics_inc(svc->m.needs_human, 1);
+        metrics_observe(svc->m.latency, out->latency_ms / 1000.0);
+    } else {
+        metrics_inc(svc->m.errors, 1);
+        ar_free(out->reply);
+        out->reply = NULL;
+    }
+}
+
+/* ---- many reviews ------------------------------------------------------------------------ */
+
+struct many {
+    struct reply_service *svc;
+    const struct reply_review *rv;
+    struct reply_result *out;
+    const size_t *todo; /* indexes to answer */
+    size_t n_todo;
+    enum engine_priority prio;
+    pthread_mutex_t mu;
+    size_t next;
+};
+
+static void *many_main(void *arg)
+{
+    struct many *m = arg;
+    for (;;) {
+        size_t k;
+        pthread_mutex_lock(&m->mu);
+        k = m->next < m->n_todo ? m->todo[m->next++] : (size_t)-1;
+        pthread_mutex_unlock(&m->mu);
+        if (k == (size_t)-1)
+            return NULL;
+        reply_service_answer(m->svc, &m->rv[k], m->prio, &m->out[k]);
+    }
+}
+
+static void run_many(struct reply_service *svc, const struct reply_review *rv,
+                     struct reply_result *out, const size_t *todo, size_t n_todo,
+                     enum engine_priority prio)
+{
+    struct many m = {svc, rv, out, todo, n_todo, prio, PTHREAD_MUTEX_INITIALIZER, 0};
+    pthread_t th[64];
+    size_t n_th = AR_MIN(AR_MIN((size_t)svc->p.n_workers, n_todo), AR_ARRAY_LEN(th)), started = 0;
+    for (size_t i = 0; i + 1 < n_th; i++) {
+        if (pthread_create(&th[i], NULL, many_main, &m) != 0)
+            break;
+        started++;
+    }
+    many_main(&m); /* the caller works too */
+    for (size_t i = 0; i < started; i++)
+        pthread_join(th[i], NULL);
+    pthread_mutex_destroy(&m.mu);
+}
+
+static bool same_review(const struct reply_review *a, const struct reply_review *b)
+{
+    return a->shop_id && b->shop_id && a->review_id && b->review_id &&
+           !strcmp(a->shop_id, b->shop_id) && !strcmp(a->review_id, b->review_id);
+}
+
+void reply_service_answer_many(struct reply_service *svc, const struct reply_review *rv,
+                               size_t n, enum engine_priority prio, enum reply_dup_policy dup,
+                               struct reply_result *out)
+{
+    size_t *first = ar_malloc(sizeof(size_t) * (n ? n : 1));
+    size_t *second = ar_malloc(sizeof(size_t) * (n ? n : 1));
+    size_t n_first = 0, n_second = 0;
+    memset(out, 0, sizeof(*out) * n);
+    if (!first || !second) {
+        for (size_t i = 0; i < n; i++)
+            set_error(&out[i], 500, "out of memory");
+        ar_free(first);
+        ar_free(second);
+        return;
+    }
+    /* quadratic duplicate scan: n is at most a batch or a job chunk */
+    for (size_t i = 0; i < n; i++) {
+        bool dup_of_earlier = false;
+        for (size_t j = 0; j < i && !dup_of_earlier; j++)
+            dup_of_earlier = same_review(&rv[i], &rv[j]);
+        if (!dup_of_earlier)
+            first[n_first++] = i;
+        else if (dup == REPLY_DUP_SAME)
+            second[n_second++] = i;
+        else
+            set_error(&out[i], 409, "review_id %.150s appears earlier in this batch",
+                      rv[i].review_id);
+    }
+    run_many(svc, rv, out, first, n_first, prio);
+    if (n_second) /* after their first occurrence is stored: the same reply, from the store */
+        run_many(svc, rv, out, second, n_second, prio);
+    ar_free(first);
+    ar_free(second);
+}

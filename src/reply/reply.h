@@ -1,0 +1,368 @@
+/* reply.h - the review-reply product: shop profiles, sentiment, prompt building, guardrails,
+ * the reply service (store -> cache -> model -> guardrails -> cache + store), bulk jobs and
+ * transport-neutral request handlers that the HTTP server and the CLI plug in.
+ *
+ * The path of one review (reply_service_answer):
+ *   1. validate (text 1..REPLY_TEXT_MAX bytes of valid UTF-8, rating 1..5, ids)
+ *   2. the store already has (shop_id, review_id): return that row, no model call
+ *   3. profile of the shop; review language; sentiment; needs_human
+ *   4. reply cache (key: normalize.h, includes the shop): a hit never touches the model
+ *   5. generate: system prompt of the shop + "评分：N星\n评价：..." user turn; the reply is
+ *      checked (empty, repetition loop, language, banned words, length) and regenerated with
+ *      another seed up to max_retries times, then replaced by a safe template reply
+ *   6. signature, banned words stripped once more, cache put, store put (the stored row wins a
+ *      race, so one review always has exactly one reply)
+ *
+ * Thread safety: profiles are immutable after load. A reply_service may be used from any
+ * number of threads at once; its generator is called from those threads. */
+#ifndef AR_REPLY_H
+#define AR_REPLY_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cjson/cJSON.h>
+
+#include "../base/base.h"
+#include "../engine/engine.h"
+#include "../metrics/metrics.h"
+#include "../store/store.h"
+#include "../tokenizer/tokenizer.h"
+#include "cache.h"
+
+#define REPLY_TEXT_MAX 4096     /* review text limit in bytes; longer: 400 */
+#define REPLY_PRODUCT_MAX 256   /* product name limit in bytes */
+#define REPLY_BATCH_MAX 256     /* reviews in one /v1/reviews/batch request */
+#define REPLY_JOB_LINES_MAX 100000
+#define REPLY_WORDS_MAX 256     /* banned or sensitive words of one profile */
+
+/* The demo model's default system prompt (models/MODEL_CARD.md), used verbatim. */
+#define REPLY_DEFAULT_SYSTEM_PROMPT                                                              \
+    "你是一家网店的客服，负责回复顾客的商品评价。回复要礼貌、真诚、简洁，使用与顾客相同的语言。"
+
+/* ---- shop profiles ---------------------------------------------------------------------- */
+
+enum reply_lang_policy {
+    REPLY_LANG_SAME = 0, /* the review's language */
+    REPLY_LANG_ZH,
+    REPLY_LANG_EN
+};
+
+enum reply_mode {
+    REPLY_MODE_OFF = 0, /* no reply is generated */
+    REPLY_MODE_SUGGEST, /* generated and stored, never sent */
+    REPLY_MODE_AUTO     /* sent when rating >= auto_min_rating (and not held for a human) */
+};
+
+struct reply_profile {
+    char *shop_id;       /* owned; "" for the default profile */
+    char *name;          /* owned, may be "" */
+    char *persona;       /* owned or NULL: appended to the system prompt only when set */
+    char *refund_policy; /* owned or NULL: appended to the system prompt only when set */
+    char *signature;     /* owned or NULL: appended to every reply (after "\n") */
+    char *system;        /* owned: the full system prompt (base + persona + policy) */
+    enum reply_lang_policy lang_policy;
+    int min_chars, max_chars; /* reply length bounds in code points (signature excluded) */
+    char **banned;       /* owned, (n_banned): never in a reply (ASCII case-insensitive) */
+    int n_banned;
+    char **sensitive;    /* owned, (n_sensitive): in a review they force needs_human */
+    int n_sensitive;
+    enum reply_mode mode;
+    int auto_min_rating;  /* auto mode: below this rating the reply is only suggested */
+    bool hold_needs_human; /* auto mode: a needs_human reply is held (suggested), not sent */
+};
+
+struct reply_profiles;
+
+/* Config file (JSON), every member optional:
+ *   { "default": PROFILE,                   overrides the built-in default profile
+ *     "shops": { "<shop_id>": PROFILE, ... } }  each starts from the default profile
+ * PROFILE: { "name": str, "persona": str, "system_prompt": str (replaces the base prompt),
+ *   "lang": "same"|"zh"|"en", "min_chars": int, "max_chars": int, "refund_policy": str,
+ *   "banned_words": [str], "sensitive_words": [str], "signature": str,
+ *   "mode": "off"|"suggest"|"auto", "auto_min_rating": 1..5, "hold_needs_human": bool }
+ * Unknown members, wrong types and out-of-range values are errors (AR_EFORMAT, with the
+ * member named in err), so a typo never silently falls back to a default.
+ * The built-in default: the model card's system prompt verbatim, lang "same", 2..300
+ * characters, no banned words, sensitive words 假货 诈骗 过敏 投诉 起诉 报警 律师 fake scam
+ * fraud allergic lawyer lawsuit, mode "suggest", auto_min_rating 4, hold_needs_human true. */
+enum ar_status reply_profiles_parse(const char *json, size_t len, struct reply_profiles **out,
+                                    struct ar_err *err);
+/* Reads and parses path (AR_EIO when it cannot be read). */
+enum ar_status reply_profiles_load(const char *path, struct reply_profiles **out,
+                                   struct ar_err *err);
+/* Only the built-in default profile. */
+enum ar_status reply_profiles_default(struct reply_profiles **out);
+void reply_profiles_destroy(struct reply_profiles *ps);
+/* The shop's profile, or the default one for a shop the file does not name. Borrowed. */
+const struct reply_profile *reply_profiles_get(const struct reply_profiles *ps,
+                                               const char *shop_id);
+int reply_profiles_count(const struct reply_profiles *ps); /* named shops */
+
+/* ---- sentiment ------------------------------------------------------------------------- */
+
+enum reply_sentiment { REPLY_SENT_NEGATIVE = -1, REPLY_SENT_NEUTRAL = 0, REPLY_SENT_POSITIVE = 1 };
+const char *reply_sentiment_str(enum reply_sentiment s); /* "negative", ... */
+
+/* Lexicon score of the text alone (zh or en word lists, negation, contrast clauses): > 0
+ * positive, < 0 negative, 0 when no cue word is found. lang NULL: guessed. Thread-safe. */
+float reply_sentiment_lexicon(const char *text, size_t len, const char *lang);
+/* Text and rating together: score in [-1, 1] (0.6 * rating part + 0.4 * text part), label
+ * by +-0.15. rating 0 means unknown (text only). */
+enum reply_sentiment reply_sentiment_classify(const char *text, size_t len, const char *lang,
+                                              int rating, float *score);
+
+/* ---- prompt ---------------------------------------------------------------------------- */
+
+/* Review text as it goes into the user turn: chat control markup ("<|im_start|>", "<|...|>",
+ * "<s>", "</s>", "[INST]", "<<SYS>>" ...) removed, newlines and tabs turned into spaces,
+ * surrounding spaces trimmed. *out is new (ar_free). */
+enum ar_status reply_sanitize_review(const char *text, size_t len, char **out, size_t *out_len);
+/* The user turn in the demo model's trained format: "评分：N星\n评价：TEXT" for lang "zh",
+ * "Rating: N stars\nReview: TEXT" otherwise, TEXT sanitized and clipped to 300 code points (the
+ * demo model was trained on reviews of at most 160). *out is new (ar_free). */
+enum ar_status reply_user_message(const char *text, size_t len, int rating, const char *lang,
+                                  char **out);
+
+/* ---- guardrails ------------------------------------------------------------------------ */
+
+enum reply_guard {
+    REPLY_GUARD_OK = 0,
+    REPLY_GUARD_EMPTY,
+    REPLY_GUARD_REPEAT,   /* a repetition loop */
+    REPLY_GUARD_LANG,     /* not in the wanted language */
+    REPLY_GUARD_BANNED,   /* holds a banned word */
+    REPLY_GUARD_SHORT,    /* fewer than min_chars */
+    REPLY_GUARD_LONG,     /* more than max_chars and no sentence boundary to cut at */
+    REPLY_GUARD_COUNT
+};
+const char *reply_guard_str(enum reply_guard g); /* "ok", "empty", ... */
+
+bool reply_utf8_valid(const char *s, size_t len);
+size_t reply_utf8_count(const char *s, size_t len); /* code points (valid UTF-8) */
+
+/* Index of the first banned word found in text (ASCII case-insensitive), or -1. */
+int reply_find_word(const char *text, size_t len, char *const *words, int n_words);
+/* Copy of text with every occurrence of every word removed (repeated until none is left).
+ * *out is new (ar_free). */
+enum ar_status reply_strip_words(const char *text, size_t len, char *const *words, int n_words,
+                                 char **out, size_t *out_len);
+/* True for a repetition loop: a unit of 2+ code points repeated 3+ times in a row (one code
+ * point: 5+ times, punctuation and digits excluded), or one 6-code-point n-gram (zh; 3-word n-gram in
+ * text without CJK) occurring 3+ times anywhere. */
+bool reply_is_repetitive(const char *text, size_t len);
+/* Whether text is in lang: "zh" needs CJK ideographs and no more Latin letters than half of
+ * them; "en" needs Latin letters and no CJK ideograph. */
+bool reply_lang_ok(const char *text, size_t len, const char *lang);
+/* Length in bytes of the longest prefix of text that ends at a sentence end (。！？!?.~…；;
+ * and a closing quote after them) and holds at most max_chars code points; 0 if none. */
+size_t reply_cut_sentence(const char *text, size_t len, int max_chars);
+/* Checks a generated reply against the profile and language. Trims spaces; a reply over
+ * max_chars is cut at a sentence boundary when one keeps at least min_chars (then OK). On OK
+ * *fixed (may be NULL) receives the final text (new, ar_free). */
+enum reply_guard reply_guard_check(const struct reply_profile *p, const char *lang,
+                                   const char *text, size_t len, char **fixed);
+/* A safe template reply in lang ("zh"/"en"), apologetic when negative. Static string. */
+const char *reply_fallback_text(const char *lang, bool negative);
+
+/* ---- generator --------------------------------------------------------------------------- */
+
+struct reply_gen_request {
+    const char *system; /* system prompt (stable per shop: the engine's prefix cache serves it) */
+    const char *user;   /* user turn (reply_user_message) */
+    int max_tokens;
+    float temperature;  /* <= 0: greedy */
+    uint64_t seed;
+    enum engine_priority priority;
+    double timeout_s;
+};
+
+/* Produces a reply for a chat prompt. Blocking; called from many threads at once. *text is
+ * new (ar_free). AR_EBUSY when the model is overloaded (the caller answers 503). */
+struct reply_generator {
+    enum ar_status (*generate)(struct reply_generator *g, const struct reply_gen_request *r,
+                               char **text, size_t *len);
+    void (*destroy)(struct reply_generator *g);
+    const char *model_name;
+};
+
+/* The generator over the serving engine (engine and tok borrowed, must outlive it): the
+ * prompt is the model's chat template (reply_prompt_tokens) submitted with on_done waiting
+ * on a condition variable. model_name is copied. The caller owns *out
+ * (reply_generator_destroy). */
+enum ar_status reply_engine_generator(struct engine *e, const struct tokenizer *tok,
+                                      const char *model_name, struct reply_generator **out);
+void reply_generator_destroy(struct reply_generator *g);
+
+/* Token ids of the chat prompt: system turn, user turn, then the assistant opening (ChatML:
+ * "<|im_start|>assistant\n"). Template markup is encoded with special-token parsing, the user
+ * turn's text (and the system text) without it, split exactly where the whole prompt would
+ * split at special tokens, so the ids equal encoding the whole formatted prompt when the texts
+ * hold no special-token text. *ids is new (ar_free). */
+enum ar_status reply_prompt_tokens(const struct tokenizer *tok, const char *system,
+                                   const char *user, int32_t **ids, int64_t *n);
+
+/* ---- the service ------------------------------------------------------------------------ */
+
+struct reply_service_params {
+    const struct reply_profiles *profiles; /* borrowed, required */
+    struct store *store;                   /* borrowed, required */
+    struct reply_cache *cache;             /* borrowed; NULL: no reply cache */
+    struct metrics_registry *metrics;      /* borrowed; NULL: no metrics */
+    struct reply_generator *gen;           /* borrowed; NULL: set later (until then 503) */
+    int max_retries;         /* regenerations after a failed check (2) */
+    float temperature;       /* first attempt (0: greedy, the model card's advice) */
+    float retry_temperature; /* retries sample with another seed (0.7) */
+    uint64_t seed;           /* seed of the first attempt; retry i uses seed + i (1234) */
+    int max_tokens;          /* 160 */
+    double timeout_s;        /* per generation (60) */
+    int n_workers;           /* threads for batches, jobs and async requests (8) */
+    int queue_max;           /* async requests waiting for a worker (256); beyond: 503 */
+};
+struct reply_service_params reply_service_default_params(void);
+
+struct reply_service;
+enum ar_status reply_service_create(const struct reply_service_params *p,
+                                    struct reply_service **out);
+/* Stops the job runner and the workers (waiting for requests in progress), then frees. */
+void reply_service_destroy(struct reply_service *svc);
+/* Sets (or replaces) the generator; borrowed. Thread-safe. */
+void reply_service_set_generator(struct reply_service *svc, struct reply_generator *gen);
+
+/* One review. Strings borrowed. */
+struct reply_review {
+    const char *shop_id;
+    const char *review_id;
+    const char *text;
+    size_t text_len;
+    int rating;
+    const char *product; /* may be NULL; validated and accepted, not used by the demo prompt */
+    const char *lang;    /* review language "zh"/"en"; NULL: guessed */
+};
+
+/* Fills rv from a JSON object {shop_id, review_id, text, rating, product?, lang?} (strings
+ * borrowed from j). shop_id may be missing when default_shop is given. On a bad field returns
+ * AR_EINVAL and a message (naming the field) in msg. */
+enum ar_status reply_review_from_json(const cJSON *j, const char *default_shop,
+                                      struct reply_review *rv, char *msg, size_t msg_size);
+
+enum reply_source {
+    REPLY_SOURCE_MODEL = 0, /* generated now */
+    REPLY_SOURCE_CACHE,     /* reply cache hit */
+    REPLY_SOURCE_STORE,     /* already answered (idempotent replay) */
+    REPLY_SOURCE_FALLBACK,  /* every generation failed the checks: template reply */
+    REPLY_SOURCE_OFF        /* the shop's reply mode is off */
+};
+const char *reply_source_str(enum reply_source s);
+
+enum reply_action { REPLY_ACTION_NONE = 0, REPLY_ACTION_SUGGEST, REPLY_ACTION_SEND };
+const char *reply_action_str(enum reply_action a);
+
+struct reply_result {
+    int status;        /* 200, or 400 bad input, 409 duplicate in batch, 503 busy, 500 */
+    char error[200];   /* status != 200 */
+    char *reply;       /* owned (ar_free); "" in mode off */
+    bool cached;       /* came from the reply cache or the store, not the model */
+    enum reply_source source;
+    bool needs_human;
+    enum reply_action action;
+    enum reply_sentiment sentiment;
+    float sentiment_score;
+    char lang[8];      /* the reply's language */
+    char model[64];
+    double latency_ms;
+    int attempts;      /* generations made for this request */
+};
+void reply_result_fini(struct reply_result *r);
+/* {review_id?, reply, cached, needs_human, sentiment, lang, model, latency_ms, source, action,
+ *  sentiment_score} or {review_id?, error: {message, code}, status}. NULL when out of memory. */
+cJSON *reply_result_to_json(const struct reply_result *r, const char *review_id);
+
+/* Answers one review (blocking). Never fails as a call: errors are in out->status. */
+void reply_service_answer(struct reply_service *svc, const struct reply_review *rv,
+                          enum engine_priority prio, struct reply_result *out);
+
+/* What a later review with the same (shop_id, review_id) as an earlier one of the same call
+ * gets: REPLY_DUP_ERROR: status 409 (the batch endpoint); REPLY_DUP_SAME: the same reply,
+ * answered after the first one finished (jobs). */
+enum reply_dup_policy { REPLY_DUP_ERROR, REPLY_DUP_SAME };
+/* Answers n reviews concurrently (up to n_workers at once, so the engine batches them);
+ * out[i] for rv[i]. Blocking. */
+void reply_service_answer_many(struct reply_service *svc, const struct reply_review *rv,
+                               size_t n, enum engine_priority prio, enum reply_dup_policy dup,
+                               struct reply_result *out);
+
+/* ---- jobs ---------------------------------------------------------------------------------
+ * A job is a list of reviews stored line by line (store.h) before its id is returned, so a
+ * crash loses nothing accepted. Lines are answered at ENGINE_PRIO_BULK in chunks; each reply
+ * is stored (idempotent on shop_id, review_id) before its line is marked done, so a restart
+ * redoes at most the lines in flight and never makes a second reply for a review. A line that
+ * is not a valid review becomes a per-line error; the job goes on. */
+
+/* Creates a job from a body: a JSON array of review objects, or JSONL (one object per line;
+ * blank lines skipped, line numbers are the body's). Malformed lines are accepted and turn
+ * into per-line errors when the job runs. AR_EINVAL (msg in err) for an empty body or more
+ * than REPLY_JOB_LINES_MAX lines. default_shop (may be NULL) is the shop of lines without
+ * one. */
+enum ar_status reply_job_create(struct reply_service *svc, const char *default_shop,
+                                const char *body, size_t len, char job_id[STORE_JOB_ID_LEN + 1],
+                                int64_t *n_lines, struct ar_err *err);
+/* The same from a parsed JSON array (MessagePack bodies). */
+enum ar_status reply_job_create_json(struct reply_service *svc, const char *default_shop,
+                                     const cJSON *array, char job_id[STORE_JOB_ID_LEN + 1],
+                                     int64_t *n_lines, struct ar_err *err);
+
+/* Called after each chunk of lines (from the running thread). */
+typedef void (*reply_job_progress_fn)(void *user, const struct store_job_info *info);
+/* Runs a job's pending lines to the end in the calling thread. AR_ECANCELED when the service
+ * is stopping; AR_EINVAL for an unknown job. */
+enum ar_status reply_job_run(struct reply_service *svc, const char *job_id,
+                             reply_job_progress_fn progress, void *user, struct ar_err *err);
+/* Starts a background thread that runs every unfinished job (resuming those a previous
+ * process left) and then each new one. Stopped by reply_service_destroy. */
+enum ar_status reply_jobs_start(struct reply_service *svc);
+
+/* {id, status, total, done, failed, pending, created, updated, shop_id}. */
+cJSON *reply_job_info_to_json(const struct store_job_info *info);
+/* All lines as JSONL in line order: a done line's result object (it carries "line"), an error
+ * {"line", "error"}, a pending one {"line", "status": "pending"}. *out new (ar_free). */
+enum ar_status reply_job_results_jsonl(struct reply_service *svc, const char *job_id,
+                                       char **out, size_t *len, struct ar_err *err);
+
+/* ---- transport-neutral endpoints ----------------------------------------------------------
+ * The HTTP server (or any front end) maps routes to these. Each calls done exactly once, from
+ * a service worker thread (or from the calling thread when the answer is immediate): either a
+ * JSON body (owned by the callee of done) or a text body (JSONL, borrowed for the call). */
+
+enum reply_endpoint {
+    REPLY_EP_REPLY = 0,  /* POST /v1/reviews/reply   body: review object */
+    REPLY_EP_BATCH,      /* POST /v1/reviews/batch   body: {"reviews": [...], "shop_id"?} */
+    REPLY_EP_JOB_CREATE, /* POST /v1/jobs            body: {"reviews": [...]} or
+                                                     {"jsonl": "..."} (+ "shop_id"?), or raw
+                                                     JSONL / JSON array text */
+    REPLY_EP_JOB_GET,    /* GET  /v1/jobs/{id} */
+    REPLY_EP_JOB_RESULTS, /* GET /v1/jobs/{id}/results  (JSONL) */
+    REPLY_EP_COUNT
+};
+
+struct reply_route {
+    const char *method;
+    const char *path;   /* exact, or a prefix when prefix is true ("/v1/jobs/") */
+    bool prefix;
+    bool json_body;     /* the body is a JSON/MessagePack object */
+    enum reply_endpoint ep;
+};
+/* The routes above; *n receives their count. Static. */
+const struct reply_route *reply_routes(size_t *n);
+
+typedef void (*reply_done_fn)(void *ctx, int status, cJSON *json, const char *text,
+                              size_t text_len, const char *content_type);
+/* Handles one request: path is the request path (for the job id), body the parsed object
+ * (JSON endpoints, borrowed until done) or NULL, raw/raw_len the raw body text or NULL.
+ * Work that needs the model runs on a worker; a full worker queue answers 503. */
+void reply_handle(struct reply_service *svc, enum reply_endpoint ep, const char *path,
+                  const cJSON *body, const char *raw, size_t raw_len, reply_done_fn done,
+                  void *ctx);
+
+#endif

@@ -1,0 +1,72 @@
+/* reply_internal.h - shared by the files of src/reply/ (not the cache and normalizer, which
+ * stand alone): UTF-8 decoding, a growable string, the service's private state. */
+#ifndef AR_REPLY_INTERNAL_H
+#define AR_REPLY_INTERNAL_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "reply.h"
+
+/* Decodes one well-formed UTF-8 sequence at s[0..n) into *cp and returns its length, or 0. */
+size_t rp_utf8_next(const char *s, size_t n, uint32_t *cp);
+bool rp_is_cjk(uint32_t cp);
+
+/* A growable NUL-terminated string; oom is sticky. */
+struct rp_buf {
+    char *s; /* owned */
+    size_t n, cap;
+    bool oom;
+};
+void rp_put(struct rp_buf *b, const char *s, size_t n);
+void rp_puts(struct rp_buf *b, const char *s);
+/* Takes the string out (NULL after an allocation failure); the buffer is reset. */
+char *rp_take(struct rp_buf *b, size_t *len);
+
+/* ---- service internals (pipeline.c, jobs.c, handlers.c) ---------------------------------- */
+
+struct rp_task {
+    void (*fn)(void *arg);
+    void *arg;
+    struct rp_task *next;
+};
+
+struct reply_metrics {
+    struct metrics_child *src[5];         /* replies by source */
+    struct metrics_child *errors;         /* requests answered with an error status */
+    struct metrics_child *cache_hits, *cache_misses, *cache_evictions;
+    struct metrics_child *needs_human;
+    struct metrics_child *retries[REPLY_GUARD_COUNT];
+    struct metrics_child *latency;
+    struct metrics_child *job_lines_done, *job_lines_failed;
+};
+
+struct reply_service {
+    struct reply_service_params p;
+    pthread_mutex_t mu;
+    struct reply_generator *gen; /* under mu */
+    struct reply_metrics m;
+    uint64_t evictions_seen; /* under mu */
+    /* worker pool: async requests and answer_many */
+    pthread_mutex_t q_mu;
+    pthread_cond_t q_cv;
+    struct rp_task *q_head, *q_tail;
+    int q_len;
+    pthread_t *workers;
+    int n_workers;
+    bool stopping;
+    /* job runner */
+    pthread_t job_thread;
+    bool job_thread_on;
+    pthread_cond_t job_cv; /* under q_mu: a new job or stopping */
+    bool job_kick;
+};
+
+/* Queues fn(arg) on the worker pool; AR_EBUSY when the queue is full or stopping. */
+enum ar_status rp_submit(struct reply_service *svc, void (*fn)(void *), void *arg, bool bounded);
+void rp_jobs_stop(struct reply_service *svc);
+void rp_jobs_kick(struct reply_service *svc);
+
+#endif

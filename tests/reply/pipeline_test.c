@@ -1,0 +1,745 @@
+/* pipeline_test.c - the reply service with a scripted generator in place of the model: cache
+ * hits and idempotency never call the model, guardrail retries and fallbacks, routing to a
+ * human, bad input, batches with duplicate ids, the endpoint handlers, and a bulk job killed
+ * with SIGKILL in a child process that a restart completes with one reply per review. */
+#include "harness/harness.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <sqlite3.h>
+#include <stdatomic.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "base/base.h"
+#include "reply/reply.h"
+
+/* ---- a scripted generator -------------------------------------------------------------- */
+
+struct fake {
+    struct reply_generator base;
+    atomic_int calls;
+    const char *script[4]; /* outputs for calls 0, 1, 2, 3+ (NULL: the default reply) */
+    int delay_ms;
+    float temps[8];
+    uint64_t seeds[8];
+};
+
+static uint32_t fnv(const char *s)
+{
+    uint32_t h = 2166136261u;
+    for (; *s; s++)
+        h = (h ^ (uint8_t)*s) * 16777619u;
+    return h;
+}
+
+static enum ar_status fake_generate(struct reply_generator *g, const struct reply_gen_request *r,
+                                    char **text, size_t *len)
+{
+    struct fake *f = (struct fake *)g;
+    int k = atomic_fetch_add(&f->calls, 1);
+    char buf[256];
+    const char *s = f->script[k < 3 ? k : 3];
+    if (k < 8) {
+        f->temps[k] = r->temperature;
+        f->seeds[k] = r->seed;
+    }
+    if (f->delay_ms) {
+        struct timespec ts = {0, (long)f->delay_ms * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    if (!s) {
+        /* answers in the language of the user turn, distinct per review */
+        if (strncmp(r->user, "评分", strlen("评分")) == 0)
+            snprintf(buf, sizeof(buf), "感谢您的评价，编号%u已记录，欢迎再来！", fnv(r->user));
+        else
+            snprintf(buf, sizeof(buf), "Thank you for your review, note %u. See you soon!",
+                     fnv(r->user));
+        s = buf;
+    }
+    *text = ar_strdup(s);
+    *len = strlen(s);
+    return *text ? AR_OK : AR_ENOMEM;
+}
+
+static void fake_init(struct fake *f)
+{
+    memset(f, 0, sizeof(*f));
+    f->base.generate = fake_generate;
+    f->base.model_name = "fake";
+}
+
+/* ---- fixture ------------------------------------------------------------------------------ */
+
+struct fx {
+    char dir[64];
+    char db[128];
+    struct store *store;
+    struct reply_profiles *profiles;
+    struct reply_cache *cache;
+    struct metrics_registry *metrics;
+    struct reply_service *svc;
+    struct fake gen;
+};
+
+static const char shops[] =
+    "{\"shops\": {"
+    " \"ban\": {\"banned_words\": [\"谢谢\"], \"signature\": \"—— 小店谢谢\"},"
+    " \"en-only\": {\"lang\": \"en\"},"
+    " \"quiet\": {\"mode\": \"off\"},"
+    " \"auto\": {\"mode\": \"auto\", \"auto_min_rating\": 4}"
+    "}}";
+
+static void fx_open_service(struct fx *x)
+{
+    struct reply_service_params p = reply_service_default_params();
+    p.profiles = x->profiles;
+    p.store = x->store;
+    p.cache = x->cache;
+    p.metrics = x->metrics;
+    p.gen = &x->gen.base;
+    p.n_workers = 4;
+    assert_int_equal(reply_service_create(&p, &x->svc), AR_OK);
+}
+
+static int setup(void **state)
+{
+    struct fx *x = calloc(1, sizeof(*x));
+    struct reply_cache_params cp = reply_cache_default_params();
+    snprintf(x->dir, sizeof(x->dir), "/tmp/ar_reply_XXXXXX");
+    assert_non_null(mkdtemp(x->dir));
+    snprintf(x->db, sizeof(x->db), "%s/replies.db", x->dir);
+    assert_int_equal(store_open(x->db, &x->store, NULL), AR_OK);
+    assert_int_equal(reply_profiles_parse(shops, strlen(shops), &x->profiles, NULL), AR_OK);
+    cp.max_bytes = 1 << 20;
+    assert_int_equal(reply_cache_create(&cp, &x->cache), AR_OK);
+    assert_int_equal(metrics_registry_create(&x->metrics), AR_OK);
+    fake_init(&x->gen);
+    fx_open_service(x);
+    *state = x;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    struct fx *x = *state;
+    char cmd[160];
+    reply_service_destroy(x->svc);
+    metrics_registry_destroy(x->metrics);
+    reply_cache_destroy(x->cache);
+    reply_profiles_destroy(x->profiles);
+    store_close(x->store);
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", x->dir);
+    assert_int_equal(system(cmd), 0);
+    free(x);
+    return 0;
+}
+
+static struct reply_review review(const char *shop, const char *id, const char *text, int rating)
+{
+    struct reply_review rv;
+    memset(&rv, 0, sizeof(rv));
+    rv.shop_id = shop;
+    rv.review_id = id;
+    rv.text = text;
+    rv.text_len = strlen(text);
+    rv.rating = rating;
+    return rv;
+}
+
+static void ask(struct fx *x, struct reply_review rv, struct reply_result *res)
+{
+    reply_service_answer(x->svc, &rv, ENGINE_PRIO_INTERACTIVE, res);
+}
+
+static double metric(struct fx *x, const char *line_prefix)
+{
+    char *text = NULL, *p;
+    size_t len;
+    double v = -1;
+    assert_int_equal(metrics_render(x->metrics, &text, &len), AR_OK);
+    for (p = text; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
+        if (strncmp(p, line_prefix, strlen(line_prefix)) == 0 && p[strlen(line_prefix)] == ' ')
+            v = strtod(p + strlen(line_prefix) + 1, NULL);
+    ar_free(text);
+    return v;
+}
+
+/* ---- cache and idempotency ------------------------------------------------------------- */
+
+static void repeated_review_text_is_a_cache_hit_with_the_same_reply(void **state)
+{
+    struct fx *x = *state;
+    struct reply_result a, b;
+    ask(x, review("s1", "r1", "物流很快，包装也好！", 5), &a);
+    assert_int_equal(a.status, 200);
+    assert_int_equal(a.source, REPLY_SOURCE_MODEL);
+    assert_false(a.cached);
+    assert_int_equal(atomic_load(&x->gen.calls), 1);
+    /* same text but for a run of exclamation marks, another review id */
+    ask(x, review("s1", "r2", "物流很快，包装也好！！！", 5), &b);
+    assert_int_equal(b.status, 200);
+    assert_int_equal(b.source, REPLY_SOURCE_CACHE);
+    assert_true(b.cached);
+    assert_string_equal(b.reply, a.reply);
+    assert_int_equal(atomic_load(&x->gen.calls), 1); /* never touched the model */
+    assert_true(metric(x, "autoreply_reply_cache_hits_total") == 1.0);
+    assert_true(metric(x, "autoreply_reply_cache_misses_total") == 1.0);
+    reply_result_fini(&a);
+    reply_result_fini(&b);
+    /* another shop does not share the entry */
+    ask(x, review("s2", "r1", "物流很快，包装也好！", 5), &a);
+    assert_int_equal(a.source, REPLY_SOURCE_MODEL);
+    assert_int_equal(atomic_load(&x->gen.calls), 2);
+    reply_result_fini(&a);
+}
+
+static void same_review_id_returns_the_stored_reply(void **state)
+{
+    struct fx *x = *state;
+    struct reply_result a, b;
+    struct store_reply row;
+    bool found = false;
+    ask(x, review("s1", "r7", "Great phone, fast shipping.", 5), &a);
+    assert_int_equal(a.status, 200);
+    /* asked again (even with other text): the stored reply, no model call */
+    ask(x, review("s1", "r7", "Something else entirely", 4), &b);
+    assert_int_equal(b.status, 200);
+    assert_int_equal(b.source, REPLY_SOURCE_STORE);
+    assert_string_equal(b.reply, a.reply);
+    assert_int_equal(atomic_load(&x->gen.calls), 1);
+    assert_int_equal(store_reply_get(x->store, "s1", "r7", &row, &found, NULL), AR_OK);
+    assert_true(found);
+    assert_string_equal(row.reply, a.reply);
+    assert_string_equal(row.text, "Great phone, fast shipping.");
+    store_reply_fini(&row);
+    reply_result_fini(&a);
+    reply_result_fini(&b);
+}
+
+/* ---- guardrails ---------------------------------------------------------------------------- */
+
+static void banned_word_output_is_regenerated_then_replaced(void **state)
+{
+    struct fx *x = *state;
+    struct reply_result r;
+    x->gen.script[0] = x->gen.script[1] = x->gen.script[2] = x->gen.script[3] =
+        "谢谢您的好评，欢迎再来！";
+    ask(x, review("ban", "b1", "东西不错", 5), &r);
+    assert_int_equal(r.status, 200);
+    assert_int_equal(r.source, REPLY_SOURCE_FALLBACK);
+    assert_int_equal(atomic_load(&x->gen.calls), 3); /* 1 + max_retries */
+    assert_null(strstr(r.reply, "谢谢"));            /* also stripped from the signature */
+    assert_non_null(strstr(r.reply, "—— 小店"));
+    assert_true(reply_lang_ok(r.reply, strlen(r.reply), "zh"));
+    /* retries sample with other seeds */
+    assert_true(x->gen.temps[0] == 0.0f);
+    assert_true(x->gen.temps[1] > 0.0f);
+    assert_true(x->gen.seeds[1] != x->gen.seeds[0] && x->gen.seeds[2] != x->gen.seeds[1]);
+    assert_true(metric(x, "autoreply_reply_guard_rejections_total{reason=\"banned\"}") == 3.0);
+    reply_result_fini(&r);
+}
+
+static void banned_word_on_the_first_try_only_keeps_the_retry(void **state)
+{
+    struct fx *x = *state;
+    struct reply_result r;
+    x->gen.script[0] = "谢谢您的好评，欢迎再来！";
+    x->gen.script[1] = "感谢您的好评，欢迎再来！";
+    ask(x, review("ban", "b2", "东西不错", 5), &r);
+    assert_int_equal(r.source, REPLY_SOURCE_MODEL);
+    assert_int_equal(atomic_load(&x->gen.calls), 2);
+    assert_string_equal(r.reply, "感谢您的好评，欢迎再来！\n—— 小店");
+    reply_result_fini(&r);
+}
+
+static void degenerate_and_empty_outputs_are_not_sent(void **state)
+{
+    struct fx *x = *state;
+    struct reply_result r;
+    x->gen.script[0] = "";
+    x->gen.script[1] = "好的好的好的好的好的好的";
+    x->gen.script[2] = "感谢您的支持，期待再次光临。";
+    ask(x, review("s1", "d1", "还不错吧", 4), &r);
+    assert_int_equal(r.source, REPLY_SOURCE_MODEL);
+    assert_string_equal(r.reply, "感谢您的支持，期待再次光临。");
+    assert_int_equal(r.attempts, 3);
+    reply_result_fini(&r);
+}
+
+static void fixed_reply_language_falls_back_in_that_language(void **state)
+{
+    struct fx *x = *state;
+    struct reply_result r;
+    /* the generator answers in the review's language (zh); the shop wants English */
+    ask(x, review("en-only", "l1", "质量很好，很满意", 5), &r);
+    assert_int_equal(r.status, 200);
+    assert_string_equal(r.lang, "en");
+    assert_int_equal(r.source, REPLY_SOURCE_FALLBACK);
+    assert_true(reply_lang_ok(r.reply, strlen(r.reply), "en"));
+    reply_result_fini(&r);
+}
+
+/* ---- routing ---------------------------------------------------------------------------- */
+
+static void low_ratings_always_need_a_human(void **state)
+{
+    struct fx *x = *state;
+    char path[512];
+    char *data = th_read_file(th_shared_path(path, sizeof(path), "data/reviews-eval.jsonl"), NULL);
+    char *line, *save = NULL;
+    int n_low = 0, n_neg_label_flagged = 0, n_neg_label = 0;
+    assert_non_null(data);
+    for (line = strtok_r(data, "\n", &save); line && n_low + n_neg_label < 300;
+         line = strtok_r(NULL, "\n", &save)) {
+        cJSON *j = cJSON_Parse(line);
+        struct reply_result r;
+        int rating = cJSON_GetObjectItem(j, "rating")->valueint;
+        const char *text = cJSON_GetObjectItem(j, "text")->valuestring;
+        const char *id = cJSON_GetObjectItem(j, "id")->valuestring;
+        ask(x, review("s1", id, text, rating), &r);
+        assert_int_equal(r.status, 200);
+        if (rating <= 2) {
+            n_low++;
+            assert_true(r.needs_human);
+            assert_int_not_equal(r.sentiment, REPLY_SENT_POSITIVE);
+        }
+        if (!strcmp(cJSON_GetObjectItem(j, "label")->valuestring, "negative")) {
+            n_neg_label++;
+            n_neg_label_flagged += r.needs_human;
+        }
+        reply_result_fini(&r);
+        cJSON_Delete(j);
+    }
+    free(data);
+    assert_true(n_low > 50);
+    assert_int_equal(n_neg_label_flagged, n_neg_label); /* the eval ratings follow the labels */
+}
+
+static void sensitive_words_need_a_human_even_at_five_stars(void **state)
+{
+    struct fx *x = *state;
+    struct reply_result r;
+    ask(x, review("s1", "h1", "宝宝用了以后过敏了，不过客服很好", 5), &r);
+    assert_true(r.needs_human);
+    reply_result_fini(&r);
+    ask(x, review("s1", "h2", "非常好用，很满意，推荐", 5), &r);
+    assert_false(r.needs_human);
+    assert_int_equal(r.sentiment, REPLY_SENT_POSITIVE);
+    reply_result_fini(&r);
+}
+
+static void reply_modes_decide_the_action(void **state)
+{
+    struct fx *x = *state;
+    struct reply_result r;
+    int calls;
+    ask(x, review("quiet", "m1", "很好", 5), &r);
+    assert_int_equal(r.source, REPLY_SOURCE_OFF);
+    assert_int_equal(r.action, REPLY_ACTION_NONE);
+    assert_string_equal(r.reply, "");
+    assert_int_equal(atomic_load(&x->gen.calls), 0);
+    reply_result_fini(&r);
+    ask(x, review("auto", "m2", "很好，很满意", 5), &r);
+    assert_int_equal(r.action, REPLY_ACTION_SEND);
+    reply_result_fini(&r);
+    ask(x, review("auto", "m3", "还行吧", 3), &r); /* below auto_min_rating */
+    assert_int_equal(r.action, REPLY_ACTION_SUGGEST);
+    reply_result_fini(&r);
+    ask(x, review("auto", "m4", "是假货吧？", 5), &r); /* held for a human */
+    assert_true(r.needs_human);
+    assert_int_equal(r.action, REPLY_ACTION_SUGGEST);
+    reply_result_fini(&r);
+    ask(x, review("s1", "m5", "很好", 5), &r); /* default profile: suggest */
+    assert_int_equal(r.action, REPLY_ACTION_SUGGEST);
+    calls = atomic_load(&x->gen.calls);
+    assert_true(calls >= 4);
+    reply_result_fini(&r);
+}
+
+/* ---- bad input ------------------------------------------------------------------------------ */
+
+static void expect_400(struct fx *x, struct reply_review rv, const char *needle)
+{
+    struct reply_result r;
+    ask(x, rv, &r);
+    assert_int_equal(r.status, 400);
+    assert_null(r.reply);
+    if (!strstr(r.error, needle))
+        fail_msg("error \"%s\" does not mention \"%s\"", r.error, needle);
+    reply_result_fini(&r);
+}
+
+static void bad_reviews_are_rejected_before_the_model(void **state)
+{
+    struct fx *x = *state;
+    char *big = malloc(1 << 20);
+    struct reply_review rv;
+    memset(big, 'a', (1 << 20) - 1);
+    big[(1 << 20) - 1] = '\0';
+    expect_400(x, review("s1", "x1", "好", 0), "rating");
+    expect_400(x, review("s1", "x1", "好", 6), "rating");
+    expect_400(x, review("s1", "x1", big, 5), "limit");
+    expect_400(x, review("s1", "x1", "bad \xff\xfe bytes", 5), "UTF-8");
+    expect_400(x, review("s1", "x1", "  <|im_start|> \n ", 5), "empty");
+    expect_400(x, review("s1", "", "好", 5), "review_id");
+    expect_400(x, review("", "x1", "好", 5), "shop_id");
+    rv = review("s1", "x1", "好", 5);
+    rv.text = NULL;
+    rv.text_len = 0;
+    expect_400(x, rv, "text");
+    rv = review("s1", "x1", "好", 5);
+    rv.lang = "fr";
+    expect_400(x, rv, "lang");
+    assert_int_equal(atomic_load(&x->gen.calls), 0);
+    free(big);
+}
+
+static void json_reviews_are_validated_field_by_field(void **state)
+{
+    struct reply_review rv;
+    char msg[200];
+    const char *cases[][2] = {
+        {"{\"shop_id\":\"s\",\"review_id\":\"r\",\"rating\":5}", "text"},
+        {"{\"shop_id\":\"s\",\"review_id\":\"r\",\"text\":5,\"rating\":5}", "text"},
+        {"{\"shop_id\":\"s\",\"review_id\":\"r\",\"text\":\"x\",\"rating\":2.5}", "rating"},
+        {"{\"shop_id\":\"s\",\"review_id\":\"r\",\"text\":\"x\",\"rating\":\"5\"}", "rating"},
+        {"{\"shop_id\":\"s\",\"review_id\":7,\"text\":\"x\",\"rating\":5}", "review_id"},
+        {"{\"review_id\":\"r\",\"text\":\"x\",\"rating\":5}", "shop_id"},
+        {"[1]", "object"},
+    };
+    (void)state;
+    for (size_t i = 0; i < AR_ARRAY_LEN(cases); i++) {
+        cJSON *j = cJSON_Parse(cases[i][0]);
+        assert_int_equal(reply_review_from_json(j, NULL, &rv, msg, sizeof(msg)), AR_EINVAL);
+        if (!strstr(msg, cases[i][1]))
+            fail_msg("%s: \"%s\" does not mention %s", cases[i][0], msg, cases[i][1]);
+        cJSON_Delete(j);
+    }
+    {
+        cJSON *j = cJSON_Parse("{\"review_id\":\"r\",\"text\":\"好\",\"rating\":4,\"product\":\"茶\"}");
+        assert_int_equal(reply_review_from_json(j, "dflt", &rv, msg, sizeof(msg)), AR_OK);
+        assert_string_equal(rv.shop_id, "dflt");
+        assert_int_equal(rv.rating, 4);
+        assert_string_equal(rv.product, "茶");
+        cJSON_Delete(j);
+    }
+}
+
+/* ---- batches ------------------------------------------------------------------------------ */
+
+static void duplicate_ids_in_a_batch_get_409_or_the_same_reply(void **state)
+{
+    struct fx *x = *state;
+    struct reply_review rv[4] = {review("s1", "a", "好吃", 5), review("s1", "b", "难吃", 1),
+                                 review("s1", "a", "好吃", 5), review("s2", "a", "好吃", 5)};
+    struct reply_result res[4];
+    reply_service_answer_many(x->svc, rv, 4, ENGINE_PRIO_INTERACTIVE, REPLY_DUP_ERROR, res);
+    assert_int_equal(res[0].status, 200);
+    assert_int_equal(res[1].status, 200);
+    assert_int_equal(res[2].status, 409);
+    assert_int_equal(res[3].status, 200); /* another shop: not a duplicate */
+    assert_true(res[1].needs_human);
+    for (int i = 0; i < 4; i++)
+        reply_result_fini(&res[i]);
+    rv[0].review_id = rv[2].review_id = "c";
+    reply_service_answer_many(x->svc, rv, 3, ENGINE_PRIO_BULK, REPLY_DUP_SAME, res);
+    assert_int_equal(res[2].status, 200);
+    assert_string_equal(res[2].reply, res[0].reply);
+    assert_int_equal(res[2].source, REPLY_SOURCE_STORE);
+    for (int i = 0; i < 3; i++)
+        reply_result_fini(&res[i]);
+}
+
+/* ---- handlers --------------------------------------------------------------------------- */
+
+struct answer {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool done;
+    int status;
+    cJSON *json;
+    char *text;
+    char ctype[64];
+};
+
+static void on_answer(void *ctx, int status, cJSON *json, const char *text, size_t len,
+                      const char *ctype)
+{
+    struct answer *a = ctx;
+    pthread_mutex_lock(&a->mu);
+    a->status = status;
+    a->json = json;
+    a->text = text ? strndup(text, len) : NULL;
+    snprintf(a->ctype, sizeof(a->ctype), "%s", ctype ? ctype : "");
+    a->done = true;
+    pthread_cond_signal(&a->cv);
+    pthread_mutex_unlock(&a->mu);
+}
+
+static void call(struct fx *x, enum reply_endpoint ep, const char *path, const char *json,
+                 const char *raw, struct answer *a)
+{
+    cJSON *body = json ? cJSON_Parse(json) : NULL;
+    memset(a, 0, sizeof(*a));
+    pthread_mutex_init(&a->mu, NULL);
+    pthread_cond_init(&a->cv, NULL);
+    reply_handle(x->svc, ep, path, body, raw, raw ? strlen(raw) : 0, on_answer, a);
+    pthread_mutex_lock(&a->mu);
+    while (!a->done)
+        pthread_cond_wait(&a->cv, &a->mu);
+    pthread_mutex_unlock(&a->mu);
+    cJSON_Delete(body);
+}
+
+static void answer_fini(struct answer *a)
+{
+    cJSON_Delete(a->json);
+    free(a->text);
+    pthread_cond_destroy(&a->cv);
+    pthread_mutex_destroy(&a->mu);
+}
+
+static void handlers_answer_reviews_batches_and_jobs(void **state)
+{
+    struct fx *x = *state;
+    struct answer a;
+    char path[128], id[STORE_JOB_ID_LEN + 1];
+    size_t n_routes;
+    const struct reply_route *routes = reply_routes(&n_routes);
+    assert_true(n_routes >= 4);
+    assert_string_equal(routes[0].path, "/v1/reviews/reply");
+
+    call(x, REPLY_EP_REPLY, "/v1/reviews/reply",
+         "{\"shop_id\":\"s1\",\"review_id\":\"h1\",\"text\":\"Love it\",\"rating\":5}", NULL, &a);
+    assert_int_equal(a.status, 200);
+    assert_true(cJSON_IsString(cJSON_GetObjectItem(a.json, "reply")));
+    assert_true(cJSON_IsBool(cJSON_GetObjectItem(a.json, "cached")));
+    assert_true(cJSON_IsBool(cJSON_GetObjectItem(a.json, "needs_human")));
+    assert_string_equal(cJSON_GetObjectItem(a.json, "sentiment")->valuestring, "positive");
+    assert_string_equal(cJSON_GetObjectItem(a.json, "lang")->valuestring, "en");
+    assert_string_equal(cJSON_GetObjectItem(a.json, "model")->valuestring, "fake");
+    assert_true(cJSON_IsNumber(cJSON_GetObjectItem(a.json, "latency_ms")));
+    answer_fini(&a);
+
+    call(x, REPLY_EP_REPLY, "/v1/reviews/reply",
+         "{\"shop_id\":\"s1\",\"review_id\":\"h2\",\"rating\":5}", NULL, &a);
+    assert_int_equal(a.status, 400);
+    assert_non_null(cJSON_GetObjectItem(a.json, "error"));
+    answer_fini(&a);
+
+    call(x, REPLY_EP_BATCH, "/v1/reviews/batch",
+         "{\"shop_id\":\"s1\",\"reviews\":[{\"review_id\":\"q1\",\"text\":\"好\",\"rating\":5},"
+         "{\"review_id\":\"q2\",\"text\":\"好\",\"rating\":9},"
+         "{\"review_id\":\"q1\",\"text\":\"好\",\"rating\":5}]}",
+         NULL, &a);
+    assert_int_equal(a.status, 200);
+    {
+        cJSON *res = cJSON_GetObjectItem(a.json, "results");
+        assert_int_equal(cJSON_GetArraySize(res), 3);
+        assert_true(cJSON_IsString(cJSON_GetObjectItem(cJSON_GetArrayItem(res, 0), "reply")));
+        assert_int_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(res, 1), "status")->valueint, 400);
+        assert_int_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(res, 2), "status")->valueint, 409);
+    }
+    answer_fini(&a);
+
+    /* a JSONL job with a malformed line and a blank line */
+    call(x, REPLY_EP_JOB_CREATE, "/v1/jobs", NULL,
+         "{\"shop_id\":\"s1\",\"review_id\":\"j1\",\"text\":\"很好\",\"rating\":5}\n"
+         "{not json\n"
+         "\n"
+         "{\"shop_id\":\"s1\",\"review_id\":\"j2\",\"text\":\"太差\",\"rating\":1}\n",
+         &a);
+    assert_int_equal(a.status, 202);
+    snprintf(id, sizeof(id), "%s", cJSON_GetObjectItem(a.json, "id")->valuestring);
+    assert_int_equal(cJSON_GetObjectItem(a.json, "total")->valueint, 3);
+    answer_fini(&a);
+    assert_int_equal(reply_job_run(x->svc, id, NULL, NULL, NULL), AR_OK);
+
+    snprintf(path, sizeof(path), "/v1/jobs/%s", id);
+    call(x, REPLY_EP_JOB_GET, path, NULL, NULL, &a);
+    assert_int_equal(a.status, 200);
+    assert_string_equal(cJSON_GetObjectItem(a.json, "status")->valuestring, "done");
+    assert_int_equal(cJSON_GetObjectItem(a.json, "done")->valueint, 2);
+    assert_int_equal(cJSON_GetObjectItem(a.json, "failed")->valueint, 1);
+    answer_fini(&a);
+
+    snprintf(path, sizeof(path), "/v1/jobs/%s/results", id);
+    call(x, REPLY_EP_JOB_GET, path, NULL, NULL, &a);
+    assert_int_equal(a.status, 200);
+    assert_string_equal(a.ctype, "application/x-ndjson");
+    {
+        /* lines 1, 2, 4 of the body, in order; line 2 is the error */
+        char *l1 = a.text, *l2 = strchr(l1, '\n') + 1, *l3 = strchr(l2, '\n') + 1;
+        cJSON *j1 = cJSON_Parse(l1), *j2 = cJSON_Parse(l2), *j3 = cJSON_Parse(l3);
+        assert_int_equal(cJSON_GetObjectItem(j1, "line")->valueint, 1);
+        assert_true(cJSON_IsString(cJSON_GetObjectItem(j1, "reply")));
+        assert_int_equal(cJSON_GetObjectItem(j2, "line")->valueint, 2);
+        assert_non_null(strstr(cJSON_GetObjectItem(j2, "error")->valuestring, "JSON"));
+        assert_int_equal(cJSON_GetObjectItem(j3, "line")->valueint, 4);
+        assert_true(cJSON_IsTrue(cJSON_GetObjectItem(j3, "needs_human")));
+        cJSON_Delete(j1);
+        cJSON_Delete(j2);
+        cJSON_Delete(j3);
+    }
+    answer_fini(&a);
+
+    call(x, REPLY_EP_JOB_GET, "/v1/jobs/0123456789abcdef0123456789abcdef", NULL, NULL, &a);
+    assert_int_equal(a.status, 404);
+    answer_fini(&a);
+    call(x, REPLY_EP_JOB_GET, "/v1/jobs/../etc", NULL, NULL, &a);
+    assert_int_equal(a.status, 404);
+    answer_fini(&a);
+    call(x, REPLY_EP_JOB_CREATE, "/v1/jobs", "{\"reviews\": []}", NULL, &a);
+    assert_int_equal(a.status, 400);
+    answer_fini(&a);
+}
+
+/* ---- crash safety ------------------------------------------------------------------------- */
+
+#define KILL_LINES 60
+
+static int64_t job_finished(struct store *st, const char *id)
+{
+    struct store_job_info info;
+    bool found = false;
+    if (store_job_get(st, id, &info, &found, NULL) != AR_OK || !found)
+        return -1;
+    return info.n_done + info.n_failed;
+}
+
+static void job_killed_with_sigkill_resumes_without_duplicates(void **state)
+{
+    struct fx *x = *state;
+    char body[KILL_LINES * 128], id[STORE_JOB_ID_LEN + 1];
+    size_t off = 0;
+    int64_t n_lines = 0, at_kill;
+    pid_t pid;
+    int status;
+    sqlite3 *db;
+    sqlite3_stmt *s;
+    /* 60 lines, 55 distinct reviews: lines 56..60 repeat ids of lines 1..5 */
+    for (int i = 0; i < KILL_LINES; i++)
+        off += (size_t)snprintf(body + off, sizeof(body) - off,
+                                "{\"shop_id\":\"k\",\"review_id\":\"k%d\",\"text\":\"第%d条评价，"
+                                "质量不错\",\"rating\":%d}\n",
+                                i < 55 ? i : i - 55, i < 55 ? i : i - 55, 1 + i % 5);
+    assert_int_equal(reply_job_create(x->svc, NULL, body, off, id, &n_lines, NULL), AR_OK);
+    assert_int_equal(n_lines, KILL_LINES);
+    reply_service_destroy(x->svc); /* no threads across fork */
+    x->svc = NULL;
+
+    pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        /* the child: its own connection and service, a slow model */
+        struct store *st;
+        struct reply_profiles *ps;
+        struct reply_service *svc;
+        struct reply_service_params p = reply_service_default_params();
+        struct fake g;
+        fake_init(&g);
+        g.delay_ms = 20;
+        if (store_open(x->db, &st, NULL) != AR_OK || reply_profiles_default(&ps) != AR_OK)
+            _exit(3);
+        p.profiles = ps;
+        p.store = st;
+        p.gen = &g.base;
+        p.n_workers = 2;
+        if (reply_service_create(&p, &svc) != AR_OK)
+            _exit(4);
+        reply_job_run(svc, id, NULL, NULL, NULL);
+        _exit(5); /* should have been killed before */
+    }
+    /* wait until the child is part-way, then kill it hard */
+    for (int i = 0; i < 2000 && job_finished(x->store, id) < 10; i++) {
+        struct timespec ts = {0, 5 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    kill(pid, SIGKILL);
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFSIGNALED(status));
+    at_kill = job_finished(x->store, id);
+    assert_true(at_kill >= 10 && at_kill < KILL_LINES);
+
+    /* restart: a new service resumes the job */
+    atomic_store(&x->gen.calls, 0);
+    fx_open_service(x);
+    assert_int_equal(reply_job_run(x->svc, id, NULL, NULL, NULL), AR_OK);
+    assert_int_equal(job_finished(x->store, id), KILL_LINES);
+    /* finished lines were not redone: at most one chunk in flight at the kill */
+    assert_true(atomic_load(&x->gen.calls) <= KILL_LINES - at_kill + 16);
+
+    /* exactly one stored reply per distinct review, and every line's result matches it */
+    assert_int_equal(sqlite3_open(x->db, &db), SQLITE_OK);
+    assert_int_equal(sqlite3_prepare_v2(db, "SELECT COUNT(*), COUNT(DISTINCT review_id) FROM "
+                                            "replies WHERE shop_id = 'k'", -1, &s, NULL),
+                     SQLITE_OK);
+    assert_int_equal(sqlite3_step(s), SQLITE_ROW);
+    assert_int_equal(sqlite3_column_int(s, 0), 55);
+    assert_int_equal(sqlite3_column_int(s, 1), 55);
+    sqlite3_finalize(s);
+    sqlite3_close(db);
+    {
+        char *jsonl = NULL, *line, *save = NULL;
+        size_t len;
+        int n = 0;
+        assert_int_equal(reply_job_results_jsonl(x->svc, id, &jsonl, &len, NULL), AR_OK);
+        for (line = strtok_r(jsonl, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+            cJSON *j = cJSON_Parse(line);
+            struct store_reply row;
+            bool found = false;
+            const char *rid = cJSON_GetObjectItem(j, "review_id")->valuestring;
+            assert_int_equal(cJSON_GetObjectItem(j, "line")->valueint, n + 1);
+            assert_int_equal(store_reply_get(x->store, "k", rid, &row, &found, NULL), AR_OK);
+            assert_true(found);
+            assert_string_equal(cJSON_GetObjectItem(j, "reply")->valuestring, row.reply);
+            store_reply_fini(&row);
+            cJSON_Delete(j);
+            n++;
+        }
+        assert_int_equal(n, KILL_LINES);
+        ar_free(jsonl);
+    }
+}
+
+static void background_runner_finishes_queued_jobs(void **state)
+{
+    struct fx *x = *state;
+    char id[STORE_JOB_ID_LEN + 1];
+    cJSON *arr = cJSON_Parse("[{\"review_id\":\"g1\",\"text\":\"好\",\"rating\":5},"
+                             "{\"review_id\":\"g2\",\"text\":\"bad\",\"rating\":1}, 42]");
+    assert_int_equal(reply_job_create_json(x->svc, "bg", arr, id, NULL, NULL), AR_OK);
+    cJSON_Delete(arr);
+    assert_int_equal(reply_jobs_start(x->svc), AR_OK);
+    for (int i = 0; i < 1000 && job_finished(x->store, id) < 3; i++) {
+        struct timespec ts = {0, 5 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    assert_int_equal(job_finished(x->store, id), 3);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+#define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
+        T(repeated_review_text_is_a_cache_hit_with_the_same_reply),
+        T(same_review_id_returns_the_stored_reply),
+        T(banned_word_output_is_regenerated_then_replaced),
+        T(banned_word_on_the_first_try_only_keeps_the_retry),
+        T(degenerate_and_empty_outputs_are_not_sent),
+        T(fixed_reply_language_falls_back_in_that_language),
+        T(low_ratings_always_need_a_human),
+        T(sensitive_words_need_a_human_even_at_five_stars),
+        T(reply_modes_decide_the_action),
+        T(bad_reviews_are_rejected_before_the_model),
+        cmocka_unit_test(json_reviews_are_validated_field_by_field),
+        T(duplicate_ids_in_a_batch_get_409_or_the_same_reply),
+        T(handlers_answer_reviews_batches_and_jobs),
+        T(job_killed_with_sigkill_resumes_without_duplicates),
+        T(background_runner_finishes_queued_jobs),
+#undef T
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
