@@ -1,0 +1,199 @@
+/* tokenize_bench.c - tokenizer throughput on review text: 10 MB of the "text" fields of
+ * shared/data/reviews-sample.jsonl (mixed Chinese/English), encoded on one thread with the
+ * tiny-qwen2 byte-level BPE vocabulary and the demo model's SPM vocabulary. Prints MB/s for
+ * per-review calls and the time of one 5 MB call against one 10 MB call (linearity). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/base.h"
+#include "gguf/gguf.h"
+#include "tokenizer/tokenizer.h"
+
+#define TARGET_SIZE ((size_t)10 << 20)
+
+static const char *shared_path(char *buf, size_t size, const char *rel)
+{
+    const char *d = getenv("AR_SHARED");
+    snprintf(buf, size, "%s/%s", d && *d ? d : "../shared", rel);
+    return buf;
+}
+
+static size_t put_utf8(char *o, unsigned cp)
+{
+    if (cp < 0x80) {
+        o[0] = (char)cp;
+        return 1;
+    }
+    if (cp < 0x800) {
+        o[0] = (char)(0xc0 | (cp >> 6));
+        o[1] = (char)(0x80 | (cp & 0x3f));
+        return 2;
+    }
+    if (cp < 0x10000) {
+        o[0] = (char)(0xe0 | (cp >> 12));
+        o[1] = (char)(0x80 | ((cp >> 6) & 0x3f));
+        o[2] = (char)(0x80 | (cp & 0x3f));
+        return 3;
+    }
+    o[0] = (char)(0xf0 | (cp >> 18));
+    o[1] = (char)(0x80 | ((cp >> 12) & 0x3f));
+    o[2] = (char)(0x80 | ((cp >> 6) & 0x3f));
+    o[3] = (char)(0x80 | (cp & 0x3f));
+    return 4;
+}
+
+/* Decodes the JSON string starting after its opening quote at s into o; returns the bytes
+ * written and sets *end past the closing quote. A crude scanner, enough for this file. */
+static size_t json_string(const char *s, char *o, const char **end)
+{
+    size_t n = 0;
+    while (*s && *s != '"') {
+        if (*s != '\\') {
+            o[n++] = *s++;
+            continue;
+        }
+        s++;
+        switch (*s) {
+        case 'n': o[n++] = '\n'; s++; break;
+        case 't': o[n++] = '\t'; s++; break;
+        case 'r': o[n++] = '\r'; s++; break;
+        case 'b': o[n++] = '\b'; s++; break;
+        case 'f': o[n++] = '\f'; s++; break;
+        case 'u': {
+            unsigned cp = (unsigned)strtoul((char[5]){s[1], s[2], s[3], s[4], 0}, NULL, 16);
+            s += 5;
+            if (cp >= 0xd800 && cp < 0xdc00 && s[0] == '\\' && s[1] == 'u') {
+                unsigned lo = (unsigned)strtoul((char[5]){s[2], s[3], s[4], s[5], 0}, NULL, 16);
+                cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
+                s += 6;
+            }
+            n += put_utf8(o + n, cp);
+            break;
+        }
+        default: o[n++] = *s++; break; /* \" \\ \/ */
+        }
+    }
+    *end = *s ? s + 1 : s;
+    return n;
+}
+
+/* Review texts joined by '\n', repeated up to TARGET_SIZE bytes (cut at a newline).
+ * offs[i] is where review i starts; *n_reviews of them. */
+static char *load_reviews(size_t *size, size_t **offs, size_t *n_reviews)
+{
+    char path[1024];
+    FILE *f = fopen(shared_path(path, sizeof(path), "data/reviews-sample.jsonl"), "rb");
+    char *file, *texts, *out;
+    long fsize;
+    size_t n = 0, cap = 1024, o = 0, n_texts = 0;
+    const char *p;
+    size_t *toffs;
+    if (!f) {
+        fprintf(stderr, "tokenize_bench: cannot open %s\n", path);
+        return NULL;
+    }
+    fseek(f, 0, SEEK_END);
+    fsize = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    file = malloc((size_t)fsize + 1);
+    texts = malloc((size_t)fsize + 1);
+    toffs = malloc(cap * sizeof(size_t));
+    if (!file || !texts || !toffs || fread(file, 1, (size_t)fsize, f) != (size_t)fsize)
+        exit(1);
+    fclose(f);
+    file[fsize] = '\0';
+    for (p = file; (p = strstr(p, "\"text\": \"")) != NULL;) {
+        if (n_texts == cap && !(toffs = realloc(toffs, (cap *= 2) * sizeof(size_t))))
+            exit(1);
+        toffs[n_texts++] = o;
+        o += json_string(p + 9, texts + o, &p);
+        texts[o++] = '\n';
+    }
+    free(file);
+    if (!o)
+        exit(1);
+    out = malloc(TARGET_SIZE + 1);
+    *offs = malloc((TARGET_SIZE / 2 + 1) * sizeof(size_t));
+    if (!out || !*offs)
+        exit(1);
+    /* repeat whole reviews until the next one would not fit */
+    for (size_t i = 0, w = 0;; i = (i + 1) % n_texts) {
+        size_t a = toffs[i], b = i + 1 < n_texts ? toffs[i + 1] : o;
+        if (w + (b - a) > TARGET_SIZE)
+            break;
+        memcpy(out + w, texts + a, b - a);
+        (*offs)[n++] = w;
+        w += b - a;
+        *size = w;
+    }
+    (*offs)[n] = *size;
+    *n_reviews = n;
+    free(texts);
+    free(toffs);
+    return out;
+}
+
+static struct tokenizer *load_tok(const char *rel)
+{
+    char path[1024];
+    struct gguf_file *f = NULL;
+    struct tokenizer *tok = NULL;
+    struct ar_err err = {0};
+    if (gguf_open(shared_path(path, sizeof(path), rel), &f, &err) != AR_OK ||
+        tokenizer_load(f, &tok, &err) != AR_OK) {
+        fprintf(stderr, "tokenize_bench: %s: %s\n", path, err.msg);
+        exit(1);
+    }
+    gguf_close(f);
+    return tok;
+}
+
+static double encode_once(const struct tokenizer *tok, const char *s, size_t len, int64_t *n)
+{
+    int32_t *ids = NULL;
+    double t0 = ar_time_s(), t;
+    if (tokenizer_encode(tok, s, len, false, false, &ids, n) != AR_OK)
+        exit(1);
+    t = ar_time_s() - t0;
+    ar_free(ids);
+    return t;
+}
+
+int main(void)
+{
+    static const char *const models[][2] = {
+        {"tiny-qwen2 (byte-level BPE, pre qwen2)", "fixtures/models/tiny-qwen2-f32.gguf"},
+        {"autoreply-demo (SPM, 6000 pieces)", "models/autoreply-demo-q8_0.gguf"},
+    };
+    size_t size = 0, n_reviews = 0, *offs = NULL, half;
+    char *text = load_reviews(&size, &offs, &n_reviews);
+    if (!text)
+        return 1;
+    half = offs[n_reviews / 2]; /* about 5 MB, on a review boundary */
+    printf("text: %.2f MB, %zu reviews (half: %.2f MB)\n", (double)size / 1e6, n_reviews,
+           (double)half / 1e6);
+    for (size_t m = 0; m < sizeof(models) / sizeof(models[0]); m++) {
+        struct tokenizer *tok = load_tok(models[m][1]);
+        int64_t n_tok = 0, n5, n10;
+        double t = ar_time_s(), t5, t10;
+        for (size_t i = 0; i < n_reviews; i++) {
+            int64_t n;
+            encode_once(tok, text + offs[i], offs[i + 1] - offs[i], &n);
+            n_tok += n;
+        }
+        t = ar_time_s() - t;
+        t5 = encode_once(tok, text, half, &n5);
+        t10 = encode_once(tok, text, size, &n10);
+        printf("%s\n", models[m][0]);
+        printf("  per review: %.2f MB in %.3f s = %.1f MB/s, %lld tokens (%.2f bytes/token)\n",
+               (double)size / 1e6, t, (double)size / 1e6 / t, (long long)n_tok,
+               (double)size / (double)n_tok);
+        printf("  one call:   5 MB %.3f s (%.1f MB/s), 10 MB %.3f s (%.1f MB/s), ratio %.2f\n",
+               t5, (double)half / 1e6 / t5, t10, (double)size / 1e6 / t10, t10 / t5);
+        tokenizer_destroy(tok);
+    }
+    free(offs);
+    free(text);
+    return 0;
+}

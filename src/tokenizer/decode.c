@@ -1,0 +1,202 @@
+/* decode.c - token ids -> bytes: whole-sequence decoding and the streaming detokenizer that
+ * the engine uses to send generated text as valid UTF-8 chunks. Pieces were precomputed at
+ * load (vocab.c), so both are a concatenation plus the SPM leading-space rule. */
+#include "tokenizer_internal.h"
+
+static bool skipped(const struct tokenizer *tok, int32_t id, bool remove_special)
+{
+    return remove_special &&
+           (tok->attr[id] & (TOKENIZER_ATTR_CONTROL | TOKENIZER_ATTR_UNKNOWN)) != 0;
+}
+
+/* The piece of id, without its leading space when it is the first one rendered by an SPM
+ * vocabulary that adds a space prefix when encoding. */
+static const char *piece_of(const struct tokenizer *tok, int32_t id, bool at_start, size_t *len)
+{
+    const char *p = tok->piece + tok->piece_off[id];
+    size_t n = tok->piece_len[id];
+    if (at_start && tok->add_space_prefix && n > 0 && p[0] == ' ') {
+        p++;
+        n--;
+    }
+    *len = n;
+    return p;
+}
+
+enum ar_status tokenizer_decode(const struct tokenizer *tok, const int32_t *ids, int64_t n,
+                                bool remove_special, char **out, size_t *len)
+{
+    size_t total = 0, o = 0;
+    bool at_start = true;
+    char *s;
+    if (!tok || !out || n < 0 || (!ids && n))
+        return AR_EINVAL;
+    *out = NULL;
+    if (len)
+        *len = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (ids[i] < 0 || ids[i] >= tok->n_vocab)
+            return AR_EINVAL;
+        total += tok->piece_len[ids[i]];
+    }
+    s = ar_malloc(total + 1);
+    if (!s)
+        return AR_ENOMEM;
+    for (int64_t i = 0; i < n; i++) {
+        size_t l;
+        const char *p;
+        if (skipped(tok, ids[i], remove_special))
+            continue;
+        p = piece_of(tok, ids[i], at_start, &l);
+        at_start = false;
+        memcpy(s + o, p, l);
+        o += l;
+    }
+    s[o] = '\0';
+    *out = s;
+    if (len)
+        *len = o;
+    return AR_OK;
+}
+
+/* ---- streaming -------------------------------------------------------------------------------- */
+
+void tokenizer_stream_init(struct tokenizer_stream *st, bool remove_special)
+{
+    memset(st, 0, sizeof(*st));
+    st->at_start = true;
+    st->remove_special = remove_special;
+}
+
+void tokenizer_stream_fini(struct tokenizer_stream *st)
+{
+    if (!st)
+        return;
+    ar_free(st->buf);
+    memset(st, 0, sizeof(*st));
+}
+
+static enum ar_status stream_reserve(struct tokenizer_stream *st, size_t need)
+{
+    char *p;
+    size_t cap;
+    if (need <= st->cap)
+        return AR_OK;
+    cap = st->cap ? st->cap : 64;
+    while (cap < need)
+        cap *= 2;
+    p = ar_realloc(st->buf, cap);
+    if (!p)
+        return AR_ENOMEM;
+    st->buf = p;
+    st->cap = cap;
+    return AR_OK;
+}
+
+/* Length of the UTF-8 sequence led by c and the allowed range of its second byte (which
+ * excludes overlong forms, surrogates and code points above U+10FFFF); 0 if c cannot lead. */
+static int utf8_lead(uint8_t c, uint8_t *lo, uint8_t *hi)
+{
+    *lo = 0x80;
+    *hi = 0xbf;
+    if (c >= 0xc2 && c <= 0xdf)
+        return 2;
+    if (c >= 0xe0 && c <= 0xef) {
+        if (c == 0xe0)
+            *lo = 0xa0;
+        if (c == 0xed)
+            *hi = 0x9f;
+        return 3;
+    }
+    if (c >= 0xf0 && c <= 0xf4) {
+        if (c == 0xf0)
+            *lo = 0x90;
+        if (c == 0xf4)
+            *hi = 0x8f;
+        return 4;
+    }
+    return 0;
+}
+
+static const char replacement[3] = {'\xef', '\xbf', '\xbd'}; /* U+FFFD */
+
+enum ar_status tokenizer_stream_push(const struct tokenizer *tok, struct tokenizer_stream *st,
+                                     int32_t id, const char **out, size_t *len)
+{
+    const char *p;
+    const uint8_t *in;
+    size_t l, n, o = 0, i = 0;
+    enum ar_status rc;
+
+    if (!tok || !st || !out || !len)
+        return AR_EINVAL;
+    *out = "";
+    *len = 0;
+    if (id < 0 || id >= tok->n_vocab)
+        return AR_EINVAL;
+    if (skipped(tok, id, st->remove_special))
+        return AR_OK;
+    p = piece_of(tok, id, st->at_start, &l);
+    st->at_start = false;
+
+    /* layout of buf: output [0, 3n) then input [3n, 4n): output never overtakes input */
+    n = st->n_hold + l;
+    if ((rc = stream_reserve(st, 4 * n + 1)) != AR_OK)
+        return rc;
+    memcpy(st->buf + 3 * n, st->hold, st->n_hold);
+    memcpy(st->buf + 3 * n + st->n_hold, p, l);
+    in = (const uint8_t *)st->buf + 3 * n;
+    st->n_hold = 0;
+    while (i < n) {
+        uint8_t lo, hi;
+        int k, need;
+        if (in[i] < 0x80) {
+            st->buf[o++] = (char)in[i++];
+            continue;
+        }
+        need = utf8_lead(in[i], &lo, &hi);
+        for (k = 1; k < need && i + (size_t)k < n; k++) {
+            uint8_t c = in[i + (size_t)k];
+            if (c < (k == 1 ? lo : 0x80) || c > (k == 1 ? hi : 0xbf))
+                break;
+        }
+        if (need && k == need) { /* complete character */
+            memmove(st->buf + o, in + i, (size_t)need);
+            o += (size_t)need;
+            i += (size_t)need;
+        } else if (need && i + (size_t)k == n) { /* valid so far, cut by the end: hold it */
+            st->n_hold = (uint8_t)(n - i);
+            memcpy(st->hold, in + i, st->n_hold);
+            break;
+        } else { /* cannot start or continue a character */
+            memcpy(st->buf + o, replacement, 3);
+            o += 3;
+            i++;
+        }
+    }
+    *out = st->buf;
+    *len = o;
+    return AR_OK;
+}
+
+enum ar_status tokenizer_stream_flush(struct tokenizer_stream *st, const char **out,
+                                      size_t *len)
+{
+    enum ar_status rc;
+    size_t o = 0;
+    if (!st || !out || !len)
+        return AR_EINVAL;
+    *out = "";
+    *len = 0;
+    if (st->n_hold) {
+        if ((rc = stream_reserve(st, 4)) != AR_OK)
+            return rc;
+        memcpy(st->buf, replacement, 3);
+        o = 3;
+        *out = st->buf;
+    }
+    *len = o;
+    st->n_hold = 0;
+    st->at_start = true;
+    return AR_OK;
+}

@@ -1,0 +1,889 @@
+/* vocab.c - builds a tokenizer from GGUF tokenizer.* metadata: token table and hash,
+ * scores and attributes, BPE merge ranks, special-token tables, decoded pieces, the
+ * pre-tokenizer regexes, and the accessors of the public header. */
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+
+#include "tokenizer_internal.h"
+
+/* ---- pre-tokenizer patterns -------------------------------------------------------------- */
+/* The published split patterns of each tokenizer family (Hugging Face tokenizer.json),
+ * applied in sequence: every pattern cuts each piece left by the previous one into matches
+ * and the gaps between them. */
+
+#define TOK_RE_GPT2                                                                           \
+    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"
+/* Llama 3 and Qwen2 spell the case-insensitive contractions out, as the reference does. */
+#define TOK_RE_LLAMA3                                                                         \
+    "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|" \
+    "\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+#define TOK_RE_QWEN2                                                                          \
+    "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|" \
+    "\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+
+static const char *const re_default[] = {
+    "[\\p{P}\\$\\+<=>\\^~\\|]+",
+    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)",
+    "\\p{N}+",
+    "[0-9][0-9][0-9]",
+};
+static const char *const re_gpt2[] = {TOK_RE_GPT2};
+static const char *const re_llama3[] = {TOK_RE_LLAMA3};
+static const char *const re_qwen2[] = {TOK_RE_QWEN2};
+static const char *const re_deepseek_llm[] = {
+    "[\\r\\n]",
+    /* Latin, Greek, Cyrillic, ... cased letters */
+    "\\s?[A-Za-z\\x{b5}\\x{c0}-\\x{d6}\\x{d8}-\\x{f6}\\x{f8}-\\x{1ba}\\x{1bc}-\\x{1bf}"
+    "\\x{1c4}-\\x{293}\\x{295}-\\x{2af}\\x{370}-\\x{373}\\x{376}\\x{377}\\x{37b}-\\x{37d}"
+    "\\x{37f}\\x{386}\\x{388}-\\x{38a}\\x{38c}\\x{38e}-\\x{3a1}\\x{3a3}-\\x{3f5}"
+    "\\x{3f7}-\\x{481}\\x{48a}-\\x{52f}\\x{531}-\\x{556}\\x{10a0}-\\x{10c5}\\x{13a0}-\\x{13f5}"
+    "\\x{13f8}-\\x{13fd}\\x{1c90}-\\x{1cba}\\x{1cbd}-\\x{1cbf}\\x{1d00}-\\x{1d2b}"
+    "\\x{1d6b}-\\x{1d77}\\x{1d79}-\\x{1d9a}\\x{1e00}-\\x{1f15}\\x{1f18}-\\x{1f1d}"
+    "\\x{1f20}-\\x{1f45}\\x{1f48}-\\x{1f4d}\\x{1f50}-\\x{1f57}\\x{1f59}\\x{1f5b}\\x{1f5d}"
+    "\\x{1f5f}-\\x{1f7d}\\x{1f80}-\\x{1fb4}\\x{1fb6}-\\x{1fbc}\\x{1fbe}\\x{1fc2}-\\x{1fc4}"
+    "\\x{1fc6}-\\x{1fcc}\\x{1fd0}-\\x{1fd3}\\x{1fd6}-\\x{1fdb}\\x{1fe0}-\\x{1fec}"
+    "\\x{1ff2}-\\x{1ff4}\\x{1ff6}-\\x{1ffc}\\x{2102}\\x{2107}\\x{210a}-\\x{2113}\\x{2115}"
+    "\\x{2119}-\\x{211d}\\x{2124}\\x{2126}\\x{2128}\\x{212a}-\\x{212d}\\x{212f}-\\x{2134}"
+    "\\x{2139}\\x{213c}-\\x{213f}\\x{2145}-\\x{2149}\\x{214e}\\x{2183}\\x{2184}"
+    "\\x{2c00}-\\x{2c7b}\\x{2c7e}-\\x{2ce4}\\x{2ceb}-\\x{2cee}\\x{2cf2}\\x{2cf3}"
+    "\\x{a640}-\\x{a66d}\\x{a680}-\\x{a69b}\\x{a722}-\\x{a76f}\\x{a771}-\\x{a787}"
+    "\\x{a78b}-\\x{a78e}\\x{ab70}-\\x{abbf}\\x{fb00}-\\x{fb06}\\x{fb13}-\\x{fb17}"
+    "\\x{ff21}-\\x{ff3a}\\x{ff41}-\\x{ff5a}\\x{10400}-\\x{1044f}\\x{104b0}-\\x{104d3}"
+    "\\x{104d8}-\\x{104fb}\\x{10c80}-\\x{10cb2}\\x{10cc0}-\\x{10cf2}\\x{118a0}-\\x{118df}"
+    "\\x{1e900}-\\x{1e943}]+",
+    /* ASCII and full-width punctuation, curly quotes, ideographic space and full stop */
+    "\\s?[!-/:-~\\x{ff01}-\\x{ff0f}\\x{ff1a}-\\x{ff5e}\\x{2018}-\\x{201f}\\x{3000}-\\x{3002}]+",
+    /* "\s+$": the lookbehind only skips start positions inside a whitespace run, which
+     * cannot begin the leftmost match, and keeps the search linear */
+    "(?<!\\s)\\s+$",
+    "[\\x{4e00}-\\x{9fa5}\\x{800}-\\x{4e00}\\x{ac00}-\\x{d7ff}]+",
+    "\\p{N}+",
+};
+
+/* ---- small helpers ------------------------------------------------------------------------ */
+
+static void *pcre_alloc(size_t size, void *data)
+{
+    (void)data;
+    return ar_malloc(size);
+}
+
+static void pcre_free(void *p, void *data)
+{
+    (void)data;
+    ar_free(p);
+}
+
+static bool str_eq(struct gguf_str s, const char *lit)
+{
+    size_t n = strlen(lit);
+    return s.len == n && memcmp(s.ptr, lit, n) == 0;
+}
+
+static uint32_t pow2_at_least(uint64_t n)
+{
+    uint32_t c = 16;
+    while (c < n)
+        c <<= 1;
+    return c;
+}
+
+int32_t tokenizer_find(const struct tokenizer *tok, const char *text, size_t len)
+{
+    uint32_t i;
+    if (!tok || (!text && len))
+        return -1;
+    i = tok_hash_bytes(TOK_HASH_SEED, text, len) & tok->hash_mask;
+    for (;;) {
+        int32_t id = tok->hash[i];
+        if (id < 0)
+            return -1;
+        if (tok->text_len[id] == len && memcmp(tok->text + tok->text_off[id], text, len) == 0)
+            return id;
+        i = (i + 1) & tok->hash_mask;
+    }
+}
+
+static uint32_t merge_hash(const char *l, size_t nl, const char *r, size_t nr)
+{
+    uint32_t h = tok_hash_bytes(TOK_HASH_SEED, l, nl);
+    h = (h ^ 0xffu) * 16777619u; /* separator: ("ab","c") and ("a","bc") differ */
+    return tok_hash_bytes(h, r, nr);
+}
+
+int32_t tok_merge_rank(const struct tokenizer *tok, const char *left, size_t n_left,
+                       const char *right, size_t n_right)
+{
+    uint32_t i;
+    if (!tok->merge_hash)
+        return -1;
+    i = merge_hash(left, n_left, right, n_right) & tok->merge_mask;
+    for (;;) {
+        int32_t r = tok->merge_hash[i];
+        const struct tok_merge *m;
+        if (r < 0)
+            return -1;
+        m = &tok->merges[r];
+        if (m->n_left == n_left && m->n_right == n_right &&
+            memcmp(tok->merge_text + m->off, left, n_left) == 0 &&
+            memcmp(tok->merge_text + m->off + n_left, right, n_right) == 0)
+            return r;
+        i = (i + 1) & tok->merge_mask;
+    }
+}
+
+/* Reads an optional token id; absent keeps *id. */
+static enum ar_status read_id(const struct gguf_file *f, const char *key, int32_t n_vocab,
+                              int32_t *id, struct ar_err *err)
+{
+    int64_t v;
+    if (!gguf_find(f, key))
+        return AR_OK;
+    if (!gguf_get_i64(f, key, &v))
+        return ar_err_set(err, AR_EFORMAT, 0, "%s: not an integer", key);
+    if (v < 0 || v >= n_vocab)
+        return ar_err_set(err, AR_EFORMAT, 0, "%s = %lld out of range (vocab %d)", key,
+                          (long long)v, (int)n_vocab);
+    *id = (int32_t)v;
+    return AR_OK;
+}
+
+static enum ar_status read_bool(const struct gguf_file *f, const char *key, bool *b,
+                                struct ar_err *err)
+{
+    if (!gguf_find(f, key))
+        return AR_OK;
+    if (!gguf_get_bool(f, key, b))
+        return ar_err_set(err, AR_EFORMAT, 0, "%s: not a bool", key);
+    return AR_OK;
+}
+
+/* ---- tables ---------------------------------------------------------------------------- */
+
+static enum ar_status load_tokens(struct tokenizer *tok, const struct gguf_file *f,
+                                  struct ar_err *err)
+{
+    const struct gguf_arr *toks = NULL, *scores = NULL, *types = NULL;
+    uint64_t n, total = 0, off = 0;
+
+    if (!gguf_get_arr(f, "tokenizer.ggml.tokens", &toks) || toks->type != GGUF_VTYPE_STRING)
+        return ar_err_set(err, AR_EFORMAT, 0, "tokenizer.ggml.tokens: missing or not strings");
+    n = toks->n;
+    if (n == 0 || n > (uint64_t)INT32_MAX / 2)
+        return ar_err_set(err, AR_EFORMAT, 0, "tokenizer.ggml.tokens: bad count %llu",
+                          (unsigned long long)n);
+    if (gguf_find(f, "tokenizer.ggml.scores")) {
+        if (!gguf_get_arr(f, "tokenizer.ggml.scores", &scores) ||
+            (scores->type != GGUF_VTYPE_F32 && scores->type != GGUF_VTYPE_I32))
+            return ar_err_set(err, AR_EFORMAT, 0, "tokenizer.ggml.scores: not f32/i32");
+        if (scores->n != n)
+            return ar_err_set(err, AR_EFORMAT, 0,
+                              "tokenizer.ggml.scores: %llu entries for %llu tokens",
+                              (unsigned long long)scores->n, (unsigned long long)n);
+    }
+    if (gguf_find(f, "tokenizer.ggml.token_type")) {
+        if (!gguf_get_arr(f, "tokenizer.ggml.token_type", &types) ||
+            types->type == GGUF_VTYPE_STRING || types->type == GGUF_VTYPE_ARRAY ||
+            types->type == GGUF_VTYPE_F32 || types->type == GGUF_VTYPE_F64)
+            return ar_err_set(err, AR_EFORMAT, 0, "tokenizer.ggml.token_type: not integers");
+        if (types->n != n)
+            return ar_err_set(err, AR_EFORMAT, 0,
+                              "tokenizer.ggml.token_type: %llu entries for %llu tokens",
+                              (unsigned long long)types->n, (unsigned long long)n);
+    }
+    for (uint64_t i = 0; i < n; i++)
+        total += gguf_arr_str(toks, i).len + 1;
+    if (total > UINT32_MAX)
+        return ar_err_set(err, AR_EFORMAT, 0, "tokenizer.ggml.tokens: too much text");
+
+    tok->n_vocab = (int32_t)n;
+    tok->text = ar_malloc(total);
+    tok->text_off = ar_malloc(n * sizeof(uint32_t));
+    tok->text_len = ar_malloc(n * sizeof(uint32_t));
+    tok->score = ar_malloc(n * sizeof(float));
+    tok->attr = ar_malloc(n);
+    tok->hash_mask = pow2_at_least(2 * n) - 1;
+    tok->hash = ar_malloc(((size_t)tok->hash_mask + 1) * sizeof(int32_t));
+    if (!tok->text || !tok->text_off || !tok->text_len || !tok->score || !tok->attr ||
+        !tok->hash)
+        return AR_ENOMEM;
+    memset(tok->hash, 0xff, ((size_t)tok->hash_mask + 1) * sizeof(int32_t));
+
+    for (uint64_t i = 0; i < n; i++) {
+        struct gguf_str s = gguf_arr_str(toks, i);
+        uint32_t slot;
+        tok->text_off[i] = (uint32_t)off;
+        tok->text_len[i] = (uint32_t)s.len;
+        memcpy(tok->text + off, s.ptr, s.len);
+        tok->text[off + s.len] = '\0';
+        off += s.len + 1;
+
+        if (scores) {
+            float sc = scores->type == GGUF_VTYPE_F32 ? gguf_arr_f32(scores, i)
+                                                       : (float)gguf_arr_int(scores, i);
+            tok->score[i] = isnan(sc) ? -INFINITY : sc;
+        } else {
+            tok->score[i] = 0.0f;
+        }
+        tok->attr[i] = TOKENIZER_ATTR_NORMAL;
+        if (types) {
+            switch (gguf_arr_int(types, i)) {
+            case 1: tok->attr[i] = TOKENIZER_ATTR_NORMAL; break;
+            case 2: tok->attr[i] = TOKENIZER_ATTR_UNKNOWN; break;
+            case 3: tok->attr[i] = TOKENIZER_ATTR_CONTROL; break;
+            case 4: tok->attr[i] = TOKENIZER_ATTR_USER_DEFINED; break;
+            case 5: tok->attr[i] = TOKENIZER_ATTR_UNUSED; break;
+            case 6: tok->attr[i] = TOKENIZER_ATTR_BYTE; break;
+            default: tok->attr[i] = 0; break; /* undefined: renders as nothing */
+            }
+        }
+        if (s.len == 0)
+            continue; /* an empty token can never be matched */
+        slot = tok_hash_bytes(TOK_HASH_SEED, s.ptr, s.len) & tok->hash_mask;
+        while (tok->hash[slot] >= 0) {
+            int32_t o = tok->hash[slot];
+            if (tok->text_len[o] == s.len && memcmp(tok->text + tok->text_off[o], s.ptr, s.len) == 0)
+                return ar_err_set(err, AR_EFORMAT, 0, "duplicate token text at ids %d and %llu",
+                                  (int)o, (unsigned long long)i);
+            slot = (slot + 1) & tok->hash_mask;
+        }
+        tok->hash[slot] = (int32_t)i;
+    }
+    return AR_OK;
+}
+
+static enum ar_status load_merges(struct tokenizer *tok, const struct gguf_file *f,
+                                  struct ar_err *err)
+{
+    const struct gguf_arr *arr = NULL;
+    uint64_t total = 0, off = 0;
+    uint32_t n = 0;
+
+    if (!gguf_get_arr(f, "tokenizer.ggml.merges", &arr) || arr->type != GGUF_VTYPE_STRING)
+        return ar_err_set(err, AR_EFORMAT, 0, "tokenizer.ggml.merges: missing or not strings");
+    if (arr->n > (uint64_t)INT32_MAX / 4)
+        return ar_err_set(err, AR_EFORMAT, 0, "tokenizer.ggml.merges: too many");
+    for (uint64_t i = 0; i < arr->n; i++)
+        total += gguf_arr_str(arr, i).len;
+    if (total > UINT32_MAX)
+        return ar_err_set(err, AR_EFORMAT, 0, "tokenizer.ggml.merges: too much text");
+    tok->merge_text = ar_malloc(total ? total : 1);
+    tok->merges = ar_malloc((arr->n ? arr->n : 1) * sizeof(struct tok_merge));
+    tok->merge_mask = pow2_at_least(2 * arr->n) - 1;
+    tok->merge_hash = ar_malloc(((size_t)tok->merge_mask + 1) * sizeof(int32_t));
+    if (!tok->merge_text || !tok->merges || !tok->merge_hash)
+        return AR_ENOMEM;
+    memset(tok->merge_hash, 0xff, ((size_t)tok->merge_mask + 1) * sizeof(int32_t));
+
+    /* "left right", split at the first space after the first byte. The rank is the index in
+     * the file; a pair listed twice keeps its first rank. Lines without a space are kept as
+     * ranks that can never match so that later ranks keep their numbers. */
+    for (uint64_t i = 0; i < arr->n; i++) {
+        struct gguf_str s = gguf_arr_str(arr, i);
+        const char *sp = s.len > 1 ? memchr(s.ptr + 1, ' ', s.len - 1) : NULL;
+        struct tok_merge *m = &tok->merges[n];
+        uint32_t slot;
+        bool dup = false;
+        n++;
+        m->off = (uint32_t)off;
+        m->n_left = m->n_right = 0;
+        if (!sp)
+            continue;
+        m->n_left = (uint32_t)(sp - s.ptr);
+        m->n_right = (uint32_t)(s.len - m->n_left - 1);
+        memcpy(tok->merge_text + off, s.ptr, m->n_left);
+        memcpy(tok->merge_text + off + m->n_left, sp + 1, m->n_right);
+        off += m->n_left + m->n_right;
+        slot = merge_hash(s.ptr, m->n_left, sp + 1, m->n_right) & tok->merge_mask;
+        while (tok->merge_hash[slot] >= 0) {
+            const struct tok_merge *o = &tok->merges[tok->merge_hash[slot]];
+            if (o->n_left == m->n_left && o->n_right == m->n_right &&
+                memcmp(tok->merge_text + o->off, tok->merge_text + m->off,
+                       m->n_left + m->n_right) == 0) {
+                dup = true;
+                break;
+            }
+            slot = (slot + 1) & tok->merge_mask;
+        }
+        if (!dup)
+            tok->merge_hash[slot] = (int32_t)(n - 1);
+    }
+    tok->n_merges = n;
+    return AR_OK;
+}
+
+/* ---- special tokens ------------------------------------------------------------------------ */
+
+/* "<｜end▁of▁sentence｜>" (full-width bars, U+2581), in octal so no escape runs on */
+#define TOK_DEEPSEEK_EOS "<\357\275\234end\342\226\201of\342\226\201sentence\357\275\234>"
+
+/* Texts that mark an end of turn, in order of preference for the eot id. */
+static const char *const eot_texts[] = {
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
+    "<|end_of_text|>", "<EOT>", "_<EOT>", TOK_DEEPSEEK_EOS,
+    "<end_of_utterance>",
+};
+/* Texts of tokens that end generation. */
+static const char *const eog_texts[] = {
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>",
+    "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "<|end_of_text|>",
+    "<end_of_utterance>", TOK_DEEPSEEK_EOS,
+};
+
+static int32_t find_cstr(const struct tokenizer *tok, const char *s)
+{
+    return tokenizer_find(tok, s, strlen(s));
+}
+
+static enum ar_status add_eog(struct tokenizer *tok, int32_t id)
+{
+    if (id < 0)
+        return AR_OK;
+    for (int32_t i = 0; i < tok->n_eog; i++)
+        if (tok->eog[i] == id)
+            return AR_OK;
+    {
+        int32_t *p = ar_realloc(tok->eog, (size_t)(tok->n_eog + 1) * sizeof(int32_t));
+        if (!p)
+            return AR_ENOMEM;
+        tok->eog = p;
+        p[tok->n_eog++] = id;
+    }
+    /* a token that ends generation must not be spelled out from plain text */
+    tok->attr[id] |= TOKENIZER_ATTR_CONTROL;
+    return AR_OK;
+}
+
+static enum ar_status setup_eog(struct tokenizer *tok)
+{
+    enum ar_status st;
+    if (tok->eot < 0) {
+        for (size_t i = 0; i < AR_ARRAY_LEN(eot_texts) && tok->eot < 0; i++)
+            tok->eot = find_cstr(tok, eot_texts[i]);
+    }
+    for (size_t i = 0; i < AR_ARRAY_LEN(eog_texts); i++)
+        if ((st = add_eog(tok, find_cstr(tok, eog_texts[i]))) != AR_OK)
+            return st;
+    if ((st = add_eog(tok, tok->eos)) != AR_OK || (st = add_eog(tok, tok->eot)) != AR_OK ||
+        (st = add_eog(tok, tok->eom)) != AR_OK)
+        return st;
+    return AR_OK;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static enum ar_status setup_specials(struct tokenizer *tok)
+{
+    const unsigned special_bits =
+        TOKENIZER_ATTR_CONTROL | TOKENIZER_ATTR_USER_DEFINED | TOKENIZER_ATTR_UNKNOWN;
+    uint32_t counts[256] = {0};
+    uint64_t *keys;
+    int32_t n = 0;
+
+    for (int32_t i = 0; i < tok->n_vocab; i++)
+        if ((tok->attr[i] & special_bits) && tok->text_len[i] > 0)
+            n++;
+    tok->special = ar_malloc((size_t)(n ? n : 1) * sizeof(int32_t));
+    tok->special_prio = ar_malloc((size_t)tok->n_vocab * sizeof(int32_t));
+    tok->special_lens = ar_malloc((size_t)(n ? n : 1) * sizeof(uint32_t));
+    if (!tok->special || !tok->special_prio || !tok->special_lens)
+        return AR_ENOMEM;
+    keys = ar_malloc((size_t)(n ? n : 1) * sizeof(uint64_t));
+    if (!keys)
+        return AR_ENOMEM;
+    n = 0;
+    for (int32_t i = 0; i < tok->n_vocab; i++) /* sort key: longer first, then lower id */
+        if ((tok->attr[i] & special_bits) && tok->text_len[i] > 0)
+            keys[n++] = (uint64_t)(UINT32_MAX - tok->text_len[i]) << 32 | (uint32_t)i;
+    qsort(keys, (size_t)n, sizeof(uint64_t), cmp_u64);
+    for (int32_t k = 0; k < n; k++)
+        tok->special[k] = (int32_t)(keys[k] & 0xffffffffu);
+    ar_free(keys);
+    tok->n_special = n;
+    memset(tok->special_prio, 0xff, (size_t)tok->n_vocab * sizeof(int32_t));
+    for (int32_t k = 0; k < n; k++)
+        tok->special_prio[tok->special[k]] = k;
+
+    /* distinct text lengths per first byte, so that matching tries only those */
+    for (int32_t k = 0; k < n; k++)
+        counts[(uint8_t)tok->text[tok->text_off[tok->special[k]]]]++;
+    tok->special_lens_off[0] = 0;
+    for (int b = 0; b < 256; b++)
+        tok->special_lens_off[b + 1] = tok->special_lens_off[b] + counts[b];
+    memset(counts, 0, sizeof(counts));
+    for (int32_t k = 0; k < n; k++) {
+        int32_t id = tok->special[k];
+        uint8_t b = (uint8_t)tok->text[tok->text_off[id]];
+        uint32_t *lens = tok->special_lens + tok->special_lens_off[b];
+        bool seen = false;
+        for (uint32_t j = 0; j < counts[b]; j++)
+            seen |= lens[j] == tok->text_len[id];
+        if (!seen)
+            lens[counts[b]++] = tok->text_len[id];
+    }
+    /* compact: unused tail slots of each byte are marked 0 and skipped by the matcher */
+    for (int b = 0; b < 256; b++)
+        for (uint32_t j = tok->special_lens_off[b] + counts[b]; j < tok->special_lens_off[b + 1];
+             j++)
+            tok->special_lens[j] = 0;
+    return AR_OK;
+}
+
+/* Some models' special tokens swallow the whitespace after them (Phi-3). */
+static void setup_strip(struct tokenizer *tok, const struct gguf_file *f)
+{
+    struct gguf_str name;
+    char low[64];
+    size_t n;
+    int32_t id;
+    if (!gguf_get_str(f, "general.name", &name))
+        return;
+    n = AR_MIN(name.len, sizeof(low) - 1);
+    for (size_t i = 0; i < n; i++) {
+        char c = name.ptr[i];
+        low[i] = (char)(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
+    }
+    low[n] = '\0';
+    if (!strstr(low, "phi-3") && !strstr(low, "phi3"))
+        return;
+    for (int32_t k = 0; k < tok->n_special; k++)
+        tok->attr[tok->special[k]] |= TOKENIZER_ATTR_RSTRIP;
+    if ((id = find_cstr(tok, "</s>")) >= 0)
+        tok->attr[id] |= TOKENIZER_ATTR_RSTRIP;
+    if ((id = find_cstr(tok, "<unk>")) >= 0)
+        tok->attr[id] &= (uint8_t)~TOKENIZER_ATTR_RSTRIP;
+    if ((id = find_cstr(tok, "<s>")) >= 0)
+        tok->attr[id] &= (uint8_t)~TOKENIZER_ATTR_RSTRIP;
+    if ((id = find_cstr(tok, "<|endoftext|>")) >= 0)
+        tok->attr[id] &= (uint8_t)~TOKENIZER_ATTR_RSTRIP;
+}
+
+/* ---- bytes and pieces ---------------------------------------------------------------------- */
+
+static int hex_val(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    return -1;
+}
+
+/* Byte of a "<0xNN>" token, or -1. */
+static int byte_of_text(const char *s, size_t n)
+{
+    int hi, lo;
+    if (n != 6 || s[0] != '<' || s[1] != '0' || s[2] != 'x' || s[5] != '>')
+        return -1;
+    hi = hex_val(s[3]);
+    lo = hex_val(s[4]);
+    return hi < 0 || lo < 0 ? -1 : hi * 16 + lo;
+}
+
+static void setup_bytes(struct tokenizer *tok)
+{
+    static const char hex[] = "0123456789ABCDEF";
+    for (int b = 0; b < 256; b++) {
+        char buf[6] = {'<', '0', 'x', hex[b >> 4], hex[b & 15], '>'};
+        char one = (char)b;
+        int32_t id = tokenizer_find(tok, buf, 6);
+        if (id < 0)
+            id = tokenizer_find(tok, &one, 1);
+        if (id < 0)
+            id = tok->unk;
+        tok->byte_id[b] = id;
+    }
+    for (size_t i = 0; i < AR_ARRAY_LEN(tok->unbyte); i++)
+        tok->unbyte[i] = -1;
+    for (int b = 0; b < 256; b++)
+        tok->unbyte[tok_byte_to_cp((uint8_t)b)] = (int16_t)b;
+}
+
+/* Decodes one UTF-8 code point at s[0..n); returns its length, or 0 if invalid. */
+static size_t utf8_decode(const uint8_t *s, size_t n, uint32_t *cp)
+{
+    size_t len = tok_utf8_len(s[0]);
+    uint32_t c;
+    if (len == 1) {
+        *cp = s[0];
+        return s[0] < 0x80 ? 1 : 0;
+    }
+    if (len > n)
+        return 0;
+    c = s[0] & (0xffu >> (len + 1));
+    for (size_t i = 1; i < len; i++) {
+        if ((s[i] & 0xc0) != 0x80)
+            return 0;
+        c = (c << 6) | (s[i] & 0x3f);
+    }
+    *cp = c;
+    return len;
+}
+
+/* Writes the piece of token id to out (at most 3x the text length) and returns its length. */
+static size_t make_piece(const struct tokenizer *tok, int32_t id, char *out)
+{
+    const char *s = tok->text + tok->text_off[id];
+    size_t n = tok->text_len[id], o = 0;
+    unsigned a = tok->attr[id];
+
+    if (a & (TOKENIZER_ATTR_UNKNOWN | TOKENIZER_ATTR_CONTROL | TOKENIZER_ATTR_USER_DEFINED)) {
+        memcpy(out, s, n);
+        return n;
+    }
+    if (a & TOKENIZER_ATTR_NORMAL) {
+        if (tok->kind == TOKENIZER_KIND_SPM) {
+            for (size_t i = 0; i < n;) {
+                if (i + 3 <= n && memcmp(s + i, "\xe2\x96\x81", 3) == 0) {
+                    out[o++] = ' ';
+                    i += 3;
+                } else {
+                    out[o++] = s[i++];
+                }
+            }
+            return o;
+        }
+        for (size_t i = 0; i < n;) {
+            uint32_t cp = 0;
+            size_t l = utf8_decode((const uint8_t *)s + i, n - i, &cp);
+            if (l && cp < AR_ARRAY_LEN(tok->unbyte) && tok->unbyte[cp] >= 0) {
+                out[o++] = (char)tok->unbyte[cp];
+                i += l;
+            } else { /* not from the byte table: keep the bytes */
+                l = l ? l : 1;
+                memcpy(out + o, s + i, l);
+                o += l;
+                i += l;
+            }
+        }
+        return o;
+    }
+    if (a & TOKENIZER_ATTR_BYTE) {
+        int b = byte_of_text(s, n);
+        if (b < 0) {
+            memcpy(out, s, n);
+            return n;
+        }
+        out[0] = (char)b;
+        return 1;
+    }
+    return 0; /* unused or undefined tokens render as nothing */
+}
+
+static enum ar_status setup_pieces(struct tokenizer *tok)
+{
+    size_t total = 0, off = 0;
+    for (int32_t i = 0; i < tok->n_vocab; i++)
+        total += tok->text_len[i];
+    if (total > UINT32_MAX)
+        return AR_ENOMEM;
+    tok->piece = ar_malloc(total + 1);
+    tok->piece_off = ar_malloc((size_t)tok->n_vocab * sizeof(uint32_t));
+    tok->piece_len = ar_malloc((size_t)tok->n_vocab * sizeof(uint32_t));
+    if (!tok->piece || !tok->piece_off || !tok->piece_len)
+        return AR_ENOMEM;
+    /* pieces are never longer than the token text: "▁"->" ", two-byte table code point ->
+     * one byte, byte token -> one byte */
+    for (int32_t i = 0; i < tok->n_vocab; i++) {
+        size_t n = make_piece(tok, i, tok->piece + off);
+        tok->piece_off[i] = (uint32_t)off;
+        tok->piece_len[i] = (uint32_t)n;
+        off += n;
+    }
+    return AR_OK;
+}
+
+/* ---- pre-tokenizer selection ----------------------------------------------------------------- */
+
+static atomic_flag warned_pre = ATOMIC_FLAG_INIT;
+static atomic_flag warned_chat = ATOMIC_FLAG_INIT;
+
+static enum tok_pre pre_from_name(struct gguf_str s, bool present)
+{
+    static const char *const llama3[] = {"llama3", "llama-v3", "llama-bpe"};
+    static const char *const qwen2[] = {"qwen2", "deepseek-r1-qwen", "megrez"};
+    static const char *const gpt2[] = {"gpt-2", "phi-2", "jina-es", "jina-de", "gigachat",
+                                       "jina-v2-es", "jina-v2-de", "mpt", "olmo"};
+    if (!present || str_eq(s, "default"))
+        return TOK_PRE_DEFAULT;
+    for (size_t i = 0; i < AR_ARRAY_LEN(llama3); i++)
+        if (str_eq(s, llama3[i]))
+            return TOK_PRE_LLAMA3;
+    for (size_t i = 0; i < AR_ARRAY_LEN(qwen2); i++)
+        if (str_eq(s, qwen2[i]))
+            return TOK_PRE_QWEN2;
+    for (size_t i = 0; i < AR_ARRAY_LEN(gpt2); i++)
+        if (str_eq(s, gpt2[i]))
+            return TOK_PRE_GPT2;
+    if (str_eq(s, "deepseek-llm"))
+        return TOK_PRE_DEEPSEEK_LLM;
+    if (!atomic_flag_test_and_set(&warned_pre))
+        AR_WARN("tokenizer: unknown pre-tokenizer '%.*s', using 'default'",
+                (int)AR_MIN(s.len, 64), s.ptr);
+    return TOK_PRE_DEFAULT;
+}
+
+static enum ar_status compile_regexes(struct tokenizer *tok, struct ar_err *err)
+{
+    const char *const *pats;
+    size_t n;
+    switch (tok->pre) {
+    case TOK_PRE_GPT2: pats = re_gpt2; n = AR_ARRAY_LEN(re_gpt2); break;
+    case TOK_PRE_LLAMA3: pats = re_llama3; n = AR_ARRAY_LEN(re_llama3); break;
+    case TOK_PRE_QWEN2: pats = re_qwen2; n = AR_ARRAY_LEN(re_qwen2); break;
+    case TOK_PRE_DEEPSEEK_LLM: pats = re_deepseek_llm; n = AR_ARRAY_LEN(re_deepseek_llm); break;
+    default: pats = re_default; n = AR_ARRAY_LEN(re_default); break;
+    }
+    tok->gctx = pcre2_general_context_create(pcre_alloc, pcre_free, NULL);
+    if (!tok->gctx)
+        return AR_ENOMEM;
+    for (size_t i = 0; i < n; i++) {
+        pcre2_compile_context *cc = pcre2_compile_context_create(tok->gctx);
+        int code = 0;
+        PCRE2_SIZE at = 0;
+        if (!cc)
+            return AR_ENOMEM;
+        tok->re[i] = pcre2_compile((PCRE2_SPTR)pats[i], PCRE2_ZERO_TERMINATED,
+                                   PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF |
+                                       PCRE2_DOLLAR_ENDONLY,
+                                   &code, &at, cc);
+        pcre2_compile_context_free(cc);
+        if (!tok->re[i]) {
+            if (code == PCRE2_ERROR_HEAP_FAILED || code == PCRE2_ERROR_NOMEMORY)
+                return AR_ENOMEM;
+            return ar_err_set(err, AR_ENOTSUP, 0, "pre-tokenizer regex %zu: PCRE2 error %d", i,
+                              code);
+        }
+        tok->n_re = (int)i + 1;
+        (void)pcre2_jit_compile(tok->re[i], PCRE2_JIT_COMPLETE); /* optional speed-up */
+    }
+    return AR_OK;
+}
+
+/* ---- load ---------------------------------------------------------------------------------- */
+
+static enum ar_status load_chat(struct tokenizer *tok, const struct gguf_file *f)
+{
+    struct gguf_str s;
+    bool known = false;
+    if (gguf_get_str(f, "tokenizer.chat_template", &s)) {
+        tok->chat_template = ar_strndup(s.ptr, s.len);
+        if (!tok->chat_template)
+            return AR_ENOMEM;
+        tok->chat = tokenizer_chat_detect(s.ptr, s.len, &known);
+    } else {
+        tok->chat = tokenizer_chat_detect(NULL, 0, &known);
+    }
+    if (!known && !atomic_flag_test_and_set(&warned_chat))
+        AR_WARN("tokenizer: %s chat template, using ChatML",
+                tok->chat_template ? "unrecognized" : "no");
+    return AR_OK;
+}
+
+static enum ar_status load(struct tokenizer *tok, const struct gguf_file *f, struct ar_err *err)
+{
+    enum ar_status st;
+    struct gguf_str model, pre = {NULL, 0};
+    bool has_pre;
+
+    if (!gguf_get_str(f, "tokenizer.ggml.model", &model))
+        return ar_err_set(err, AR_EFORMAT, 0, "tokenizer.ggml.model: missing");
+    if (str_eq(model, "llama"))
+        tok->kind = TOKENIZER_KIND_SPM;
+    else if (str_eq(model, "gpt2"))
+        tok->kind = TOKENIZER_KIND_BPE;
+    else
+        return ar_err_set(err, AR_EFORMAT, 0, "tokenizer.ggml.model: unknown model '%.*s'",
+                          (int)AR_MIN(model.len, 64), model.ptr);
+    if ((st = load_tokens(tok, f, err)) != AR_OK)
+        return st;
+
+    tok->bos = tok->eos = tok->eot = tok->eom = tok->unk = tok->pad = -1;
+    if (tok->kind == TOKENIZER_KIND_SPM) {
+        /* SentencePiece defaults, used when the keys are absent */
+        tok->bos = tok->n_vocab > 1 ? 1 : -1;
+        tok->eos = tok->n_vocab > 2 ? 2 : -1;
+        tok->unk = 0;
+        tok->add_bos = true;
+        tok->add_space_prefix = true;
+    } else {
+        has_pre = gguf_get_str(f, "tokenizer.ggml.pre", &pre);
+        tok->pre = pre_from_name(pre, has_pre);
+        if (tok->pre == TOK_PRE_LLAMA3) {
+            tok->ignore_merges = true;
+            tok->add_bos = true;
+        }
+        if ((st = load_merges(tok, f, err)) != AR_OK)
+            return st;
+    }
+    if ((st = read_id(f, "tokenizer.ggml.bos_token_id", tok->n_vocab, &tok->bos, err)) ||
+        (st = read_id(f, "tokenizer.ggml.eos_token_id", tok->n_vocab, &tok->eos, err)) ||
+        (st = read_id(f, "tokenizer.ggml.eot_token_id", tok->n_vocab, &tok->eot, err)) ||
+        (st = read_id(f, "tokenizer.ggml.eom_token_id", tok->n_vocab, &tok->eom, err)) ||
+        (st = read_id(f, "tokenizer.ggml.unknown_token_id", tok->n_vocab, &tok->unk, err)) ||
+        (st = read_id(f, "tokenizer.ggml.padding_token_id", tok->n_vocab, &tok->pad, err)) ||
+        (st = read_bool(f, "tokenizer.ggml.add_bos_token", &tok->add_bos, err)) ||
+        (st = read_bool(f, "tokenizer.ggml.add_eos_token", &tok->add_eos, err)) ||
+        (st = read_bool(f, "tokenizer.ggml.add_space_prefix", &tok->add_space_prefix, err)))
+        return st;
+    if (tok->kind == TOKENIZER_KIND_BPE)
+        tok->add_space_prefix = false;
+    if (tok->add_bos && tok->bos < 0)
+        return ar_err_set(err, AR_EFORMAT, 0, "add_bos_token is set but there is no bos id");
+    if (tok->add_eos && tok->eos < 0)
+        return ar_err_set(err, AR_EFORMAT, 0, "add_eos_token is set but there is no eos id");
+
+    if ((st = setup_eog(tok)) != AR_OK || (st = setup_specials(tok)) != AR_OK)
+        return st;
+    setup_strip(tok, f);
+    setup_bytes(tok);
+    if ((st = setup_pieces(tok)) != AR_OK)
+        return st;
+    if (tok->kind == TOKENIZER_KIND_BPE && (st = compile_regexes(tok, err)) != AR_OK)
+        return st;
+    return load_chat(tok, f);
+}
+
+enum ar_status tokenizer_load(const struct gguf_file *f, struct tokenizer **out,
+                              struct ar_err *err)
+{
+    enum ar_status st;
+    struct tokenizer *tok;
+    if (!f || !out)
+        return ar_err_set(err, AR_EINVAL, 0, "tokenizer_load: NULL argument");
+    *out = NULL;
+    tok = ar_calloc(1, sizeof(*tok));
+    if (!tok)
+        return ar_err_set(err, AR_ENOMEM, 0, "out of memory");
+    st = load(tok, f, err);
+    if (st != AR_OK) {
+        if (st == AR_ENOMEM)
+            ar_err_set(err, AR_ENOMEM, 0, "out of memory loading the tokenizer");
+        tokenizer_destroy(tok);
+        return st;
+    }
+    *out = tok;
+    return AR_OK;
+}
+
+void tokenizer_destroy(struct tokenizer *tok)
+{
+    if (!tok)
+        return;
+    for (int i = 0; i < tok->n_re; i++)
+        pcre2_code_free(tok->re[i]);
+    pcre2_general_context_free(tok->gctx);
+    ar_free(tok->chat_template);
+    ar_free(tok->eog);
+    ar_free(tok->special_lens);
+    ar_free(tok->special_prio);
+    ar_free(tok->special);
+    ar_free(tok->merge_hash);
+    ar_free(tok->merges);
+    ar_free(tok->merge_text);
+    ar_free(tok->hash);
+    ar_free(tok->piece_len);
+    ar_free(tok->piece_off);
+    ar_free(tok->piece);
+    ar_free(tok->attr);
+    ar_free(tok->score);
+    ar_free(tok->text_len);
+    ar_free(tok->text_off);
+    ar_free(tok->text);
+    ar_free(tok);
+}
+
+/* ---- accessors ------------------------------------------------------------------------------- */
+
+enum tokenizer_kind tokenizer_kind(const struct tokenizer *tok)
+{
+    return tok->kind;
+}
+
+int32_t tokenizer_n_vocab(const struct tokenizer *tok)
+{
+    return tok->n_vocab;
+}
+
+int32_t tokenizer_bos(const struct tokenizer *tok)
+{
+    return tok->bos;
+}
+
+int32_t tokenizer_eos(const struct tokenizer *tok)
+{
+    return tok->eos;
+}
+
+int32_t tokenizer_eot(const struct tokenizer *tok)
+{
+    return tok->eot;
+}
+
+int32_t tokenizer_unk(const struct tokenizer *tok)
+{
+    return tok->unk;
+}
+
+int32_t tokenizer_pad(const struct tokenizer *tok)
+{
+    return tok->pad;
+}
+
+bool tokenizer_add_bos(const struct tokenizer *tok)
+{
+    return tok->add_bos;
+}
+
+bool tokenizer_add_eos(const struct tokenizer *tok)
+{
+    return tok->add_eos;
+}
+
+bool tokenizer_is_eog(const struct tokenizer *tok, int32_t id)
+{
+    for (int32_t i = 0; i < tok->n_eog; i++)
+        if (tok->eog[i] == id)
+            return true;
+    return false;
+}
+
+unsigned tokenizer_token_attr(const struct tokenizer *tok, int32_t id)
+{
+    return id >= 0 && id < tok->n_vocab ? tok->attr[id] : 0;
+}
+
+const char *tokenizer_token_text(const struct tokenizer *tok, int32_t id, size_t *len)
+{
+    if (id < 0 || id >= tok->n_vocab)
+        return NULL;
+    if (len)
+        *len = tok->text_len[id];
+    return tok->text + tok->text_off[id];
+}
+
+const char *tokenizer_token_piece(const struct tokenizer *tok, int32_t id, size_t *len)
+{
+    if (id < 0 || id >= tok->n_vocab)
+        return NULL;
+    if (len)
+        *len = tok->piece_len[id];
+    return tok->piece + tok->piece_off[id];
+}
+
+enum tokenizer_chat tokenizer_chat_family(const struct tokenizer *tok)
+{
+    return tok->chat;
+}
+
+const char *tokenizer_chat_template(const struct tokenizer *tok)
+{
+    return tok->chat_template;
+}
