@@ -1,0 +1,213 @@
+/* cmd_serve.c - `autoreply serve`: loads a model and serves it over HTTP (OpenAI-compatible
+ * API, metrics, health) until SIGINT/SIGTERM, then stops gracefully. The server listens
+ * before the model is loaded so that /health can say "loading". */
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/base.h"
+#include "cli.h"
+#include "engine/engine.h"
+#include "model/model.h"
+#include "server/server.h"
+#include "tokenizer/tokenizer.h"
+
+#define SERVE_GRACE_S 10.0
+
+
+
+static void serve_usage(FILE *out)
+{
+    fprintf(out, "usage: autoreply serve -m MODEL [options]\n"
+                 "  -m, --model FILE      GGUF model\n"
+                 "  --host ADDR           listen address (127.0.0.1)\n"
+                 "  --port N              port (8080; 0 picks a free one)\n"
+                 "  -t, --threads N       model threads (2)\n"
+                 "  --parallel N          sequences generated at once (16)\n"
+                 "  --kv-size TOKENS      KV cache capacity in tokens (8192)\n"
+                 "  --ctx-size N          context per request (model's, capped by the KV cache)\n"
+                 "  --queue N             waiting requests before 503 (256)\n"
+                 "  --no-prefix-cache     do not reuse KV of shared prompt prefixes\n"
+                 "  --api-key-file FILE   require Authorization: Bearer <key> (one key per line)\n"
+                 "  --metrics-auth        /metrics needs a key too\n"
+                 "  --rate-rps R          requests per second per key or IP (off)\n"
+                 "  --rate-burst B        request burst (max(1, R))\n"
+                 "  --rate-tpm T          tokens per minute per key or IP (off)\n"
+                 "  --max-body BYTES      request body limit (1048576)\n"
+                 "  --timeout S           a request must arrive within S seconds (30)\n"
+                 "  --max-conns N         open connections (512)\n"
+                 "  --model-name NAME     model id in the API (file name without .gguf)\n");
+}
+
+static char *model_name_of(const char *path)
+{
+    const char *b = strrchr(path, '/');
+    size_t n;
+    b = b ? b + 1 : path;
+    n = strlen(b);
+    if (n > 5 && !strcmp(b + n - 5, ".gguf"))
+        n -= 5;
+    return ar_strndup(b, n);
+}
+
+int cmd_serve(int argc, char **argv)
+{
+    struct server_params sp = server_default_params();
+    struct engine_params ep = engine_default_params();
+    const char *model_path = NULL;
+    struct server *srv = NULL;
+    struct model *m = NULL;
+    struct tokenizer *tok = NULL;
+    struct engine *eng = NULL;
+    struct ar_err err = {0};
+    char *name = NULL;
+    sigset_t sigs;
+    int sig = 0, rc = 1;
+    bool named = false;
+
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+        int64_t n;
+        double d;
+#define VALUE()                                                                                    \
+    do {                                                                                           \
+        if (!(v = cli_value(argc, argv, &i)))                                                      \
+            return 2;                                                                              \
+    } while (0)
+#define INT(lo, hi)                                                                                \
+    do {                                                                                           \
+        VALUE();                                                                                   \
+        if (!cli_parse_i64(a, v, lo, hi, &n))                                                      \
+            return 2;                                                                              \
+    } while (0)
+#define NUM(lo, hi)                                                                                \
+    do {                                                                                           \
+        VALUE();                                                                                   \
+        if (!cli_parse_f64(a, v, lo, hi, &d))                                                      \
+            return 2;                                                                              \
+    } while (0)
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            serve_usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
+            VALUE();
+            model_path = v;
+        } else if (!strcmp(a, "--host")) {
+            VALUE();
+            sp.host = v;
+        } else if (!strcmp(a, "--port")) {
+            INT(0, 65535);
+            sp.port = (int)n;
+        } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
+            INT(1, 1024);
+            ep.n_threads = (int)n;
+        } else if (!strcmp(a, "--parallel")) {
+            INT(1, 4096);
+            ep.n_seq_max = (int)n;
+        } else if (!strcmp(a, "--kv-size")) {
+            INT(16, (int64_t)1 << 31);
+            ep.kv_tokens = n;
+        } else if (!strcmp(a, "--ctx-size")) {
+            INT(2, (int64_t)1 << 30);
+            sp.n_ctx = (int)n;
+        } else if (!strcmp(a, "--queue")) {
+            INT(1, 1 << 24);
+            ep.queue_max = (int)n;
+        } else if (!strcmp(a, "--no-prefix-cache")) {
+            ep.prefix_cache = false;
+        } else if (!strcmp(a, "--api-key-file")) {
+            VALUE();
+            sp.api_key_file = v;
+        } else if (!strcmp(a, "--metrics-auth")) {
+            sp.metrics_auth = true;
+        } else if (!strcmp(a, "--rate-rps")) {
+            NUM(0, 1e9);
+            sp.rate_rps = d;
+        } else if (!strcmp(a, "--rate-burst")) {
+            NUM(0, 1e9);
+            sp.rate_burst = d;
+        } else if (!strcmp(a, "--rate-tpm")) {
+            NUM(0, 1e12);
+            sp.rate_tpm = d;
+        } else if (!strcmp(a, "--max-body")) {
+            INT(1, (int64_t)1 << 40);
+            sp.max_body = (size_t)n;
+        } else if (!strcmp(a, "--timeout")) {
+            NUM(0.1, 86400);
+            sp.timeout_s = d;
+        } else if (!strcmp(a, "--max-conns")) {
+            INT(1, 1 << 20);
+            sp.max_conns = (int)n;
+        } else if (!strcmp(a, "--model-name")) {
+            VALUE();
+            sp.model_name = v;
+            named = true;
+        } else {
+            cli_error("serve: unknown option '%s' (autoreply serve --help)", a);
+            return 2;
+        }
+#undef VALUE
+#undef INT
+#undef NUM
+    }
+    if (!model_path) {
+        serve_usage(stderr);
+        return 2;
+    }
+    if (!named) {
+        if (!(name = model_name_of(model_path)))
+            return 1;
+        sp.model_name = name;
+    }
+
+    /* every thread started from here on inherits the blocked signals; main waits for them */
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    if (server_create(&sp, &srv, &err) != AR_OK) {
+        cli_error("serve: %s", err.msg[0] ? err.msg : "cannot create the server");
+        goto done;
+    }
+    if (server_start(srv, &err) != AR_OK) {
+        cli_error("serve: %s", err.msg);
+        goto done;
+    }
+    AR_INFO("serve: listening on http://%s:%d (loading %s)", sp.host, server_port(srv), model_path);
+    if (model_load(model_path, &m, &err) != AR_OK) {
+        cli_error("serve: %s: %s", model_path, err.msg);
+        goto done;
+    }
+    if (tokenizer_load(model_gguf(m), &tok, &err) != AR_OK) {
+        cli_error("serve: %s: tokenizer: %s", model_path, err.msg);
+        goto done;
+    }
+    if (engine_create(m, tok, &ep, &eng, &err) != AR_OK) {
+        cli_error("serve: engine: %s", err.msg);
+        goto done;
+    }
+    server_set_engine(srv, eng, m, tok);
+    AR_INFO("serve: ready: model %s, context %d, %d parallel, KV %lld tokens, queue %d",
+            sp.model_name, server_n_ctx(srv), ep.n_seq_max, (long long)ep.kv_tokens, ep.queue_max);
+    if (sigwait(&sigs, &sig) != 0)
+        sig = SIGTERM;
+    AR_INFO("serve: %s: stopping (up to %.0f s for requests in progress)",
+            sig == SIGINT ? "SIGINT" : "SIGTERM", SERVE_GRACE_S);
+    rc = 0;
+done:
+    /* the engine's last callbacks reply to the server's requests: stop the server, then the
+     * engine, then free the server */
+    server_stop(srv, SERVE_GRACE_S);
+    engine_destroy(eng);
+    server_destroy(srv);
+    tokenizer_destroy(tok);
+    model_destroy(m);
+    ar_free(name);
+    if (rc == 0)
+        AR_INFO("serve: stopped");
+    return rc;
+}

@@ -1,0 +1,1342 @@
+/* http.c - the HTTP core over libmicrohttpd: route table, body intake with limits, auth and
+ * request-rate limits, content negotiation, replies from any thread via suspend/resume, SSE
+ * streams, the watchdog (slow senders, vanished clients) and graceful stop.
+ *
+ * A request (struct server_req) is reference counted: one reference for the HTTP connection
+ * (dropped when libmicrohttpd reports it complete), one while a handler owes its final reply,
+ * one per streaming response object. Lock order: server.conn_mu before server_req.mu; nothing
+ * is called out (handlers, abort hooks, libmicrohttpd entry points that may block) while
+ * conn_mu is held. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <math.h>
+#include <netdb.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <microhttpd.h>
+
+#include "server/server_internal.h"
+
+#define WATCHDOG_PERIOD_S 0.1
+#define STREAM_BLOCK 16384
+
+struct route {
+    char *method; /* owned */
+    char *path;   /* owned */
+    server_handler_fn fn;
+    void *user;
+    unsigned flags;
+};
+
+/* One TCP connection (libmicrohttpd's socket context). */
+struct conn {
+    struct conn *prev, *next;
+    int fd;
+    bool receiving; /* waiting for (the rest of) a request since phase_start */
+    bool killed;    /* shut down by the watchdog */
+    double phase_start;
+    struct server_req *req; /* the request whose handler runs or owes a reply */
+};
+
+struct arena_block {
+    struct arena_block *next;
+    void (*cleanup)(void *);
+    _Alignas(16) unsigned char data[];
+};
+
+struct server_req {
+    pthread_mutex_t mu;
+    int refs; /* under mu */
+    struct server *srv;
+    struct MHD_Connection *conn; /* NULL once libmicrohttpd is done with it (under mu) */
+    struct conn *cs;
+    const struct route *route;
+    char method[16];
+    char *path; /* owned */
+    char client[80];
+    enum codec_format in_fmt, out_fmt;
+    double t0;
+    /* body */
+    char *body; /* owned */
+    size_t body_len, body_cap;
+    uint64_t discarded;
+    bool too_large;
+    cJSON *json; /* owned */
+    struct arena_block *arena;
+    /* reply state, under mu */
+    bool handled;     /* the request was fully received and dispatched */
+    bool active;      /* a handler owes the final reply (holds a reference) */
+    bool final;       /* the final reply has been made */
+    bool reply_ready; /* a whole reply waits in out */
+    int status;
+    char *out; /* owned */
+    size_t out_len;
+    const char *out_type;
+    char *hdrs[8][2]; /* owned extra headers */
+    int n_hdrs;
+    bool stream, stream_queued, stream_end;
+    char *sbuf; /* owned stream bytes not yet taken by libmicrohttpd: sbuf[soff..slen) */
+    size_t slen, scap, soff;
+    bool suspended; /* we suspended the connection and owe it a resume */
+    bool gone;      /* client gone or server stopping: discard replies */
+    bool abort_called;
+    void (*abort_fn)(struct server_req *, void *);
+    void *abort_user;
+};
+
+struct server {
+    struct server_params p;
+    char *host, *model_name; /* owned copies */
+    struct MHD_Daemon *mhd;
+    int port;
+    struct route *routes; /* owned, (n_routes) */
+    int n_routes;
+    struct srv_keys *keys;
+    struct srv_limiter *limiter;
+    struct metrics_registry *metrics;
+    bool own_metrics;
+    struct srv_metrics m;
+    _Atomic(struct engine *) engine;
+    const struct model *model;
+    const struct tokenizer *tok;
+    atomic_bool stopping;
+    bool stopped;
+    /* connections and requests owing replies */
+    pthread_mutex_t conn_mu;
+    pthread_cond_t conn_cv; /* n_active dropped, or the watchdog should stop */
+    struct conn *conns;
+    int n_active;
+    bool hard_stop; /* no new handler may start */
+    bool wd_run;
+    bool wd_started;
+    pthread_t wd;
+};
+
+/* ---- small helpers ------------------------------------------------------------------------- */
+
+struct server_params server_default_params(void)
+{
+    struct server_params p = {0};
+    p.host = "127.0.0.1";
+    p.port = 8080;
+    p.max_body = 1 << 20;
+    p.timeout_s = 30;
+    p.max_conns = 512;
+    p.max_conns_per_ip = 0;
+    p.http_threads = 1;
+    p.model_name = "autoreply";
+    p.retry_after_s = 1;
+    return p;
+}
+
+struct engine *server_engine(const struct server *s)
+{
+    return atomic_load(&s->engine);
+}
+const struct model *server_model(const struct server *s)
+{
+    return server_engine(s) ? s->model : NULL;
+}
+const struct tokenizer *server_tokenizer(const struct server *s)
+{
+    return server_engine(s) ? s->tok : NULL;
+}
+const char *server_model_name(const struct server *s)
+{
+    return s->model_name;
+}
+int server_n_ctx(const struct server *s)
+{
+    struct engine *e = server_engine(s);
+    int n = e ? engine_n_ctx(e) : 0;
+    return s->p.n_ctx > 0 && s->p.n_ctx < n ? s->p.n_ctx : n;
+}
+struct metrics_registry *server_metrics(const struct server *s)
+{
+    return s->metrics;
+}
+int server_port(const struct server *s)
+{
+    return s->port;
+}
+struct srv_metrics *srv_metrics_of(struct server *s)
+{
+    return &s->m;
+}
+bool srv_stopping(const struct server *s)
+{
+    return atomic_load(&s->stopping);
+}
+
+/* ---- request lifetime ---------------------------------------------------------------------- */
+
+static void req_destroy(struct server_req *r)
+{
+    while (r->arena) {
+        struct arena_block *b = r->arena;
+        r->arena = b->next;
+        if (b->cleanup)
+            b->cleanup(b->data);
+        ar_free(b);
+    }
+    for (int i = 0; i < r->n_hdrs; i++) {
+        ar_free(r->hdrs[i][0]);
+        ar_free(r->hdrs[i][1]);
+    }
+    cJSON_Delete(r->json);
+    ar_free(r->body);
+    ar_free(r->out);
+    ar_free(r->sbuf);
+    ar_free(r->path);
+    pthread_mutex_destroy(&r->mu);
+    ar_free(r);
+}
+
+static void req_release(struct server_req *r)
+{
+    int left;
+    pthread_mutex_lock(&r->mu);
+    left = --r->refs;
+    pthread_mutex_unlock(&r->mu);
+    if (left == 0)
+        req_destroy(r);
+}
+
+/* Resumes the connection if we suspended it. Under r->mu. */
+static void wake(struct server_req *r)
+{
+    if (r->suspended && r->conn) {
+        r->suspended = false;
+        MHD_resume_connection(r->conn);
+    }
+}
+
+/* The handler has made its final reply: drop its reference. Not under r->mu. */
+static void deactivate(struct server_req *r)
+{
+    struct server *s = r->srv;
+    bool was;
+    pthread_mutex_lock(&s->conn_mu);
+    pthread_mutex_lock(&r->mu);
+    was = r->active;
+    r->active = false;
+    pthread_mutex_unlock(&r->mu);
+    if (was) {
+        s->n_active--;
+        if (r->cs && r->cs->req == r)
+            r->cs->req = NULL;
+        pthread_cond_broadcast(&s->conn_cv);
+    }
+    pthread_mutex_unlock(&s->conn_mu);
+    if (was)
+        req_release(r);
+}
+
+/* Calls the abort hook once (the client is gone). The caller holds a reference. */
+static void req_abort(struct server_req *r)
+{
+    void (*fn)(struct server_req *, void *) = NULL;
+    void *user = NULL;
+    pthread_mutex_lock(&r->mu);
+    r->gone = true;
+    if (!r->final && !r->abort_called) {
+        r->abort_called = true;
+        fn = r->abort_fn;
+        user = r->abort_user;
+    }
+    pthread_mutex_unlock(&r->mu);
+    if (fn)
+        fn(r, user);
+}
+
+/* ---- handler-side API ------------------------------------------------------------------------ */
+
+struct server *server_req_server(const struct server_req *req)
+{
+    return req->srv;
+}
+const cJSON *server_req_body(const struct server_req *req)
+{
+    return req->json;
+}
+const char *server_req_method(const struct server_req *req)
+{
+    return req->method;
+}
+const char *server_req_path(const struct server_req *req)
+{
+    return req->path;
+}
+const char *server_req_client(const struct server_req *req)
+{
+    return req->client;
+}
+
+const char *server_req_header(struct server_req *r, const char *name)
+{
+    const char *v = NULL;
+    pthread_mutex_lock(&r->mu);
+    if (r->conn)
+        v = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, name);
+    pthread_mutex_unlock(&r->mu);
+    return v;
+}
+
+void *server_req_alloc(struct server_req *req, size_t size, void (*cleanup)(void *))
+{
+    struct arena_block *b;
+    if (size > SIZE_MAX - sizeof(*b))
+        return NULL;
+    b = ar_calloc(1, sizeof(*b) + size);
+    if (!b)
+        return NULL;
+    b->cleanup = cleanup;
+    pthread_mutex_lock(&req->mu);
+    b->next = req->arena;
+    req->arena = b;
+    pthread_mutex_unlock(&req->mu);
+    return b->data;
+}
+
+void server_req_on_abort(struct server_req *req, void (*fn)(struct server_req *, void *),
+                         void *user)
+{
+    bool now;
+    pthread_mutex_lock(&req->mu);
+    req->abort_fn = fn;
+    req->abort_user = user;
+    /* the client left before the hook was set: fire it at once */
+    now = req->gone && !req->final && !req->abort_called && fn;
+    if (now)
+        req->abort_called = true;
+    pthread_mutex_unlock(&req->mu);
+    if (now)
+        fn(req, user);
+}
+
+bool server_req_aborted(struct server_req *r)
+{
+    bool g;
+    pthread_mutex_lock(&r->mu);
+    g = r->gone;
+    pthread_mutex_unlock(&r->mu);
+    return g;
+}
+
+bool server_req_charge_tokens(struct server_req *req, int64_t n_tokens, bool admission,
+                              double *retry_after_s)
+{
+    double retry = 0;
+    bool ok = srv_limiter_tokens(req->srv->limiter, req->client, n_tokens, admission, ar_time_s(),
+                                 &retry);
+    if (retry_after_s)
+        *retry_after_s = retry;
+    return ok;
+}
+
+/* ---- replies --------------------------------------------------------------------------------- */
+
+void server_reply_header(struct server_req *req, const char *name, const char *value)
+{
+    pthread_mutex_lock(&req->mu);
+    if (!req->final && req->n_hdrs < (int)AR_ARRAY_LEN(req->hdrs)) {
+        char *n = ar_strdup(name), *v = ar_strdup(value);
+        if (n && v) {
+            req->hdrs[req->n_hdrs][0] = n;
+            req->hdrs[req->n_hdrs][1] = v;
+            req->n_hdrs++;
+        } else {
+            ar_free(n);
+            ar_free(v);
+        }
+    }
+    pthread_mutex_unlock(&req->mu);
+}
+
+/* Makes the final reply; takes data (may be NULL when out of memory: 500 without body). */
+static void set_reply(struct server_req *r, int status, const char *type, char *data, size_t len)
+{
+    bool deact;
+    pthread_mutex_lock(&r->mu);
+    if (r->final) {
+        pthread_mutex_unlock(&r->mu);
+        ar_free(data);
+        return;
+    }
+    r->final = true;
+    if (r->stream && r->stream_queued) {
+        /* the status line is out: all we can do is end the stream */
+        r->stream_end = true;
+        ar_free(data);
+    } else {
+        if (r->stream) { /* a stream that has not started is replaced */
+            r->stream = false;
+            ar_free(r->sbuf);
+            r->sbuf = NULL;
+            r->slen = r->soff = r->scap = 0;
+        }
+        r->reply_ready = true;
+        r->status = data || !len ? status : 500;
+        r->out = data;
+        r->out_len = data ? len : 0;
+        r->out_type = type;
+    }
+    wake(r);
+    deact = r->active;
+    pthread_mutex_unlock(&r->mu);
+    if (deact)
+        deactivate(r);
+}
+
+void server_reply_json(struct server_req *req, int status, cJSON *body)
+{
+    char *out = NULL;
+    size_t len = 0;
+    enum codec_format f = req->out_fmt;
+    if (!body || codec_write(f, body, &out, &len) != AR_OK) {
+        out = NULL;
+        len = 1; /* marks the failure: 500 */
+        status = 500;
+    }
+    cJSON_Delete(body);
+    set_reply(req, status, f == CODEC_MSGPACK ? "application/msgpack" : "application/json", out,
+              len);
+}
+
+static void retry_header(struct server_req *req, double retry_after_s)
+{
+    char v[32];
+    double secs = ceil(retry_after_s);
+    if (!(secs >= 1)) /* also NaN */
+        secs = 1;
+    if (secs > 86400)
+        secs = 86400;
+    snprintf(v, sizeof(v), "%.0f", secs);
+    server_reply_header(req, "Retry-After", v);
+}
+
+static void reply_error_v(struct server_req *req, int status, const char *type, const char *code,
+                          cJSON *extra, double retry_after_s, const char *fmt, va_list ap)
+{
+    char msg[512];
+    cJSON *root = cJSON_CreateObject(), *e = cJSON_CreateObject();
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    if (root && e) {
+        cJSON_AddItemToObject(root, "error", e);
+        cJSON_AddStringToObject(e, "message", msg);
+        cJSON_AddStringToObject(e, "type", type);
+        if (code)
+            cJSON_AddStringToObject(e, "code", code);
+        else
+            cJSON_AddNullToObject(e, "code");
+        if (extra) {
+            while (extra->child) {
+                cJSON *it = cJSON_DetachItemViaPointer(extra, extra->child);
+                cJSON_AddItemToObject(e, it->string, it);
+            }
+        }
+    } else {
+        cJSON_Delete(e);
+    }
+    cJSON_Delete(extra);
+    if (status == 429 || status == 503)
+        retry_header(req, retry_after_s);
+    server_reply_json(req, status, root);
+}
+
+void server_reply_error_ex(struct server_req *req, int status, const char *type, const char *code,
+                           cJSON *extra, double retry_after_s, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    reply_error_v(req, status, type, code, extra, retry_after_s, fmt, ap);
+    va_end(ap);
+}
+
+void server_reply_error(struct server_req *req, int status, const char *type, const char *code,
+                        const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    reply_error_v(req, status, type, code, NULL, req->srv->p.retry_after_s, fmt, ap);
+    va_end(ap);
+}
+
+void server_reply_text(struct server_req *req, int status, const char *content_type,
+                       const char *data, size_t len)
+{
+    char *copy = ar_malloc(len ? len : 1);
+    if (copy)
+        memcpy(copy, data, len);
+    set_reply(req, status, content_type, copy, len);
+}
+
+void server_stream_begin(struct server_req *req, const char *content_type)
+{
+    pthread_mutex_lock(&req->mu);
+    if (!req->final && !req->stream) {
+        req->stream = true;
+        req->out_type = content_type;
+    }
+    pthread_mutex_unlock(&req->mu);
+}
+
+void server_stream_write(struct server_req *req, const char *data, size_t len)
+{
+    pthread_mutex_lock(&req->mu);
+    if (req->stream && !req->final && !req->gone && len) {
+        if (req->slen + len > req->scap) {
+            size_t nc = AR_MAX(req->scap * 2, req->slen + len + 4096);
+            char *nb = ar_realloc(req->sbuf, nc);
+            if (!nb) { /* cannot buffer: the client misses this piece; end the stream */
+                req->gone = true;
+                wake(req);
+                pthread_mutex_unlock(&req->mu);
+                return;
+            }
+            req->sbuf = nb;
+            req->scap = nc;
+        }
+        memcpy(req->sbuf + req->slen, data, len);
+        req->slen += len;
+        wake(req);
+    }
+    pthread_mutex_unlock(&req->mu);
+}
+
+void server_stream_end(struct server_req *req)
+{
+    bool deact;
+    pthread_mutex_lock(&req->mu);
+    if (req->final || !req->stream) {
+        pthread_mutex_unlock(&req->mu);
+        return;
+    }
+    req->final = true;
+    req->stream_end = true;
+    wake(req);
+    deact = req->active;
+    pthread_mutex_unlock(&req->mu);
+    if (deact)
+        deactivate(req);
+}
+
+/* ---- libmicrohttpd glue ---------------------------------------------------------------------- */
+
+static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    struct server_req *r = cls;
+    ssize_t n;
+    (void)pos;
+    pthread_mutex_lock(&r->mu);
+    if (r->soff < r->slen) {
+        size_t k = AR_MIN(max, r->slen - r->soff);
+        memcpy(buf, r->sbuf + r->soff, k);
+        r->soff += k;
+        if (r->soff == r->slen)
+            r->soff = r->slen = 0;
+        n = (ssize_t)k;
+    } else if (r->stream_end) {
+        n = MHD_CONTENT_READER_END_OF_STREAM;
+    } else if (r->gone || !r->conn) {
+        n = MHD_CONTENT_READER_END_WITH_ERROR;
+    } else {
+        /* nothing ready: park the connection until the next write resumes it */
+        r->suspended = true;
+        MHD_suspend_connection(r->conn);
+        n = 0;
+    }
+    pthread_mutex_unlock(&r->mu);
+    return n;
+}
+
+static void stream_free(void *cls)
+{
+    req_release(cls);
+}
+
+/* Queues r's whole reply (stream false) or its stream, for which the caller took a reference
+ * and set stream_queued under r->mu. Event-loop thread, r->mu not held: a whole reply and its
+ * headers no longer change once final; the stream's buffer is read under the lock. */
+static enum MHD_Result queue_reply(struct server_req *r, bool stream)
+{
+    struct MHD_Response *resp;
+    enum MHD_Result ok;
+    if (!stream) {
+        resp = MHD_create_response_from_buffer(r->out_len, r->out ? r->out : (char *)"",
+                                               MHD_RESPMEM_MUST_COPY);
+        if (resp && r->out_len)
+            MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, r->out_type);
+    } else {
+        resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, STREAM_BLOCK, stream_read, r,
+                                                 stream_free);
+        if (!resp) {
+            req_release(r);
+            return MHD_NO;
+        }
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, r->out_type);
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    }
+    if (!resp)
+        return MHD_NO;
+    for (int i = 0; i < r->n_hdrs; i++)
+        MHD_add_response_header(resp, r->hdrs[i][0], r->hdrs[i][1]);
+    ok = MHD_queue_response(r->conn, (unsigned)r->status, resp);
+    MHD_destroy_response(resp); /* may run stream_free when queueing failed */
+    return ok;
+}
+
+static const struct route *find_route(const struct server *s, const char *method, const char *path,
+                                      bool *path_known, char *allow, size_t allow_size)
+{
+    const struct route *hit = NULL;
+    size_t used = 0;
+    *path_known = false;
+    allow[0] = '\0';
+    for (int i = 0; i < s->n_routes; i++) {
+        const struct route *rt = &s->routes[i];
+        if (strcmp(rt->path, path) != 0)
+            continue;
+        *path_known = true;
+        used += (size_t)snprintf(allow + used, used < allow_size ? allow_size - used : 0, "%s%s",
+                                 used ? ", " : "", rt->method);
+        if (!strcmp(rt->method, method))
+            hit = rt;
+    }
+    return hit;
+}
+
+static void client_address(struct MHD_Connection *c, char *out, size_t size)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    snprintf(out, size, "unknown");
+    if (!ci || !ci->client_addr)
+        return;
+    if (ci->client_addr->sa_family == AF_INET)
+        inet_ntop(AF_INET, &((const struct sockaddr_in *)(const void *)ci->client_addr)->sin_addr,
+                  out, (socklen_t)size);
+    else if (ci->client_addr->sa_family == AF_INET6)
+        inet_ntop(AF_INET6,
+                  &((const struct sockaddr_in6 *)(const void *)ci->client_addr)->sin6_addr, out,
+                  (socklen_t)size);
+}
+
+/* Content-Type -> format; false for types we do not read. */
+static bool body_format(const char *ct, enum codec_format *f)
+{
+    size_t n;
+    *f = CODEC_JSON;
+    if (!ct || !*ct)
+        return true;
+    n = strcspn(ct, "; \t");
+    /* curl -d sends form-urlencoded: read it as JSON like text/plain */
+    if ((n == 16 && !strncasecmp(ct, "application/json", n)) ||
+        (n == 10 && !strncasecmp(ct, "text/plain", n)) ||
+        (n == 33 && !strncasecmp(ct, "application/x-www-form-urlencoded", n)))
+        return true;
+    if ((n == 19 && !strncasecmp(ct, "application/msgpack", n)) ||
+        (n == 21 && !strncasecmp(ct, "application/x-msgpack", n))) {
+        *f = CODEC_MSGPACK;
+        return true;
+    }
+    return false;
+}
+
+static struct conn *conn_of(struct MHD_Connection *c)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
+/* First call: headers are in. Routing, auth, limits; errors are answered before any body is
+ * read (libmicrohttpd then closes the connection instead of reading the rest). */
+static void admit(struct server *s, struct server_req *r, struct MHD_Connection *c)
+{
+    bool known;
+    char allow[128];
+    const char *v;
+    double retry;
+    const struct route *rt = find_route(s, r->method, r->path, &known, allow, sizeof(allow));
+    v = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_ACCEPT);
+    r->out_fmt = v && strstr(v, "msgpack") ? CODEC_MSGPACK : CODEC_JSON;
+    client_address(c, r->client, sizeof(r->client));
+    r->route = rt;
+    if (!rt) {
+        if (known) {
+            server_reply_header(r, "Allow", allow);
+            server_reply_error(r, 405, "invalid_request_error", "method_not_allowed",
+                               "%s is not allowed on %s", r->method, r->path);
+        } else {
+            server_reply_error(r, 404, "not_found_error", "not_found", "no route for %s %s",
+                               r->method, r->path);
+        }
+        return;
+    }
+    if (s->keys && !(rt->flags & SERVER_ROUTE_PUBLIC) &&
+        (!(rt->flags & SERVER_ROUTE_METRICS) || s->p.metrics_auth)) {
+        const char *auth = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+        int idx = -1;
+        if (auth && !strncasecmp(auth, "Bearer ", 7)) {
+            const char *k = auth + 7;
+            while (*k == ' ')
+                k++;
+            idx = srv_keys_find(s->keys, k, strlen(k));
+        }
+        if (idx < 0) {
+            server_reply_header(r, "WWW-Authenticate", "Bearer");
+            server_reply_error(r, 401, "authentication_error", "invalid_api_key",
+                               "a valid API key is required (Authorization: Bearer <key>)");
+            return;
+        }
+        snprintf(r->client, sizeof(r->client), "key:%d", idx);
+    }
+    if (!(rt->flags & (SERVER_ROUTE_PUBLIC | SERVER_ROUTE_METRICS)) &&
+        !srv_limiter_request(s->limiter, r->client, ar_time_s(), &retry)) {
+        metrics_inc(s->m.rejected_rate, 1);
+        server_reply_error_ex(r, 429, "rate_limit_error", "rate_limit_exceeded", NULL, retry,
+                              "too many requests; retry after %.0f s", ceil(retry));
+        return;
+    }
+    if (atomic_load(&s->stopping)) {
+        server_reply_error(r, 503, "server_error", "shutting_down", "the server is stopping");
+        return;
+    }
+    if ((rt->flags & SERVER_ROUTE_ENGINE) && !server_engine(s)) {
+        server_reply_error(r, 503, "server_error", "loading", "the model is loading");
+        return;
+    }
+    if (rt->flags & SERVER_ROUTE_BODY) {
+        v = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
+        if (!body_format(v, &r->in_fmt)) {
+            server_reply_error(r, 415, "invalid_request_error", "unsupported_media_type",
+                               "Content-Type must be application/json or application/msgpack");
+            return;
+        }
+        v = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+        if (v) {
+            char *end;
+            unsigned long long n = strtoull(v, &end, 10);
+            if (end != v && n > s->p.max_body) {
+                server_reply_error(r, 413, "invalid_request_error", "request_too_large",
+                                   "the body is larger than %zu bytes", s->p.max_body);
+                return;
+            }
+        }
+    }
+}
+
+/* Body bytes: kept up to max_body; beyond (chunked uploads) counted and dropped so that a 413
+ * can still be sent, up to a bound after which the connection is closed. */
+static bool take_body(struct server *s, struct server_req *r, const char *data, size_t n)
+{
+    if (r->too_large || !r->route || !(r->route->flags & SERVER_ROUTE_BODY)) {
+        r->discarded += n;
+        return r->discarded <= (uint64_t)s->p.max_body + (1u << 20);
+    }
+    if (r->body_len + n > s->p.max_body) {
+        r->too_large = true;
+        r->discarded = r->body_len + n;
+        ar_free(r->body);
+        r->body = NULL;
+        r->body_len = r->body_cap = 0;
+        return true;
+    }
+    if (r->body_len + n + 1 > r->body_cap) {
+        size_t nc = AR_MIN(AR_MAX(r->body_cap * 2, r->body_len + n + 1), s->p.max_body + 1);
+        char *nb = ar_realloc(r->body, nc);
+        if (!nb)
+            return false;
+        r->body = nb;
+        r->body_cap = nc;
+    }
+    memcpy(r->body + r->body_len, data, n);
+    r->body_len += n;
+    return true;
+}
+
+/* The request is complete: parse the body and call the handler. */
+static void dispatch(struct server *s, struct server_req *r)
+{
+    struct ar_err err = {0};
+    enum ar_status st;
+    bool refused;
+    pthread_mutex_lock(&s->conn_mu);
+    if (r->cs)
+        r->cs->receiving = false;
+    pthread_mutex_unlock(&s->conn_mu);
+    if (r->too_large) {
+        server_reply_error(r, 413, "invalid_request_error", "request_too_large",
+                           "the body is larger than %zu bytes", s->p.max_body);
+        return;
+    }
+    if (r->route->flags & SERVER_ROUTE_BODY) {
+        st = codec_parse(r->in_fmt, r->body ? r->body : "", r->body_len, &r->json, &err);
+        ar_free(r->body);
+        r->body = NULL;
+        if (st == AR_ENOMEM) {
+            server_reply_error(r, 503, "server_error", "out_of_memory", "out of memory");
+            return;
+        }
+        if (st != AR_OK) {
+            server_reply_error(r, 400, "invalid_request_error",
+                               r->in_fmt == CODEC_JSON ? "invalid_json" : "invalid_msgpack",
+                               "cannot parse the body: %s", err.msg);
+            return;
+        }
+        if (!cJSON_IsObject(r->json)) {
+            server_reply_error(r, 400, "invalid_request_error", "invalid_type",
+                               "the body must be an object");
+            return;
+        }
+    }
+    /* the handler owes a reply from now on */
+    pthread_mutex_lock(&s->conn_mu);
+    refused = s->hard_stop;
+    if (!refused) {
+        s->n_active++;
+        if (r->cs)
+            r->cs->req = r;
+        pthread_mutex_lock(&r->mu);
+        r->active = true;
+        r->refs++;
+        pthread_mutex_unlock(&r->mu);
+    }
+    pthread_mutex_unlock(&s->conn_mu);
+    if (refused) {
+        server_reply_error(r, 503, "server_error", "shutting_down", "the server is stopping");
+        return;
+    }
+    r->route->fn(r, r->route->user);
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
+                                  const char *method, const char *version, const char *upload_data,
+                                  size_t *upload_size, void **con_cls)
+{
+    struct server *s = cls;
+    struct server_req *r = *con_cls;
+    enum MHD_Result ret = MHD_NO;
+    int queue = 0;
+    (void)version;
+    (void)upload_data;
+    if (!r) {
+        if (!(r = ar_calloc(1, sizeof(*r))))
+            return MHD_NO;
+        pthread_mutex_init(&r->mu, NULL);
+        r->refs = 1;
+        r->srv = s;
+        r->conn = c;
+        r->cs = conn_of(c);
+        r->t0 = ar_time_s();
+        snprintf(r->method, sizeof(r->method), "%s", method);
+        if (!(r->path = ar_strdup(url))) {
+            req_destroy(r);
+            return MHD_NO;
+        }
+        *con_cls = r;
+        admit(s, r, c);
+        return r->reply_ready ? queue_reply(r, false) : MHD_YES;
+    }
+    if (*upload_size) {
+        bool ok = take_body(s, r, upload_data, *upload_size);
+        *upload_size = 0;
+        return ok ? MHD_YES : MHD_NO;
+    }
+    if (!r->handled) {
+        r->handled = true;
+        dispatch(s, r);
+    }
+    pthread_mutex_lock(&r->mu);
+    if (r->gone && !r->reply_ready) {
+        ret = MHD_NO;
+    } else if (r->reply_ready) {
+        queue = 1;
+    } else if (r->stream) {
+        queue = 2;
+        r->stream_queued = true;
+        r->status = 200;
+        r->refs++; /* the response object's, dropped by stream_free */
+    } else {
+        /* no reply yet: park the connection; a reply resumes it and we are called again */
+        if (!r->suspended) {
+            r->suspended = true;
+            MHD_suspend_connection(c);
+        }
+        ret = MHD_YES;
+    }
+    pthread_mutex_unlock(&r->mu);
+    if (queue)
+        ret = queue_reply(r, queue == 2);
+    return ret;
+}
+
+static void observe_http(struct server *s, struct server_req *r, int status)
+{
+    char st[16];
+    const char *labels[3];
+    static const char *const methods[] = {"GET",  "POST",    "PUT",  "DELETE",
+                                          "HEAD", "OPTIONS", "PATCH"};
+    labels[0] = "OTHER";
+    for (size_t i = 0; i < AR_ARRAY_LEN(methods); i++)
+        if (!strcmp(r->method, methods[i]))
+            labels[0] = methods[i];
+    labels[1] = r->route ? r->route->path : "other";
+    snprintf(st, sizeof(st), "%d", status);
+    labels[2] = st;
+    metrics_observe(metrics_child(s->m.http_duration, labels), ar_time_s() - r->t0);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
+                         enum MHD_RequestTerminationCode toe)
+{
+    struct server *s = cls;
+    struct server_req *r = *con_cls;
+    void (*fn)(struct server_req *, void *) = NULL;
+    void *user = NULL;
+    int status;
+    (void)c;
+    if (!r)
+        return;
+    *con_cls = NULL;
+    pthread_mutex_lock(&r->mu);
+    r->conn = NULL;
+    r->suspended = false;
+    if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK || !r->final)
+        r->gone = true;
+    if (!r->final && !r->abort_called && r->abort_fn) {
+        r->abort_called = true;
+        fn = r->abort_fn;
+        user = r->abort_user;
+    }
+    status = r->final || r->reply_ready ? r->status : 499; /* 499: client closed first */
+    if (status == 0)
+        status = 499;
+    pthread_mutex_unlock(&r->mu);
+    if (fn)
+        fn(r, user);
+    observe_http(s, r, status);
+    pthread_mutex_lock(&s->conn_mu);
+    if (r->cs) {
+        if (r->cs->req == r)
+            r->cs->req = NULL;
+        r->cs->receiving = true;
+        r->cs->phase_start = ar_time_s();
+        r->cs = NULL; /* the connection may close and free it now */
+    }
+    pthread_mutex_unlock(&s->conn_mu);
+    req_release(r);
+}
+
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe)
+{
+    struct server *s = cls;
+    struct conn *cs = *socket_context;
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        if (!(cs = ar_calloc(1, sizeof(*cs))))
+            return; /* the connection goes on without watchdog */
+        cs->fd = ci ? ci->connect_fd : -1;
+        cs->receiving = true;
+        cs->phase_start = ar_time_s();
+        pthread_mutex_lock(&s->conn_mu);
+        cs->next = s->conns;
+        if (s->conns)
+            s->conns->prev = cs;
+        s->conns = cs;
+        pthread_mutex_unlock(&s->conn_mu);
+        *socket_context = cs;
+    } else if (cs) { /* closed: the socket is still open until we return */
+        pthread_mutex_lock(&s->conn_mu);
+        if (cs->prev)
+            cs->prev->next = cs->next;
+        else
+            s->conns = cs->next;
+        if (cs->next)
+            cs->next->prev = cs->prev;
+        pthread_mutex_unlock(&s->conn_mu);
+        ar_free(cs);
+        *socket_context = NULL;
+    }
+}
+
+/* ---- watchdog ------------------------------------------------------------------------------- */
+
+/* True when the peer has closed (or reset) the connection. Only looks, never consumes. */
+static bool peer_gone(int fd)
+{
+    char b;
+    ssize_t n;
+    if (fd < 0)
+        return false;
+    n = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n == 0)
+        return true;
+    return n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
+}
+
+static void *watchdog_main(void *arg)
+{
+    struct server *s = arg;
+    pthread_mutex_lock(&s->conn_mu);
+    while (s->wd_run) {
+        struct server_req *gone[64];
+        int n_gone = 0;
+        struct timespec ts;
+        double now;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += (long)(WATCHDOG_PERIOD_S * 1e9);
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&s->conn_cv, &s->conn_mu, &ts);
+        if (!s->wd_run)
+            break;
+        now = ar_time_s();
+        for (struct conn *cs = s->conns; cs; cs = cs->next) {
+            if (cs->receiving) {
+                /* the whole request must arrive within timeout_s (slow senders) */
+                if (!cs->killed && cs->fd >= 0 && now - cs->phase_start > s->p.timeout_s) {
+                    shutdown(cs->fd, SHUT_RDWR);
+                    cs->killed = true;
+                }
+            } else if (cs->req && n_gone < (int)AR_ARRAY_LEN(gone) && peer_gone(cs->fd)) {
+                struct server_req *r = cs->req;
+                pthread_mutex_lock(&r->mu);
+                if (!r->final && !r->abort_called) {
+                    r->refs++;
+                    gone[n_gone++] = r;
+                }
+                pthread_mutex_unlock(&r->mu);
+            }
+        }
+        pthread_mutex_unlock(&s->conn_mu);
+        for (int i = 0; i < n_gone; i++) {
+            req_abort(gone[i]);
+            req_release(gone[i]);
+        }
+        pthread_mutex_lock(&s->conn_mu);
+    }
+    pthread_mutex_unlock(&s->conn_mu);
+    return NULL;
+}
+
+/* ---- lifetime ------------------------------------------------------------------------------- */
+
+#if defined(__GNUC__)
+__attribute__((format(printf, 2, 0)))
+#endif
+static void
+mhd_log(void *cls, const char *fmt, va_list ap)
+{
+    char msg[512];
+    size_t n;
+    (void)cls;
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    n = strlen(msg);
+    while (n && (msg[n - 1] == '\n' || msg[n - 1] == '\r'))
+        msg[--n] = '\0';
+    AR_DEBUG("http: %s", msg);
+}
+
+static enum ar_status register_metrics(struct server *s)
+{
+    static const char *const http_labels[] = {"method", "endpoint", "status", NULL};
+    static const char *const prio_labels[] = {"priority", NULL};
+    static const char *const reason_labels[] = {"reason", NULL};
+    static const double tok_buckets[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1,
+                                         0.15,  0.2,    0.3,   0.5,  0.75,  1.0,  2.5};
+    struct metrics_registry *g = s->metrics;
+    struct metrics_family *f;
+    enum ar_status st;
+#define FAM(call)                                                                                  \
+    do {                                                                                           \
+        if ((st = (call)) != AR_OK)                                                                \
+            return st;                                                                             \
+    } while (0)
+    FAM(metrics_histogram(g, "autoreply_http_request_duration_seconds",
+                          "HTTP request latency, headers in to reply done.", http_labels, NULL, 0,
+                          &s->m.http_duration));
+    FAM(metrics_histogram(g, "autoreply_time_to_first_token_seconds",
+                          "Submit to first generated token.", NULL, NULL, 0, &f));
+    s->m.ttft = metrics_child(f, NULL);
+    FAM(metrics_histogram(g, "autoreply_time_per_output_token_seconds",
+                          "Mean time between generated tokens of a request.", NULL, tok_buckets,
+                          AR_ARRAY_LEN(tok_buckets), &f));
+    s->m.tpot = metrics_child(f, NULL);
+    FAM(metrics_histogram(g, "autoreply_queue_time_seconds", "Submit to admission.", NULL, NULL, 0,
+                          &f));
+    s->m.queue_time = metrics_child(f, NULL);
+    FAM(metrics_histogram(g, "autoreply_e2e_request_latency_seconds", "Submit to last token.", NULL,
+                          NULL, 0, &f));
+    s->m.e2e = metrics_child(f, NULL);
+    FAM(metrics_gauge(g, "autoreply_queue_length", "Requests waiting for admission.", prio_labels,
+                      &s->m.queue_length));
+    FAM(metrics_gauge(g, "autoreply_running_sequences", "Sequences being generated.", NULL, &f));
+    s->m.running = metrics_child(f, NULL);
+    FAM(metrics_gauge(g, "autoreply_kv_blocks_used", "KV cache blocks in use.", NULL, &f));
+    s->m.kv_used = metrics_child(f, NULL);
+    FAM(metrics_gauge(g, "autoreply_kv_blocks_total", "KV cache blocks.", NULL, &f));
+    s->m.kv_total = metrics_child(f, NULL);
+    FAM(metrics_counter(g, "autoreply_prefix_cache_queries_total",
+                        "Admitted requests that looked up the prefix cache.", NULL, &f));
+    s->m.prefix_queries = metrics_child(f, NULL);
+    FAM(metrics_counter(g, "autoreply_prefix_cache_hit_tokens_total",
+                        "Prompt tokens whose KV came from the prefix cache.", NULL, &f));
+    s->m.prefix_hit_tokens = metrics_child(f, NULL);
+    FAM(metrics_counter(g, "autoreply_preemptions_total", "Sequences preempted for KV space.", NULL,
+                        &f));
+    s->m.preemptions = metrics_child(f, NULL);
+    FAM(metrics_counter(g, "autoreply_prompt_tokens_total", "Prompt tokens processed.", NULL, &f));
+    s->m.prompt_tokens = metrics_child(f, NULL);
+    FAM(metrics_counter(g, "autoreply_generation_tokens_total", "Tokens generated.", NULL, &f));
+    s->m.generation_tokens = metrics_child(f, NULL);
+    FAM(metrics_counter(g, "autoreply_rejected_total", "Requests refused (429, 503).",
+                        reason_labels, &f));
+    s->m.rejected_rate = metrics_child(f, (const char *const[]){"rate_limit"});
+    s->m.rejected_queue = metrics_child(f, (const char *const[]){"queue_full"});
+#undef FAM
+    return AR_OK;
+}
+
+enum ar_status server_create(const struct server_params *p, struct server **out, struct ar_err *err)
+{
+    struct server *s;
+    enum ar_status st;
+    *out = NULL;
+    if (!p || p->max_body == 0 || p->timeout_s <= 0 || p->max_conns < 1 || p->http_threads < 1 ||
+        p->port < 0 || p->port > 65535 || p->rate_rps < 0 || p->rate_tpm < 0 || p->n_ctx < 0)
+        return ar_err_set(err, AR_EINVAL, 0, "invalid server parameters");
+    if (!(s = ar_calloc(1, sizeof(*s))))
+        return AR_ENOMEM;
+    s->p = *p;
+    pthread_mutex_init(&s->conn_mu, NULL);
+    pthread_cond_init(&s->conn_cv, NULL);
+    s->host = ar_strdup(p->host ? p->host : "127.0.0.1");
+    s->model_name = ar_strdup(p->model_name ? p->model_name : "autoreply");
+    if (!s->host || !s->model_name) {
+        st = AR_ENOMEM;
+        goto fail;
+    }
+    s->p.host = s->host;
+    s->p.model_name = s->model_name;
+    s->p.api_key_file = NULL;
+    if (s->p.retry_after_s < 1)
+        s->p.retry_after_s = 1;
+    if (p->api_key_file && (st = srv_keys_load(p->api_key_file, &s->keys, err)) != AR_OK)
+        goto fail;
+    if ((st = srv_limiter_create(p->rate_rps, p->rate_burst, p->rate_tpm, &s->limiter)) != AR_OK)
+        goto fail;
+    if (p->metrics) {
+        s->metrics = p->metrics;
+    } else {
+        if ((st = metrics_registry_create(&s->metrics)) != AR_OK)
+            goto fail;
+        s->own_metrics = true;
+    }
+    if ((st = register_metrics(s)) != AR_OK || (st = openai_register(s)) != AR_OK) {
+        ar_err_set(err, st, 0, "cannot register the server's metrics and routes");
+        goto fail;
+    }
+    *out = s;
+    return AR_OK;
+fail:
+    server_destroy(s);
+    return st;
+}
+
+enum ar_status server_add_route(struct server *s, const struct server_route *r)
+{
+    struct route *nr;
+    if (!r || !r->method || !r->path || !r->fn || s->mhd)
+        return AR_EINVAL;
+    for (int i = 0; i < s->n_routes; i++)
+        if (!strcmp(s->routes[i].method, r->method) && !strcmp(s->routes[i].path, r->path))
+            return AR_EINVAL;
+    nr = ar_realloc(s->routes, (size_t)(s->n_routes + 1) * sizeof(*nr));
+    if (!nr)
+        return AR_ENOMEM;
+    s->routes = nr;
+    nr = &s->routes[s->n_routes];
+    nr->method = ar_strdup(r->method);
+    nr->path = ar_strdup(r->path);
+    if (!nr->method || !nr->path) {
+        ar_free(nr->method);
+        ar_free(nr->path);
+        return AR_ENOMEM;
+    }
+    nr->fn = r->fn;
+    nr->user = r->user;
+    nr->flags = r->flags;
+    s->n_routes++;
+    return AR_OK;
+}
+
+enum ar_status server_start(struct server *s, struct ar_err *err)
+{
+    struct addrinfo hints = {0}, *ai = NULL;
+    char port[16];
+    unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
+    const union MHD_DaemonInfo *di;
+    int rc;
+    if (s->mhd || s->stopped)
+        return AR_EINVAL;
+    snprintf(port, sizeof(port), "%d", s->p.port);
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+    if ((rc = getaddrinfo(s->host, port, &hints, &ai)) != 0 || !ai)
+        return ar_err_set(err, AR_EIO, 0, "cannot resolve %s: %s", s->host, gai_strerror(rc));
+    if (ai->ai_family == AF_INET6)
+        flags |= MHD_USE_IPv6;
+    s->mhd = MHD_start_daemon(
+        flags, (uint16_t)s->p.port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)ceil(s->p.timeout_s), MHD_OPTION_CONNECTION_LIMIT,
+        (unsigned)s->p.max_conns, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+        (unsigned)AR_MAX(0, s->p.max_conns_per_ip), MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+        MHD_OPTION_NOTIFY_CONNECTION, on_connection, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
+        MHD_OPTION_THREAD_POOL_SIZE, (unsigned)(s->p.http_threads > 1 ? s->p.http_threads : 0),
+        MHD_OPTION_END);
+    freeaddrinfo(ai);
+    if (!s->mhd)
+        return ar_err_set(err, AR_EIO, 0, "cannot listen on %s:%d (%s)", s->host, s->p.port,
+                          strerror(errno));
+    di = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_BIND_PORT);
+    s->port = di ? di->port : s->p.port;
+    s->wd_run = true;
+    if (pthread_create(&s->wd, NULL, watchdog_main, s) != 0) {
+        MHD_stop_daemon(s->mhd);
+        s->mhd = NULL;
+        s->wd_run = false;
+        return ar_err_set(err, AR_ENOMEM, 0, "cannot start the watchdog thread");
+    }
+    s->wd_started = true;
+    return AR_OK;
+}
+
+void server_set_engine(struct server *s, struct engine *e, const struct model *m,
+                       const struct tokenizer *tok)
+{
+    s->model = m;
+    s->tok = tok;
+    atomic_store(&s->engine, e); /* publishes model and tok too */
+}
+
+/* Waits until no handler owes a reply or until deadline (ar_time_s). Under conn_mu. */
+static void wait_idle(struct server *s, double deadline)
+{
+    while (s->n_active > 0) {
+        struct timespec ts;
+        double left = deadline - ar_time_s();
+        if (left <= 0)
+            break;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        left = AR_MIN(left, 0.05);
+        ts.tv_nsec += (long)(left * 1e9);
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&s->conn_cv, &s->conn_mu, &ts);
+    }
+}
+
+/* Calls the abort hooks of every request that still owes a reply. */
+static void abort_all(struct server *s)
+{
+    for (;;) {
+        struct server_req *batch[64];
+        int n = 0;
+        pthread_mutex_lock(&s->conn_mu);
+        for (struct conn *cs = s->conns; cs && n < (int)AR_ARRAY_LEN(batch); cs = cs->next) {
+            struct server_req *r = cs->req;
+            if (!r)
+                continue;
+            pthread_mutex_lock(&r->mu);
+            if (!r->final && !r->abort_called) {
+                r->refs++;
+                batch[n++] = r;
+            }
+            pthread_mutex_unlock(&r->mu);
+        }
+        pthread_mutex_unlock(&s->conn_mu);
+        for (int i = 0; i < n; i++) {
+            req_abort(batch[i]);
+            req_release(batch[i]);
+        }
+        if (n < (int)AR_ARRAY_LEN(batch))
+            return;
+    }
+}
+
+void server_stop(struct server *s, double grace_s)
+{
+    MHD_socket lfd;
+    if (!s || !s->mhd || s->stopped)
+        return;
+    atomic_store(&s->stopping, true);
+    lfd = MHD_quiesce_daemon(s->mhd);
+    pthread_mutex_lock(&s->conn_mu);
+    wait_idle(s, ar_time_s() + grace_s);
+    pthread_mutex_unlock(&s->conn_mu);
+    abort_all(s);
+    pthread_mutex_lock(&s->conn_mu);
+    wait_idle(s, ar_time_s() + 5.0);
+    /* whatever still waits (a handler that never replies) is closed: resume it so that
+     * libmicrohttpd can drop it; nothing may suspend from now on */
+    s->hard_stop = true;
+    for (struct conn *cs = s->conns; cs; cs = cs->next) {
+        struct server_req *r = cs->req;
+        if (!r)
+            continue;
+        pthread_mutex_lock(&r->mu);
+        r->gone = true;
+        wake(r);
+        pthread_mutex_unlock(&r->mu);
+    }
+    s->wd_run = false;
+    pthread_cond_broadcast(&s->conn_cv);
+    pthread_mutex_unlock(&s->conn_mu);
+    if (s->wd_started) {
+        pthread_join(s->wd, NULL);
+        s->wd_started = false;
+    }
+    MHD_stop_daemon(s->mhd);
+    if (lfd != MHD_INVALID_SOCKET)
+        close(lfd);
+    s->mhd = NULL;
+    s->stopped = true;
+}
+
+void server_destroy(struct server *s)
+{
+    if (!s)
+        return;
+    server_stop(s, 0);
+    for (int i = 0; i < s->n_routes; i++) {
+        ar_free(s->routes[i].method);
+        ar_free(s->routes[i].path);
+    }
+    ar_free(s->routes);
+    srv_keys_destroy(s->keys);
+    srv_limiter_destroy(s->limiter);
+    if (s->own_metrics)
+        metrics_registry_destroy(s->metrics);
+    pthread_cond_destroy(&s->conn_cv);
+    pthread_mutex_destroy(&s->conn_mu);
+    ar_free(s->host);
+    ar_free(s->model_name);
+    ar_free(s);
+}

@@ -1,0 +1,166 @@
+/* server.h - the HTTP face of the serving engine: an OpenAI-compatible API (chat and text
+ * completions with SSE streaming, tokenize/detokenize, models, health, Prometheus metrics) over
+ * libmicrohttpd, JSON or MessagePack bodies, API keys, per-key rate limits, body and
+ * connection limits. Endpoints live in a route table so other modules (reply/) add theirs.
+ *
+ * Threads: libmicrohttpd's event-loop thread (epoll) reads requests and calls handlers. A
+ * handler that needs time (a generation) returns without replying: its connection is
+ * suspended, and the reply functions below are later called from any thread (typically an
+ * engine callback), which resumes it. A watchdog thread drops clients that send too slowly
+ * and notices clients that went away while their request waits (on_abort). */
+#ifndef AR_SERVER_H
+#define AR_SERVER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cjson/cJSON.h>
+
+#include "../base/base.h"
+#include "../engine/engine.h"
+#include "../metrics/metrics.h"
+
+struct server_params {
+    const char *host;         /* numeric address or name to listen on ("127.0.0.1") */
+    int port;                 /* 8080; 0: an ephemeral port, see server_port */
+    size_t max_body;          /* request body limit, bytes (1 MiB); larger: 413 */
+    double timeout_s;         /* a whole request must arrive within this; idle keep-alive
+                                 connections are closed after it (30) */
+    int max_conns;            /* open connections, all clients (512) */
+    int max_conns_per_ip;     /* open connections per client address (0: no limit) */
+    int http_threads;         /* event-loop threads (1) */
+    const char *api_key_file; /* one key per line, '#' comments; NULL: no authentication */
+    bool metrics_auth;        /* /metrics needs a key too */
+    double rate_rps;          /* requests per second per key (per client IP without keys); 0 off */
+    double rate_burst;        /* request bucket size; 0: max(1, rate_rps) */
+    double rate_tpm;          /* tokens per minute per key/IP (prompt + generated); 0 off */
+    const char *model_name;   /* model id in /v1/models and replies ("autoreply") */
+    double retry_after_s;     /* Retry-After of 503 answers (queue full, loading), >= 1 (1) */
+    int n_ctx;                /* per-request context (prompt + generation); 0 or more than
+                                 the engine's: engine_n_ctx */
+    struct metrics_registry *metrics; /* borrowed; NULL: the server owns one */
+};
+
+/* The defaults noted above. Thread-safe. */
+struct server_params server_default_params(void);
+
+struct server;
+struct server_req;
+
+/* ---- lifetime ----------------------------------------------------------------------------- */
+
+/* Builds a server with the built-in routes; it does not listen yet (server_start). Reads
+ * api_key_file (AR_EIO, AR_EFORMAT for an empty key list). The caller owns *out
+ * (server_destroy). */
+enum ar_status server_create(const struct server_params *p, struct server **out,
+                             struct ar_err *err);
+/* Starts listening. Until server_set_engine, /health answers 503 "loading" and routes that
+ * need the engine answer 503. AR_EIO when the address cannot be bound. */
+enum ar_status server_start(struct server *s, struct ar_err *err);
+/* Makes the server ready. engine, model and tok are borrowed and must outlive the server
+ * (or server_stop). Thread-safe; call once. */
+void server_set_engine(struct server *s, struct engine *e, const struct model *m,
+                       const struct tokenizer *tok);
+/* The bound port (after server_start), else 0. */
+int server_port(const struct server *s);
+/* Graceful stop: stops accepting, lets requests in progress finish for up to grace_s
+ * seconds, then aborts the rest (engine_cancel through their on_abort) and closes every
+ * connection. Idempotent. Must not be called from a handler or engine callback. */
+void server_stop(struct server *s, double grace_s);
+/* server_stop(s, 0) if still running, then frees. NULL does nothing. */
+void server_destroy(struct server *s);
+
+/* Borrowed; NULL before server_set_engine. */
+struct engine *server_engine(const struct server *s);
+const struct model *server_model(const struct server *s);
+const struct tokenizer *server_tokenizer(const struct server *s);
+const char *server_model_name(const struct server *s);
+/* The context a request may use (server_params.n_ctx capped by the engine); 0 before
+ * server_set_engine. */
+int server_n_ctx(const struct server *s);
+/* The registry the server's metrics live in (borrowed). */
+struct metrics_registry *server_metrics(const struct server *s);
+
+/* ---- routes ------------------------------------------------------------------------------- */
+
+enum server_route_flags {
+    SERVER_ROUTE_PUBLIC = 1u << 0,  /* no API key needed, no request rate limit */
+    SERVER_ROUTE_METRICS = 1u << 1, /* needs a key only with metrics_auth */
+    SERVER_ROUTE_ENGINE = 1u << 2,  /* 503 until server_set_engine */
+    SERVER_ROUTE_BODY = 1u << 3     /* an object body is parsed for the handler: MessagePack for
+                                       application/(x-)msgpack; JSON for application/json,
+                                       text/plain, form-urlencoded (curl -d) or none; else 415 */
+};
+
+/* Called on the event-loop thread. It must, now or later and from any thread, finish the
+ * request with exactly one of server_reply_json / server_reply_error / server_reply_text /
+ * server_stream_end. Returning without doing so suspends the connection until it does. */
+typedef void (*server_handler_fn)(struct server_req *req, void *user);
+
+struct server_route {
+    const char *method; /* "GET", "POST", ... (copied) */
+    const char *path;   /* exact path without query ("/v1/reply"), copied */
+    server_handler_fn fn;
+    void *user;
+    unsigned flags; /* enum server_route_flags */
+};
+
+/* Adds a route; before server_start only. The same method and path twice: AR_EINVAL. */
+enum ar_status server_add_route(struct server *s, const struct server_route *r);
+
+/* ---- inside a handler --------------------------------------------------------------------- */
+/* Every function below is thread-safe. Pointers returned are borrowed from req and valid until
+ * its final reply has been made (req lives at least that long, even if the client is gone). */
+
+struct server *server_req_server(const struct server_req *req);
+/* The parsed body (an object) of SERVER_ROUTE_BODY routes, else NULL. JSON and MessagePack
+ * give the same tree; every string in it is valid UTF-8. */
+const cJSON *server_req_body(const struct server_req *req);
+const char *server_req_method(const struct server_req *req);
+const char *server_req_path(const struct server_req *req);
+/* A request header (case-insensitive name) or NULL. Only while the handler runs. */
+const char *server_req_header(struct server_req *req, const char *name);
+/* Identity used for rate limits: "key:<index>" with API keys, else the client's address. */
+const char *server_req_client(const struct server_req *req);
+/* Zeroed memory that lives as long as req; cleanup (may be NULL) runs on it when req is freed,
+ * in reverse allocation order. NULL when out of memory. */
+void *server_req_alloc(struct server_req *req, size_t size, void (*cleanup)(void *));
+/* fn(req, user) is called at most once, from a server thread, if the client goes away (or the
+ * server stops) before the final reply. It must be quick (engine_cancel); it may not reply. */
+void server_req_on_abort(struct server_req *req, void (*fn)(struct server_req *, void *),
+                         void *user);
+/* True once the client is known to be gone: further replies are discarded. */
+bool server_req_aborted(struct server_req *req);
+
+/* Token-per-minute limit (rate_tpm). Admission: if the client's bucket lacks
+ * min(n_tokens, its size), returns false and *retry_after_s (seconds); otherwise (and always
+ * when admission is false) subtracts n_tokens, which may leave the bucket in debt. */
+bool server_req_charge_tokens(struct server_req *req, int64_t n_tokens, bool admission,
+                              double *retry_after_s);
+
+/* ---- replies ------------------------------------------------------------------------------ */
+
+/* An extra header for the final reply (Retry-After, ...); copied. Before the reply. */
+void server_reply_header(struct server_req *req, const char *name, const char *value);
+/* Takes ownership of body; sends it as JSON or as MessagePack (Accept names msgpack). */
+void server_reply_json(struct server_req *req, int status, cJSON *body);
+/* {"error": {"message", "type", "code"}} plus the members of extra (owned, may be NULL);
+ * 429 and 503 get a Retry-After of retry_after_s (rounded up, >= 1). */
+void server_reply_error_ex(struct server_req *req, int status, const char *type, const char *code,
+                           cJSON *extra, double retry_after_s, const char *fmt, ...)
+    AR_PRINTF(7, 8);
+void server_reply_error(struct server_req *req, int status, const char *type, const char *code,
+                        const char *fmt, ...) AR_PRINTF(5, 6);
+/* data is copied. */
+void server_reply_text(struct server_req *req, int status, const char *content_type,
+                       const char *data, size_t len);
+
+/* Streaming (200, chunked): begin, any number of writes (copied; sent as soon as the client
+ * can take them), end. An error reply made before the handler returned replaces a stream
+ * that has begun. Writes after the client went away are discarded. */
+void server_stream_begin(struct server_req *req, const char *content_type);
+void server_stream_write(struct server_req *req, const char *data, size_t len);
+void server_stream_end(struct server_req *req);
+
+#endif

@@ -1,0 +1,131 @@
+/* server_internal.h - shared by the files of src/server/: the body codec (codec.c), the
+ * OpenAI request validator (request.c), API keys and token buckets (limits.c), and the hooks
+ * between the HTTP core (http.c) and the OpenAI handlers (openai.c). Not part of the API. */
+#ifndef AR_SERVER_INTERNAL_H
+#define AR_SERVER_INTERNAL_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cjson/cJSON.h>
+
+#include "server.h"
+
+/* ---- codec.c: bodies ⇄ cJSON ------------------------------------------------------------- */
+
+#define CODEC_MAX_DEPTH 32
+
+enum codec_format { CODEC_JSON, CODEC_MSGPACK };
+
+/* True when s[0..len) is well-formed UTF-8 (no overlongs, surrogates or > U+10FFFF). */
+bool codec_utf8_valid(const char *s, size_t len);
+/* Copies s[0..len) replacing each invalid byte with U+FFFD; new NUL-terminated string
+ * (ar_free), NULL when out of memory. */
+char *codec_utf8_sanitize(const char *s, size_t len, size_t *out_len);
+
+/* Parses a body into a new tree (cJSON_Delete). JSON: any JSON text; MessagePack: exactly one
+ * object, string map keys only, no ext types, bin read as a string, nesting <= 32. Every
+ * string must be valid UTF-8 and NUL-free. AR_EFORMAT with a message in err, AR_ENOMEM. */
+enum ar_status codec_parse(enum codec_format fmt, const char *data, size_t len, cJSON **out,
+                           struct ar_err *err);
+/* Serializes a tree; *out is a new buffer (ar_free) of *len bytes (JSON: NUL-terminated).
+ * Integral numbers below 2^63 in magnitude become MessagePack integers. AR_ENOMEM. */
+enum ar_status codec_write(enum codec_format fmt, const cJSON *j, char **out, size_t *len);
+
+/* ---- request.c: OpenAI completion requests ---------------------------------------------- */
+
+#define OAI_MAX_STOP 16
+#define OAI_MAX_STOP_LEN 256
+#define OAI_MAX_MESSAGES 4096
+
+enum oai_kind { OAI_CHAT, OAI_COMPLETION };
+
+/* A rejected request: the HTTP status and OpenAI error fields. */
+struct oai_error {
+    int status;
+    const char *type; /* static */
+    const char *code; /* static */
+    char param[64];
+    char message[256];
+};
+
+struct oai_request {
+    enum oai_kind kind;
+    const char *model; /* borrowed from the body, or NULL */
+    /* chat */
+    struct tokenizer_chat_msg *msgs; /* owned, (n_msgs); contents borrowed or in owned_text */
+    size_t n_msgs;
+    char **owned_text; /* owned, (n_msgs) joined content parts, NULL entries when borrowed */
+    /* completion: a text prompt (borrowed) or token ids (owned) */
+    const char *prompt;
+    size_t prompt_len;
+    int32_t *prompt_ids;
+    int n_prompt_ids;
+    /* generation */
+    int max_tokens; /* 0: not given (fill the context) */
+    struct sampler_params sampling;
+    bool seed_set;
+    const char *stop[OAI_MAX_STOP]; /* borrowed */
+    int n_stop;
+    bool ignore_eos, stream, include_usage, truncate;
+    enum engine_priority priority;
+};
+
+/* Validates body for kind against a context of n_ctx tokens and a vocabulary of n_vocab.
+ * AR_EINVAL fills e (400 with the field name, or unsupported features); AR_ENOMEM.
+ * On success out holds borrowed pointers into body: keep body alive while using out.
+ * oai_request_fini must be called either way. */
+enum ar_status oai_request_parse(enum oai_kind kind, const cJSON *body, int n_ctx, int32_t n_vocab,
+                                 struct oai_request *out, struct oai_error *e);
+void oai_request_fini(struct oai_request *r);
+
+/* Sets e: 400 invalid_request_error with code and param. */
+void oai_error_set(struct oai_error *e, int status, const char *type, const char *code,
+                   const char *param, const char *fmt, ...) AR_PRINTF(6, 7);
+
+/* ---- limits.c: API keys and token buckets ------------------------------------------------ */
+
+struct srv_keys;
+/* Reads a key file: one key per line, blank lines and '#' comments skipped, surrounding
+ * whitespace trimmed. No key at all: AR_EFORMAT. */
+enum ar_status srv_keys_load(const char *path, struct srv_keys **out, struct ar_err *err);
+void srv_keys_destroy(struct srv_keys *k);
+/* Index of the key equal to key[0..len) (compared in time independent of where they
+ * differ), or -1. */
+int srv_keys_find(const struct srv_keys *k, const char *key, size_t len);
+
+/* Token buckets per client: a request bucket (rps, burst) and a token bucket (tpm). */
+struct srv_limiter;
+enum ar_status srv_limiter_create(double rps, double burst, double tpm, struct srv_limiter **out);
+void srv_limiter_destroy(struct srv_limiter *l);
+/* Takes one request from client's bucket at time now (seconds). false: none left, and
+ * *retry_s is when one will be. Thread-safe. */
+bool srv_limiter_request(struct srv_limiter *l, const char *client, double now, double *retry_s);
+/* See server_req_charge_tokens. Thread-safe. */
+bool srv_limiter_tokens(struct srv_limiter *l, const char *client, int64_t n, bool admission,
+                        double now, double *retry_s);
+
+/* ---- openai.c ---------------------------------------------------------------------------- */
+
+/* Registers the built-in routes and metric families. */
+enum ar_status openai_register(struct server *s);
+
+/* Server-wide metrics the HTTP core updates (http.c owns them, openai.c observes). */
+struct srv_metrics {
+    struct metrics_family *http_duration; /* {method, endpoint, status} */
+    struct metrics_child *ttft, *tpot, *queue_time, *e2e;
+    struct metrics_child *rejected_rate, *rejected_queue;
+    struct metrics_family *queue_length; /* {priority} */
+    struct metrics_child *running, *kv_used, *kv_total;
+    struct metrics_child *prefix_queries, *prefix_hit_tokens, *preemptions;
+    struct metrics_child *prompt_tokens, *generation_tokens;
+    _Atomic uint64_t seen[5]; /* engine counters already added (prefix queries, hit tokens,
+                                 preemptions, prompt tokens, generated tokens) */
+};
+struct srv_metrics *srv_metrics_of(struct server *s);
+/* Whether the server is stopping (engine cancellations then answer 503). */
+bool srv_stopping(const struct server *s);
+
+#endif

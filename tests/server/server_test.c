@@ -1,0 +1,924 @@
+/* server_test.c - the HTTP server end to end: a real server on 127.0.0.1 (ephemeral port) over
+ * the demo model, driven by a small socket HTTP client written here. Checks that HTTP does not
+ * change what the engine computes (concurrency, streaming, prefix cache, JSON vs MessagePack,
+ * all against the engine called directly or the server's own single-request answers), and the
+ * protective behaviour: 4xx shapes, auth, rate limits, overload, body limit, slow clients,
+ * cancellation of clients that leave. */
+#include "harness/harness.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <msgpack.h>
+
+#include "base/base.h"
+#include "engine/engine.h"
+#include "model/model.h"
+#include "server/server.h"
+#include "tokenizer/tokenizer.h"
+
+static struct model *g_model;
+static struct tokenizer *g_tok;
+static struct engine *g_eng; /* prefix cache on, 8 parallel */
+static struct server *g_srv;
+static int g_port;
+
+/* ---- a tiny HTTP/1.1 client ---------------------------------------------------------------- */
+
+struct resp {
+    int status;
+    char *head; /* status line and headers */
+    char *body; /* de-chunked, NUL-terminated */
+    size_t body_len;
+};
+
+static void resp_free(struct resp *r)
+{
+    free(r->head);
+    free(r->body);
+    memset(r, 0, sizeof(*r));
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int connect_port(int port)
+{
+    struct sockaddr_in a = {0};
+    struct timeval tv = {20, 0};
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    a.sin_family = AF_INET;
+    a.sin_port = htons((uint16_t)port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    return fd;
+}
+
+static bool send_all(int fd, const void *p, size_t n)
+{
+    const char *c = p;
+    while (n) {
+        ssize_t k = send(fd, c, n, MSG_NOSIGNAL);
+        if (k <= 0)
+            return false;
+        c += k;
+        n -= (size_t)k;
+    }
+    return true;
+}
+
+/* Value of a response header (case-insensitive name) copied into buf, or NULL. */
+static const char *resp_header(const struct resp *r, const char *name, char *buf, size_t size)
+{
+    size_t n = strlen(name);
+    for (const char *p = strstr(r->head, "\r\n"); p; p = strstr(p + 2, "\r\n")) {
+        const char *h = p + 2;
+        if (!strncasecmp(h, name, n) && h[n] == ':') {
+            const char *v = h + n + 1, *e;
+            while (*v == ' ')
+                v++;
+            e = strstr(v, "\r\n");
+            snprintf(buf, size, "%.*s", (int)(e ? e - v : (ptrdiff_t)strlen(v)), v);
+            return buf;
+        }
+    }
+    return NULL;
+}
+
+/* Splits raw bytes into head and (de-chunked) body. */
+static void parse_response(const char *raw, size_t n, struct resp *out)
+{
+    const char *sep = memmem(raw, n, "\r\n\r\n", 4);
+    char te[64];
+    memset(out, 0, sizeof(*out));
+    assert_non_null(sep);
+    out->head = strndup(raw, (size_t)(sep - raw) + 2);
+    assert_int_equal(sscanf(out->head, "HTTP/1.%*d %d", &out->status), 1);
+    sep += 4;
+    n -= (size_t)(sep - raw);
+    out->body = malloc(n + 1);
+    if (resp_header(out, "Transfer-Encoding", te, sizeof(te)) && strstr(te, "chunked")) {
+        const char *p = sep, *end = sep + n;
+        while (p < end) {
+            char *e;
+            unsigned long k = strtoul(p, &e, 16);
+            const char *line = memmem(p, (size_t)(end - p), "\r\n", 2);
+            if (!line || k == 0)
+                break;
+            p = line + 2;
+            if ((size_t)(end - p) < k)
+                k = (unsigned long)(end - p);
+            memcpy(out->body + out->body_len, p, k);
+            out->body_len += k;
+            p += k + 2;
+            (void)e;
+        }
+    } else {
+        memcpy(out->body, sep, n);
+        out->body_len = n;
+    }
+    out->body[out->body_len] = '\0';
+}
+
+static char *read_all(int fd, size_t *n)
+{
+    size_t cap = 65536, len = 0;
+    char *buf = malloc(cap);
+    for (;;) {
+        ssize_t k;
+        if (len + 4096 > cap)
+            buf = realloc(buf, cap *= 2);
+        k = recv(fd, buf + len, cap - len - 1, 0);
+        if (k <= 0)
+            break;
+        len += (size_t)k;
+    }
+    buf[len] = '\0';
+    *n = len;
+    return buf;
+}
+
+/* One request on a fresh connection (Connection: close). extra: more header lines, each
+ * ending in \r\n. body may be NULL. */
+static void http(int port, const char *method, const char *path, const char *extra,
+                 const void *body, size_t body_len, struct resp *out)
+{
+    char head[2048];
+    size_t n;
+    char *raw;
+    int fd = connect_port(port);
+    int hl =
+        snprintf(head, sizeof(head), "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n%s",
+                 method, path, extra ? extra : "");
+    if (body)
+        hl += snprintf(head + hl, sizeof(head) - (size_t)hl, "Content-Length: %zu\r\n", body_len);
+    hl += snprintf(head + hl, sizeof(head) - (size_t)hl, "\r\n");
+    assert_true(send_all(fd, head, (size_t)hl));
+    if (body && body_len)
+        assert_true(send_all(fd, body, body_len));
+    raw = read_all(fd, &n);
+    close(fd);
+    parse_response(raw, n, out);
+    free(raw);
+}
+
+static cJSON *post_json(int port, const char *path, const char *extra, const char *json,
+                        int *status)
+{
+    struct resp r;
+    char hdr[512];
+    cJSON *j;
+    snprintf(hdr, sizeof(hdr), "Content-Type: application/json\r\n%s", extra ? extra : "");
+    http(port, "POST", path, hdr, json, strlen(json), &r);
+    *status = r.status;
+    j = cJSON_Parse(r.body);
+    if (!j)
+        fail_msg("not JSON (status %d): %s", r.status, r.body);
+    resp_free(&r);
+    return j;
+}
+
+static const char *jstr(const cJSON *j, const char *path)
+{
+    /* dotted path with numeric components for arrays: "choices.0.text" */
+    char buf[128], *save = NULL, *tok;
+    snprintf(buf, sizeof(buf), "%s", path);
+    for (tok = strtok_r(buf, ".", &save); tok && j; tok = strtok_r(NULL, ".", &save))
+        j = cJSON_IsArray(j) ? cJSON_GetArrayItem(j, atoi(tok)) : cJSON_GetObjectItem(j, tok);
+    return cJSON_IsString(j) ? j->valuestring : NULL;
+}
+
+static double jnum(const cJSON *j, const char *path)
+{
+    char buf[128], *save = NULL, *tok;
+    snprintf(buf, sizeof(buf), "%s", path);
+    for (tok = strtok_r(buf, ".", &save); tok && j; tok = strtok_r(NULL, ".", &save))
+        j = cJSON_IsArray(j) ? cJSON_GetArrayItem(j, atoi(tok)) : cJSON_GetObjectItem(j, tok);
+    return cJSON_IsNumber(j) ? j->valuedouble : (double)NAN;
+}
+
+/* A sample of the /metrics text: the first line "<series> <value>". NAN when absent. */
+static double metric(int port, const char *series)
+{
+    struct resp r;
+    double v = (double)NAN;
+    size_t n = strlen(series);
+    http(port, "GET", "/metrics", NULL, NULL, 0, &r);
+    assert_int_equal(r.status, 200);
+    for (const char *p = r.body; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL) {
+        if (!strncmp(p, series, n) && p[n] == ' ') {
+            v = strtod(p + n + 1, NULL);
+            break;
+        }
+    }
+    resp_free(&r);
+    return v;
+}
+
+/* ---- fixtures ------------------------------------------------------------------------------- */
+
+static struct engine *make_engine(int n_seq, int queue, bool prefix_cache)
+{
+    struct engine_params ep = engine_default_params();
+    struct engine *e = NULL;
+    struct ar_err err = {0};
+    ep.n_threads = 1;
+    ep.n_seq_max = n_seq;
+    ep.queue_max = queue;
+    ep.kv_tokens = 4096;
+    ep.prefix_cache = prefix_cache;
+    if (engine_create(g_model, g_tok, &ep, &e, &err) != AR_OK)
+        fail_msg("engine_create: %s", err.msg);
+    return e;
+}
+
+static struct server *make_server(struct server_params *sp, struct engine *e, int *port)
+{
+    struct server *s = NULL;
+    struct ar_err err = {0};
+    sp->host = "127.0.0.1";
+    sp->port = 0;
+    sp->model_name = "demo";
+    if (server_create(sp, &s, &err) != AR_OK || server_start(s, &err) != AR_OK)
+        fail_msg("server: %s", err.msg);
+    if (e)
+        server_set_engine(s, e, g_model, g_tok);
+    *port = server_port(s);
+    assert_true(*port > 0);
+    return s;
+}
+
+static int group_setup(void **state)
+{
+    char path[512];
+    struct ar_err err = {0};
+    struct server_params sp = server_default_params();
+    (void)state;
+    signal(SIGPIPE, SIG_IGN);
+    ar_log_set_level(AR_LOG_WARN);
+    if (model_load(th_shared_path(path, sizeof(path), "models/autoreply-demo-q8_0.gguf"), &g_model,
+                   &err) != AR_OK)
+        return -1;
+    if (tokenizer_load(model_gguf(g_model), &g_tok, &err) != AR_OK)
+        return -1;
+    g_eng = make_engine(8, 64, true);
+    g_srv = make_server(&sp, g_eng, &g_port);
+    return 0;
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    server_stop(g_srv, 5);
+    engine_destroy(g_eng);
+    server_destroy(g_srv);
+    tokenizer_destroy(g_tok);
+    model_destroy(g_model);
+    return 0;
+}
+
+/* ---- tests ---------------------------------------------------------------------------------- */
+
+static void health_says_loading_until_the_engine_is_set(void **state)
+{
+    struct server_params sp = server_default_params();
+    struct resp r;
+    char v[32];
+    int port;
+    struct server *s = make_server(&sp, NULL, &port);
+    (void)state;
+    http(port, "GET", "/health", NULL, NULL, 0, &r);
+    assert_int_equal(r.status, 503);
+    assert_non_null(strstr(r.body, "\"loading\""));
+    assert_non_null(resp_header(&r, "Retry-After", v, sizeof(v)));
+    resp_free(&r);
+    http(port, "POST", "/v1/completions", "Content-Type: application/json\r\n", "{}", 2, &r);
+    assert_int_equal(r.status, 503);
+    resp_free(&r);
+    server_set_engine(s, g_eng, g_model, g_tok);
+    http(port, "GET", "/health", NULL, NULL, 0, &r);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.body, "\"ok\""));
+    resp_free(&r);
+    http(port, "GET", "/v1/models", NULL, NULL, 0, &r);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.body, "\"id\":\"demo\""));
+    resp_free(&r);
+    server_destroy(s);
+}
+
+static const char *const prompts[8] = {
+    "The food was great and",     "Delivery was late, but",     "I love this shop because",
+    "The package arrived broken", "Thanks for the quick reply", "Terrible service, never",
+    "The noodles were cold",      "Five stars for the staff",
+};
+
+static char *complete_text(int port, const char *prompt, int max_tokens)
+{
+    char body[512];
+    int status;
+    cJSON *j;
+    char *t;
+    snprintf(body, sizeof(body),
+             "{\"prompt\":\"%s\",\"max_tokens\":%d,\"temperature\":0,\"ignore_eos\":true}", prompt,
+             max_tokens);
+    j = post_json(port, "/v1/completions", NULL, body, &status);
+    assert_int_equal(status, 200);
+    assert_string_equal(jstr(j, "object"), "text_completion");
+    assert_non_null(jstr(j, "choices.0.text"));
+    assert_true(jnum(j, "usage.completion_tokens") == max_tokens);
+    assert_true(jnum(j, "usage.total_tokens") ==
+                jnum(j, "usage.prompt_tokens") + jnum(j, "usage.completion_tokens"));
+    t = strdup(jstr(j, "choices.0.text"));
+    cJSON_Delete(j);
+    return t;
+}
+
+/* The engine called directly, without HTTP: the reference text for one prompt. */
+struct direct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool done;
+    char text[4096];
+};
+
+static void direct_done(void *user, const struct engine_result *res)
+{
+    struct direct *d = user;
+    pthread_mutex_lock(&d->mu);
+    snprintf(d->text, sizeof(d->text), "%.*s", (int)res->text_len, res->text);
+    d->done = true;
+    pthread_cond_signal(&d->cv);
+    pthread_mutex_unlock(&d->mu);
+}
+
+static void engine_text(const char *prompt, int max_tokens, char *out, size_t size)
+{
+    struct direct d = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    struct engine_request er = {0};
+    int32_t *ids = NULL;
+    int64_t n = 0;
+    uint64_t id;
+    assert_int_equal(tokenizer_encode(g_tok, prompt, strlen(prompt), true, true, &ids, &n), AR_OK);
+    er.prompt = ids;
+    er.n_prompt = (int)n;
+    er.max_tokens = max_tokens;
+    er.sampling = sampler_default_params();
+    er.sampling.temperature = 0;
+    er.ignore_eos = true;
+    er.on_done = direct_done;
+    er.user = &d;
+    assert_int_equal(engine_submit(g_eng, &er, &id), AR_OK);
+    pthread_mutex_lock(&d.mu);
+    while (!d.done)
+        pthread_cond_wait(&d.cv, &d.mu);
+    pthread_mutex_unlock(&d.mu);
+    ar_free(ids);
+    snprintf(out, size, "%s", d.text);
+}
+
+struct par_arg {
+    int idx;
+    char *text;
+};
+
+static void *par_main(void *p)
+{
+    struct par_arg *a = p;
+    a->text = complete_text(g_port, prompts[a->idx], 24);
+    return NULL;
+}
+
+static void concurrent_greedy_outputs_equal_single_requests(void **state)
+{
+    char *single[8];
+    char ref[4096];
+    pthread_t th[8];
+    struct par_arg args[8];
+    (void)state;
+    for (int i = 0; i < 8; i++)
+        single[i] = complete_text(g_port, prompts[i], 24);
+    engine_text(prompts[0], 24, ref, sizeof(ref));
+    assert_string_equal(single[0], ref);
+    for (int i = 0; i < 8; i++) {
+        args[i].idx = i;
+        pthread_create(&th[i], NULL, par_main, &args[i]);
+    }
+    for (int i = 0; i < 8; i++) {
+        pthread_join(th[i], NULL);
+        assert_string_equal(args[i].text, single[i]);
+        free(args[i].text);
+        free(single[i]);
+    }
+}
+
+static void sse_stream_assembles_to_the_whole_text(void **state)
+{
+    const char *base = "{\"messages\":[{\"role\":\"user\",\"content\":\"The soup was salty.\"}],"
+                       "\"max_tokens\":32,\"temperature\":0,\"ignore_eos\":true";
+    char body[512], ct[64];
+    struct resp r;
+    cJSON *j;
+    int status, n_events = 0;
+    char whole[4096], streamed[4096] = "", finish[16] = "";
+    bool done = false;
+    (void)state;
+    snprintf(body, sizeof(body), "%s}", base);
+    j = post_json(g_port, "/v1/chat/completions", NULL, body, &status);
+    assert_int_equal(status, 200);
+    assert_string_equal(jstr(j, "object"), "chat.completion");
+    assert_string_equal(jstr(j, "choices.0.message.role"), "assistant");
+    assert_string_equal(jstr(j, "choices.0.finish_reason"), "length");
+    snprintf(whole, sizeof(whole), "%s", jstr(j, "choices.0.message.content"));
+    cJSON_Delete(j);
+
+    snprintf(body, sizeof(body), "%s,\"stream\":true}", base);
+    http(g_port, "POST", "/v1/chat/completions", "Content-Type: application/json\r\n", body,
+         strlen(body), &r);
+    assert_int_equal(r.status, 200);
+    assert_non_null(resp_header(&r, "Content-Type", ct, sizeof(ct)));
+    assert_string_equal(ct, "text/event-stream");
+    for (char *ev = r.body; ev && *ev;) {
+        char *end = strstr(ev, "\n\n");
+        assert_non_null(end);
+        *end = '\0';
+        assert_memory_equal(ev, "data: ", 6);
+        assert_false(done); /* nothing after [DONE] */
+        if (!strcmp(ev + 6, "[DONE]")) {
+            done = true;
+        } else {
+            cJSON *c = cJSON_Parse(ev + 6);
+            const char *piece;
+            assert_non_null(c);
+            assert_string_equal(jstr(c, "object"), "chat.completion.chunk");
+            if ((piece = jstr(c, "choices.0.delta.content")))
+                strncat(streamed, piece, sizeof(streamed) - strlen(streamed) - 1);
+            if (jstr(c, "choices.0.finish_reason"))
+                snprintf(finish, sizeof(finish), "%s", jstr(c, "choices.0.finish_reason"));
+            cJSON_Delete(c);
+            n_events++;
+        }
+        ev = end + 2;
+    }
+    assert_true(done);
+    assert_true(n_events >= 3);
+    assert_string_equal(streamed, whole);
+    assert_string_equal(finish, "length");
+    resp_free(&r);
+}
+
+static void client_leaving_mid_stream_frees_its_kv(void **state)
+{
+    struct server_params sp = server_default_params();
+    struct engine *e = make_engine(2, 8, false);
+    int port, fd;
+    struct server *s = make_server(&sp, e, &port);
+    const char *body = "{\"prompt\":\"Once upon a time\",\"max_tokens\":480,\"temperature\":0,"
+                       "\"ignore_eos\":true,\"stream\":true}";
+    char req[512], buf[8192];
+    size_t got = 0;
+    double base_used, gen0, t0;
+    int n_data = 0;
+    (void)state;
+    base_used = metric(port, "autoreply_kv_blocks_used");
+    gen0 = metric(port, "autoreply_generation_tokens_total");
+    assert_true(base_used == 0);
+    fd = connect_port(port);
+    snprintf(req, sizeof(req),
+             "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+             "Content-Length: %zu\r\n\r\n%s",
+             strlen(body), body);
+    assert_true(send_all(fd, req, strlen(req)));
+    /* wait for two tokens' events, then hang up */
+    while (n_data < 2 && got < sizeof(buf) - 1) {
+        ssize_t k = recv(fd, buf + got, sizeof(buf) - 1 - got, 0);
+        assert_true(k > 0);
+        got += (size_t)k;
+        buf[got] = '\0';
+        n_data = 0;
+        for (char *p = strstr(buf, "data: "); p; p = strstr(p + 6, "data: "))
+            n_data++;
+    }
+    assert_true(metric(port, "autoreply_kv_blocks_used") > 0);
+    close(fd);
+    t0 = now_s();
+    while (metric(port, "autoreply_kv_blocks_used") != base_used && now_s() - t0 < 10)
+        usleep(20000);
+    assert_true(metric(port, "autoreply_kv_blocks_used") == base_used);
+    /* it was cancelled, not finished */
+    assert_true(metric(port, "autoreply_generation_tokens_total") - gen0 < 480);
+    server_stop(s, 1);
+    engine_destroy(e);
+    server_destroy(s);
+}
+
+struct load_arg {
+    int port;
+    int status;
+    bool retry_after;
+    char code[32];
+};
+
+static void *load_main(void *p)
+{
+    struct load_arg *a = p;
+    struct resp r;
+    char v[32];
+    const char *body = "{\"prompt\":\"Hello there\",\"max_tokens\":200,\"temperature\":0,"
+                       "\"ignore_eos\":true}";
+    cJSON *j;
+    http(a->port, "POST", "/v1/completions", "Content-Type: application/json\r\n", body,
+         strlen(body), &r);
+    a->status = r.status;
+    a->retry_after = resp_header(&r, "Retry-After", v, sizeof(v)) && atoi(v) >= 1;
+    j = cJSON_Parse(r.body);
+    if (j && jstr(j, "error.code"))
+        snprintf(a->code, sizeof(a->code), "%s", jstr(j, "error.code"));
+    cJSON_Delete(j);
+    resp_free(&r);
+    return NULL;
+}
+
+static void overload_answers_503_with_retry_after(void **state)
+{
+    struct server_params sp = server_default_params();
+    struct engine *e = make_engine(1, 1, false);
+    int port, n_ok = 0, n_busy = 0;
+    struct server *s = make_server(&sp, e, &port);
+    pthread_t th[12];
+    struct load_arg a[12];
+    struct resp r;
+    (void)state;
+    for (int i = 0; i < 12; i++) {
+        memset(&a[i], 0, sizeof(a[i]));
+        a[i].port = port;
+        pthread_create(&th[i], NULL, load_main, &a[i]);
+    }
+    for (int i = 0; i < 12; i++) {
+        pthread_join(th[i], NULL);
+        if (a[i].status == 200) {
+            n_ok++;
+        } else {
+            assert_int_equal(a[i].status, 503);
+            assert_true(a[i].retry_after);
+            assert_string_equal(a[i].code, "queue_full");
+            n_busy++;
+        }
+    }
+    assert_true(n_ok >= 1);
+    assert_true(n_busy >= 1);
+    assert_true(metric(port, "autoreply_rejected_total{reason=\"queue_full\"}") == n_busy);
+    http(port, "GET", "/health", NULL, NULL, 0, &r);
+    assert_int_equal(r.status, 200);
+    resp_free(&r);
+    server_stop(s, 1);
+    engine_destroy(e);
+    server_destroy(s);
+}
+
+static void rate_limits_answer_429_with_retry_after(void **state)
+{
+    struct server_params sp = server_default_params();
+    struct server *s;
+    struct resp r;
+    char v[32];
+    int port, status;
+    cJSON *j;
+    (void)state;
+    /* requests per second: a burst of 2, then 429 */
+    sp.rate_rps = 0.5;
+    sp.rate_burst = 2;
+    s = make_server(&sp, g_eng, &port);
+    for (int i = 0; i < 2; i++) {
+        http(port, "GET", "/v1/models", NULL, NULL, 0, &r);
+        assert_int_equal(r.status, 200);
+        resp_free(&r);
+    }
+    http(port, "GET", "/v1/models", NULL, NULL, 0, &r);
+    assert_int_equal(r.status, 429);
+    assert_non_null(resp_header(&r, "Retry-After", v, sizeof(v)));
+    assert_true(atoi(v) >= 1 && atoi(v) <= 2); /* one request at 0.5/s */
+    assert_non_null(strstr(r.body, "rate_limit_exceeded"));
+    resp_free(&r);
+    http(port, "GET", "/health", NULL, NULL, 0, &r); /* not limited */
+    assert_int_equal(r.status, 200);
+    resp_free(&r);
+    assert_true(metric(port, "autoreply_rejected_total{reason=\"rate_limit\"}") == 1);
+    server_destroy(s);
+
+    /* tokens per minute: the first request's tokens put the bucket in debt */
+    sp = server_default_params();
+    sp.rate_tpm = 30; /* 40 generated tokens leave it in debt */
+    s = make_server(&sp, g_eng, &port);
+    j = post_json(port, "/v1/completions", NULL,
+                  "{\"prompt\":\"Hello\",\"max_tokens\":40,\"temperature\":0,\"ignore_eos\":true}",
+                  &status);
+    assert_int_equal(status, 200);
+    cJSON_Delete(j);
+    j = post_json(port, "/v1/completions", NULL, "{\"prompt\":\"Hello\",\"max_tokens\":4}",
+                  &status);
+    assert_int_equal(status, 429);
+    assert_string_equal(jstr(j, "error.code"), "rate_limit_exceeded");
+    cJSON_Delete(j);
+    server_destroy(s);
+}
+
+static void api_keys_guard_everything_but_health_and_metrics(void **state)
+{
+    struct server_params sp = server_default_params();
+    char path[] = "/tmp/ar_srv_keys_XXXXXX";
+    int fd = mkstemp(path), port, status;
+    struct server *s;
+    struct resp r;
+    cJSON *j;
+    (void)state;
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, "# test keys\nsk-alpha\nsk-beta\n", 29), 29);
+    close(fd);
+    sp.api_key_file = path;
+    s = make_server(&sp, g_eng, &port);
+    unlink(path);
+    http(port, "GET", "/v1/models", NULL, NULL, 0, &r);
+    assert_int_equal(r.status, 401);
+    assert_non_null(strstr(r.body, "invalid_api_key"));
+    assert_non_null(strstr(r.body, "authentication_error"));
+    resp_free(&r);
+    http(port, "GET", "/v1/models", "Authorization: Bearer sk-gamma\r\n", NULL, 0, &r);
+    assert_int_equal(r.status, 401);
+    resp_free(&r);
+    http(port, "GET", "/v1/models", "Authorization: Bearer sk-beta\r\n", NULL, 0, &r);
+    assert_int_equal(r.status, 200);
+    resp_free(&r);
+    j = post_json(port, "/tokenize", "Authorization: Bearer sk-alpha\r\n",
+                  "{\"content\":\"hello world\"}", &status);
+    assert_int_equal(status, 200);
+    assert_true(cJSON_GetArraySize(cJSON_GetObjectItem(j, "tokens")) > 0);
+    cJSON_Delete(j);
+    http(port, "GET", "/health", NULL, NULL, 0, &r);
+    assert_int_equal(r.status, 200);
+    resp_free(&r);
+    http(port, "GET", "/metrics", NULL, NULL, 0, &r);
+    assert_int_equal(r.status, 200);
+    resp_free(&r);
+    server_destroy(s);
+}
+
+static void prefix_cache_hits_show_and_keep_outputs(void **state)
+{
+    const char *body =
+        "{\"messages\":[{\"role\":\"system\",\"content\":\"You answer reviews for a noodle shop "
+        "in the old town. Be polite, thank the customer, mention the shop by name, and keep "
+        "it short.\"},{\"role\":\"user\",\"content\":\"Great noodles!\"}],\"max_tokens\":20,"
+        "\"temperature\":0}";
+    cJSON *a, *b;
+    int status;
+    double hits0 = metric(g_port, "autoreply_prefix_cache_hit_tokens_total");
+    (void)state;
+    a = post_json(g_port, "/v1/chat/completions", NULL, body, &status);
+    assert_int_equal(status, 200);
+    b = post_json(g_port, "/v1/chat/completions", NULL, body, &status);
+    assert_int_equal(status, 200);
+    assert_string_equal(jstr(a, "choices.0.message.content"), jstr(b, "choices.0.message.content"));
+    assert_true(jnum(b, "usage.prompt_tokens_details.cached_tokens") >= 16);
+    assert_true(jnum(b, "usage.prompt_tokens_details.cached_tokens") <
+                jnum(b, "usage.prompt_tokens"));
+    assert_true(metric(g_port, "autoreply_prefix_cache_hit_tokens_total") - hits0 >=
+                jnum(b, "usage.prompt_tokens_details.cached_tokens"));
+    assert_true(metric(g_port, "autoreply_prefix_cache_queries_total") >= 2);
+    cJSON_Delete(a);
+    cJSON_Delete(b);
+}
+
+/* Looks up key in a MessagePack map (msgpack-c's own decoder). */
+static const msgpack_object *mp_get(const msgpack_object *o, const char *key)
+{
+    if (o->type != MSGPACK_OBJECT_MAP)
+        return NULL;
+    for (uint32_t i = 0; i < o->via.map.size; i++) {
+        const msgpack_object_kv *kv = &o->via.map.ptr[i];
+        if (kv->key.type == MSGPACK_OBJECT_STR && kv->key.via.str.size == strlen(key) &&
+            !memcmp(kv->key.via.str.ptr, key, kv->key.via.str.size))
+            return &kv->val;
+    }
+    return NULL;
+}
+
+static void json_and_msgpack_give_the_same_answer(void **state)
+{
+    const char *js = "{\"prompt\":\"The rice was perfect\",\"max_tokens\":16,\"temperature\":0,"
+                     "\"stop\":[\"zzz\"]}";
+    msgpack_sbuffer sb;
+    msgpack_packer pk;
+    msgpack_unpacked up;
+    struct resp r;
+    cJSON *j;
+    int status;
+    char ct[64];
+    const msgpack_object *choices, *text, *usage, *pt;
+    (void)state;
+    j = post_json(g_port, "/v1/completions", NULL, js, &status);
+    assert_int_equal(status, 200);
+
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    msgpack_pack_map(&pk, 4);
+    msgpack_pack_str_with_body(&pk, "prompt", 6);
+    msgpack_pack_str_with_body(&pk, "The rice was perfect", 20);
+    msgpack_pack_str_with_body(&pk, "max_tokens", 10);
+    msgpack_pack_int(&pk, 16);
+    msgpack_pack_str_with_body(&pk, "temperature", 11);
+    msgpack_pack_double(&pk, 0.0);
+    msgpack_pack_str_with_body(&pk, "stop", 4);
+    msgpack_pack_array(&pk, 1);
+    msgpack_pack_bin_with_body(&pk, "zzz", 3); /* bin reads as a string */
+    http(g_port, "POST", "/v1/completions",
+         "Content-Type: application/msgpack\r\nAccept: application/msgpack\r\n", sb.data, sb.size,
+         &r);
+    msgpack_sbuffer_destroy(&sb);
+    assert_int_equal(r.status, 200);
+    assert_string_equal(resp_header(&r, "Content-Type", ct, sizeof(ct)), "application/msgpack");
+    msgpack_unpacked_init(&up);
+    assert_int_equal(msgpack_unpack_next(&up, r.body, r.body_len, NULL), MSGPACK_UNPACK_SUCCESS);
+    choices = mp_get(&up.data, "choices");
+    assert_non_null(choices);
+    assert_int_equal(choices->type, MSGPACK_OBJECT_ARRAY);
+    text = mp_get(&choices->via.array.ptr[0], "text");
+    assert_non_null(text);
+    assert_int_equal(text->via.str.size, strlen(jstr(j, "choices.0.text")));
+    assert_memory_equal(text->via.str.ptr, jstr(j, "choices.0.text"), text->via.str.size);
+    usage = mp_get(&up.data, "usage");
+    pt = usage ? mp_get(usage, "prompt_tokens") : NULL;
+    assert_non_null(pt);
+    assert_int_equal(pt->type, MSGPACK_OBJECT_POSITIVE_INTEGER);
+    assert_true((double)pt->via.u64 == jnum(j, "usage.prompt_tokens"));
+    msgpack_unpacked_destroy(&up);
+    resp_free(&r);
+    cJSON_Delete(j);
+}
+
+static void expect_error(const char *path, const char *ctype, const char *body, int status,
+                         const char *code)
+{
+    struct resp r;
+    char hdr[128];
+    cJSON *j;
+    snprintf(hdr, sizeof(hdr), "Content-Type: %s\r\n", ctype);
+    http(g_port, "POST", path, hdr, body, strlen(body), &r);
+    if (r.status != status)
+        fail_msg("%s %s: status %d, want %d: %s", path, body, r.status, status, r.body);
+    j = cJSON_Parse(r.body);
+    assert_non_null(j);
+    assert_non_null(jstr(j, "error.message"));
+    assert_non_null(jstr(j, "error.type"));
+    if (code)
+        assert_string_equal(jstr(j, "error.code"), code);
+    cJSON_Delete(j);
+    resp_free(&r);
+}
+
+static void bad_requests_get_4xx_errors(void **state)
+{
+    const char *j = "application/json";
+    char big[8192];
+    int n, status;
+    cJSON *e;
+    struct resp r;
+    (void)state;
+    expect_error("/v1/chat/completions", j, "{\"messages\":[", 400, "invalid_json");
+    expect_error("/v1/chat/completions", j, "[1,2]", 400, "invalid_type");
+    expect_error("/v1/chat/completions", j, "{\"messages\":[]}", 400, "invalid_value");
+    expect_error("/v1/chat/completions", j,
+                 "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":\"5\"}",
+                 400, "invalid_type");
+    expect_error("/v1/completions", j, "{\"prompt\":\"hi\",\"max_tokens\":0}", 400,
+                 "invalid_value");
+    expect_error("/v1/completions", j, "{\"prompt\":\"hi\",\"max_tokens\":100000}", 400,
+                 "invalid_value");
+    expect_error("/v1/completions", j, "{\"prompt\":\"hi\",\"n\":3}", 400, "unsupported_parameter");
+    expect_error("/v1/completions", j, "{\"prompt\":\"\xc3\x28\"}", 400, "invalid_json");
+    expect_error("/v1/completions", "text/html", "{\"prompt\":\"hi\"}", 415,
+                 "unsupported_media_type");
+    expect_error("/v1/nothing", j, "{}", 404, "not_found");
+    expect_error("/detokenize", j, "{\"tokens\":[1,999999]}", 400, "invalid_value");
+    http(g_port, "GET", "/v1/completions", NULL, NULL, 0, &r);
+    assert_int_equal(r.status, 405);
+    resp_free(&r);
+
+    /* a prompt longer than the context: 600 token ids against 512 */
+    n = snprintf(big, sizeof(big), "{\"prompt\":[");
+    for (int i = 0; i < 600; i++)
+        n += snprintf(big + n, sizeof(big) - (size_t)n, "%s%d", i ? "," : "", 100 + i % 50);
+    snprintf(big + n, sizeof(big) - (size_t)n, "],\"max_tokens\":4}");
+    e = post_json(g_port, "/v1/completions", NULL, big, &status);
+    assert_int_equal(status, 400);
+    assert_string_equal(jstr(e, "error.code"), "context_length_exceeded");
+    assert_true(jnum(e, "error.n_prompt_tokens") == 600);
+    assert_true(jnum(e, "error.n_ctx") == 512);
+    assert_non_null(strstr(jstr(e, "error.message"), "600"));
+    assert_non_null(strstr(jstr(e, "error.message"), "512"));
+    cJSON_Delete(e);
+    /* with truncate the tail is kept */
+    snprintf(big + n, sizeof(big) - (size_t)n, "],\"max_tokens\":4,\"truncate\":true}");
+    e = post_json(g_port, "/v1/completions", NULL, big, &status);
+    assert_int_equal(status, 200);
+    assert_true(jnum(e, "usage.prompt_tokens") + 4 <= 512);
+    cJSON_Delete(e);
+}
+
+static void huge_body_gets_413_before_it_is_read(void **state)
+{
+    int fd = connect_port(g_port);
+    const char *head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                       "application/json\r\nContent-Length: 100000000\r\n\r\n";
+    char chunk[65536];
+    size_t sent = 0, n;
+    char *raw;
+    struct resp r;
+    (void)state;
+    memset(chunk, ' ', sizeof(chunk));
+    assert_true(send_all(fd, head, strlen(head)));
+    /* keep sending until the server answers or refuses more; it must not take 100 MB */
+    for (int i = 0; i < 64; i++) {
+        struct pollfd p = {fd, POLLIN, 0};
+        if (poll(&p, 1, 0) > 0)
+            break;
+        if (!send_all(fd, chunk, sizeof(chunk)))
+            break;
+        sent += sizeof(chunk);
+    }
+    raw = read_all(fd, &n);
+    close(fd);
+    assert_true(sent < 100000000 / 2);
+    parse_response(raw, n, &r);
+    assert_int_equal(r.status, 413);
+    assert_non_null(strstr(r.body, "request_too_large"));
+    resp_free(&r);
+    free(raw);
+}
+
+static void slow_client_is_dropped_while_others_are_served(void **state)
+{
+    struct server_params sp = server_default_params();
+    int port, fd;
+    struct server *s;
+    const char *head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\n";
+    double t0, dropped_at = 0;
+    struct resp r;
+    (void)state;
+    sp.timeout_s = 1;
+    s = make_server(&sp, g_eng, &port);
+    fd = connect_port(port);
+    t0 = now_s();
+    /* one byte every 100 ms: never idle long enough for an idle timeout */
+    for (size_t i = 0; now_s() - t0 < 4; i = (i + 1) % strlen(head)) {
+        struct pollfd p = {fd, POLLIN, 0};
+        if (!send_all(fd, head + i, 1) || (poll(&p, 1, 0) > 0 && recv(fd, &(char){0}, 1, 0) <= 0)) {
+            dropped_at = now_s() - t0;
+            break;
+        }
+        if (i == 5) { /* others are served meanwhile */
+            http(port, "GET", "/health", NULL, NULL, 0, &r);
+            assert_int_equal(r.status, 200);
+            resp_free(&r);
+        }
+        usleep(100000);
+    }
+    close(fd);
+    assert_true(dropped_at > 0.8);
+    assert_true(dropped_at < 2.5);
+    server_destroy(s);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(health_says_loading_until_the_engine_is_set),
+        cmocka_unit_test(concurrent_greedy_outputs_equal_single_requests),
+        cmocka_unit_test(sse_stream_assembles_to_the_whole_text),
+        cmocka_unit_test(client_leaving_mid_stream_frees_its_kv),
+        cmocka_unit_test(overload_answers_503_with_retry_after),
+        cmocka_unit_test(rate_limits_answer_429_with_retry_after),
+        cmocka_unit_test(api_keys_guard_everything_but_health_and_metrics),
+        cmocka_unit_test(prefix_cache_hits_show_and_keep_outputs),
+        cmocka_unit_test(json_and_msgpack_give_the_same_answer),
+        cmocka_unit_test(bad_requests_get_4xx_errors),
+        cmocka_unit_test(huge_body_gets_413_before_it_is_read),
+        cmocka_unit_test(slow_client_is_dropped_while_others_are_served),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
