@@ -3,6 +3,8 @@
  * avx512_vnni.c compiles this same file with -mavx512vnni: where __AVX512VNNI__ is defined the
  * integer dot products use vpdpbusd / vpdpwssd instead of vpmaddubsw + vpmaddwd. */
 #include <immintrin.h>
+#include <stddef.h>
+#include <string.h>
 
 #include "kernels_internal.h"
 
@@ -185,6 +187,154 @@ AR_INLINE void q8_0_block(const struct block_q8_0 *w, const struct block_q8_0 *x
 }
 DEFINE_GEMM(q8_0, struct block_q8_0, struct block_q8_0, q8_0_block, 2, QK8_0)
 
+#ifdef __AVX512VNNI__
+/* ---- Q8_0 gemm over many activation rows: 16 weight rows in the lanes of one vector --------
+ * Each block of 16 weight rows is transposed into 8 vectors whose lane r holds bytes 4t..4t+3
+ * of row r (made unsigned: q + 128). One vpdpbusd against 4 bytes of an activation row
+ * broadcast to every lane then advances all 16 row sums, and the block's sums need a single
+ * conversion and fma (scale d_w per lane times d_x), with no horizontal sums. The + 128 is
+ * taken out exactly by starting each block's int32 sum at -128 * (sum of the activation block).
+ * Work order: LN_JC activation rows at a time; within them k chunks of LN_KB blocks (activation
+ * scales and sums precomputed per chunk); within a chunk, 16 weight rows at a time, transposed
+ * once and used against every activation row. Partial sums live in y between chunks. Each
+ * output is the same sequence of operations wherever its row and column fall, so any split
+ * of rows or columns gives bit-identical results. */
+
+#define LN_KB 8
+#define LN_JC 64
+#define LN_MIN_NC 8
+
+AR_INLINE int32_t load_i32(const void *p)
+{
+    int32_t v;
+    memcpy(&v, p, sizeof(v));
+    return v;
+}
+
+/* v[t] lane r = bytes 4t..4t+3 of the 32 quants at rows[r] (an 8 x 8 dword transpose in each
+ * 256-bit half: rows 0..7 in the lower half, rows 8..15 in the upper), each byte + 128. */
+AR_INLINE void ln_transpose(const uint8_t *const rows[16], size_t off, __m512i v[8])
+{
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
+    const __m512i hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+    __m512i z[8], t[8], u[8];
+    for (int k = 0; k < 8; k++)
+        z[k] = _mm512_xor_si512(join256(_mm256_loadu_si256(cv256(rows[k] + off)),
+                                        _mm256_loadu_si256(cv256(rows[k + 8] + off))),
+                                flip);
+    for (int k = 0; k < 4; k++) {
+        t[2 * k] = _mm512_unpacklo_epi32(z[2 * k], z[2 * k + 1]);
+        t[2 * k + 1] = _mm512_unpackhi_epi32(z[2 * k], z[2 * k + 1]);
+    }
+    /* u[s] (s < 4): rows 0..3 of each 128-bit lane hold dword s of that lane's half;
+     * u[4 + s]: rows 4..7 */
+    for (int g = 0; g < 2; g++) {
+        u[4 * g + 0] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
+        u[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
+        u[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
+        u[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
+    }
+    for (int s = 0; s < 4; s++) {
+        v[s] = _mm512_permutex2var_epi64(u[s], lo, u[4 + s]);
+        v[4 + s] = _mm512_permutex2var_epi64(u[s], hi, u[4 + s]);
+    }
+}
+
+/* J activation rows against the transposed chunk: y[j * ldy + lane] (masked to m) += the kb
+ * blocks' contributions, or = them when first. */
+AR_INLINE void ln_q8_0_rows(const int J, int kb, const __m512i *wv, const __m512 *wd,
+                            const uint8_t *x, size_t x_row, const float *xd, const int32_t *xc,
+                            float *y, size_t ldy, __mmask16 m, bool first)
+{
+    __m512 acc[8];
+    _Pragma("GCC unroll 8") for (int j = 0; j < J; j++) acc[j] =
+        first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m, y + (size_t)j * ldy);
+    for (int b = 0; b < kb; b++) {
+        __m512i w[8];
+        _Pragma("GCC unroll 8") for (int t = 0; t < 8; t++) w[t] = wv[8 * b + t];
+        _Pragma("GCC unroll 8") for (int j = 0; j < J; j++)
+        {
+            const int8_t *q = ((const struct block_q8_0 *)(const void *)(x + (size_t)j * x_row))[b].qs;
+            __m512i p = _mm512_set1_epi32(xc[j * LN_KB + b]);
+            _Pragma("GCC unroll 8") for (int t = 0; t < 8; t++) p =
+                _mm512_dpbusd_epi32(p, w[t], _mm512_set1_epi32(load_i32(q + 4 * t)));
+            acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p),
+                                     _mm512_mul_ps(wd[b], _mm512_set1_ps(xd[j * LN_KB + b])), acc[j]);
+        }
+    }
+    _Pragma("GCC unroll 8") for (int j = 0; j < J; j++)
+        _mm512_mask_storeu_ps(y + (size_t)j * ldy, m, acc[j]);
+}
+
+static void q8_0_gemm_lanes(int nb, int nr, int nc, const uint8_t *w, size_t w_row,
+                            const uint8_t *x, size_t x_row, float *y, size_t ldy)
+{
+    const size_t bs = sizeof(struct block_q8_0);
+    __m512i wv[LN_KB * 8];
+    __m512 wd[LN_KB];
+    float xd[LN_JC * LN_KB];
+    int32_t xc[LN_JC * LN_KB];
+    for (int j0 = 0; j0 < nc; j0 += LN_JC) {
+        int jn = AR_MIN(LN_JC, nc - j0);
+        const uint8_t *xj0 = x + (size_t)j0 * x_row;
+        for (int b0 = 0; b0 < nb; b0 += LN_KB) {
+            int kb = AR_MIN(LN_KB, nb - b0);
+            for (int j = 0; j < jn; j++) {
+                const struct block_q8_0 *xb =
+                    (const struct block_q8_0 *)(const void *)(xj0 + (size_t)j * x_row) + b0;
+                for (int b = 0; b < kb; b++) {
+                    __m256i q = _mm256_xor_si256(_mm256_loadu_si256(cv256(xb[b].qs)),
+                                                 _mm256_set1_epi8((char)0x80));
+                    __m256i s = _mm256_sad_epu8(q, _mm256_setzero_si256());
+                    __m128i h = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+                    int32_t sum = (int32_t)(_mm_cvtsi128_si64(h) + _mm_extract_epi64(h, 1)) - 32 * 128;
+                    xc[j * LN_KB + b] = -128 * sum;
+                    xd[j * LN_KB + b] = f16_to_f32(xb[b].d);
+                }
+            }
+            for (int i0 = 0; i0 < nr; i0 += 16) {
+                int rn = AR_MIN(16, nr - i0);
+                __mmask16 m = (__mmask16)((1u << rn) - 1u);
+                const uint8_t *rows[16];
+                __m512i idx = _mm512_mullo_epi32(
+                    _mm512_min_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,
+                                                       13, 14, 15),
+                                     _mm512_set1_epi32(rn - 1)),
+                    _mm512_set1_epi32((int)w_row));
+                for (int r = 0; r < 16; r++)
+                    rows[r] = w + (size_t)(i0 + AR_MIN(r, rn - 1)) * w_row + (size_t)b0 * bs;
+                for (int b = 0; b < kb; b++) {
+                    __m512i dv = _mm512_i32gather_epi32(idx, (const void *)(rows[0] + (size_t)b * bs), 1);
+                    wd[b] = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dv));
+                    ln_transpose(rows, (size_t)b * bs + offsetof(struct block_q8_0, qs), &wv[8 * b]);
+                }
+                float *yt = y + (size_t)j0 * ldy + (size_t)i0;
+                int j = 0;
+                for (; j + 8 <= jn; j += 8)
+                    ln_q8_0_rows(8, kb, wv, wd, xj0 + (size_t)j * x_row + (size_t)b0 * bs, x_row,
+                                 xd + j * LN_KB, xc + j * LN_KB, yt + (size_t)j * ldy, ldy, m, b0 == 0);
+                for (; j + 4 <= jn; j += 4)
+                    ln_q8_0_rows(4, kb, wv, wd, xj0 + (size_t)j * x_row + (size_t)b0 * bs, x_row,
+                                 xd + j * LN_KB, xc + j * LN_KB, yt + (size_t)j * ldy, ldy, m, b0 == 0);
+                for (; j < jn; j++)
+                    ln_q8_0_rows(1, kb, wv, wd, xj0 + (size_t)j * x_row + (size_t)b0 * bs, x_row,
+                                 xd + j * LN_KB, xc + j * LN_KB, yt + (size_t)j * ldy, ldy, m, b0 == 0);
+            }
+        }
+    }
+}
+
+static void q8_0_gemm_vnni(int n, int nr, int nc, const void *w, size_t w_row, const void *x,
+                           size_t x_row, float *y, size_t ldy)
+{
+    if (nc < LN_MIN_NC)
+        q8_0_gemm(n, nr, nc, w, w_row, x, x_row, y, ldy);
+    else
+        q8_0_gemm_lanes(n / QK8_0, nr, nc, w, w_row, x, x_row, y, ldy);
+}
+#endif
+
 /* q (0..15) of k Q4_0 blocks: per block, its low nibbles (elements 0..15) then its high
  * nibbles (16..31), each in one 128-bit lane. */
 AR_INLINE __m512i q4_0_load(const struct block_q4_0 *b, int k)
@@ -214,15 +364,20 @@ DEFINE_GEMM(q4_0, struct block_q4_0, struct block_q8_0, q4_0_block, 2, QK4_0)
 
 /* ---- K-quants against Q8_K activations, one super-block per step ----------------------------- */
 
-/* The 8 six-bit scales and mins of a Q4_K/Q5_K block (layout in ref.c's k_scale_min). */
-AR_INLINE void k_scales_mins(const uint8_t *q, uint8_t *sc, uint8_t *m)
+/* The 8 six-bit scales (low 8 bytes) and mins (high 8 bytes) of a Q4_K/Q5_K block (layout in
+ * ref.c's k_scale_min), unpacked with 32-bit word operations: sc 0..3 and m 0..3 are the low
+ * 6 bits of bytes 0..3 and 4..7; sc/m 4..7 take their low 4 bits from the nibbles of bytes
+ * 8..11 and their top 2 bits from the top bits of bytes 0..3 / 4..7. */
+AR_INLINE __m128i k_scales_mins(const uint8_t *q)
 {
-    for (int j = 0; j < 4; j++) {
-        sc[j] = q[j] & 63;
-        m[j] = q[j + 4] & 63;
-        sc[j + 4] = (uint8_t)((q[j + 8] & 0x0f) | ((q[j] >> 6) << 4));
-        m[j + 4] = (uint8_t)((q[j + 8] >> 4) | ((q[j + 4] >> 6) << 4));
-    }
+    uint32_t a, b, c;
+    memcpy(&a, q, 4);
+    memcpy(&b, q + 4, 4);
+    memcpy(&c, q + 8, 4);
+    uint32_t sc_lo = a & 0x3f3f3f3fu, m_lo = b & 0x3f3f3f3fu;
+    uint32_t sc_hi = (c & 0x0f0f0f0fu) | ((a >> 2) & 0x30303030u);
+    uint32_t m_hi = ((c >> 4) & 0x0f0f0f0fu) | ((b >> 2) & 0x30303030u);
+    return _mm_set_epi32((int)m_hi, (int)m_lo, (int)sc_hi, (int)sc_lo);
 }
 
 /* int16 index vector: lanes 0..15 pick a, lanes 16..31 pick b */
@@ -234,15 +389,15 @@ AR_INLINE __m512i idx2(int a, int b)
 AR_INLINE void qk45_block(ar_f16 dh, ar_f16 dminh, const uint8_t *scales, const uint8_t *qs,
                           const uint8_t *qh, const struct block_q8_K *x, __m512 *acc)
 {
-    uint8_t sc[8], m[8];
-    k_scales_mins(scales, sc, m);
-    __m512i sc16 = _mm512_zextsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64(cv128(sc))));
-    __m128i m16 = _mm_cvtepu8_epi16(_mm_loadl_epi64(cv128(m)));
+    __m128i scm = k_scales_mins(scales);
+    __m512i sc16 = _mm512_zextsi128_si512(_mm_cvtepu8_epi16(scm));
+    __m128i m16 = _mm_cvtepu8_epi16(_mm_unpackhi_epi64(scm, scm));
     __m256i mv = _mm256_set_m128i(_mm_unpackhi_epi16(m16, m16), _mm_unpacklo_epi16(m16, m16));
     const __m512i m4 = _mm512_set1_epi8(0x0f);
     __m512i hb = qh ? _mm512_broadcast_i64x4(_mm256_loadu_si256(cv256(qh))) : _mm512_setzero_si512();
     __m512i isum = _mm512_setzero_si512();
-    for (int c = 0; c < 4; c++) {
+    _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++)
+    {
         /* 64 elements: sub-block 2c (low nibbles) in the lower half, 2c + 1 in the upper */
         __m256i raw = _mm256_loadu_si256(cv256(qs + 32 * c));
         __m512i q = _mm512_and_si512(join256(raw, _mm256_srli_epi16(raw, 4)), m4);
@@ -296,7 +451,8 @@ AR_INLINE void q6_K_block(const struct block_q6_K *w, const struct block_q8_K *x
     const __m512i shr = join256(_mm256_setzero_si256(), _mm256_set1_epi16(2));
     __m512i isum = _mm512_setzero_si512();
     (void)k;
-    for (int h = 0; h < 2; h++) {
+    _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++)
+    {
         /* ql[64h ..]: bytes 0..31 give elements 0..31 and 64..95, bytes 32..63 elements 32..63
          * and 96..127 of the half; qh bit pairs 0-1, 2-3, 4-5, 6-7 are the top bits of those */
         __m512i ql = _mm512_loadu_si512((const void *)(w->ql + 64 * h));
@@ -319,6 +475,117 @@ AR_INLINE void q6_K_block(const struct block_q6_K *w, const struct block_q8_K *x
 }
 DEFINE_GEMM(q6_K, struct block_q6_K, struct block_q8_K, q6_K_block, 1, QK_K)
 
+/* ---- attention over one KV head --------------------------------------------------------------
+ * Each key (value) row is loaded and converted once and used for every query head of the
+ * group. Head sizes that are not a multiple of 16 take the plain loops. */
+
+AR_INLINE __m512 kv_load16(const uint8_t *row, int c, bool f16)
+{
+    if (f16)
+        return _mm512_cvtph_ps(_mm256_loadu_si256(cv256(row + 32 * c)));
+    return _mm512_loadu_ps((const void *)(row + 64 * c));
+}
+
+AR_INLINE float kv_elem(const uint8_t *row, int i, bool f16)
+{
+    if (f16) {
+        ar_f16 h;
+        memcpy(&h, row + 2 * i, sizeof(h));
+        return f16_to_f32(h);
+    }
+    float f;
+    memcpy(&f, row + 4 * i, sizeof(f));
+    return f;
+}
+
+AR_INLINE void scores_nv(const int NV, int nq, int nt, const float *q, const uint8_t *k,
+                         size_t kv_stride, bool f16, float scale, float *s, size_t s_stride)
+{
+    for (int t = 0; t < nt; t++) {
+        const uint8_t *kr = k + (size_t)t * kv_stride;
+        __m512 kv[8];
+        _Pragma("GCC unroll 8") for (int c = 0; c < NV; c++) kv[c] = kv_load16(kr, c, f16);
+        for (int h = 0; h < nq; h++) {
+            const float *qh = q + (size_t)h * (size_t)(16 * NV);
+            __m512 a = _mm512_mul_ps(kv[0], _mm512_loadu_ps(qh));
+            _Pragma("GCC unroll 8") for (int c = 1; c < NV; c++) a =
+                _mm512_fmadd_ps(kv[c], _mm512_loadu_ps(qh + 16 * c), a);
+            s[(size_t)h * s_stride + (size_t)t] = _mm512_reduce_add_ps(a) * scale;
+        }
+    }
+}
+
+static void attn_scores(int hd, int nq, int nt, const float *q, const void *k, size_t kv_stride,
+                        enum ar_type kt, float scale, float *s, size_t s_stride)
+{
+    bool f16 = kt == AR_TYPE_F16;
+    if (hd == 64) {
+        scores_nv(4, nq, nt, q, k, kv_stride, f16, scale, s, s_stride);
+    } else if (hd == 128) {
+        scores_nv(8, nq, nt, q, k, kv_stride, f16, scale, s, s_stride);
+    } else {
+        for (int h = 0; h < nq; h++) {
+            for (int t = 0; t < nt; t++) {
+                const uint8_t *kr = (const uint8_t *)k + (size_t)t * kv_stride;
+                float d = 0.0f;
+                for (int i = 0; i < hd; i++)
+                    d += kv_elem(kr, i, f16) * q[(size_t)h * (size_t)hd + (size_t)i];
+                s[(size_t)h * s_stride + (size_t)t] = d * scale;
+            }
+        }
+    }
+}
+
+/* HN heads at once: their output rows stay in registers over all nt value rows. */
+AR_INLINE void values_nv(const int NV, const int HN, int nt, const float *s, size_t s_stride,
+                         const uint8_t *v, size_t kv_stride, bool f16, float *out)
+{
+    __m512 acc[4][8];
+    _Pragma("GCC unroll 4") for (int h = 0; h < HN; h++)
+        _Pragma("GCC unroll 8") for (int c = 0; c < NV; c++) acc[h][c] =
+            _mm512_loadu_ps(out + (size_t)h * (size_t)(16 * NV) + 16 * c);
+    for (int t = 0; t < nt; t++) {
+        const uint8_t *vr = v + (size_t)t * kv_stride;
+        __m512 vv[8];
+        _Pragma("GCC unroll 8") for (int c = 0; c < NV; c++) vv[c] = kv_load16(vr, c, f16);
+        _Pragma("GCC unroll 4") for (int h = 0; h < HN; h++)
+        {
+            __m512 a = _mm512_set1_ps(s[(size_t)h * s_stride + (size_t)t]);
+            _Pragma("GCC unroll 8") for (int c = 0; c < NV; c++) acc[h][c] =
+                _mm512_fmadd_ps(a, vv[c], acc[h][c]);
+        }
+    }
+    _Pragma("GCC unroll 4") for (int h = 0; h < HN; h++)
+        _Pragma("GCC unroll 8") for (int c = 0; c < NV; c++)
+            _mm512_storeu_ps(out + (size_t)h * (size_t)(16 * NV) + 16 * c, acc[h][c]);
+}
+
+static void attn_values(int hd, int nq, int nt, const float *s, size_t s_stride, const void *v,
+                        size_t kv_stride, enum ar_type kt, float *out)
+{
+    bool f16 = kt == AR_TYPE_F16;
+    int h = 0;
+    if (hd == 64) {
+        for (; h + 4 <= nq; h += 4)
+            values_nv(4, 4, nt, s + (size_t)h * s_stride, s_stride, v, kv_stride, f16, out + h * hd);
+        for (; h < nq; h++)
+            values_nv(4, 1, nt, s + (size_t)h * s_stride, s_stride, v, kv_stride, f16, out + h * hd);
+    } else if (hd == 128) {
+        for (; h + 2 <= nq; h += 2)
+            values_nv(8, 2, nt, s + (size_t)h * s_stride, s_stride, v, kv_stride, f16, out + h * hd);
+        for (; h < nq; h++)
+            values_nv(8, 1, nt, s + (size_t)h * s_stride, s_stride, v, kv_stride, f16, out + h * hd);
+    }
+    for (; h < nq; h++) {
+        for (int t = 0; t < nt; t++) {
+            const uint8_t *vr = (const uint8_t *)v + (size_t)t * kv_stride;
+            float a = s[(size_t)h * s_stride + (size_t)t];
+            for (int i = 0; i < hd; i++)
+                out[(size_t)h * (size_t)hd + (size_t)i] += a * kv_elem(vr, i, f16);
+        }
+    }
+}
+
 /* ---- the table ------------------------------------------------------------------------------ */
 
 void kernels_fill_avx512(struct kernel_ops *ops)
@@ -329,9 +596,16 @@ void kernels_fill_avx512(struct kernel_ops *ops)
     ops->vec_dot[AR_TYPE_Q5_K] = q5_K_vec_dot;
     ops->vec_dot[AR_TYPE_Q6_K] = q6_K_vec_dot;
 
+#ifdef __AVX512VNNI__
+    ops->gemm[AR_TYPE_Q8_0] = q8_0_gemm_vnni;
+#else
     ops->gemm[AR_TYPE_Q8_0] = q8_0_gemm;
+#endif
     ops->gemm[AR_TYPE_Q4_0] = q4_0_gemm;
     ops->gemm[AR_TYPE_Q4_K] = q4_K_gemm;
     ops->gemm[AR_TYPE_Q5_K] = q5_K_gemm;
     ops->gemm[AR_TYPE_Q6_K] = q6_K_gemm;
+
+    ops->attn_scores = attn_scores;
+    ops->attn_values = attn_values;
 }

@@ -44,6 +44,16 @@ struct kernel_ops {
     void (*softmax)(int n, float *x);
     /* out[i] = silu(gate[i]) * up[i] */
     void (*silu_mul)(int n, float *out, const float *gate, const float *up);
+
+    /* Attention of nq query heads (q: nq rows of hd floats, one after another) that share
+     * one KV head, over nt key/value rows of hd elements of type kt (F32 or F16), rows
+     * kv_stride bytes apart:
+     *   attn_scores: s[h * s_stride + t] = scale * dot(q row h, k row t)
+     *   attn_values: out[h * hd + i] += s[h * s_stride + t] * v row t [i], t in order */
+    void (*attn_scores)(int hd, int nq, int nt, const float *q, const void *k, size_t kv_stride,
+                        enum ar_type kt, float scale, float *s, size_t s_stride);
+    void (*attn_values)(int hd, int nq, int nt, const float *s, size_t s_stride, const void *v,
+                        size_t kv_stride, enum ar_type kt, float *out);
 };
 
 /* The reference table (every entry set). */

@@ -10,11 +10,13 @@
 
 #include "../kernels/kernels.h"
 
-/* Weight rows per gemm tile and per thread split unit; batch rows per gemm tile. Tiles
- * start at multiples of these from 0 whatever the thread count, so a thread split never
- * changes which kernel call computes an output. */
+/* Weight rows per thread split unit; weight rows and batch rows per gemm call (a call's
+ * weight rows stay in cache while every batch row streams past them). Every gemm computes
+ * each output by the same operations wherever it falls in a call, so neither the thread
+ * split nor the call boundaries change a result. */
 #define MM_TILE_ROWS 16
-#define MM_TILE_COLS 32
+#define MM_CALL_ROWS 128
+#define MM_TILE_COLS 64
 #define MM_MAX_MATS 3
 
 /* One matmul of a stage: out[j * ldy + i] = dot(w row i, input row j). */
@@ -45,7 +47,7 @@ struct model_ctx {
     float *rope; /* owned, rope_dim: (cos, sin) pairs per rotated pair */
     uint8_t *act;     /* owned, act_row bytes per row: input rows in a vec_dot type */
     size_t act_row;   /* max bytes of one converted input row over all matrices */
-    float *scores;    /* owned, (nth, score_cap) */
+    float *scores;    /* owned, (nth * heads per KV head, score_cap) */
     int64_t score_cap;
     int32_t *out_rows; /* owned, (n_batch_max): batch row of each logits row */
 
@@ -71,7 +73,19 @@ struct model_ctx {
     int n_mm;
     const void *mm_x; /* input rows */
     size_t mm_x_row;  /* bytes between input rows */
+    /* small batches: each thread makes its own copy of the matmul input (no extra stage) */
+    int mm_pre;             /* MM_PRE_* */
+    uint8_t *act_th;        /* owned, (nth, SMALL_ROWS * act_row) */
+    float *tmp_th;          /* owned, (nth, SMALL_ROWS * tmp_width) */
+    int64_t tmp_width;
+    /* attention stage also does the K/V writes and RoPE (rows of distinct sequences) */
+    bool fuse_post;
 };
+
+/* Batches of at most this many rows convert matmul inputs per thread, inside the matmul
+ * stage: the repeated work is tiny and one pool rendezvous per conversion is saved. */
+#define SMALL_ROWS 8
+enum { MM_PRE_NONE, MM_PRE_CONVERT, MM_PRE_SILU };
 
 /* ---- allocation ---------------------------------------------------------------------- */
 
@@ -129,12 +143,18 @@ enum ar_status model_ctx_create(const struct model *m, int n_batch_max, struct a
         alloc_rows(&c->att, n_batch_max, n_q) || alloc_rows(&c->gate, n_batch_max, hp->n_ff) ||
         alloc_rows(&c->up, n_batch_max, hp->n_ff) || alloc_rows(&c->hid, n_batch_max, hp->n_ff) ||
         alloc_rows(&c->rope, n_batch_max, hp->rope_dim) ||
-        alloc_rows(&c->scores, c->nth, c->score_cap))
+        alloc_rows(&c->scores, c->nth * (hp->n_heads / hp->n_kv_heads), c->score_cap))
         goto fail;
     if (ar_mul_overflow_u64((uint64_t)n_batch_max, AR_MAX(c->act_row, 1), &bytes) ||
         bytes > SIZE_MAX || !(c->act = ar_malloc_aligned((size_t)bytes)))
         goto fail;
     if (!(c->out_rows = ar_malloc((size_t)n_batch_max * sizeof(*c->out_rows))))
+        goto fail;
+    c->tmp_width = AR_MAX(AR_MAX(hp->n_embd, hp->n_ff), n_q);
+    if (ar_mul_overflow_u64((uint64_t)c->nth * SMALL_ROWS, AR_MAX(c->act_row, 1), &bytes) ||
+        bytes > SIZE_MAX || !(c->act_th = ar_malloc_aligned((size_t)bytes)))
+        goto fail;
+    if (alloc_rows(&c->tmp_th, c->nth * SMALL_ROWS, c->tmp_width))
         goto fail;
     *out = c;
     return AR_OK;
@@ -161,6 +181,8 @@ void model_ctx_destroy(struct model_ctx *c)
     ar_free_aligned(c->act);
     ar_free_aligned(c->scores);
     ar_free(c->out_rows);
+    ar_free_aligned(c->act_th);
+    ar_free_aligned(c->tmp_th);
     ar_free(c);
 }
 
@@ -174,7 +196,7 @@ static enum ar_status ensure_scores(struct model_ctx *c, int64_t n)
         return AR_OK;
     while (cap < n)
         cap *= 2;
-    if (alloc_rows(&s, c->nth, cap) != AR_OK)
+    if (alloc_rows(&s, c->nth * (c->m->hp.n_heads / c->m->hp.n_kv_heads), cap) != AR_OK)
         return AR_ENOMEM;
     ar_free_aligned(c->scores);
     c->scores = s;
@@ -264,59 +286,70 @@ static void rope_rotate(float *x, int n_heads, int head_dim, int rope_dim, bool 
     }
 }
 
-/* Biases, RoPE on q and k, and the K/V rows written into each row's sequence blocks. */
-static void stage_qkv_post(void *arg, int ith, int nth)
+/* Row r's biases, RoPE on q and k and its K/V rows written into its sequence's block, for
+ * KV heads [g0, g1) and their query heads. */
+static void qkv_post_row(struct model_ctx *c, int64_t r, int g0, int g1)
 {
-    struct model_ctx *c = arg;
     const struct model_hparams *hp = &c->m->hp;
     const struct model_layer *L = &c->m->layers[c->layer];
-    int n_q = hp->n_heads * hp->head_dim, n_kv = hp->n_kv_heads * hp->head_dim;
+    int hd = hp->head_dim, group = hp->n_heads / hp->n_kv_heads;
+    int n_q = hp->n_heads * hd, n_kv = hp->n_kv_heads * hd;
+    int q0 = g0 * group * hd, q1 = g1 * group * hd, k0 = g0 * hd, k1 = g1 * hd;
     int bt = kv_params(c->kv)->block_tokens;
     size_t row_size = kv_row_size(c->kv);
-    int64_t r0, r1;
-    row_range(c, ith, nth, &r0, &r1);
-    for (int64_t r = r0; r < r1; r++) {
-        float *q = c->q + r * n_q, *k = c->k + r * n_kv, *v = c->v + r * n_kv;
-        float *cs = c->rope + r * hp->rope_dim;
-        int32_t pos = c->b->pos[r];
-        const struct kv_seq *s = c->seqs[c->b->seq[r]];
-        int32_t block = s->blocks[pos / bt];
-        size_t off = (size_t)(pos % bt) * row_size;
-        uint8_t *kd = (uint8_t *)kv_k_block(c->kv, c->layer, block) + off;
-        uint8_t *vd = (uint8_t *)kv_v_block(c->kv, c->layer, block) + off;
+    float *q = c->q + r * n_q, *k = c->k + r * n_kv, *v = c->v + r * n_kv;
+    float cs[2 * 256], *csp = cs;
+    int32_t pos = c->b->pos[r];
+    const struct kv_seq *s = c->seqs[c->b->seq[r]];
+    int32_t block = s->blocks[pos / bt];
+    size_t off = (size_t)(pos % bt) * row_size;
+    uint8_t *kd = (uint8_t *)kv_k_block(c->kv, c->layer, block) + off;
+    uint8_t *vd = (uint8_t *)kv_v_block(c->kv, c->layer, block) + off;
 
-        if (L->bq)
-            for (int i = 0; i < n_q; i++)
-                q[i] += L->bq[i];
-        if (L->bk)
-            for (int i = 0; i < n_kv; i++)
-                k[i] += L->bk[i];
-        if (L->bv)
-            for (int i = 0; i < n_kv; i++)
-                v[i] += L->bv[i];
-        /* angles in double: pos * freq_scale * base^(-2i / rope_dim) */
-        for (int i = 0; i < hp->rope_dim / 2; i++) {
-            double theta = (double)pos * c->m->rope_inv_freq[i];
-            cs[2 * i] = (float)cos(theta);
-            cs[2 * i + 1] = (float)sin(theta);
-        }
-        rope_rotate(q, hp->n_heads, hp->head_dim, hp->rope_dim, hp->rope_neox, cs);
-        rope_rotate(k, hp->n_kv_heads, hp->head_dim, hp->rope_dim, hp->rope_neox, cs);
-        if (c->kv_elem == 4) {
-            memcpy(kd, k, (size_t)n_kv * 4);
-            memcpy(vd, v, (size_t)n_kv * 4);
-        } else {
-            ar_f16 *kh = (ar_f16 *)(void *)kd, *vh = (ar_f16 *)(void *)vd;
-            for (int i = 0; i < n_kv; i++) {
-                kh[i] = ar_f32_to_f16(k[i]);
-                vh[i] = ar_f32_to_f16(v[i]);
-            }
+    if (hp->rope_dim > 256) /* rope_dim <= head_dim; a huge one uses the shared rows */
+        csp = c->rope + r * hp->rope_dim;
+    if (L->bq)
+        for (int i = q0; i < q1; i++)
+            q[i] += L->bq[i];
+    if (L->bk)
+        for (int i = k0; i < k1; i++)
+            k[i] += L->bk[i];
+    if (L->bv)
+        for (int i = k0; i < k1; i++)
+            v[i] += L->bv[i];
+    /* angles in double: pos * freq_scale * base^(-2i / rope_dim) */
+    for (int i = 0; i < hp->rope_dim / 2; i++) {
+        double theta = (double)pos * c->m->rope_inv_freq[i];
+        csp[2 * i] = (float)cos(theta);
+        csp[2 * i + 1] = (float)sin(theta);
+    }
+    rope_rotate(q + q0, (g1 - g0) * group, hd, hp->rope_dim, hp->rope_neox, csp);
+    rope_rotate(k + k0, g1 - g0, hd, hp->rope_dim, hp->rope_neox, csp);
+    if (c->kv_elem == 4) {
+        memcpy(kd + (size_t)k0 * 4, k + k0, (size_t)(k1 - k0) * 4);
+        memcpy(vd + (size_t)k0 * 4, v + k0, (size_t)(k1 - k0) * 4);
+    } else {
+        ar_f16 *kh = (ar_f16 *)(void *)kd, *vh = (ar_f16 *)(void *)vd;
+        for (int i = k0; i < k1; i++) {
+            kh[i] = ar_f32_to_f16(k[i]);
+            vh[i] = ar_f32_to_f16(v[i]);
         }
     }
 }
 
+/* Biases, RoPE on q and k, and the K/V rows written into each row's sequence blocks. */
+static void stage_qkv_post(void *arg, int ith, int nth)
+{
+    struct model_ctx *c = arg;
+    int64_t r0, r1;
+    row_range(c, ith, nth, &r0, &r1);
+    for (int64_t r = r0; r < r1; r++)
+        qkv_post_row(c, r, 0, c->m->hp.n_kv_heads);
+}
+
 /* att[r, head h] = softmax(q·K^T * scale) V over positions 0..pos[r] of row r's sequence;
- * query head h reads KV head h / (n_heads / n_kv_heads). */
+ * query head h reads KV head h / (n_heads / n_kv_heads). Work items are (row, KV head): the
+ * query heads of a group share each key and value row loaded. */
 static void stage_attn(void *arg, int ith, int nth)
 {
     struct model_ctx *c = arg;
@@ -325,41 +358,35 @@ static void stage_attn(void *arg, int ith, int nth)
     int hd = hp->head_dim, n_q = hp->n_heads * hd;
     int group = hp->n_heads / hp->n_kv_heads;
     int bt = kv_params(c->kv)->block_tokens;
-    size_t row_size = kv_row_size(c->kv), es = c->kv_elem;
+    size_t row_size = kv_row_size(c->kv), es = c->kv_elem, cap = (size_t)c->score_cap;
+    enum ar_type kt = es == 4 ? AR_TYPE_F32 : AR_TYPE_F16;
     float scale = (float)(1.0 / sqrt((double)hd));
-    float *scores = c->scores + (int64_t)ith * c->score_cap;
+    float *scores = c->scores + (size_t)ith * (size_t)group * cap;
     int64_t i0, i1;
-    ar_pool_range((int64_t)c->n_rows * hp->n_heads, 1, ith, nth, &i0, &i1);
+    ar_pool_range((int64_t)c->n_rows * hp->n_kv_heads, 1, ith, nth, &i0, &i1);
     for (int64_t it = i0; it < i1; it++) {
-        int64_t r = it / hp->n_heads;
-        int h = (int)(it % hp->n_heads), kvh = h / group;
-        const float *q = c->q + r * n_q + (int64_t)h * hd;
-        float *out = c->att + r * n_q + (int64_t)h * hd;
+        int64_t r = it / hp->n_kv_heads;
+        int kvh = (int)(it % hp->n_kv_heads);
+        const float *q = c->q + r * n_q + (int64_t)kvh * group * hd;
+        float *out = c->att + r * n_q + (int64_t)kvh * group * hd;
         int32_t n_pos = c->b->pos[r] + 1;
         const struct kv_seq *s = c->seqs[c->b->seq[r]];
         size_t head_off = (size_t)kvh * (size_t)hd * es;
 
+        if (c->fuse_post) /* no other row of this batch reads this row's K/V */
+            qkv_post_row(c, r, kvh, kvh + 1);
         for (int32_t t0 = 0, bi = 0; t0 < n_pos; t0 += bt, bi++) {
             const uint8_t *kb = (const uint8_t *)kv_k_block(c->kv, c->layer, s->blocks[bi]);
-            int nt = AR_MIN(bt, n_pos - t0);
-            for (int t = 0; t < nt; t++) {
-                const void *kr = kb + (size_t)t * row_size + head_off;
-                float d = es == 4 ? ops->dot_f32(hd, kr, q) : ops->dot_f16_f32(hd, kr, q);
-                scores[t0 + t] = d * scale;
-            }
+            ops->attn_scores(hd, group, AR_MIN(bt, n_pos - t0), q, kb + head_off, row_size, kt,
+                             scale, scores + t0, cap);
         }
-        ops->softmax(n_pos, scores);
-        memset(out, 0, (size_t)hd * sizeof(float));
+        for (int h = 0; h < group; h++)
+            ops->softmax(n_pos, scores + (size_t)h * cap);
+        memset(out, 0, (size_t)group * (size_t)hd * sizeof(float));
         for (int32_t t0 = 0, bi = 0; t0 < n_pos; t0 += bt, bi++) {
             const uint8_t *vb = (const uint8_t *)kv_v_block(c->kv, c->layer, s->blocks[bi]);
-            int nt = AR_MIN(bt, n_pos - t0);
-            for (int t = 0; t < nt; t++) {
-                const void *vr = vb + (size_t)t * row_size + head_off;
-                if (es == 4)
-                    ops->axpy_f32(hd, scores[t0 + t], vr, out);
-                else
-                    ops->axpy_f16(hd, scores[t0 + t], vr, out);
-            }
+            ops->attn_values(hd, group, AR_MIN(bt, n_pos - t0), scores + t0, cap, vb + head_off,
+                             row_size, kt, out);
         }
     }
 }
@@ -370,19 +397,42 @@ static void stage_matmul(void *arg, int ith, int nth)
 {
     struct model_ctx *c = arg;
     int n_cols = c->n_rows;
+    const void *mm_x = c->mm_x;
+    size_t mm_x_row = c->mm_x_row;
+    if (c->mm_pre != MM_PRE_NONE) {
+        /* this thread's own copy of the input rows, made exactly as the shared stages do */
+        float *tmp = c->tmp_th + (size_t)ith * SMALL_ROWS * (size_t)c->tmp_width;
+        uint8_t *act = c->act_th + (size_t)ith * SMALL_ROWS * c->act_row;
+        const float *src = c->conv_src;
+        int64_t n = c->conv_n;
+        if (c->mm_pre == MM_PRE_SILU) {
+            for (int r = 0; r < n_cols; r++)
+                c->ops->silu_mul((int)n, tmp + r * n, c->gate + r * n, c->up + r * n);
+            src = tmp;
+        }
+        if (c->conv_type == AR_TYPE_F32) {
+            mm_x = src;
+            mm_x_row = (size_t)n * sizeof(float);
+        } else {
+            for (int r = 0; r < n_cols; r++)
+                c->ops->from_float[c->conv_type](src + r * n, act + (size_t)r * c->act_row, n);
+            mm_x = act;
+            mm_x_row = c->act_row;
+        }
+    }
     for (int k = 0; k < c->n_mm; k++) {
         const struct mm_item *it = &c->mm[k];
         const struct model_mat *w = it->w;
         int64_t r0, r1;
         ar_pool_range(w->n_out, MM_TILE_ROWS, ith, nth, &r0, &r1);
-        for (int64_t i = r0; i < r1; i += MM_TILE_ROWS) {
-            int nr = (int)AR_MIN(MM_TILE_ROWS, r1 - i);
+        for (int64_t i = r0; i < r1; i += MM_CALL_ROWS) {
+            int nr = (int)AR_MIN(MM_CALL_ROWS, r1 - i);
             const uint8_t *wr = (const uint8_t *)w->data + (size_t)i * w->row_size;
             for (int j = 0; j < n_cols; j += MM_TILE_COLS) {
                 int nc = AR_MIN(MM_TILE_COLS, n_cols - j);
                 c->ops->gemm[w->type]((int)w->n_in, nr, nc, wr, w->row_size,
-                                      (const uint8_t *)c->mm_x + (size_t)j * c->mm_x_row,
-                                      c->mm_x_row, it->out + (size_t)j * it->ldy + i, it->ldy);
+                                      (const uint8_t *)mm_x + (size_t)j * mm_x_row,
+                                      mm_x_row, it->out + (size_t)j * it->ldy + i, it->ldy);
             }
         }
     }
@@ -415,9 +465,13 @@ static void run_matmuls(struct model_ctx *c, const float *in, const struct mm_it
         int e = k + 1;
         while (e < n_items && items[e].w->vec_type == vt)
             e++;
+        c->mm_pre = MM_PRE_NONE;
         if (vt == AR_TYPE_F32) {
             c->mm_x = in;
             c->mm_x_row = (size_t)n_in * sizeof(float);
+        } else if ((c->act_src != in || c->act_type != vt) && c->n_rows <= SMALL_ROWS) {
+            set_conv(c, in, n_in, vt);
+            c->mm_pre = MM_PRE_CONVERT;
         } else {
             if (c->act_src != in || c->act_type != vt) {
                 set_conv(c, in, n_in, vt);
@@ -431,6 +485,7 @@ static void run_matmuls(struct model_ctx *c, const float *in, const struct mm_it
         for (int i = 0; i < c->n_mm; i++)
             c->mm[i] = items[k + i];
         ar_pool_run(c->pool, stage_matmul, c);
+        c->mm_pre = MM_PRE_NONE;
         k = e;
     }
 }
@@ -516,6 +571,14 @@ enum ar_status model_forward(struct model_ctx *c, struct kv_cache *kv, struct kv
     c->kv_elem = kv_params(kv)->type == AR_TYPE_F32 ? 4 : 2;
     c->n_rows = n;
     c->act_src = NULL;
+    c->mm_pre = MM_PRE_NONE;
+    /* a row's K/V can be written by its own attention item when no other row of the batch
+     * belongs to the same sequence */
+    c->fuse_post = n <= SMALL_ROWS && hp->rope_dim <= 256;
+    for (int r = 0; r < n && c->fuse_post; r++)
+        for (int r2 = 0; r2 < r; r2++)
+            if (b->seq[r2] == b->seq[r])
+                c->fuse_post = false;
 
     for (int r = 0, j = 0; r < n; r++)
         if (b->logits ? b->logits[r] != 0 : r == n - 1)
@@ -539,7 +602,8 @@ enum ar_status model_forward(struct model_ctx *c, struct kv_cache *kv, struct kv
         ar_pool_run(c->pool, stage_norm, c);
         note_act(c, c->xn, L->wq.vec_type);
         run_matmuls(c, c->xn, qkv, 3);
-        ar_pool_run(c->pool, stage_qkv_post, c);
+        if (!c->fuse_post)
+            ar_pool_run(c->pool, stage_qkv_post, c);
         ar_pool_run(c->pool, stage_attn, c);
         c->act_src = NULL; /* att is new */
         if (l == hp->n_layers - 1 && c->n_rows > n_out) {
@@ -558,9 +622,20 @@ enum ar_status model_forward(struct model_ctx *c, struct kv_cache *kv, struct kv
         note_act(c, c->xn, L->wgate.vec_type);
         run_matmuls(c, c->xn, gu, 2);
         set_conv(c, c->hid, hp->n_ff, L->wdown.vec_type);
-        ar_pool_run(c->pool, stage_silu, c);
-        note_act(c, c->hid, L->wdown.vec_type);
-        run_matmuls(c, c->hid, &d, 1);
+        if (c->n_rows <= SMALL_ROWS) {
+            /* silu and its conversion inside the down projection's stage, per thread */
+            set_conv(c, c->gate, hp->n_ff, L->wdown.vec_type);
+            c->mm_pre = MM_PRE_SILU;
+            c->n_mm = 1;
+            c->mm[0] = d;
+            ar_pool_run(c->pool, stage_matmul, c);
+            c->mm_pre = MM_PRE_NONE;
+            c->act_src = NULL;
+        } else {
+            ar_pool_run(c->pool, stage_silu, c);
+            note_act(c, c->hid, L->wdown.vec_type);
+            run_matmuls(c, c->hid, &d, 1);
+        }
     }
 
     /* final norm and output matrix over the rows that want logits (now rows 0..n_out-1) */

@@ -219,6 +219,57 @@ static void gemm_matches_reference_dot_at_every_tile_edge(void **state)
     print_message("gemm: %d tile shapes over %d SIMD variant(s)\n", checked, nv);
 }
 
+/* Batch-sized products (many activation rows, long rows): the shapes of a prompt's matmuls,
+ * where kernels may take a different path than for a few rows (k split in chunks, more than
+ * 64 activation rows, partial groups of 16 weight rows). */
+static void gemm_matches_reference_dot_on_batch_shapes(void **state)
+{
+    static const int shapes[][3] = {{33, 70, 19}, {16, 8, 9}, {5, 65, 40}, {48, 12, 1}};
+    const struct kernel_ops *vs[MAX_VARIANTS], *ref = kernels_ref();
+    int nv = simd_variants(vs), checked = 0;
+    (void)state;
+    for (int v = 0; v < nv; v++) {
+        for (int ti = 0; ti < COUNT(weight_types); ti++) {
+            enum ar_type t = weight_types[ti], at = kernels_vec_dot_type(t);
+            if (vs[v]->gemm[t] == ref->gemm[t])
+                continue;
+            for (int si = 0; si < COUNT(shapes); si++) {
+                int nr = shapes[si][0], nc = shapes[si][1];
+                int n = shapes[si][2] * (is_float_type(t) ? 8 : ar_type_info(t)->block_size);
+                size_t w_row = ar_type_row_size(t, n) + 4, x_row = ar_type_row_size(at, n) + 12;
+                size_t ldy = (size_t)nr + 5;
+                struct th_rng r = {0xbadc0deu + (uint64_t)(ti * 10 + si)};
+                uint8_t *w = calloc((size_t)nr, w_row), *x = calloc((size_t)nc, x_row);
+                float *y = malloc(sizeof(float) * ldy * (size_t)nc);
+                assert_true(w && x && y);
+                for (int i = 0; i < nr; i++)
+                    make_weight_row(&r, t, n, w + (size_t)i * w_row);
+                for (int j = 0; j < nc; j++)
+                    make_act_row(&r, t, n, x + (size_t)j * x_row);
+                for (size_t k = 0; k < ldy * (size_t)nc; k++)
+                    y[k] = -12345.0f;
+                vs[v]->gemm[t](n, nr, nc, w, w_row, x, x_row, y, ldy);
+                for (int j = 0; j < nc; j++) {
+                    for (int i = 0; i < nr; i++) {
+                        const uint8_t *wi = w + (size_t)i * w_row, *xj = x + (size_t)j * x_row;
+                        float want;
+                        ref->vec_dot[t](n, &want, wi, xj);
+                        assert_dot_close(y[(size_t)j * ldy + (size_t)i], want,
+                                         abs_terms(t, n, wi, xj), "batch gemm", vs[v]->name, t, n);
+                    }
+                    for (size_t i = (size_t)nr; i < ldy; i++)
+                        assert_true(y[(size_t)j * ldy + i] == -12345.0f);
+                }
+                checked++;
+                free(w);
+                free(x);
+                free(y);
+            }
+        }
+    }
+    print_message("batch gemm: %d shapes over %d SIMD variant(s)\n", checked, nv);
+}
+
 /* ---- activation quantizers ---------------------------------------------------------------- */
 
 static const enum ar_type act_types[] = {AR_TYPE_Q8_0, AR_TYPE_Q8_K, AR_TYPE_F16, AR_TYPE_BF16};
@@ -396,6 +447,92 @@ static void f32_ops_match_reference(void **state)
     }
 }
 
+/* Attention over one KV head: scores and value sums against plain double-precision loops over
+ * the same rows, for F32 and F16 rows, common and odd head sizes, 1 to 7 query heads. */
+static void attention_ops_match_plain_loops(void **state)
+{
+    static const int hds[] = {64, 128, 24};
+    static const int nqs[] = {1, 4, 7};
+    const struct kernel_ops *vs[MAX_VARIANTS + 1];
+    int nv = simd_variants(vs), checked = 0;
+    (void)state;
+    vs[nv++] = kernels_ref();
+    for (int v = 0; v < nv; v++) {
+        for (int hi = 0; hi < COUNT(hds); hi++) {
+            for (int qi = 0; qi < COUNT(nqs); qi++) {
+                for (int f16 = 0; f16 < 2; f16++) {
+                    int hd = hds[hi], nq = nqs[qi], nt = 13;
+                    enum ar_type kt = f16 ? AR_TYPE_F16 : AR_TYPE_F32;
+                    size_t es = f16 ? 2 : 4, stride = (size_t)hd * es * 3 + 8, s_stride = 17;
+                    struct th_rng r = {0xa77e0u + (uint64_t)(hi * 100 + qi * 10 + f16)};
+                    float *q = malloc(sizeof(float) * (size_t)(nq * hd));
+                    float *kf = malloc(sizeof(float) * (size_t)(nt * hd));
+                    float *vf = malloc(sizeof(float) * (size_t)(nt * hd));
+                    uint8_t *k = calloc((size_t)nt, stride), *vv = calloc((size_t)nt, stride);
+                    float *sc = malloc(sizeof(float) * s_stride * (size_t)nq);
+                    float *out = malloc(sizeof(float) * (size_t)(nq * hd));
+                    assert_true(q && kf && vf && k && vv && sc && out);
+                    fill_f32(&r, q, nq * hd, 1.0f);
+                    for (int t = 0; t < nt; t++) {
+                        for (int i = 0; i < hd; i++) {
+                            float a = th_rng_f32(&r), b = th_rng_f32(&r);
+                            if (f16) {
+                                ar_f16 ha = ar_f32_to_f16(a), hb = ar_f32_to_f16(b);
+                                kf[t * hd + i] = ar_f16_to_f32(ha);
+                                vf[t * hd + i] = ar_f16_to_f32(hb);
+                                memcpy(k + (size_t)t * stride + 2 * (size_t)i, &ha, 2);
+                                memcpy(vv + (size_t)t * stride + 2 * (size_t)i, &hb, 2);
+                            } else {
+                                kf[t * hd + i] = a;
+                                vf[t * hd + i] = b;
+                                memcpy(k + (size_t)t * stride + 4 * (size_t)i, &a, 4);
+                                memcpy(vv + (size_t)t * stride + 4 * (size_t)i, &b, 4);
+                            }
+                        }
+                    }
+                    vs[v]->attn_scores(hd, nq, nt, q, k, stride, kt, 0.125f, sc, s_stride);
+                    for (int h = 0; h < nq; h++) {
+                        for (int t = 0; t < nt; t++) {
+                            double want = 0, terms = 0;
+                            for (int i = 0; i < hd; i++) {
+                                want += (double)q[h * hd + i] * (double)kf[t * hd + i];
+                                terms += fabs((double)q[h * hd + i] * (double)kf[t * hd + i]);
+                            }
+                            close_or_fail(sc[(size_t)h * s_stride + (size_t)t], (float)(want * 0.125),
+                                          1e-6 * terms + 1e-7, vs[v]->name, "attn_scores", hd, t);
+                        }
+                    }
+                    for (int i = 0; i < nq * hd; i++)
+                        out[i] = 0.5f;
+                    vs[v]->attn_values(hd, nq, nt, sc, s_stride, vv, stride, kt, out);
+                    for (int h = 0; h < nq; h++) {
+                        for (int i = 0; i < hd; i++) {
+                            double want = 0.5, terms = 0.5;
+                            for (int t = 0; t < nt; t++) {
+                                double p = (double)sc[(size_t)h * s_stride + (size_t)t] *
+                                           (double)vf[t * hd + i];
+                                want += p;
+                                terms += fabs(p);
+                            }
+                            close_or_fail(out[h * hd + i], (float)want, 1e-6 * terms, vs[v]->name,
+                                          "attn_values", hd, i);
+                        }
+                    }
+                    checked++;
+                    free(q);
+                    free(kf);
+                    free(vf);
+                    free(k);
+                    free(vv);
+                    free(sc);
+                    free(out);
+                }
+            }
+        }
+    }
+    print_message("attention ops: %d cases over %d variant(s) with ref\n", checked, nv);
+}
+
 static void variants_are_listed_best_first_and_reported(void **state)
 {
     const struct kernel_ops *all[MAX_VARIANTS];
@@ -417,6 +554,8 @@ int main(void)
         cmocka_unit_test(variants_are_listed_best_first_and_reported),
         cmocka_unit_test(vec_dot_matches_reference_for_every_weight_type),
         cmocka_unit_test(gemm_matches_reference_dot_at_every_tile_edge),
+        cmocka_unit_test(gemm_matches_reference_dot_on_batch_shapes),
+        cmocka_unit_test(attention_ops_match_plain_loops),
         cmocka_unit_test(activation_quantizers_match_reference_bytes),
         cmocka_unit_test(activation_quantizers_round_exact_halves_like_reference),
         cmocka_unit_test(f32_ops_match_reference),

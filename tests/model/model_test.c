@@ -442,6 +442,80 @@ static void two_threads_give_bit_identical_logits(void **state)
     }
 }
 
+/* Decode steps (one token per sequence, three sequences per batch, and a lone sequence) give
+ * the same bits on 1, 2 and 3 threads: the small-batch path that converts matmul inputs per
+ * thread and writes each row's K/V from its attention work item must not depend on the split. */
+static void decode_steps_are_bit_identical_across_thread_counts(void **state)
+{
+    static const char *names[] = {"tiny-qwen2-q4_k_m", "tiny-llama-q8_0"};
+    enum { D_SEQ = 3, D_STEPS = 4, D_PROMPT = 8 };
+    (void)state;
+    for (size_t k = 0; k < AR_ARRAY_LEN(names); k++) {
+        struct model *m = load_fixture(names[k]);
+        int nv = model_hparams(m)->n_vocab, n;
+        int32_t *prompt = fixture_prompt(names[k], 2, &n);
+        float *want = malloc(sizeof(float) * (size_t)nv * D_SEQ * D_STEPS);
+        float *got = malloc(sizeof(float) * (size_t)nv * D_SEQ * D_STEPS);
+        float *pre = malloc(sizeof(float) * (size_t)nv);
+        assert_true(want && got && pre && n >= D_PROMPT + D_SEQ * D_STEPS);
+        for (int nth = 1; nth <= 3; nth++) {
+            struct ar_pool *pool = NULL;
+            struct model_ctx *c = NULL;
+            struct kv_cache *kv = make_kv(m, 16, 12, AR_TYPE_F16);
+            struct kv_seq seqs[D_SEQ], *sp[D_SEQ];
+            float *out = nth == 1 ? want : got;
+            if (nth > 1)
+                assert_int_equal(ar_pool_create(nth, &pool), AR_OK);
+            assert_int_equal(model_ctx_create(m, 16, pool, &c), AR_OK);
+            for (int s = 0; s < D_SEQ; s++) {
+                kv_seq_init(&seqs[s]);
+                sp[s] = &seqs[s];
+                run_seq(c, kv, &seqs[s], prompt + s, D_PROMPT, 0, false, pre);
+                assert_int_equal(kv_seq_reserve(kv, &seqs[s], D_PROMPT + D_STEPS), AR_OK);
+            }
+            for (int t = 0; t < D_STEPS; t++) {
+                int32_t tok[D_SEQ], pos[D_SEQ], sq[D_SEQ];
+                uint8_t all[D_SEQ];
+                /* step 0 decodes sequence 0 alone, the others all three at once */
+                int nb = t == 0 ? 1 : D_SEQ;
+                for (int s = 0; s < nb; s++) {
+                    tok[s] = prompt[D_PROMPT + t * D_SEQ + s];
+                    pos[s] = D_PROMPT + t;
+                    sq[s] = s;
+                    all[s] = 1;
+                }
+                struct model_batch b = {.n_tokens = nb, .tokens = tok, .pos = pos, .seq = sq,
+                                        .logits = all, .n_seqs = D_SEQ};
+                assert_int_equal(model_forward(c, kv, sp, &b, out + (size_t)t * D_SEQ * nv),
+                                 AR_OK);
+                if (nb == 1) /* the other sequences catch up on their step-0 token */
+                    for (int32_t s = 1; s < D_SEQ; s++) {
+                        struct model_batch b1 = {.n_tokens = 1, .tokens = &tok[0], .pos = &pos[0],
+                                                 .seq = &s, .n_seqs = D_SEQ};
+                        assert_int_equal(model_forward(c, kv, sp, &b1, pre), AR_OK);
+                    }
+            }
+            if (nth > 1) {
+                for (int t = 0; t < D_STEPS; t++) {
+                    size_t len = (size_t)nv * (t == 0 ? 1 : D_SEQ);
+                    assert_memory_equal(want + (size_t)t * D_SEQ * nv,
+                                        got + (size_t)t * D_SEQ * nv, sizeof(float) * len);
+                }
+            }
+            for (int s = 0; s < D_SEQ; s++)
+                kv_seq_fini(kv, &seqs[s]);
+            kv_destroy(kv);
+            model_ctx_destroy(c);
+            ar_pool_destroy(pool);
+        }
+        model_destroy(m);
+        free(prompt);
+        free(want);
+        free(got);
+        free(pre);
+    }
+}
+
 static void f16_kv_cache_stays_close_to_f32(void **state)
 {
     static const char *names[] = {"tiny-llama-f32", "tiny-qwen2-f32"};
@@ -781,6 +855,7 @@ int main(void)
         cmocka_unit_test(every_fixture_model_matches_golden_logits_and_greedy_tokens),
         cmocka_unit_test(batched_decode_equals_single_sequence_decode),
         cmocka_unit_test(two_threads_give_bit_identical_logits),
+        cmocka_unit_test(decode_steps_are_bit_identical_across_thread_counts),
         cmocka_unit_test(f16_kv_cache_stays_close_to_f32),
         cmocka_unit_test(hyperparameters_and_weight_bytes_follow_the_file),
         cmocka_unit_test(demo_model_loads_and_its_two_precisions_agree),
