@@ -33,4 +33,5 @@ for r in $(find "$BUILD/fuzz" -type f -name '*_replay' 2>/dev/null | sort); do
 done
 rm -f "$log"
 echo "$passed passed, $failed failed"
+echo "$passed $failed" >"$BUILD/test-summary"
 [ "$failed" -eq 0 ]
