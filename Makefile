@@ -52,7 +52,7 @@ libs_for = $(foreach m,$(1) $(DEPS_$(1)),$(call lib_of,$(m)))
 LIB_ALL := $(BUILD)/libautoreply.a
 BIN     := bin/autoreply
 
-.PHONY: all test asan fuzz fuzz-run bench deps clean format check-fixtures
+.PHONY: all test asan tsan fuzz fuzz-run bench deps clean format check-fixtures
 all: $(BIN)
 
 $(BUILD)/obj/%.o: src/%.c
@@ -105,6 +105,21 @@ asan:
 	$(MAKE) BUILD=build-asan OPT=-O1 \
 	    SAN="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" test
 
+# ThreadSanitizer over the tests that exercise threads: pool, engine, server, metrics, store,
+# reply cache.
+TSAN_TESTS := base/base_test engine/engine_test server/server_test metrics/metrics_test \
+              store/store_test reply/cache_test
+tsan:
+	$(MAKE) BUILD=build-tsan OPT=-O1 SAN="-fsanitize=thread" \
+	    $(addprefix build-tsan/tests/,$(TSAN_TESTS))
+	@rc=0; p=0; f=0; for t in $(TSAN_TESTS); do echo "== tsan $$t"; \
+	    log=build-tsan/$$(basename $$t).log; \
+	    TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" build-tsan/tests/$$t \
+	        >$$log 2>&1 || { cat $$log; rc=1; f=$$((f + 1)); }; \
+	    n=$$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' $$log); p=$$((p + $${n:-0})); \
+	    tail -n 1 $$log; done; \
+	echo "$$p $$f" >build-tsan/test-summary; echo "tsan: $$p passed, $$f failed"; exit $$rc
+
 # ---- fuzzing (clang + libFuzzer) --------------------------------------------------------
 FUZZ_CFLAGS := -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all
 fuzz:
@@ -143,6 +158,6 @@ format:
 	clang-format -i $$(find src tests fuzz bench include -name '*.[ch]')
 
 clean:
-	rm -rf build build-asan build-fuzz bin
+	rm -rf build build-asan build-tsan build-fuzz bin
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
