@@ -652,6 +652,29 @@ static void h_metrics(struct server_req *req, void *user)
                                  "autoreply_batch_size_count %llu\n",
                                  (unsigned long long)cum, (unsigned long long)st.batch_rows_sum,
                                  (unsigned long long)cum);
+        /* engine overhead = step time outside the model's forward pass */
+        used += (size_t)snprintf(all + used, len + extra_cap - used,
+                                 "# HELP autoreply_engine_step_seconds_total Time the scheduler "
+                                 "spent in steps.
+"
+                                 "# TYPE autoreply_engine_step_seconds_total counter
+"
+                                 "autoreply_engine_step_seconds_total %.6f
+"
+                                 "# HELP autoreply_engine_forward_seconds_total Time inside the "
+                                 "model's forward pass.
+"
+                                 "# TYPE autoreply_engine_forward_seconds_total counter
+"
+                                 "autoreply_engine_forward_seconds_total %.6f
+"
+                                 "# HELP autoreply_engine_steps_total Scheduler steps.
+"
+                                 "# TYPE autoreply_engine_steps_total counter
+"
+                                 "autoreply_engine_steps_total %llu
+",
+                                 st.busy_s, st.forward_s, (unsigned long long)st.steps);
     }
     server_reply_text(req, 200, "text/plain; version=0.0.4; charset=utf-8", all, used);
     ar_free(all);
@@ -662,13 +685,13 @@ static void h_metrics(struct server_req *req, void *user)
 enum ar_status openai_register(struct server *s)
 {
     static const struct server_route routes[] = {
-        {"POST", "/v1/chat/completions", h_chat, NULL, SERVER_ROUTE_ENGINE | SERVER_ROUTE_BODY},
-        {"POST", "/v1/completions", h_completions, NULL, SERVER_ROUTE_ENGINE | SERVER_ROUTE_BODY},
-        {"GET", "/v1/models", h_models, NULL, 0},
-        {"POST", "/tokenize", h_tokenize, NULL, SERVER_ROUTE_ENGINE | SERVER_ROUTE_BODY},
-        {"POST", "/detokenize", h_detokenize, NULL, SERVER_ROUTE_ENGINE | SERVER_ROUTE_BODY},
-        {"GET", "/health", h_health, NULL, SERVER_ROUTE_PUBLIC},
-        {"GET", "/metrics", h_metrics, NULL, SERVER_ROUTE_METRICS},
+        {"POST", "/v1/chat/completions", h_chat, NULL, SERVER_ROUTE_ENGINE | SERVER_ROUTE_BODY, 0},
+        {"POST", "/v1/completions", h_completions, NULL, SERVER_ROUTE_ENGINE | SERVER_ROUTE_BODY, 0},
+        {"GET", "/v1/models", h_models, NULL, 0, 0},
+        {"POST", "/tokenize", h_tokenize, NULL, SERVER_ROUTE_ENGINE | SERVER_ROUTE_BODY, 0},
+        {"POST", "/detokenize", h_detokenize, NULL, SERVER_ROUTE_ENGINE | SERVER_ROUTE_BODY, 0},
+        {"GET", "/health", h_health, NULL, SERVER_ROUTE_PUBLIC, 0},
+        {"GET", "/metrics", h_metrics, NULL, SERVER_ROUTE_METRICS, 0},
     };
     for (size_t i = 0; i < AR_ARRAY_LEN(routes); i++) {
         enum ar_status st = server_add_route(s, &routes[i]);
