@@ -655,25 +655,16 @@ static void h_metrics(struct server_req *req, void *user)
         /* engine overhead = step time outside the model's forward pass */
         used += (size_t)snprintf(all + used, len + extra_cap - used,
                                  "# HELP autoreply_engine_step_seconds_total Time the scheduler "
-                                 "spent in steps.
-"
-                                 "# TYPE autoreply_engine_step_seconds_total counter
-"
-                                 "autoreply_engine_step_seconds_total %.6f
-"
+                                 "spent in steps.\n"
+                                 "# TYPE autoreply_engine_step_seconds_total counter\n"
+                                 "autoreply_engine_step_seconds_total %.6f\n"
                                  "# HELP autoreply_engine_forward_seconds_total Time inside the "
-                                 "model's forward pass.
-"
-                                 "# TYPE autoreply_engine_forward_seconds_total counter
-"
-                                 "autoreply_engine_forward_seconds_total %.6f
-"
-                                 "# HELP autoreply_engine_steps_total Scheduler steps.
-"
-                                 "# TYPE autoreply_engine_steps_total counter
-"
-                                 "autoreply_engine_steps_total %llu
-",
+                                 "model's forward pass.\n"
+                                 "# TYPE autoreply_engine_forward_seconds_total counter\n"
+                                 "autoreply_engine_forward_seconds_total %.6f\n"
+                                 "# HELP autoreply_engine_steps_total Scheduler steps.\n"
+                                 "# TYPE autoreply_engine_steps_total counter\n"
+                                 "autoreply_engine_steps_total %llu\n",
                                  st.busy_s, st.forward_s, (unsigned long long)st.steps);
     }
     server_reply_text(req, 200, "text/plain; version=0.0.4; charset=utf-8", all, used);
