@@ -224,9 +224,19 @@ static enum ar_type tensor_type_for(enum file_type ft, const char *name, int64_t
     default:
         t = AR_TYPE_Q8_0;
     }
-    /* rows that do not fill whole blocks fall back to a type that fits */
-    if (row_len % ar_type_info(t)->block_size != 0)
-        t = row_len % 32 == 0 ? AR_TYPE_Q8_0 : AR_TYPE_F16;
+    /* rows that do not fill whole blocks fall back to a type that fits: a K-quant to the
+     * legacy 32-element type of about its size (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, as
+     * llama-quantize does), anything else to Q8_0; rows of no whole 32-block to F16 */
+    if (row_len % ar_type_info(t)->block_size != 0) {
+        if (row_len % 32 != 0)
+            t = AR_TYPE_F16;
+        else if (t == AR_TYPE_Q4_K)
+            t = AR_TYPE_Q5_0;
+        else if (t == AR_TYPE_Q5_K)
+            t = AR_TYPE_Q5_1;
+        else
+            t = AR_TYPE_Q8_0;
+    }
     return t;
 }
 

@@ -155,6 +155,66 @@ AR_INLINE void q4_0_block(const struct block_q4_0 *w, const struct block_q8_0 *x
 }
 DEFINE_GEMM(q4_0, struct block_q4_0, struct block_q8_0, q4_0_block, QK4_0)
 
+/* ---- Q4_1, Q5_0, Q5_1 against Q8_0 activations ---------------------------------------------- */
+
+/* The 32 nibbles of qs (0..15) in element order: low nibbles (0..15) in the lower lane, high
+ * nibbles (16..31) in the upper. */
+AR_INLINE __m256i nibbles_unpack(const uint8_t *qs)
+{
+    __m128i raw = _mm_loadu_si128((const __m128i *)(const void *)qs);
+    __m256i q = _mm256_set_m128i(_mm_srli_epi16(raw, 4), raw);
+    return _mm256_and_si256(q, _mm256_set1_epi8(0x0f));
+}
+
+/* The fifth bits of a Q5_0/Q5_1 block as bytes: 16 where bit e of qh (a little-endian uint32)
+ * is set, 0 elsewhere, byte e for element e. */
+AR_INLINE __m256i q5_high_bits(const uint8_t *qh)
+{
+    uint32_t h;
+    memcpy(&h, qh, sizeof(h));
+    /* byte e takes byte e / 8 of h (each lane holds a copy), then tests bit e % 8 */
+    const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2,
+                                          2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)h), pick);
+    __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
+    return _mm256_and_si256(set, _mm256_set1_epi8(16));
+}
+
+/* Unsigned q (0..31) against an activation block: acc += d * yd * sum(q * y) + m * yd * sum(y). */
+AR_INLINE void affine_block(__m256i q, ar_f16 dh, ar_f16 mh, const struct block_q8_0 *x,
+                            __m256 *acc)
+{
+    __m256i y = _mm256_loadu_si256((const __m256i *)(const void *)x->qs);
+    __m256i p = dot_u8s8(q, y);
+    __m256i sy = dot_u8s8(_mm256_set1_epi8(1), y);
+    float yd = f16_to_f32(x->d);
+    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(f16_to_f32(dh) * yd), *acc);
+    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sy), _mm256_set1_ps(f16_to_f32(mh) * yd), *acc);
+}
+
+AR_INLINE void q4_1_block(const struct block_q4_1 *w, const struct block_q8_0 *x, __m256 *acc)
+{
+    affine_block(nibbles_unpack(w->qs), w->d, w->m, x, acc);
+}
+DEFINE_GEMM(q4_1, struct block_q4_1, struct block_q8_0, q4_1_block, QK4_1)
+
+AR_INLINE void q5_0_block(const struct block_q5_0 *w, const struct block_q8_0 *x, __m256 *acc)
+{
+    __m256i q = _mm256_or_si256(nibbles_unpack(w->qs), q5_high_bits(w->qh));
+    __m256i p = dot_s8s8(_mm256_sub_epi8(q, _mm256_set1_epi8(16)),
+                         _mm256_loadu_si256((const __m256i *)(const void *)x->qs));
+    __m256 d = _mm256_set1_ps(f16_to_f32(w->d) * f16_to_f32(x->d));
+    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), d, *acc);
+}
+DEFINE_GEMM(q5_0, struct block_q5_0, struct block_q8_0, q5_0_block, QK5_0)
+
+AR_INLINE void q5_1_block(const struct block_q5_1 *w, const struct block_q8_0 *x, __m256 *acc)
+{
+    affine_block(_mm256_or_si256(nibbles_unpack(w->qs), q5_high_bits(w->qh)), w->d, w->m, x, acc);
+}
+DEFINE_GEMM(q5_1, struct block_q5_1, struct block_q8_0, q5_1_block, QK5_1)
+
 /* ---- K-quants against Q8_K activations ------------------------------------------------------ */
 
 /* The 8 six-bit scales and mins of a Q4_K/Q5_K block (layout in ref.c's k_scale_min). */
@@ -664,6 +724,9 @@ void kernels_fill_avx2(struct kernel_ops *ops)
     ops->vec_dot[AR_TYPE_BF16] = bf16_vec_dot;
     ops->vec_dot[AR_TYPE_Q8_0] = q8_0_vec_dot;
     ops->vec_dot[AR_TYPE_Q4_0] = q4_0_vec_dot;
+    ops->vec_dot[AR_TYPE_Q4_1] = q4_1_vec_dot;
+    ops->vec_dot[AR_TYPE_Q5_0] = q5_0_vec_dot;
+    ops->vec_dot[AR_TYPE_Q5_1] = q5_1_vec_dot;
     ops->vec_dot[AR_TYPE_Q4_K] = q4_K_vec_dot;
     ops->vec_dot[AR_TYPE_Q5_K] = q5_K_vec_dot;
     ops->vec_dot[AR_TYPE_Q6_K] = q6_K_vec_dot;
@@ -673,6 +736,9 @@ void kernels_fill_avx2(struct kernel_ops *ops)
     ops->gemm[AR_TYPE_BF16] = bf16_gemm;
     ops->gemm[AR_TYPE_Q8_0] = q8_0_gemm;
     ops->gemm[AR_TYPE_Q4_0] = q4_0_gemm;
+    ops->gemm[AR_TYPE_Q4_1] = q4_1_gemm;
+    ops->gemm[AR_TYPE_Q5_0] = q5_0_gemm;
+    ops->gemm[AR_TYPE_Q5_1] = q5_1_gemm;
     ops->gemm[AR_TYPE_Q4_K] = q4_K_gemm;
     ops->gemm[AR_TYPE_Q5_K] = q5_K_gemm;
     ops->gemm[AR_TYPE_Q6_K] = q6_K_gemm;

@@ -1,5 +1,6 @@
-/* avx512.c - 512-bit kernels for the quantized dot products and gemm (Q8_0, Q4_0, Q4_K, Q5_K,
- * Q6_K), chosen at run time by select.c; every other entry comes from the avx2 table.
+/* avx512.c - 512-bit kernels for the quantized dot products and gemm (Q8_0, Q4_0, Q4_1, Q5_0,
+ * Q5_1, Q4_K, Q5_K, Q6_K), chosen at run time by select.c; every other entry comes from the
+ * avx2 table.
  * avx512_vnni.c compiles this same file with -mavx512vnni: where __AVX512VNNI__ is defined the
  * integer dot products use vpdpbusd / vpdpwssd instead of vpmaddubsw + vpmaddwd. */
 #include <immintrin.h>
@@ -335,17 +336,22 @@ static void q8_0_gemm_vnni(int n, int nr, int nc, const void *w, size_t w_row, c
 }
 #endif
 
-/* q (0..15) of k Q4_0 blocks: per block, its low nibbles (elements 0..15) then its high
- * nibbles (16..31), each in one 128-bit lane. */
-AR_INLINE __m512i q4_0_load(const struct block_q4_0 *b, int k)
+/* The nibbles (0..15) of k (1 or 2) blocks' qs: per block, its low nibbles (elements 0..15)
+ * then its high nibbles (16..31), each in one 128-bit lane; the upper half is zero when k is 1. */
+AR_INLINE __m512i nibbles_load(const uint8_t *qs0, const uint8_t *qs1, int k)
 {
-    __m128i r0 = _mm_loadu_si128(cv128(b[0].qs));
-    __m128i r1 = k == 2 ? _mm_loadu_si128(cv128(b[1].qs)) : _mm_setzero_si128();
+    __m128i r0 = _mm_loadu_si128(cv128(qs0));
+    __m128i r1 = k == 2 ? _mm_loadu_si128(cv128(qs1)) : _mm_setzero_si128();
     __m512i v = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 1, 0, 1, 2, 3, 2, 3),
                                          _mm512_zextsi256_si512(_mm256_set_m128i(r1, r0)));
     const __m512i m4 = _mm512_set1_epi8(0x0f);
     return _mm512_mask_blend_epi64(0xcc, _mm512_and_si512(v, m4),
                                    _mm512_and_si512(_mm512_srli_epi16(v, 4), m4));
+}
+
+AR_INLINE __m512i q4_0_load(const struct block_q4_0 *b, int k)
+{
+    return nibbles_load(b[0].qs, k == 2 ? b[1].qs : NULL, k);
 }
 
 AR_INLINE void q4_0_block(const struct block_q4_0 *w, const struct block_q8_0 *x, __m512 *acc,
@@ -361,6 +367,75 @@ AR_INLINE void q4_0_block(const struct block_q4_0 *w, const struct block_q8_0 *x
     *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), d, *acc);
 }
 DEFINE_GEMM(q4_0, struct block_q4_0, struct block_q8_0, q4_0_block, 2, QK4_0)
+
+/* ---- Q4_1, Q5_0, Q5_1 against Q8_0 activations, two blocks per vector ---------------------- */
+
+/* q (0..31) of k Q5_0/Q5_1 blocks in the order of nibbles_load, which is element order within
+ * each block: the fifth bits (bit e of qh, a little-endian uint32) form a byte mask directly. */
+AR_INLINE __m512i q5_load(const uint8_t *qs0, const uint8_t *qh0, const uint8_t *qs1,
+                          const uint8_t *qh1, int k)
+{
+    uint32_t h0, h1 = 0;
+    memcpy(&h0, qh0, sizeof(h0));
+    if (k == 2)
+        memcpy(&h1, qh1, sizeof(h1));
+    __m512i q = nibbles_load(qs0, qs1, k);
+    __mmask64 hi = (__mmask64)((uint64_t)h0 | (uint64_t)h1 << 32);
+    return _mm512_mask_add_epi8(q, hi, q, _mm512_set1_epi8(16));
+}
+
+/* Unsigned q (0..31) of k blocks against their activation blocks:
+ * acc += (d * yd) * sum(q * y) + (m * yd) * sum(y), per half. */
+AR_INLINE void affine_pair(__m512i q, __m512 dd, __m512 md, __m512i xv, __m512 *acc)
+{
+#ifdef __AVX512VNNI__
+    __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, xv);
+    __m512i sy = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), xv);
+#else
+    const __m512i ones = _mm512_set1_epi16(1);
+    __m512i p = _mm512_madd_epi16(_mm512_maddubs_epi16(q, xv), ones);
+    __m512i sy = _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_set1_epi8(1), xv), ones);
+#endif
+    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), dd, *acc);
+    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sy), md, *acc);
+}
+
+AR_INLINE void q4_1_block(const struct block_q4_1 *w, const struct block_q8_0 *x, __m512 *acc,
+                          int k)
+{
+    __m512i q = nibbles_load(w[0].qs, k == 2 ? w[1].qs : NULL, k);
+    ar_f16 xd1 = k == 2 ? x[1].d : 0;
+    __m512 dd = pair_scales(w[0].d, k == 2 ? w[1].d : 0, x[0].d, xd1, k);
+    __m512 md = pair_scales(w[0].m, k == 2 ? w[1].m : 0, x[0].d, xd1, k);
+    affine_pair(q, dd, md, q8_0_load(x, k), acc);
+}
+DEFINE_GEMM(q4_1, struct block_q4_1, struct block_q8_0, q4_1_block, 2, QK4_1)
+
+AR_INLINE void q5_0_block(const struct block_q5_0 *w, const struct block_q8_0 *x, __m512 *acc,
+                          int k)
+{
+    __m512i q = q5_load(w[0].qs, w[0].qh, k == 2 ? w[1].qs : NULL, k == 2 ? w[1].qh : NULL, k);
+    __m512i xv = q8_0_load(x, k);
+#ifdef __AVX512VNNI__
+    __m512i p = dot_offset(q, 16, xv);
+#else
+    __m512i p = dot_s8s8(_mm512_sub_epi8(q, _mm512_set1_epi8(16)), xv);
+#endif
+    __m512 d = pair_scales(w[0].d, k == 2 ? w[1].d : 0, x[0].d, k == 2 ? x[1].d : 0, k);
+    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), d, *acc);
+}
+DEFINE_GEMM(q5_0, struct block_q5_0, struct block_q8_0, q5_0_block, 2, QK5_0)
+
+AR_INLINE void q5_1_block(const struct block_q5_1 *w, const struct block_q8_0 *x, __m512 *acc,
+                          int k)
+{
+    __m512i q = q5_load(w[0].qs, w[0].qh, k == 2 ? w[1].qs : NULL, k == 2 ? w[1].qh : NULL, k);
+    ar_f16 xd1 = k == 2 ? x[1].d : 0;
+    __m512 dd = pair_scales(w[0].d, k == 2 ? w[1].d : 0, x[0].d, xd1, k);
+    __m512 md = pair_scales(w[0].m, k == 2 ? w[1].m : 0, x[0].d, xd1, k);
+    affine_pair(q, dd, md, q8_0_load(x, k), acc);
+}
+DEFINE_GEMM(q5_1, struct block_q5_1, struct block_q8_0, q5_1_block, 2, QK5_1)
 
 /* ---- K-quants against Q8_K activations, one super-block per step ----------------------------- */
 
@@ -592,6 +667,9 @@ void kernels_fill_avx512(struct kernel_ops *ops)
 {
     ops->vec_dot[AR_TYPE_Q8_0] = q8_0_vec_dot;
     ops->vec_dot[AR_TYPE_Q4_0] = q4_0_vec_dot;
+    ops->vec_dot[AR_TYPE_Q4_1] = q4_1_vec_dot;
+    ops->vec_dot[AR_TYPE_Q5_0] = q5_0_vec_dot;
+    ops->vec_dot[AR_TYPE_Q5_1] = q5_1_vec_dot;
     ops->vec_dot[AR_TYPE_Q4_K] = q4_K_vec_dot;
     ops->vec_dot[AR_TYPE_Q5_K] = q5_K_vec_dot;
     ops->vec_dot[AR_TYPE_Q6_K] = q6_K_vec_dot;
@@ -602,6 +680,9 @@ void kernels_fill_avx512(struct kernel_ops *ops)
     ops->gemm[AR_TYPE_Q8_0] = q8_0_gemm;
 #endif
     ops->gemm[AR_TYPE_Q4_0] = q4_0_gemm;
+    ops->gemm[AR_TYPE_Q4_1] = q4_1_gemm;
+    ops->gemm[AR_TYPE_Q5_0] = q5_0_gemm;
+    ops->gemm[AR_TYPE_Q5_1] = q5_1_gemm;
     ops->gemm[AR_TYPE_Q4_K] = q4_K_gemm;
     ops->gemm[AR_TYPE_Q5_K] = q5_K_gemm;
     ops->gemm[AR_TYPE_Q6_K] = q6_K_gemm;

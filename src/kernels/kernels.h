@@ -13,8 +13,12 @@
 #include "../base/types.h"
 
 /* Activation type consumed by the dot product of weight type t:
- * F32 -> F32, F16 -> F16, BF16 -> BF16, Q8_0/Q4_0 -> Q8_0, Q4_K/Q5_K/Q6_K -> Q8_K
- * (as llama.cpp's CPU backend rounds activations). AR_TYPE_COUNT when unsupported. */
+ * F32 -> F32, F16 -> F16, BF16 -> BF16, Q8_0/Q4_0/Q5_0 -> Q8_0, Q4_K/Q5_K/Q6_K -> Q8_K
+ * (as llama.cpp's CPU backend rounds activations). AR_TYPE_COUNT when unsupported.
+ * Q4_1/Q5_1 -> Q8_0 as well: llama.cpp pairs them with Q8_1 (Q8_0 plus s = d * sum(q) in f16)
+ * for the min term; we take the same activations as Q8_0 and compute that term per block as
+ * m * d_y * sum(q_y) from the integer sum, which is the same quantity without s's f16
+ * rounding. */
 enum ar_type kernels_vec_dot_type(enum ar_type t);
 
 struct kernel_ops {
@@ -68,7 +72,7 @@ int kernels_variants(const struct kernel_ops **out, int max);
 
 /* Reference quantizer for weights (used by `autoreply quantize` and gen-model):
  * quantizes n floats (a multiple of t's block size) into dst. Supports F32, F16, BF16, Q8_0,
- * Q4_0, Q4_K, Q5_K, Q6_K. Returns bytes written, 0 if t is unsupported. */
+ * Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K. Returns bytes written, 0 if t is unsupported. */
 size_t kernels_quantize_row(enum ar_type t, const float *src, void *dst, int64_t n);
 /* Reference dequantizer for any supported type (same as kernels_ref()->to_float[t]). */
 void kernels_dequantize_row(enum ar_type t, const void *src, float *dst, int64_t n);

@@ -1,4 +1,5 @@
-/* quantize.c - reference weight quantizers (F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K), used
+/* quantize.c - reference weight quantizers (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K,
+ * Q5_K, Q6_K), used
  * by `autoreply quantize` and to write random test models. The output is valid GGUF block data;
  * it aims at low squared error, not at byte equality with any other tool's quantizer. */
 #include <math.h>
@@ -40,6 +41,81 @@ static void quantize_q4_0(const float *x, struct block_q4_0 *b, int64_t nb)
         }
         for (int j = 0; j < QK4_0 / 2; j++)
             b[i].qs[j] = (uint8_t)(q[j] | (q[j + QK4_0 / 2] << 4));
+    }
+}
+
+/* ---- Q4_1, Q5_0, Q5_1 ----------------------------------------------------------------------- */
+
+/* Packs 32 values q (0..31) into the nibbles qs (element j low, j + 16 high) and, when qh is
+ * not NULL, their fifth bits into qh (bit j of a little-endian uint32 for element j). */
+static void pack_legacy(const uint8_t *q, uint8_t *qs, uint8_t *qh)
+{
+    uint32_t h = 0;
+    for (int j = 0; j < 16; j++)
+        qs[j] = (uint8_t)((q[j] & 0x0f) | ((q[j + 16] & 0x0f) << 4));
+    if (!qh)
+        return;
+    for (int j = 0; j < 32; j++)
+        h |= (uint32_t)((q[j] >> 4) & 1) << j;
+    for (int k = 0; k < 4; k++)
+        qh[k] = (uint8_t)(h >> (8 * k));
+}
+
+/* Per 32, min-max: m = min(x), d = (max(x) - m) / nmax, both stored as f16, then
+ * q = round((x - m) / d) against the stored values, clamped to 0..nmax. */
+static void quantize_minmax_block(const float *x, int nmax, ar_f16 *dh, ar_f16 *mh, uint8_t *q)
+{
+    float lo = x[0], hi = x[0];
+    for (int j = 1; j < 32; j++) {
+        lo = fminf(lo, x[j]);
+        hi = fmaxf(hi, x[j]);
+    }
+    *dh = ar_f32_to_f16((hi - lo) / (float)nmax);
+    *mh = ar_f32_to_f16(lo);
+    float d = ar_f16_to_f32(*dh), m = ar_f16_to_f32(*mh);
+    for (int j = 0; j < 32; j++)
+        q[j] = (uint8_t)(d > 0.0f ? round_clamp((x[j] - m) / d, 0, nmax) : 0);
+}
+
+static void quantize_q4_1(const float *x, struct block_q4_1 *b, int64_t nb)
+{
+    uint8_t q[QK4_1];
+    for (int64_t i = 0; i < nb; i++, x += QK4_1) {
+        quantize_minmax_block(x, 15, &b[i].d, &b[i].m, q);
+        pack_legacy(q, b[i].qs, NULL);
+    }
+}
+
+static void quantize_q5_1(const float *x, struct block_q5_1 *b, int64_t nb)
+{
+    uint8_t q[QK5_1];
+    for (int64_t i = 0; i < nb; i++, x += QK5_1) {
+        quantize_minmax_block(x, 31, &b[i].d, &b[i].m, q);
+        pack_legacy(q, b[i].qs, b[i].qh);
+    }
+}
+
+/* Per 32, as Q4_0 with 16 levels each side: the signed value of largest magnitude maps to
+ * -16, d = max / -16, q = min(31, trunc(x / d + 16.5)), w = d * (q - 16). */
+static void quantize_q5_0(const float *x, struct block_q5_0 *b, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, x += QK5_0) {
+        float amax = 0.0f, max = 0.0f;
+        uint8_t q[QK5_0];
+        for (int j = 0; j < QK5_0; j++) {
+            if (fabsf(x[j]) > amax) {
+                amax = fabsf(x[j]);
+                max = x[j];
+            }
+        }
+        float d = max / -16.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        b[i].d = ar_f32_to_f16(d);
+        for (int j = 0; j < QK5_0; j++) {
+            int v = (int)(x[j] * id + 16.5f);
+            q[j] = (uint8_t)(v < 31 ? v : 31);
+        }
+        pack_legacy(q, b[i].qs, b[i].qh);
     }
 }
 
@@ -331,6 +407,15 @@ size_t kernels_quantize_row(enum ar_type t, const float *src, void *dst, int64_t
         break;
     case AR_TYPE_Q4_0:
         quantize_q4_0(src, dst, nb);
+        break;
+    case AR_TYPE_Q4_1:
+        quantize_q4_1(src, dst, nb);
+        break;
+    case AR_TYPE_Q5_0:
+        quantize_q5_0(src, dst, nb);
+        break;
+    case AR_TYPE_Q5_1:
+        quantize_q5_1(src, dst, nb);
         break;
     case AR_TYPE_Q4_K:
         quantize_q4_K(src, dst, nb);

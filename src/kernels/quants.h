@@ -9,6 +9,9 @@
 #include "../base/base.h"
 
 #define QK4_0 32
+#define QK4_1 32
+#define QK5_0 32
+#define QK5_1 32
 #define QK8_0 32
 #define QK_K 256
 #define K_SCALE_SIZE 12
@@ -20,7 +23,35 @@ struct block_q4_0 {
 };
 static_assert(sizeof(struct block_q4_0) == 2 + QK4_0 / 2, "block_q4_0 layout");
 
-/* 32 weights: w = d * q. Also the activation format for Q8_0/Q4_0 dot products. */
+/* 32 weights: w = d * q + m, q in 0..15; nibbles as in block_q4_0. */
+struct block_q4_1 {
+    ar_f16 d;
+    ar_f16 m;
+    uint8_t qs[QK4_1 / 2];
+};
+static_assert(sizeof(struct block_q4_1) == 4 + QK4_1 / 2, "block_q4_1 layout");
+
+/* 32 weights: w = d * (q - 16), q in 0..31. The low 4 bits are nibbles as in block_q4_0; the
+ * fifth bit of element j is bit j of qh read as a little-endian uint32 (so elements 0..15, the
+ * low nibbles, use bits 0..15 and elements 16..31 bits 16..31). */
+struct block_q5_0 {
+    ar_f16 d;
+    uint8_t qh[4];
+    uint8_t qs[QK5_0 / 2];
+};
+static_assert(sizeof(struct block_q5_0) == 2 + 4 + QK5_0 / 2, "block_q5_0 layout");
+
+/* 32 weights: w = d * q + m, q in 0..31; qh and qs as in block_q5_0. */
+struct block_q5_1 {
+    ar_f16 d;
+    ar_f16 m;
+    uint8_t qh[4];
+    uint8_t qs[QK5_1 / 2];
+};
+static_assert(sizeof(struct block_q5_1) == 4 + 4 + QK5_1 / 2, "block_q5_1 layout");
+
+/* 32 weights: w = d * q. Also the activation format for the dot products of Q8_0 and the
+ * 32-element legacy types (Q4_0, Q4_1, Q5_0, Q5_1). */
 struct block_q8_0 {
     ar_f16 d;
     int8_t qs[QK8_0];

@@ -28,6 +28,9 @@ enum ar_type kernels_vec_dot_type(enum ar_type t)
         return AR_TYPE_BF16;
     case AR_TYPE_Q8_0:
     case AR_TYPE_Q4_0:
+    case AR_TYPE_Q4_1:
+    case AR_TYPE_Q5_0:
+    case AR_TYPE_Q5_1:
         return AR_TYPE_Q8_0;
     case AR_TYPE_Q4_K:
     case AR_TYPE_Q5_K:
@@ -82,6 +85,52 @@ static void q4_0_to_float(const void *x, float *y, int64_t n)
             y[i * QK4_0 + j] = (float)lo * d;
             y[i * QK4_0 + j + QK4_0 / 2] = (float)hi * d;
         }
+    }
+}
+
+static void q4_1_to_float(const void *x, float *y, int64_t n)
+{
+    const struct block_q4_1 *b = x;
+    for (int64_t i = 0; i < n / QK4_1; i++) {
+        float d = ar_f16_to_f32(b[i].d);
+        float m = ar_f16_to_f32(b[i].m);
+        for (int j = 0; j < QK4_1 / 2; j++) {
+            int lo = b[i].qs[j] & 0x0f;
+            int hi = b[i].qs[j] >> 4;
+            y[i * QK4_1 + j] = (float)lo * d + m;
+            y[i * QK4_1 + j + QK4_1 / 2] = (float)hi * d + m;
+        }
+    }
+}
+
+/* The 5-bit value (0..31) of element e (0..31) of a Q5_0/Q5_1 block: the low or high nibble of
+ * qs[e % 16] plus bit e of qh (a little-endian uint32) as the fifth bit. */
+static int q5_quant(const uint8_t *qh, const uint8_t *qs, int e)
+{
+    uint32_t h = (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 |
+                 (uint32_t)qh[3] << 24;
+    int lo = e < 16 ? qs[e] & 0x0f : qs[e - 16] >> 4;
+    return lo | (int)((h >> e) & 1) << 4;
+}
+
+static void q5_0_to_float(const void *x, float *y, int64_t n)
+{
+    const struct block_q5_0 *b = x;
+    for (int64_t i = 0; i < n / QK5_0; i++) {
+        float d = ar_f16_to_f32(b[i].d);
+        for (int e = 0; e < QK5_0; e++)
+            y[i * QK5_0 + e] = (float)(q5_quant(b[i].qh, b[i].qs, e) - 16) * d;
+    }
+}
+
+static void q5_1_to_float(const void *x, float *y, int64_t n)
+{
+    const struct block_q5_1 *b = x;
+    for (int64_t i = 0; i < n / QK5_1; i++) {
+        float d = ar_f16_to_f32(b[i].d);
+        float m = ar_f16_to_f32(b[i].m);
+        for (int e = 0; e < QK5_1; e++)
+            y[i * QK5_1 + e] = (float)q5_quant(b[i].qh, b[i].qs, e) * d + m;
     }
 }
 
@@ -305,6 +354,61 @@ static void vec_dot_q4_0(int n, float *s, const void *x, const void *y)
     *s = sum;
 }
 
+/* Q4_1/Q5_1 against Q8_0 activations: w = d * q + m and a = yd * y, so per block
+ * dot = (d * yd) * sum(q * y) + (m * yd) * sum(y), both sums exact in integers. (The sum of y
+ * times yd is what a Q8_1 activation block would carry as its s.) */
+static void vec_dot_q4_1(int n, float *s, const void *x, const void *y)
+{
+    const struct block_q4_1 *a = x;
+    const struct block_q8_0 *b = y;
+    float sum = 0.0f;
+    for (int i = 0; i < n / QK4_1; i++) {
+        int sumi = 0, sumy = 0;
+        for (int j = 0; j < QK4_1 / 2; j++) {
+            sumi += (a[i].qs[j] & 0x0f) * b[i].qs[j];
+            sumi += (a[i].qs[j] >> 4) * b[i].qs[j + QK4_1 / 2];
+        }
+        for (int j = 0; j < QK8_0; j++)
+            sumy += b[i].qs[j];
+        float yd = ar_f16_to_f32(b[i].d);
+        sum += (float)sumi * (ar_f16_to_f32(a[i].d) * yd) +
+               (float)sumy * (ar_f16_to_f32(a[i].m) * yd);
+    }
+    *s = sum;
+}
+
+static void vec_dot_q5_0(int n, float *s, const void *x, const void *y)
+{
+    const struct block_q5_0 *a = x;
+    const struct block_q8_0 *b = y;
+    float sum = 0.0f;
+    for (int i = 0; i < n / QK5_0; i++) {
+        int sumi = 0;
+        for (int e = 0; e < QK5_0; e++)
+            sumi += (q5_quant(a[i].qh, a[i].qs, e) - 16) * b[i].qs[e];
+        sum += (float)sumi * (ar_f16_to_f32(a[i].d) * ar_f16_to_f32(b[i].d));
+    }
+    *s = sum;
+}
+
+static void vec_dot_q5_1(int n, float *s, const void *x, const void *y)
+{
+    const struct block_q5_1 *a = x;
+    const struct block_q8_0 *b = y;
+    float sum = 0.0f;
+    for (int i = 0; i < n / QK5_1; i++) {
+        int sumi = 0, sumy = 0;
+        for (int e = 0; e < QK5_1; e++) {
+            sumi += q5_quant(a[i].qh, a[i].qs, e) * b[i].qs[e];
+            sumy += b[i].qs[e];
+        }
+        float yd = ar_f16_to_f32(b[i].d);
+        sum += (float)sumi * (ar_f16_to_f32(a[i].d) * yd) +
+               (float)sumy * (ar_f16_to_f32(a[i].m) * yd);
+    }
+    *s = sum;
+}
+
 /* Q4_K/Q5_K block against a Q8_K block: w = d * sc * q - dmin * m, so
  * dot = d * yd * sum_j sc_j * sum(q * y) - dmin * yd * sum_j m_j * sum(y over sub-block j),
  * where the sums of y come from the activation's bsums (two per sub-block of 32). */
@@ -389,6 +493,9 @@ REF_GEMM(f16)
 REF_GEMM(bf16)
 REF_GEMM(q8_0)
 REF_GEMM(q4_0)
+REF_GEMM(q4_1)
+REF_GEMM(q5_0)
+REF_GEMM(q5_1)
 REF_GEMM(q4_K)
 REF_GEMM(q5_K)
 REF_GEMM(q6_K)
@@ -500,6 +607,9 @@ void kernels_fill_ref(struct kernel_ops *ops)
     ops->to_float[AR_TYPE_BF16] = bf16_to_float;
     ops->to_float[AR_TYPE_Q8_0] = q8_0_to_float;
     ops->to_float[AR_TYPE_Q4_0] = q4_0_to_float;
+    ops->to_float[AR_TYPE_Q4_1] = q4_1_to_float;
+    ops->to_float[AR_TYPE_Q5_0] = q5_0_to_float;
+    ops->to_float[AR_TYPE_Q5_1] = q5_1_to_float;
     ops->to_float[AR_TYPE_Q4_K] = q4_K_to_float;
     ops->to_float[AR_TYPE_Q5_K] = q5_K_to_float;
     ops->to_float[AR_TYPE_Q6_K] = q6_K_to_float;
@@ -516,6 +626,9 @@ void kernels_fill_ref(struct kernel_ops *ops)
     ops->vec_dot[AR_TYPE_BF16] = vec_dot_bf16;
     ops->vec_dot[AR_TYPE_Q8_0] = vec_dot_q8_0;
     ops->vec_dot[AR_TYPE_Q4_0] = vec_dot_q4_0;
+    ops->vec_dot[AR_TYPE_Q4_1] = vec_dot_q4_1;
+    ops->vec_dot[AR_TYPE_Q5_0] = vec_dot_q5_0;
+    ops->vec_dot[AR_TYPE_Q5_1] = vec_dot_q5_1;
     ops->vec_dot[AR_TYPE_Q4_K] = vec_dot_q4_K;
     ops->vec_dot[AR_TYPE_Q5_K] = vec_dot_q5_K;
     ops->vec_dot[AR_TYPE_Q6_K] = vec_dot_q6_K;
@@ -525,6 +638,9 @@ void kernels_fill_ref(struct kernel_ops *ops)
     ops->gemm[AR_TYPE_BF16] = gemm_bf16;
     ops->gemm[AR_TYPE_Q8_0] = gemm_q8_0;
     ops->gemm[AR_TYPE_Q4_0] = gemm_q4_0;
+    ops->gemm[AR_TYPE_Q4_1] = gemm_q4_1;
+    ops->gemm[AR_TYPE_Q5_0] = gemm_q5_0;
+    ops->gemm[AR_TYPE_Q5_1] = gemm_q5_1;
     ops->gemm[AR_TYPE_Q4_K] = gemm_q4_K;
     ops->gemm[AR_TYPE_Q5_K] = gemm_q5_K;
     ops->gemm[AR_TYPE_Q6_K] = gemm_q6_K;

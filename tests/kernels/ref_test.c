@@ -9,8 +9,9 @@
 #include "kernels/kernels.h"
 #include "kernels/quants.h"
 
-static const enum ar_type weight_types[] = {AR_TYPE_F32,  AR_TYPE_F16,  AR_TYPE_BF16, AR_TYPE_Q8_0,
-                                            AR_TYPE_Q4_0, AR_TYPE_Q4_K, AR_TYPE_Q5_K, AR_TYPE_Q6_K};
+static const enum ar_type weight_types[] = {
+    AR_TYPE_F32,  AR_TYPE_F16,  AR_TYPE_BF16, AR_TYPE_Q8_0, AR_TYPE_Q4_0, AR_TYPE_Q4_1,
+    AR_TYPE_Q5_0, AR_TYPE_Q5_1, AR_TYPE_Q4_K, AR_TYPE_Q5_K, AR_TYPE_Q6_K};
 static const enum ar_type act_types[] = {AR_TYPE_F32, AR_TYPE_F16, AR_TYPE_BF16, AR_TYPE_Q8_0,
                                          AR_TYPE_Q8_K};
 
@@ -220,6 +221,161 @@ static void q5_K_is_q4_K_with_a_fifth_bit(void **state)
             b5.qh[l] = 0;
         }
     }
+}
+
+/* ---- legacy 32-element types (Q4_1, Q5_0, Q5_1): no fixtures, so the format definition -------
+ * Block bytes, little-endian: Q4_1 = d f16, m f16, qs[16]; Q5_0 = d f16, qh[4], qs[16];
+ * Q5_1 = d f16, m f16, qh[4], qs[16]. Element e (0..31) has the 4 low bits
+ * (qs[e % 16] >> (4 * (e / 16))) & 15 and, for Q5, the fifth bit (qh[e / 8] >> (e % 8)) & 1.
+ * w = d * (q - 16) for Q5_0, w = d * q + m for Q4_1 and Q5_1, in float. */
+
+static float le_f16(const uint8_t *p)
+{
+    return ar_f16_to_f32((ar_f16)(p[0] | p[1] << 8));
+}
+
+/* One element of a legacy block by the definition above, straight from the bytes. */
+static float legacy_value(enum ar_type t, const uint8_t *blk, int e)
+{
+    bool has_m = t != AR_TYPE_Q5_0, five = t != AR_TYPE_Q4_1;
+    const uint8_t *qh = blk + (has_m ? 4 : 2);
+    const uint8_t *qs = qh + (five ? 4 : 0);
+    int q = (qs[e % 16] >> (4 * (e / 16))) & 15;
+    float d = le_f16(blk);
+    if (five)
+        q += ((qh[e / 8] >> (e % 8)) & 1) * 16;
+    if (t == AR_TYPE_Q5_0)
+        return (float)(q - 16) * d;
+    return (float)q * d + le_f16(blk + 2);
+}
+
+static const enum ar_type legacy_types[] = {AR_TYPE_Q4_1, AR_TYPE_Q5_0, AR_TYPE_Q5_1};
+
+/* Random raw blocks (every bit pattern of qs and qh, random finite f16 d and m of either sign)
+ * dequantize bit for bit as the definition says. */
+static void legacy_dequant_matches_format_definition(void **state)
+{
+    struct th_rng r = {4242};
+    enum { NB = 200 };
+    (void)state;
+    for (size_t k = 0; k < AR_ARRAY_LEN(legacy_types); k++) {
+        enum ar_type t = legacy_types[k];
+        size_t bs = (size_t)ar_type_info(t)->type_size;
+        uint8_t *raw = malloc(bs * NB);
+        float *y = malloc(sizeof(float) * 32 * NB);
+        assert_true(raw && y);
+        for (size_t i = 0; i < bs * NB; i++)
+            raw[i] = (uint8_t)th_rng_u64(&r);
+        for (int b = 0; b < NB; b++) {
+            for (int f = 0; f < (t == AR_TYPE_Q5_0 ? 1 : 2); f++) {
+                /* d and m: finite f16 over many binades (exponent field 1..29), random sign */
+                uint16_t h = (uint16_t)th_rng_u64(&r);
+                h = (uint16_t)((h & 0x83ff) | ((1 + (h >> 10) % 29) << 10));
+                raw[(size_t)b * bs + 2 * (size_t)f] = (uint8_t)h;
+                raw[(size_t)b * bs + 2 * (size_t)f + 1] = (uint8_t)(h >> 8);
+            }
+        }
+        kernels_ref()->to_float[t](raw, y, 32 * NB);
+        for (int b = 0; b < NB; b++) {
+            for (int e = 0; e < 32; e++) {
+                float want = legacy_value(t, raw + (size_t)b * bs, e);
+                if (ar_f32_bits(y[32 * b + e]) != ar_f32_bits(want))
+                    fail_msg("%s block %d elem %d: got %.9g want %.9g", ar_type_name(t), b, e,
+                             (double)y[32 * b + e], (double)want);
+            }
+        }
+        kernels_dequantize_row(t, raw, y, 32);
+        for (int e = 0; e < 32; e++)
+            assert_true(ar_f32_bits(y[e]) == ar_f32_bits(legacy_value(t, raw, e)));
+        free(raw);
+        free(y);
+    }
+}
+
+/* Hand-made blocks with known values: d = 0.5 (f16 0x3800), m = -2 (0xc000), qs[j] = j in the
+ * low nibble and 15 - j in the high one, qh = bytes 01 00 00 80 (bits 0 and 31). */
+static void legacy_blocks_decode_hand_made_examples(void **state)
+{
+    uint8_t q41[20] = {0x00, 0x38, 0x00, 0xc0}, q50[22] = {0x00, 0x38, 0x01, 0x00, 0x00, 0x80};
+    uint8_t q51[24] = {0x00, 0x38, 0x00, 0xc0, 0x01, 0x00, 0x00, 0x80};
+    float y[32];
+    (void)state;
+    for (int j = 0; j < 16; j++) {
+        uint8_t v = (uint8_t)(j | (15 - j) << 4);
+        q41[4 + j] = v;
+        q50[6 + j] = v;
+        q51[8 + j] = v;
+    }
+    kernels_dequantize_row(AR_TYPE_Q4_1, q41, y, 32);
+    for (int e = 0; e < 32; e++) /* q = e (e < 16) or 31 - e */
+        assert_true(y[e] == 0.5f * (float)(e < 16 ? e : 31 - e) - 2.0f);
+    kernels_dequantize_row(AR_TYPE_Q5_0, q50, y, 32);
+    assert_true(y[0] == 0.0f);     /* q = 0 + 16 */
+    assert_true(y[1] == -7.5f);    /* q = 1 */
+    assert_true(y[15] == -0.5f);   /* q = 15 */
+    assert_true(y[16] == -0.5f);   /* q = 15 (high nibble of qs[0]) */
+    assert_true(y[30] == -7.5f);   /* q = 1 */
+    assert_true(y[31] == 0.0f);    /* q = 0 + 16 */
+    kernels_dequantize_row(AR_TYPE_Q5_1, q51, y, 32);
+    assert_true(y[0] == 6.0f);     /* 0.5 * 16 - 2 */
+    assert_true(y[1] == -1.5f);    /* 0.5 * 1 - 2 */
+    assert_true(y[16] == 5.5f);    /* 0.5 * 15 - 2 */
+    assert_true(y[31] == 6.0f);    /* 0.5 * 16 - 2 */
+}
+
+/* Quantizer bounds per element, from the definitions of the quantizers:
+ * Q4_1/Q5_1 (min-max): within half a step d of the stored grid, plus what storing m and d in f16
+ * moves the grid's ends; Q5_0 (signed max to -16): half a step, or one step for the values
+ * past +15.5 steps that the top level 15 clamps, plus what storing d in f16 costs. */
+static void legacy_quantizers_stay_within_half_a_step(void **state)
+{
+    struct th_rng r = {777};
+    enum { N = 32 * 64 };
+    uint8_t q[N * 2];
+    float y[N];
+    (void)state;
+    float *x = gauss_vec(&r, N, 0.05f);
+    for (int i = 0; i < 32; i++) /* a block far from zero with a tiny range */
+        x[32 + i] = 1.0f + 1e-3f * x[32 + i];
+    for (int i = 0; i < 32; i++) /* a block whose largest magnitude is negative */
+        x[64 + i] = i == 5 ? -0.4f : fabsf(x[64 + i]);
+    for (size_t k = 0; k < AR_ARRAY_LEN(legacy_types); k++) {
+        enum ar_type t = legacy_types[k];
+        int nmax = t == AR_TYPE_Q4_1 ? 15 : 31;
+        size_t bs = (size_t)ar_type_info(t)->type_size;
+        assert_int_equal(kernels_quantize_row(t, x, q, N), bs * (N / 32));
+        kernels_dequantize_row(t, q, y, N);
+        for (int b = 0; b < N / 32; b++) {
+            const float *xb = x + 32 * b;
+            const uint8_t *blk = q + (size_t)b * bs;
+            double lo = xb[0], hi = xb[0], amax = 0.0, max = 0.0;
+            for (int i = 0; i < 32; i++) {
+                lo = fmin(lo, (double)xb[i]);
+                hi = fmax(hi, (double)xb[i]);
+                if (fabs((double)xb[i]) > amax) {
+                    amax = fabs((double)xb[i]);
+                    max = (double)xb[i];
+                }
+            }
+            double dh = (double)le_f16(blk);
+            for (int i = 0; i < 32; i++) {
+                double err = fabs((double)y[32 * b + i] - (double)xb[i]), bound;
+                if (t == AR_TYPE_Q5_0) {
+                    double df = max / -16.0, steps = (double)xb[i] / df;
+                    bound = (steps > 15.5 ? 1.0 : 0.5) * fabs(df) + 16.0 * fabs(dh - df);
+                    assert_true(dh * max <= 0.0); /* max maps to -16 */
+                } else {
+                    double mh = (double)le_f16(blk + 2), df = (hi - lo) / nmax;
+                    bound = 0.5 * dh + fabs(mh - lo) + nmax * fabs(dh - df);
+                }
+                bound += 1e-6 * amax;
+                if (!(err <= bound))
+                    fail_msg("%s block %d elem %d: x %g err %g > %g", ar_type_name(t), b, i,
+                             (double)xb[i], err, bound);
+            }
+        }
+    }
+    free(x);
 }
 
 /* ---- vec_dot and gemm ------------------------------------------------------------------------ */
@@ -481,6 +637,9 @@ static void weight_quantizers_keep_rms_error_small(void **state)
         {AR_TYPE_Q5_K, 0.045},  /* 0.038 .. 0.039 */
         {AR_TYPE_Q4_K, 0.09},   /* 0.073 .. 0.075 */
         {AR_TYPE_Q4_0, 0.125},  /* 0.093 .. 0.105 */
+        {AR_TYPE_Q4_1, 0.11},   /* 0.063 .. 0.089 */
+        {AR_TYPE_Q5_0, 0.062},  /* 0.038 .. 0.052 */
+        {AR_TYPE_Q5_1, 0.055},  /* 0.034 .. 0.045 */
     };
     struct th_rng r = {2024};
     const int64_t sizes[] = {32, 96, 256, 256 * 7, 4096};
@@ -575,7 +734,12 @@ static void quantize_row_rejects_unsupported_types_and_sizes(void **state)
     float x[64] = {0.0f};
     uint8_t q[256];
     (void)state;
-    assert_int_equal(kernels_quantize_row(AR_TYPE_Q4_1, x, q, 32), 0);
+    assert_int_equal(kernels_quantize_row(AR_TYPE_Q2_K, x, q, 256), 0);
+    assert_int_equal(kernels_quantize_row(AR_TYPE_Q8_1, x, q, 32), 0);
+    assert_int_equal(kernels_quantize_row(AR_TYPE_Q5_0, x, q, 48), 0);
+    assert_int_equal(kernels_quantize_row(AR_TYPE_Q5_0, x, q, 64), 44);
+    assert_int_equal(kernels_quantize_row(AR_TYPE_Q4_1, x, q, 64), 40);
+    assert_int_equal(kernels_quantize_row(AR_TYPE_Q5_1, x, q, 64), 48);
     assert_int_equal(kernels_quantize_row(AR_TYPE_Q8_K, x, q, 32), 0);
     assert_int_equal(kernels_quantize_row(AR_TYPE_Q8_0, x, q, 33), 0);
     assert_int_equal(kernels_quantize_row(AR_TYPE_Q4_K, x, q, 64), 0);
@@ -623,7 +787,12 @@ static void every_table_is_complete_and_ref_comes_last(void **state)
     if (!env || !*env)
         assert_ptr_equal(kernels_get(), v[0]);
     assert_int_equal(kernels_variants(v, 1), 1);
-    assert_int_equal(kernels_vec_dot_type(AR_TYPE_Q4_1), AR_TYPE_COUNT);
+    assert_int_equal(kernels_vec_dot_type(AR_TYPE_Q2_K), AR_TYPE_COUNT);
+    assert_int_equal(kernels_vec_dot_type(AR_TYPE_Q8_1), AR_TYPE_COUNT);
+    for (size_t k = 0; k < AR_ARRAY_LEN(legacy_types); k++) {
+        assert_int_equal(kernels_vec_dot_type(legacy_types[k]), AR_TYPE_Q8_0);
+        assert_true(ar_type_info(legacy_types[k])->supported);
+    }
 }
 
 /* ---- f32 ops --------------------------------------------------------------------------------- */
@@ -714,6 +883,9 @@ int main(void)
         cmocka_unit_test(base64_decoder_decodes_known_strings),
         cmocka_unit_test(dequant_matches_fixtures_bit_for_bit),
         cmocka_unit_test(q5_K_is_q4_K_with_a_fifth_bit),
+        cmocka_unit_test(legacy_dequant_matches_format_definition),
+        cmocka_unit_test(legacy_blocks_decode_hand_made_examples),
+        cmocka_unit_test(legacy_quantizers_stay_within_half_a_step),
         cmocka_unit_test(vec_dot_matches_double_dot_of_dequantized),
         cmocka_unit_test(gemm_is_the_tile_of_vec_dots),
         cmocka_unit_test(q8_0_activation_error_is_within_half_a_step),

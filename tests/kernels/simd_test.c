@@ -36,9 +36,9 @@ static void fill_f32(struct th_rng *r, float *x, int n, float scale)
         x[i] = th_rng_f32(r) * scale;
 }
 
-static const enum ar_type weight_types[] = {AR_TYPE_F32,  AR_TYPE_F16,  AR_TYPE_BF16,
-                                            AR_TYPE_Q8_0, AR_TYPE_Q4_0, AR_TYPE_Q4_K,
-                                            AR_TYPE_Q5_K, AR_TYPE_Q6_K};
+static const enum ar_type weight_types[] = {
+    AR_TYPE_F32,  AR_TYPE_F16,  AR_TYPE_BF16, AR_TYPE_Q8_0, AR_TYPE_Q4_0, AR_TYPE_Q4_1,
+    AR_TYPE_Q5_0, AR_TYPE_Q5_1, AR_TYPE_Q4_K, AR_TYPE_Q5_K, AR_TYPE_Q6_K};
 
 static bool is_float_type(enum ar_type t)
 {
@@ -73,8 +73,11 @@ static void make_weight_row(struct th_rng *r, enum ar_type t, int n, uint8_t *ds
         switch (t) {
         case AR_TYPE_Q8_0:
         case AR_TYPE_Q4_0:
+        case AR_TYPE_Q5_0:
             memcpy(blk, &d, 2);
             break;
+        case AR_TYPE_Q4_1: /* d, then a signed min m */
+        case AR_TYPE_Q5_1:
         case AR_TYPE_Q4_K:
         case AR_TYPE_Q5_K:
             memcpy(blk, &d, 2);
