@@ -20,6 +20,15 @@ int ar_pool_size(const struct ar_pool *pool);
  * One caller at a time per pool; a NULL pool runs fn(ctx, 0, 1). */
 void ar_pool_run(struct ar_pool *pool, ar_pool_fn fn, void *ctx);
 
+/* Runs fn on the caller and on whichever workers join before the caller has finished its own
+ * call; workers that wake up later skip the job. fn must therefore take its work from a
+ * shared counter (claim chunks until none is left) and must not assume that every ith runs:
+ * the job is done when the caller's fn returns and the workers that joined have returned.
+ * On a machine where another process holds a core, a descheduled worker then costs nothing
+ * instead of stalling every step until it is scheduled again. ith is still unique among the
+ * threads that run (per-thread scratch stays safe). */
+void ar_pool_run_shared(struct ar_pool *pool, ar_pool_fn fn, void *ctx);
+
 /* Splits [0, n) into nth near-equal ranges, rounded to multiples of `align`; range ith. */
 void ar_pool_range(int64_t n, int64_t align, int ith, int nth, int64_t *begin, int64_t *end);
 

@@ -7,6 +7,7 @@
 
 #include <assert.h>
 #include <math.h>
+#include <stdatomic.h>
 
 #include "../kernels/kernels.h"
 
@@ -34,20 +35,20 @@ struct model_ctx {
     int n_batch_max;
 
     /* scratch, (n_batch_max, width) row-major, allocated once */
-    float *x;    /* owned, n_embd: the residual stream */
-    float *xn;   /* owned, n_embd: normed input of a matmul */
-    float *proj; /* owned, n_embd: attention / ffn output before the residual add */
-    float *q;    /* owned, n_heads * head_dim */
-    float *k;    /* owned, n_kv_heads * head_dim */
-    float *v;    /* owned, n_kv_heads * head_dim */
-    float *att;  /* owned, n_heads * head_dim: attention output */
-    float *gate; /* owned, n_ff */
-    float *up;   /* owned, n_ff */
-    float *hid;  /* owned, n_ff: silu(gate) * up */
-    float *rope; /* owned, rope_dim: (cos, sin) pairs per rotated pair */
-    uint8_t *act;     /* owned, act_row bytes per row: input rows in a vec_dot type */
-    size_t act_row;   /* max bytes of one converted input row over all matrices */
-    float *scores;    /* owned, (nth * heads per KV head, score_cap) */
+    float *x;       /* owned, n_embd: the residual stream */
+    float *xn;      /* owned, n_embd: normed input of a matmul */
+    float *proj;    /* owned, n_embd: attention / ffn output before the residual add */
+    float *q;       /* owned, n_heads * head_dim */
+    float *k;       /* owned, n_kv_heads * head_dim */
+    float *v;       /* owned, n_kv_heads * head_dim */
+    float *att;     /* owned, n_heads * head_dim: attention output */
+    float *gate;    /* owned, n_ff */
+    float *up;      /* owned, n_ff */
+    float *hid;     /* owned, n_ff: silu(gate) * up */
+    float *rope;    /* owned, rope_dim: (cos, sin) pairs per rotated pair */
+    uint8_t *act;   /* owned, act_row bytes per row: input rows in a vec_dot type */
+    size_t act_row; /* max bytes of one converted input row over all matrices */
+    float *scores;  /* owned, (nth * heads per KV head, score_cap) */
     int64_t score_cap;
     int32_t *out_rows; /* owned, (n_batch_max): batch row of each logits row */
 
@@ -59,27 +60,29 @@ struct model_ctx {
     struct kv_cache *kv;
     struct kv_seq *const *seqs;
     const struct model_batch *b;
-    int n_rows;   /* rows the current row stage covers */
+    int n_rows; /* rows the current row stage covers */
     int layer;
     size_t kv_elem; /* 2 (F16) or 4 (F32) */
     /* row stages */
-    const float *norm_w;      /* norm stage weights */
-    bool norm_add;            /* norm stage: x += proj first */
-    const float *conv_src;    /* convert stage / fused conversion source */
-    int64_t conv_n;           /* elements per row */
-    enum ar_type conv_type;   /* AR_TYPE_F32: no conversion */
+    const float *norm_w;    /* norm stage weights */
+    bool norm_add;          /* norm stage: x += proj first */
+    const float *conv_src;  /* convert stage / fused conversion source */
+    int64_t conv_n;         /* elements per row */
+    enum ar_type conv_type; /* AR_TYPE_F32: no conversion */
     /* matmul stage */
     struct mm_item mm[MM_MAX_MATS];
     int n_mm;
     const void *mm_x; /* input rows */
     size_t mm_x_row;  /* bytes between input rows */
     /* small batches: each thread makes its own copy of the matmul input (no extra stage) */
-    int mm_pre;             /* MM_PRE_* */
-    uint8_t *act_th;        /* owned, (nth, SMALL_ROWS * act_row) */
-    float *tmp_th;          /* owned, (nth, SMALL_ROWS * tmp_width) */
+    int mm_pre;      /* MM_PRE_* */
+    uint8_t *act_th; /* owned, (nth, SMALL_ROWS * act_row) */
+    float *tmp_th;   /* owned, (nth, SMALL_ROWS * tmp_width) */
     int64_t tmp_width;
     /* attention stage also does the K/V writes and RoPE (rows of distinct sequences) */
     bool fuse_post;
+    /* work items of the running stage are claimed from this counter (see run_stage) */
+    atomic_int_fast64_t next;
 };
 
 /* Batches of at most this many rows convert matmul inputs per thread, inside the matmul
@@ -129,7 +132,7 @@ enum ar_status model_ctx_create(const struct model *m, int n_batch_max, struct a
     c->act_row = mat_act_row(&m->output);
     for (int l = 0; l < hp->n_layers; l++) {
         const struct model_layer *L = &m->layers[l];
-        const struct model_mat *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo,
+        const struct model_mat *ws[] = {&L->wq,    &L->wk,  &L->wv,   &L->wo,
                                         &L->wgate, &L->wup, &L->wdown};
         for (size_t i = 0; i < AR_ARRAY_LEN(ws); i++)
             c->act_row = AR_MAX(c->act_row, mat_act_row(ws[i]));
@@ -206,9 +209,30 @@ static enum ar_status ensure_scores(struct model_ctx *c, int64_t n)
 
 /* ---- row stages ---------------------------------------------------------------------- */
 
-static void row_range(const struct model_ctx *c, int ith, int nth, int64_t *r0, int64_t *r1)
+/* Stages take their work in chunks from a shared counter, so whichever threads are running do
+ * all of it: a worker descheduled by another process does not hold up the step (the pool's
+ * shared mode lets the caller finish without it). Each item is computed by the same code
+ * whichever thread claims it, so results do not depend on the thread count. */
+static bool claim(struct model_ctx *c, int64_t n, int64_t chunk, int64_t *b, int64_t *e)
 {
-    ar_pool_range(c->n_rows, 1, ith, nth, r0, r1);
+    int64_t s = atomic_fetch_add_explicit(&c->next, chunk, memory_order_relaxed);
+    if (s >= n)
+        return false;
+    *b = s;
+    *e = AR_MIN(s + chunk, n);
+    return true;
+}
+
+/* Rows per claim for row stages: a few claims per thread. */
+static int64_t row_chunk(const struct model_ctx *c)
+{
+    return AR_MAX(1, c->n_rows / (4 * c->nth));
+}
+
+static void run_stage(struct model_ctx *c, ar_pool_fn fn)
+{
+    atomic_store_explicit(&c->next, 0, memory_order_relaxed);
+    ar_pool_run_shared(c->pool, fn, c);
 }
 
 /* Converts rows [r0, r1) of conv_src into act (the caller checks conv_type != F32). */
@@ -224,10 +248,12 @@ static void stage_embed(void *arg, int ith, int nth)
     struct model_ctx *c = arg;
     const struct model_mat *e = &c->m->tok_embd;
     int64_t n = c->m->hp.n_embd, r0, r1;
-    row_range(c, ith, nth, &r0, &r1);
-    for (int64_t r = r0; r < r1; r++) {
-        const uint8_t *row = (const uint8_t *)e->data + (size_t)c->b->tokens[r] * e->row_size;
-        c->ops->to_float[e->type](row, c->x + r * n, n);
+    (void)ith, (void)nth;
+    while (claim(c, c->n_rows, row_chunk(c), &r0, &r1)) {
+        for (int64_t r = r0; r < r1; r++) {
+            const uint8_t *row = (const uint8_t *)e->data + (size_t)c->b->tokens[r] * e->row_size;
+            c->ops->to_float[e->type](row, c->x + r * n, n);
+        }
     }
 }
 
@@ -237,26 +263,29 @@ static void stage_norm(void *arg, int ith, int nth)
 {
     struct model_ctx *c = arg;
     int64_t n = c->m->hp.n_embd, r0, r1;
-    row_range(c, ith, nth, &r0, &r1);
-    for (int64_t r = r0; r < r1; r++) {
-        float *x = c->x + r * n;
-        if (c->norm_add) {
-            const float *p = c->proj + r * n;
-            for (int64_t i = 0; i < n; i++)
-                x[i] += p[i];
+    (void)ith, (void)nth;
+    while (claim(c, c->n_rows, row_chunk(c), &r0, &r1)) {
+        for (int64_t r = r0; r < r1; r++) {
+            float *x = c->x + r * n;
+            if (c->norm_add) {
+                const float *p = c->proj + r * n;
+                for (int64_t i = 0; i < n; i++)
+                    x[i] += p[i];
+            }
+            c->ops->rmsnorm((int)n, c->xn + r * n, x, c->norm_w, c->m->hp.rms_eps);
         }
-        c->ops->rmsnorm((int)n, c->xn + r * n, x, c->norm_w, c->m->hp.rms_eps);
+        if (c->conv_type != AR_TYPE_F32)
+            convert_rows(c, r0, r1);
     }
-    if (c->conv_type != AR_TYPE_F32)
-        convert_rows(c, r0, r1);
 }
 
 static void stage_convert(void *arg, int ith, int nth)
 {
     struct model_ctx *c = arg;
     int64_t r0, r1;
-    row_range(c, ith, nth, &r0, &r1);
-    convert_rows(c, r0, r1);
+    (void)ith, (void)nth;
+    while (claim(c, c->n_rows, row_chunk(c), &r0, &r1))
+        convert_rows(c, r0, r1);
 }
 
 /* hid = silu(gate) * up, then its conversion for the down projection. */
@@ -264,11 +293,13 @@ static void stage_silu(void *arg, int ith, int nth)
 {
     struct model_ctx *c = arg;
     int64_t n = c->m->hp.n_ff, r0, r1;
-    row_range(c, ith, nth, &r0, &r1);
-    for (int64_t r = r0; r < r1; r++)
-        c->ops->silu_mul((int)n, c->hid + r * n, c->gate + r * n, c->up + r * n);
-    if (c->conv_type != AR_TYPE_F32)
-        convert_rows(c, r0, r1);
+    (void)ith, (void)nth;
+    while (claim(c, c->n_rows, row_chunk(c), &r0, &r1)) {
+        for (int64_t r = r0; r < r1; r++)
+            c->ops->silu_mul((int)n, c->hid + r * n, c->gate + r * n, c->up + r * n);
+        if (c->conv_type != AR_TYPE_F32)
+            convert_rows(c, r0, r1);
+    }
 }
 
 static void rope_rotate(float *x, int n_heads, int head_dim, int rope_dim, bool neox,
@@ -342,9 +373,10 @@ static void stage_qkv_post(void *arg, int ith, int nth)
 {
     struct model_ctx *c = arg;
     int64_t r0, r1;
-    row_range(c, ith, nth, &r0, &r1);
-    for (int64_t r = r0; r < r1; r++)
-        qkv_post_row(c, r, 0, c->m->hp.n_kv_heads);
+    (void)ith, (void)nth;
+    while (claim(c, c->n_rows, row_chunk(c), &r0, &r1))
+        for (int64_t r = r0; r < r1; r++)
+            qkv_post_row(c, r, 0, c->m->hp.n_kv_heads);
 }
 
 /* att[r, head h] = softmax(q·K^T * scale) V over positions 0..pos[r] of row r's sequence;
@@ -362,33 +394,34 @@ static void stage_attn(void *arg, int ith, int nth)
     enum ar_type kt = es == 4 ? AR_TYPE_F32 : AR_TYPE_F16;
     float scale = (float)(1.0 / sqrt((double)hd));
     float *scores = c->scores + (size_t)ith * (size_t)group * cap;
-    int64_t i0, i1;
-    ar_pool_range((int64_t)c->n_rows * hp->n_kv_heads, 1, ith, nth, &i0, &i1);
-    for (int64_t it = i0; it < i1; it++) {
-        int64_t r = it / hp->n_kv_heads;
-        int kvh = (int)(it % hp->n_kv_heads);
-        const float *q = c->q + r * n_q + (int64_t)kvh * group * hd;
-        float *out = c->att + r * n_q + (int64_t)kvh * group * hd;
-        int32_t n_pos = c->b->pos[r] + 1;
-        const struct kv_seq *s = c->seqs[c->b->seq[r]];
-        size_t head_off = (size_t)kvh * (size_t)hd * es;
+    int64_t i0, i1, n_items = (int64_t)c->n_rows * hp->n_kv_heads;
+    (void)nth;
+    while (claim(c, n_items, AR_MAX(1, n_items / (8 * c->nth)), &i0, &i1))
+        for (int64_t it = i0; it < i1; it++) {
+            int64_t r = it / hp->n_kv_heads;
+            int kvh = (int)(it % hp->n_kv_heads);
+            const float *q = c->q + r * n_q + (int64_t)kvh * group * hd;
+            float *out = c->att + r * n_q + (int64_t)kvh * group * hd;
+            int32_t n_pos = c->b->pos[r] + 1;
+            const struct kv_seq *s = c->seqs[c->b->seq[r]];
+            size_t head_off = (size_t)kvh * (size_t)hd * es;
 
-        if (c->fuse_post) /* no other row of this batch reads this row's K/V */
-            qkv_post_row(c, r, kvh, kvh + 1);
-        for (int32_t t0 = 0, bi = 0; t0 < n_pos; t0 += bt, bi++) {
-            const uint8_t *kb = (const uint8_t *)kv_k_block(c->kv, c->layer, s->blocks[bi]);
-            ops->attn_scores(hd, group, AR_MIN(bt, n_pos - t0), q, kb + head_off, row_size, kt,
-                             scale, scores + t0, cap);
+            if (c->fuse_post) /* no other row of this batch reads this row's K/V */
+                qkv_post_row(c, r, kvh, kvh + 1);
+            for (int32_t t0 = 0, bi = 0; t0 < n_pos; t0 += bt, bi++) {
+                const uint8_t *kb = (const uint8_t *)kv_k_block(c->kv, c->layer, s->blocks[bi]);
+                ops->attn_scores(hd, group, AR_MIN(bt, n_pos - t0), q, kb + head_off, row_size, kt,
+                                 scale, scores + t0, cap);
+            }
+            for (int h = 0; h < group; h++)
+                ops->softmax(n_pos, scores + (size_t)h * cap);
+            memset(out, 0, (size_t)group * (size_t)hd * sizeof(float));
+            for (int32_t t0 = 0, bi = 0; t0 < n_pos; t0 += bt, bi++) {
+                const uint8_t *vb = (const uint8_t *)kv_v_block(c->kv, c->layer, s->blocks[bi]);
+                ops->attn_values(hd, group, AR_MIN(bt, n_pos - t0), scores + t0, cap, vb + head_off,
+                                 row_size, kt, out);
+            }
         }
-        for (int h = 0; h < group; h++)
-            ops->softmax(n_pos, scores + (size_t)h * cap);
-        memset(out, 0, (size_t)group * (size_t)hd * sizeof(float));
-        for (int32_t t0 = 0, bi = 0; t0 < n_pos; t0 += bt, bi++) {
-            const uint8_t *vb = (const uint8_t *)kv_v_block(c->kv, c->layer, s->blocks[bi]);
-            ops->attn_values(hd, group, AR_MIN(bt, n_pos - t0), scores + t0, cap, vb + head_off,
-                             row_size, kt, out);
-        }
-    }
 }
 
 /* ---- matmul stage -------------------------------------------------------------------- */
@@ -399,6 +432,7 @@ static void stage_matmul(void *arg, int ith, int nth)
     int n_cols = c->n_rows;
     const void *mm_x = c->mm_x;
     size_t mm_x_row = c->mm_x_row;
+    (void)nth;
     if (c->mm_pre != MM_PRE_NONE) {
         /* this thread's own copy of the input rows, made exactly as the shared stages do */
         float *tmp = c->tmp_th + (size_t)ith * SMALL_ROWS * (size_t)c->tmp_width;
@@ -420,20 +454,24 @@ static void stage_matmul(void *arg, int ith, int nth)
             mm_x_row = c->act_row;
         }
     }
-    for (int k = 0; k < c->n_mm; k++) {
+    /* work units: blocks of MM_CALL_ROWS weight rows, numbered across the stage's matrices */
+    int64_t units[MM_MAX_MATS + 1] = {0}, u0, u1;
+    for (int k = 0; k < c->n_mm; k++)
+        units[k + 1] = units[k] + (c->mm[k].w->n_out + MM_CALL_ROWS - 1) / MM_CALL_ROWS;
+    while (claim(c, units[c->n_mm], 1, &u0, &u1)) {
+        int k = 0;
+        while (u0 >= units[k + 1])
+            k++;
         const struct mm_item *it = &c->mm[k];
         const struct model_mat *w = it->w;
-        int64_t r0, r1;
-        ar_pool_range(w->n_out, MM_TILE_ROWS, ith, nth, &r0, &r1);
-        for (int64_t i = r0; i < r1; i += MM_CALL_ROWS) {
-            int nr = (int)AR_MIN(MM_CALL_ROWS, r1 - i);
-            const uint8_t *wr = (const uint8_t *)w->data + (size_t)i * w->row_size;
-            for (int j = 0; j < n_cols; j += MM_TILE_COLS) {
-                int nc = AR_MIN(MM_TILE_COLS, n_cols - j);
-                c->ops->gemm[w->type]((int)w->n_in, nr, nc, wr, w->row_size,
-                                      (const uint8_t *)mm_x + (size_t)j * mm_x_row,
-                                      mm_x_row, it->out + (size_t)j * it->ldy + i, it->ldy);
-            }
+        int64_t i = (u0 - units[k]) * MM_CALL_ROWS;
+        int nr = (int)AR_MIN(MM_CALL_ROWS, w->n_out - i);
+        const uint8_t *wr = (const uint8_t *)w->data + (size_t)i * w->row_size;
+        for (int j = 0; j < n_cols; j += MM_TILE_COLS) {
+            int nc = AR_MIN(MM_TILE_COLS, n_cols - j);
+            c->ops->gemm[w->type]((int)w->n_in, nr, nc, wr, w->row_size,
+                                  (const uint8_t *)mm_x + (size_t)j * mm_x_row, mm_x_row,
+                                  it->out + (size_t)j * it->ldy + i, it->ldy);
         }
     }
 }
@@ -475,7 +513,7 @@ static void run_matmuls(struct model_ctx *c, const float *in, const struct mm_it
         } else {
             if (c->act_src != in || c->act_type != vt) {
                 set_conv(c, in, n_in, vt);
-                ar_pool_run(c->pool, stage_convert, c);
+                run_stage(c, stage_convert);
                 note_act(c, in, vt);
             }
             c->mm_x = c->act;
@@ -484,7 +522,7 @@ static void run_matmuls(struct model_ctx *c, const float *in, const struct mm_it
         c->n_mm = e - k;
         for (int i = 0; i < c->n_mm; i++)
             c->mm[i] = items[k + i];
-        ar_pool_run(c->pool, stage_matmul, c);
+        run_stage(c, stage_matmul);
         c->mm_pre = MM_PRE_NONE;
         k = e;
     }
@@ -583,7 +621,7 @@ enum ar_status model_forward(struct model_ctx *c, struct kv_cache *kv, struct kv
     for (int r = 0, j = 0; r < n; r++)
         if (b->logits ? b->logits[r] != 0 : r == n - 1)
             c->out_rows[j++] = r;
-    ar_pool_run(c->pool, stage_embed, c);
+    run_stage(c, stage_embed);
     for (int l = 0; l < hp->n_layers; l++) {
         const struct model_layer *L = &m->layers[l];
         struct mm_item qkv[3] = {{&L->wq, c->q, (size_t)L->wq.n_out},
@@ -599,12 +637,12 @@ enum ar_status model_forward(struct model_ctx *c, struct kv_cache *kv, struct kv
         c->norm_w = L->attn_norm;
         c->norm_add = l > 0; /* the previous layer's ffn output */
         set_conv(c, c->xn, hp->n_embd, L->wq.vec_type);
-        ar_pool_run(c->pool, stage_norm, c);
+        run_stage(c, stage_norm);
         note_act(c, c->xn, L->wq.vec_type);
         run_matmuls(c, c->xn, qkv, 3);
         if (!c->fuse_post)
-            ar_pool_run(c->pool, stage_qkv_post, c);
-        ar_pool_run(c->pool, stage_attn, c);
+            run_stage(c, stage_qkv_post);
+        run_stage(c, stage_attn);
         c->act_src = NULL; /* att is new */
         if (l == hp->n_layers - 1 && c->n_rows > n_out) {
             /* K/V are written: from here on only rows that produce logits matter */
@@ -618,7 +656,7 @@ enum ar_status model_forward(struct model_ctx *c, struct kv_cache *kv, struct kv
         c->norm_w = L->ffn_norm;
         c->norm_add = true;
         set_conv(c, c->xn, hp->n_embd, L->wgate.vec_type);
-        ar_pool_run(c->pool, stage_norm, c);
+        run_stage(c, stage_norm);
         note_act(c, c->xn, L->wgate.vec_type);
         run_matmuls(c, c->xn, gu, 2);
         set_conv(c, c->hid, hp->n_ff, L->wdown.vec_type);
@@ -628,11 +666,11 @@ enum ar_status model_forward(struct model_ctx *c, struct kv_cache *kv, struct kv
             c->mm_pre = MM_PRE_SILU;
             c->n_mm = 1;
             c->mm[0] = d;
-            ar_pool_run(c->pool, stage_matmul, c);
+            run_stage(c, stage_matmul);
             c->mm_pre = MM_PRE_NONE;
             c->act_src = NULL;
         } else {
-            ar_pool_run(c->pool, stage_silu, c);
+            run_stage(c, stage_silu);
             note_act(c, c->hid, L->wdown.vec_type);
             run_matmuls(c, c->hid, &d, 1);
         }
@@ -645,7 +683,7 @@ enum ar_status model_forward(struct model_ctx *c, struct kv_cache *kv, struct kv
         c->norm_w = m->output_norm;
         c->norm_add = true;
         set_conv(c, c->xn, hp->n_embd, m->output.vec_type);
-        ar_pool_run(c->pool, stage_norm, c);
+        run_stage(c, stage_norm);
         note_act(c, c->xn, m->output.vec_type);
         run_matmuls(c, c->xn, &out, 1);
     }

@@ -2,6 +2,7 @@
 #include "harness/harness.h"
 
 #include <math.h>
+#include <stdatomic.h>
 
 #include "base/base.h"
 #include "base/cpu.h"
@@ -119,6 +120,51 @@ static void pool_runs_every_thread_once_per_job(void **state)
     }
 }
 
+struct claim_job {
+    atomic_int next;
+    int n;
+    atomic_int done[4096];
+    atomic_int calls;
+};
+
+static void claim_items(void *ctx, int ith, int nth)
+{
+    struct claim_job *j = ctx;
+    int i;
+    (void)ith;
+    (void)nth;
+    atomic_fetch_add(&j->calls, 1);
+    while ((i = atomic_fetch_add(&j->next, 1)) < j->n)
+        atomic_fetch_add(&j->done[i], 1);
+}
+
+static void pool_shared_runs_every_item_once(void **state)
+{
+    (void)state;
+    for (int nth = 1; nth <= 3; nth++) {
+        struct ar_pool *p;
+        static struct claim_job j;
+        assert_int_equal(ar_pool_create(nth, &p), AR_OK);
+        for (int rep = 0; rep < 300; rep++) {
+            memset(&j, 0, sizeof(j));
+            j.n = 1 + (rep * 37) % 4096;
+            ar_pool_run_shared(p, claim_items, &j);
+            /* the caller always runs; late workers may skip, never run twice */
+            assert_true(atomic_load(&j.calls) >= 1 && atomic_load(&j.calls) <= nth);
+            for (int i = 0; i < j.n; i++)
+                assert_int_equal(atomic_load(&j.done[i]), 1);
+            /* regular jobs in between still reach every thread exactly once */
+            if (rep % 7 == 0) {
+                struct sum_job sj = {.n = 100};
+                ar_pool_run(p, sum_range, &sj);
+                for (int i = 0; i < nth; i++)
+                    assert_int_equal(sj.calls[i], 1);
+            }
+        }
+        ar_pool_destroy(p);
+    }
+}
+
 static void pool_range_covers_without_overlap(void **state)
 {
     (void)state;
@@ -193,6 +239,7 @@ int main(void)
         cmocka_unit_test(type_table_matches_gguf_sizes),
         cmocka_unit_test(pool_runs_every_thread_once_per_job),
         cmocka_unit_test(pool_range_covers_without_overlap),
+        cmocka_unit_test(pool_shared_runs_every_item_once),
         cmocka_unit_test(pool_rejects_bad_sizes),
         cmocka_unit_test(fault_injection_fails_nth_allocation),
         cmocka_unit_test(err_set_formats_message),
