@@ -4,6 +4,7 @@
 #define AR_CLI_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 /* Each returns the process exit status (0 ok, 1 runtime failure, 2 usage error). */
@@ -18,15 +19,23 @@ int cmd_serve(int argc, char **argv);
 int cmd_reply(int argc, char **argv);
 int cmd_batch(int argc, char **argv);
 
-/* The review-reply service on a server (cmd_reply.c): attach before server_start, give it
- * the engine once the model is loaded (this starts the job runner and resumes unfinished
- * jobs), detach after server_stop and before engine_destroy. */
+/* The review-reply service on a server (cmd_reply.c): attach before server_start (it adds
+ * the /v1/reviews/... and /v1/jobs routes), give it the engine once the model is loaded (this
+ * starts the job runner and resumes unfinished jobs), detach after server_stop and before
+ * engine_destroy and server_destroy. */
 struct server;
 struct engine;
 struct tokenizer;
 struct cli_reply;
-int cli_reply_attach(struct server *srv, const char *shops_file, const char *data_dir,
-                     struct cli_reply **out);
+struct cli_reply_opts {
+    const char *shops_file; /* shop profiles (JSON) or NULL: the built-in default */
+    const char *data_dir;   /* replies.db lives here; created (with parents) if missing;
+                               NULL: ./var */
+    bool reply_cache;       /* false: every review not yet stored goes to the model */
+    size_t max_job_body;    /* POST /v1/jobs body limit, bytes; 0: 64 MiB */
+};
+/* Returns 0, or 1 after printing why it failed. */
+int cli_reply_attach(struct server *srv, const struct cli_reply_opts *o, struct cli_reply **out);
 void cli_reply_set_engine(struct cli_reply *cr, struct engine *e, const struct tokenizer *tok,
                           const char *model_name);
 void cli_reply_detach(struct cli_reply *cr);

@@ -4,6 +4,7 @@
 #define AR_CLI_INTERNAL_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include <cjson/cJSON.h>
@@ -38,6 +39,13 @@ cJSON *cli_read_json(const char *path);
 char *cli_read_text(const char *path);
 int cli_list_dir(const char *dir, const char *suffix, char ***out);
 void cli_free_names(char **names, int n);
+
+/* The bundled demo model (model_path.c): <exe dir>/../models/CLI_DEFAULT_MODEL, then
+ * ./models/CLI_DEFAULT_MODEL; the first readable one into out. False when neither is. */
+#define CLI_DEFAULT_MODEL "autoreply-demo-q8_0.gguf"
+bool cli_default_model(char *out, size_t size);
+/* The model id of a path: its file name without ".gguf" (ar_free), NULL when out of memory. */
+char *cli_model_name(const char *path);
 
 /* Tokenizer part of check-fixtures (cmd_tokenize.c); returns the number of checks made. */
 int cli_check_tokenizer_fixtures(const char *dir, int *n_fail);

@@ -13,6 +13,7 @@
 
 #include "base/base.h"
 #include "cli.h"
+#include "cli_internal.h"
 #include "engine/engine.h"
 #include "model/model.h"
 #include "reply/reply.h"
@@ -20,9 +21,9 @@
 #include "store/store.h"
 #include "tokenizer/tokenizer.h"
 
-#define DEFAULT_MODEL "autoreply-demo-q8_0.gguf"
 #define DEFAULT_DATA_DIR "./var"
 #define DEFAULT_SHOP "default"
+#define DEFAULT_MAX_JOB_BODY ((size_t)64 << 20)
 
 /* ---- shared setup -------------------------------------------------------------------------- */
 
@@ -44,43 +45,27 @@ struct product_opts {
     int threads;
 };
 
-/* <exe dir>/../models/NAME, then ./models/NAME. */
-static bool default_model_path(char *out, size_t size)
-{
-    char exe[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-    if (n > 0) {
-        char *slash;
-        exe[n] = '\0';
-        slash = strrchr(exe, '/');
-        if (slash) {
-            *slash = '\0';
-            int k = snprintf(out, size, "%s/../models/%s", exe, DEFAULT_MODEL);
-            if (k > 0 && (size_t)k < size && access(out, R_OK) == 0)
-                return true;
-        }
-    }
-    snprintf(out, size, "./models/%s", DEFAULT_MODEL);
-    return access(out, R_OK) == 0;
-}
-
-static char *model_name_of(const char *path)
-{
-    const char *b = strrchr(path, '/');
-    size_t n;
-    b = b ? b + 1 : path;
-    n = strlen(b);
-    if (n > 5 && !strcmp(b + n - 5, ".gguf"))
-        n -= 5;
-    return ar_strndup(b, n);
-}
-
+/* mkdir -p */
 static bool make_dir(const char *dir)
 {
-    if (mkdir(dir, 0755) == 0 || errno == EEXIST)
-        return true;
-    cli_error("cannot create %s: %s", dir, strerror(errno));
-    return false;
+    char path[PATH_MAX];
+    size_t n = strlen(dir);
+    if (n == 0 || n >= sizeof(path)) {
+        cli_error("bad data directory '%s'", dir);
+        return false;
+    }
+    memcpy(path, dir, n + 1);
+    for (size_t i = 1; i <= n; i++) {
+        if (path[i] != '/' && path[i] != '\0')
+            continue;
+        path[i] = '\0';
+        if (mkdir(path, 0755) != 0 && errno != EEXIST) {
+            cli_error("cannot create %s: %s", path, strerror(errno));
+            return false;
+        }
+        path[i] = i < n ? '/' : '\0';
+    }
+    return true;
 }
 
 static bool open_profiles_store(const struct product_opts *o, struct product *p)
@@ -117,9 +102,10 @@ static bool product_open(const struct product_opts *o, struct product *p)
     char *name;
     memset(p, 0, sizeof(*p));
     if (!model) {
-        if (!default_model_path(path, sizeof(path))) {
+        if (!cli_default_model(path, sizeof(path))) {
             cli_error("no model given (-m) and %s not found in <exe dir>/../models/ or "
-                      "./models/", DEFAULT_MODEL);
+                      "./models/",
+                      CLI_DEFAULT_MODEL);
             return false;
         }
         model = path;
@@ -143,7 +129,7 @@ static bool product_open(const struct product_opts *o, struct product *p)
         cli_error("engine: %s", err.msg);
         return false;
     }
-    name = model_name_of(model);
+    name = cli_model_name(model);
     if (!name || reply_engine_generator(p->engine, p->tok, name, &p->gen) != AR_OK) {
         ar_free(name);
         cli_error("out of memory");
@@ -195,7 +181,7 @@ static int common_flag(int argc, char **argv, int *i, struct product_opts *o)
 }
 
 static const char common_help[] =
-    "  -m, --model FILE   GGUF model (default: <exe dir>/../models/" DEFAULT_MODEL
+    "  -m, --model FILE   GGUF model (default: <exe dir>/../models/" CLI_DEFAULT_MODEL
     ", then ./models/)\n"
     "  --shops FILE       shop profiles (JSON; see src/reply/reply.h); default: built-in\n"
     "  --data-dir DIR     where replies.db lives (" DEFAULT_DATA_DIR ")\n"
@@ -298,8 +284,8 @@ int cmd_reply(int argc, char **argv)
         fprintf(stderr,
                 "autoreply: %s, sentiment %s, needs_human %s, action %s, %.0f ms (review %s/%s)\n",
                 reply_source_str(res.source), reply_sentiment_str(res.sentiment),
-                res.needs_human ? "yes" : "no", reply_action_str(res.action), res.latency_ms,
-                shop, review_id);
+                res.needs_human ? "yes" : "no", reply_action_str(res.action), res.latency_ms, shop,
+                review_id);
         rc = 0;
     } else {
         cli_error("reply: %s", res.error);
@@ -525,6 +511,13 @@ struct cli_reply {
     } ctx[REPLY_EP_COUNT + 4];
 };
 
+/* MessagePack bodies are only ever read parsed (never as JSONL text). */
+static bool is_msgpack(struct server_req *req)
+{
+    const char *ct = server_req_header(req, "Content-Type");
+    return ct && strstr(ct, "msgpack");
+}
+
 static void http_done(void *c, int status, cJSON *json, const char *text, size_t len,
                       const char *ctype)
 {
@@ -543,40 +536,81 @@ static void http_done(void *c, int status, cJSON *json, const char *text, size_t
 static void http_route(struct server_req *req, void *user)
 {
     struct route_ctx *rc = user;
-    reply_handle(rc->cr->p.svc, rc->ep, server_req_path(req), server_req_body(req), NULL, 0,
-                 http_done, req);
+    const cJSON *body = server_req_body(req);
+    size_t raw_len = 0;
+    const char *raw = server_req_raw_body(req, &raw_len);
+    if (raw && body && is_msgpack(req))
+        raw = NULL;
+    reply_handle(rc->cr->p.svc, rc->ep, server_req_path(req), body, raw, raw_len, http_done, req);
 }
 
-int cli_reply_attach(struct server *srv, const char *shops_file, const char *data_dir,
-                     struct cli_reply **out)
+/* What the server does around each product route. Answers that need the model wait for it
+ * (503 "loading" before); jobs are stored and read without it (the runner starts with the
+ * model and picks up what was queued). */
+static unsigned route_flags(const struct reply_route *rt)
 {
-    struct product_opts o = {NULL, shops_file, data_dir ? data_dir : DEFAULT_DATA_DIR, 2};
+    unsigned f = rt->prefix ? SERVER_ROUTE_PREFIX : 0;
+    switch (rt->ep) {
+    case REPLY_EP_REPLY:
+        return f | SERVER_ROUTE_ENGINE | SERVER_ROUTE_BODY;
+    case REPLY_EP_BATCH: /* {"reviews": [...]} or the bare array */
+        return f | SERVER_ROUTE_ENGINE | SERVER_ROUTE_BODY | SERVER_ROUTE_ARRAY;
+    case REPLY_EP_JOB_CREATE: /* JSON object or array, MessagePack, or JSONL text */
+        return f | SERVER_ROUTE_BODY | SERVER_ROUTE_RAW;
+    default:
+        return f | (rt->json_body ? SERVER_ROUTE_BODY : 0);
+    }
+}
+
+int cli_reply_attach(struct server *srv, const struct cli_reply_opts *opts, struct cli_reply **out)
+{
+    static const char *const cached_label[] = {"cached", NULL};
+    struct product_opts o = {NULL, opts->shops_file,
+                             opts->data_dir ? opts->data_dir : DEFAULT_DATA_DIR, 2};
     struct reply_cache_params cp = reply_cache_default_params();
     struct reply_service_params sp = reply_service_default_params();
     struct cli_reply *cr = calloc(1, sizeof(*cr));
     const struct reply_route *routes;
+    struct metrics_family *lat;
     size_t n_routes;
     if (!cr)
         return 1;
-    if (!open_profiles_store(&o, &cr->p) || reply_cache_create(&cp, &cr->p.cache) != AR_OK)
+    if (!open_profiles_store(&o, &cr->p))
         goto fail;
+    if (opts->reply_cache && reply_cache_create(&cp, &cr->p.cache) != AR_OK) {
+        cli_error("serve: cannot create the reply cache");
+        goto fail;
+    }
     sp.profiles = cr->p.profiles;
     sp.store = cr->p.store;
     sp.cache = cr->p.cache;
     sp.metrics = server_metrics(srv);
     sp.n_workers = 32; /* mostly waiting on the engine */
-    if (reply_service_create(&sp, &cr->p.svc) != AR_OK)
+    /* the reply latency histogram carries {cached}: registered first so that this family is
+     * the one the service's answers are observed in (src/reply/handlers.c and jobs.c) */
+    if (metrics_histogram(sp.metrics, "autoreply_reply_latency_seconds",
+                          "Time to answer one review, by whether the reply was cached",
+                          cached_label, NULL, 0, &lat) != AR_OK) {
+        cli_error("serve: cannot register the reply metrics");
         goto fail;
+    }
+    if (reply_service_create(&sp, &cr->p.svc) != AR_OK) {
+        cli_error("serve: cannot start the reply service");
+        goto fail;
+    }
     routes = reply_routes(&n_routes);
     for (size_t i = 0; i < n_routes && i < AR_ARRAY_LEN(cr->ctx); i++) {
         struct server_route r;
+        memset(&r, 0, sizeof(r));
         cr->ctx[i].cr = cr;
         cr->ctx[i].ep = routes[i].ep;
         r.method = routes[i].method;
         r.path = routes[i].path;
         r.fn = http_route;
         r.user = &cr->ctx[i];
-        r.flags = SERVER_ROUTE_ENGINE | (routes[i].json_body ? SERVER_ROUTE_BODY : 0);
+        r.flags = route_flags(&routes[i]);
+        if (routes[i].ep == REPLY_EP_JOB_CREATE)
+            r.max_body = opts->max_job_body ? opts->max_job_body : DEFAULT_MAX_JOB_BODY;
         if (server_add_route(srv, &r) != AR_OK) {
             cli_error("serve: cannot add route %s %s", r.method, r.path);
             goto fail;

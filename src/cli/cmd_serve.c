@@ -1,6 +1,7 @@
 /* cmd_serve.c - `autoreply serve`: loads a model and serves it over HTTP (OpenAI-compatible
- * API, metrics, health) until SIGINT/SIGTERM, then stops gracefully. The server listens
- * before the model is loaded so that /health can say "loading". */
+ * API, the review-reply product's /v1/reviews/... and /v1/jobs endpoints, metrics, health)
+ * until SIGINT/SIGTERM, then stops gracefully. The server listens before the model is loaded
+ * so that /health can say "loading". */
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -9,6 +10,7 @@
 
 #include "base/base.h"
 #include "cli.h"
+#include "cli_internal.h"
 #include "engine/engine.h"
 #include "model/model.h"
 #include "server/server.h"
@@ -16,40 +18,36 @@
 
 #define SERVE_GRACE_S 10.0
 
-
-
 static void serve_usage(FILE *out)
 {
-    fprintf(out, "usage: autoreply serve -m MODEL [options]\n"
-                 "  -m, --model FILE      GGUF model\n"
-                 "  --host ADDR           listen address (127.0.0.1)\n"
-                 "  --port N              port (8080; 0 picks a free one)\n"
-                 "  -t, --threads N       model threads (2)\n"
-                 "  --parallel N          sequences generated at once (16)\n"
-                 "  --kv-size TOKENS      KV cache capacity in tokens (8192)\n"
-                 "  --ctx-size N          context per request (model's, capped by the KV cache)\n"
-                 "  --queue N             waiting requests before 503 (256)\n"
-                 "  --no-prefix-cache     do not reuse KV of shared prompt prefixes\n"
-                 "  --api-key-file FILE   require Authorization: Bearer <key> (one key per line)\n"
-                 "  --metrics-auth        /metrics needs a key too\n"
-                 "  --rate-rps R          requests per second per key or IP (off)\n"
-                 "  --rate-burst B        request burst (max(1, R))\n"
-                 "  --rate-tpm T          tokens per minute per key or IP (off)\n"
-                 "  --max-body BYTES      request body limit (1048576)\n"
-                 "  --timeout S           a request must arrive within S seconds (30)\n"
-                 "  --max-conns N         open connections (512)\n"
-                 "  --model-name NAME     model id in the API (file name without .gguf)\n");
-}
-
-static char *model_name_of(const char *path)
-{
-    const char *b = strrchr(path, '/');
-    size_t n;
-    b = b ? b + 1 : path;
-    n = strlen(b);
-    if (n > 5 && !strcmp(b + n - 5, ".gguf"))
-        n -= 5;
-    return ar_strndup(b, n);
+    fprintf(out,
+            "usage: autoreply serve [-m MODEL] [options]\n"
+            "  -m, --model FILE      GGUF model (default: <exe dir>/../models/%s, then "
+            "./models/)\n"
+            "  --host ADDR           listen address (127.0.0.1)\n"
+            "  --port N              port (8080; 0 picks a free one)\n"
+            "  -t, --threads N       model threads (2)\n"
+            "  --parallel N          sequences generated at once (16)\n"
+            "  --kv-size TOKENS      KV cache capacity in tokens (8192)\n"
+            "  --ctx-size N          context per request (model's, capped by the KV cache)\n"
+            "  --queue N             waiting requests before 503 (256)\n"
+            "  --no-prefix-cache     do not reuse KV of shared prompt prefixes\n"
+            "  --api-key-file FILE   require Authorization: Bearer <key> (one key per line)\n"
+            "  --metrics-auth        /metrics needs a key too\n"
+            "  --rate-rps R          requests per second per key or IP (off)\n"
+            "  --rate-burst B        request burst (max(1, R))\n"
+            "  --rate-tpm T          tokens per minute per key or IP (off)\n"
+            "  --max-body BYTES      request body limit (1048576)\n"
+            "  --max-job-body BYTES  POST /v1/jobs body limit (67108864)\n"
+            "  --timeout S           a request must arrive within S seconds (30)\n"
+            "  --max-conns N         open connections (512)\n"
+            "  --model-name NAME     model id in the API (file name without .gguf)\n"
+            "review replies (/v1/reviews/reply, /v1/reviews/batch, /v1/jobs):\n"
+            "  --shops FILE          shop profiles (JSON, see src/reply/reply.h); built-in "
+            "default\n"
+            "  --data-dir DIR        replies.db (replies, jobs) lives here (./var; created)\n"
+            "  --no-reply-cache      every review not answered before goes to the model\n",
+            CLI_DEFAULT_MODEL);
 }
 
 int cmd_serve(int argc, char **argv)
@@ -57,6 +55,9 @@ int cmd_serve(int argc, char **argv)
     struct server_params sp = server_default_params();
     struct engine_params ep = engine_default_params();
     const char *model_path = NULL;
+    char default_model[4096];
+    struct cli_reply_opts ro = {NULL, "./var", true, 0};
+    struct cli_reply *cr = NULL;
     struct server *srv = NULL;
     struct model *m = NULL;
     struct tokenizer *tok = NULL;
@@ -134,6 +135,17 @@ int cmd_serve(int argc, char **argv)
         } else if (!strcmp(a, "--max-body")) {
             INT(1, (int64_t)1 << 40);
             sp.max_body = (size_t)n;
+        } else if (!strcmp(a, "--max-job-body")) {
+            INT(1, (int64_t)1 << 40);
+            ro.max_job_body = (size_t)n;
+        } else if (!strcmp(a, "--shops")) {
+            VALUE();
+            ro.shops_file = v;
+        } else if (!strcmp(a, "--data-dir")) {
+            VALUE();
+            ro.data_dir = v;
+        } else if (!strcmp(a, "--no-reply-cache")) {
+            ro.reply_cache = false;
         } else if (!strcmp(a, "--timeout")) {
             NUM(0.1, 86400);
             sp.timeout_s = d;
@@ -153,11 +165,16 @@ int cmd_serve(int argc, char **argv)
 #undef NUM
     }
     if (!model_path) {
-        serve_usage(stderr);
-        return 2;
+        if (!cli_default_model(default_model, sizeof(default_model))) {
+            cli_error("serve: no model given (-m) and %s not found in <exe dir>/../models/ or "
+                      "./models/",
+                      CLI_DEFAULT_MODEL);
+            return 2;
+        }
+        model_path = default_model;
     }
     if (!named) {
-        if (!(name = model_name_of(model_path)))
+        if (!(name = cli_model_name(model_path)))
             return 1;
         sp.model_name = name;
     }
@@ -173,6 +190,8 @@ int cmd_serve(int argc, char **argv)
         cli_error("serve: %s", err.msg[0] ? err.msg : "cannot create the server");
         goto done;
     }
+    if (cli_reply_attach(srv, &ro, &cr) != 0)
+        goto done;
     if (server_start(srv, &err) != AR_OK) {
         cli_error("serve: %s", err.msg);
         goto done;
@@ -191,6 +210,7 @@ int cmd_serve(int argc, char **argv)
         goto done;
     }
     server_set_engine(srv, eng, m, tok);
+    cli_reply_set_engine(cr, eng, tok, sp.model_name);
     AR_INFO("serve: ready: model %s, context %d, %d parallel, KV %lld tokens, queue %d",
             sp.model_name, server_n_ctx(srv), ep.n_seq_max, (long long)ep.kv_tokens, ep.queue_max);
     if (sigwait(&sigs, &sig) != 0)
@@ -200,8 +220,10 @@ int cmd_serve(int argc, char **argv)
     rc = 0;
 done:
     /* the engine's last callbacks reply to the server's requests: stop the server, then the
-     * engine, then free the server */
+     * reply service (its workers wait for the engine and reply to the server's requests), then
+     * the engine, then free the server */
     server_stop(srv, SERVE_GRACE_S);
+    cli_reply_detach(cr);
     engine_destroy(eng);
     server_destroy(srv);
     tokenizer_destroy(tok);

@@ -1,7 +1,8 @@
 /* handlers.c - the product's endpoints without HTTP: a route list for the server to register
  * and one entry point that validates a request, runs the work on a service worker (the
  * caller's thread, e.g. an HTTP event loop, is never blocked by the model or the database) and
- * answers through a callback with a status and a JSON or JSONL body. */
+ * answers through a callback with a status and a JSON or JSONL body. Also the per-answer
+ * latency histogram labelled by cache hit, observed here and in jobs.c. */
 #include <stdio.h>
 #include <string.h>
 
@@ -40,6 +41,23 @@ static void fail(reply_done_fn done, void *ctx, int status, const char *code, co
     done(ctx, status, error_body(code, msg), NULL, 0, NULL);
 }
 
+/* autoreply_reply_latency_seconds{cached="true|false"} for one answered review. The family is
+ * looked up by name (the registry returns the registered one), so handlers.c and jobs.c share
+ * it without state; a registry that holds the name without the label ignores this. */
+static void observe_latency(struct reply_service *svc, const struct reply_result *r)
+{
+    static const char *const names[] = {"cached", NULL};
+    struct metrics_family *f;
+    if (!svc->p.metrics || r->status != 200)
+        return;
+    if (metrics_histogram(svc->p.metrics, "autoreply_reply_latency_seconds",
+                          "Time to answer one review, by whether the reply was cached", names, NULL,
+                          0, &f) != AR_OK)
+        return;
+    metrics_observe(metrics_child(f, (const char *const[]){r->cached ? "true" : "false"}),
+                    r->latency_ms / 1000.0);
+}
+
 struct task {
     struct reply_service *svc;
     enum reply_endpoint ep;
@@ -64,6 +82,7 @@ static void do_reply(struct task *t)
         return;
     }
     reply_service_answer(t->svc, &rv, ENGINE_PRIO_INTERACTIVE, &res);
+    observe_latency(t->svc, &res);
     j = reply_result_to_json(&res, rv.review_id);
     if (res.status == 503)
         t->done(t->ctx, 503, j, NULL, 0, NULL);
@@ -74,7 +93,9 @@ static void do_reply(struct task *t)
 
 static void do_batch(struct task *t)
 {
-    const cJSON *arr = cJSON_GetObjectItemCaseSensitive(t->body, "reviews");
+    /* {"reviews": [...], "shop_id"?} or the bare array */
+    const cJSON *arr =
+        cJSON_IsArray(t->body) ? t->body : cJSON_GetObjectItemCaseSensitive(t->body, "reviews");
     const cJSON *shop = cJSON_GetObjectItemCaseSensitive(t->body, "shop_id"), *it;
     const char *default_shop = cJSON_IsString(shop) ? shop->valuestring : NULL;
     struct reply_review *rv = NULL, *ok_rv = NULL;
@@ -117,8 +138,10 @@ static void do_batch(struct task *t)
             goto oom;
         reply_service_answer_many(t->svc, ok_rv, n_ok, ENGINE_PRIO_INTERACTIVE, REPLY_DUP_ERROR,
                                   ok_res);
-        for (size_t k = 0; k < n_ok; k++)
+        for (size_t k = 0; k < n_ok; k++) {
+            observe_latency(t->svc, &ok_res[k]);
             res[idx[k]] = ok_res[k];
+        }
         ar_free(ok_res);
     }
     out = cJSON_CreateObject();
@@ -161,11 +184,14 @@ static void do_job_create(struct task *t)
     enum ar_status st;
     const char *shop = NULL;
     cJSON *j;
-    if (t->body) {
-        const cJSON *reviews = cJSON_GetObjectItemCaseSensitive(t->body, "reviews");
-        const cJSON *jsonl = cJSON_GetObjectItemCaseSensitive(t->body, "jsonl");
+    const cJSON *reviews = cJSON_GetObjectItemCaseSensitive(t->body, "reviews");
+    const cJSON *jsonl = cJSON_GetObjectItemCaseSensitive(t->body, "jsonl");
+    if (cJSON_IsArray(t->body)) {
+        st = reply_job_create_json(t->svc, NULL, t->body, id, &n, &err);
+    } else if (cJSON_IsObject(t->body) && (reviews || jsonl)) {
         const cJSON *s = cJSON_GetObjectItemCaseSensitive(t->body, "shop_id");
-        if (s && (!cJSON_IsString(s) || !*s->valuestring || strlen(s->valuestring) > STORE_ID_MAX)) {
+        if (s &&
+            (!cJSON_IsString(s) || !*s->valuestring || strlen(s->valuestring) > STORE_ID_MAX)) {
             fail(t->done, t->ctx, 400, "invalid_request", "shop_id must be a non-empty string");
             return;
         }
@@ -173,24 +199,32 @@ static void do_job_create(struct task *t)
         if (cJSON_IsArray(reviews))
             st = reply_job_create_json(t->svc, shop, reviews, id, &n, &err);
         else if (cJSON_IsString(jsonl))
-            st = reply_job_create(t->svc, shop, jsonl->valuestring, strlen(jsonl->valuestring),
-                                  id, &n, &err);
+            st = reply_job_create(t->svc, shop, jsonl->valuestring, strlen(jsonl->valuestring), id,
+                                  &n, &err);
         else
             st = ar_err_set(&err, AR_EINVAL, 0,
                             "the body needs \"reviews\" (an array) or \"jsonl\" (a string)");
-    } else if (t->raw) {
+    } else if (t->raw && t->raw_len) {
+        /* JSONL text (an object alone on its one line is a job of one review) */
         st = reply_job_create(t->svc, NULL, t->raw, t->raw_len, id, &n, &err);
+    } else if (t->body) {
+        st = ar_err_set(&err, AR_EINVAL, 0,
+                        "the body needs \"reviews\" (an array) or \"jsonl\" (a string)");
     } else {
         st = ar_err_set(&err, AR_EINVAL, 0, "no body");
     }
     if (st != AR_OK) {
-        fail(t->done, t->ctx, st == AR_EINVAL ? 400 : st == AR_EBUSY ? 503 : 500,
+        fail(t->done, t->ctx,
+             st == AR_EINVAL  ? 400
+             : st == AR_EBUSY ? 503
+                              : 500,
              st == AR_EINVAL ? "invalid_request" : "internal_error",
              err.msg[0] ? err.msg : ar_status_str(st));
         return;
     }
     j = cJSON_CreateObject();
-    if (j && cJSON_AddStringToObject(j, "id", id) && cJSON_AddStringToObject(j, "status", "queued") &&
+    if (j && cJSON_AddStringToObject(j, "id", id) &&
+        cJSON_AddStringToObject(j, "status", "queued") &&
         cJSON_AddNumberToObject(j, "total", (double)n))
         t->done(t->ctx, 202, j, NULL, 0, NULL);
     else {
@@ -243,12 +277,24 @@ static void run_task(void *arg)
 {
     struct task *t = arg;
     switch (t->ep) {
-    case REPLY_EP_REPLY: do_reply(t); break;
-    case REPLY_EP_BATCH: do_batch(t); break;
-    case REPLY_EP_JOB_CREATE: do_job_create(t); break;
-    case REPLY_EP_JOB_GET: do_job_get(t); break;
-    case REPLY_EP_JOB_RESULTS: do_job_results(t); break;
-    default: fail(t->done, t->ctx, 404, "not_found", "no such endpoint"); break;
+    case REPLY_EP_REPLY:
+        do_reply(t);
+        break;
+    case REPLY_EP_BATCH:
+        do_batch(t);
+        break;
+    case REPLY_EP_JOB_CREATE:
+        do_job_create(t);
+        break;
+    case REPLY_EP_JOB_GET:
+        do_job_get(t);
+        break;
+    case REPLY_EP_JOB_RESULTS:
+        do_job_results(t);
+        break;
+    default:
+        fail(t->done, t->ctx, 404, "not_found", "no such endpoint");
+        break;
     }
     ar_free(t);
 }
@@ -280,8 +326,7 @@ static bool parse_job_path(const char *path, struct task *t)
 }
 
 void reply_handle(struct reply_service *svc, enum reply_endpoint ep, const char *path,
-                  const cJSON *body, const char *raw, size_t raw_len, reply_done_fn done,
-                  void *ctx)
+                  const cJSON *body, const char *raw, size_t raw_len, reply_done_fn done, void *ctx)
 {
     struct task *t = ar_calloc(1, sizeof(*t));
     enum ar_status st;
@@ -302,9 +347,13 @@ void reply_handle(struct reply_service *svc, enum reply_endpoint ep, const char 
             fail(done, ctx, 404, "not_found", "no such job");
             return;
         }
-    } else if ((ep == REPLY_EP_REPLY || ep == REPLY_EP_BATCH) && !cJSON_IsObject(body)) {
+    } else if (ep == REPLY_EP_REPLY && !cJSON_IsObject(body)) {
         ar_free(t);
         fail(done, ctx, 400, "invalid_request", "the body must be a JSON object");
+        return;
+    } else if (ep == REPLY_EP_BATCH && !cJSON_IsObject(body) && !cJSON_IsArray(body)) {
+        ar_free(t);
+        fail(done, ctx, 400, "invalid_request", "the body must be a JSON object or array");
         return;
     }
     st = rp_submit(svc, run_task, t, true);

@@ -32,9 +32,11 @@
 struct route {
     char *method; /* owned */
     char *path;   /* owned */
+    size_t path_len;
     server_handler_fn fn;
     void *user;
     unsigned flags;
+    size_t max_body; /* resolved: never 0 */
 };
 
 /* One TCP connection (libmicrohttpd's socket context). */
@@ -267,6 +269,17 @@ struct server *server_req_server(const struct server_req *req)
 const cJSON *server_req_body(const struct server_req *req)
 {
     return req->json;
+}
+const char *server_req_raw_body(const struct server_req *req, size_t *len)
+{
+    if (!req->route || !(req->route->flags & SERVER_ROUTE_RAW)) {
+        if (len)
+            *len = 0;
+        return NULL;
+    }
+    if (len)
+        *len = req->body ? req->body_len : 0;
+    return req->body ? req->body : "";
 }
 const char *server_req_method(const struct server_req *req)
 {
@@ -595,16 +608,29 @@ static enum MHD_Result queue_reply(struct server_req *r, bool stream)
     return ok;
 }
 
+/* How well rt matches path: 0 not at all, SIZE_MAX exactly, else the prefix length (so the
+ * longest prefix wins and an exact route beats every prefix). */
+static size_t route_match(const struct route *rt, const char *path)
+{
+    if (rt->flags & SERVER_ROUTE_PREFIX)
+        return strncmp(rt->path, path, rt->path_len) == 0 ? rt->path_len : 0;
+    return strcmp(rt->path, path) == 0 ? SIZE_MAX : 0;
+}
+
 static const struct route *find_route(const struct server *s, const char *method, const char *path,
                                       bool *path_known, char *allow, size_t allow_size)
 {
     const struct route *hit = NULL;
-    size_t used = 0;
+    size_t used = 0, best = 0;
     *path_known = false;
     allow[0] = '\0';
+    for (int i = 0; i < s->n_routes; i++)
+        best = AR_MAX(best, route_match(&s->routes[i], path));
+    if (best == 0)
+        return NULL;
     for (int i = 0; i < s->n_routes; i++) {
         const struct route *rt = &s->routes[i];
-        if (strcmp(rt->path, path) != 0)
+        if (route_match(rt, path) != best)
             continue;
         *path_known = true;
         used += (size_t)snprintf(allow + used, used < allow_size ? allow_size - used : 0, "%s%s",
@@ -716,9 +742,9 @@ static void admit(struct server *s, struct server_req *r, struct MHD_Connection 
         server_reply_error(r, 503, "server_error", "loading", "the model is loading");
         return;
     }
-    if (rt->flags & SERVER_ROUTE_BODY) {
+    if (rt->flags & (SERVER_ROUTE_BODY | SERVER_ROUTE_RAW)) {
         v = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
-        if (!body_format(v, &r->in_fmt)) {
+        if (!body_format(v, &r->in_fmt) && !(rt->flags & SERVER_ROUTE_RAW)) {
             server_reply_error(r, 415, "invalid_request_error", "unsupported_media_type",
                                "Content-Type must be application/json or application/msgpack");
             return;
@@ -727,9 +753,9 @@ static void admit(struct server *s, struct server_req *r, struct MHD_Connection 
         if (v) {
             char *end;
             unsigned long long n = strtoull(v, &end, 10);
-            if (end != v && n > s->p.max_body) {
+            if (end != v && n > rt->max_body) {
                 server_reply_error(r, 413, "invalid_request_error", "request_too_large",
-                                   "the body is larger than %zu bytes", s->p.max_body);
+                                   "the body is larger than %zu bytes", rt->max_body);
                 return;
             }
         }
@@ -740,11 +766,12 @@ static void admit(struct server *s, struct server_req *r, struct MHD_Connection 
  * can still be sent, up to a bound after which the connection is closed. */
 static bool take_body(struct server *s, struct server_req *r, const char *data, size_t n)
 {
-    if (r->too_large || !r->route || !(r->route->flags & SERVER_ROUTE_BODY)) {
+    size_t limit = r->route ? r->route->max_body : s->p.max_body;
+    if (r->too_large || !r->route || !(r->route->flags & (SERVER_ROUTE_BODY | SERVER_ROUTE_RAW))) {
         r->discarded += n;
-        return r->discarded <= (uint64_t)s->p.max_body + (1u << 20);
+        return r->discarded <= (uint64_t)limit + (1u << 20);
     }
-    if (r->body_len + n > s->p.max_body) {
+    if (r->body_len + n > limit) {
         r->too_large = true;
         r->discarded = r->body_len + n;
         ar_free(r->body);
@@ -753,7 +780,7 @@ static bool take_body(struct server *s, struct server_req *r, const char *data, 
         return true;
     }
     if (r->body_len + n + 1 > r->body_cap) {
-        size_t nc = AR_MIN(AR_MAX(r->body_cap * 2, r->body_len + n + 1), s->p.max_body + 1);
+        size_t nc = AR_MIN(AR_MAX(r->body_cap * 2, r->body_len + n + 1), limit + 1);
         char *nb = ar_realloc(r->body, nc);
         if (!nb)
             return false;
@@ -762,6 +789,41 @@ static bool take_body(struct server *s, struct server_req *r, const char *data, 
     }
     memcpy(r->body + r->body_len, data, n);
     r->body_len += n;
+    return true;
+}
+
+/* SERVER_ROUTE_RAW | SERVER_ROUTE_BODY: parses what is one object or array, keeps the raw
+ * bytes either way. False when a reply has been made (bad MessagePack, out of memory). */
+static bool parse_raw(struct server_req *r)
+{
+    struct ar_err err = {0};
+    enum ar_status st;
+    size_t a = 0;
+    if (r->in_fmt == CODEC_JSON) {
+        /* only what can be one JSON object or array is tried (JSONL fails fast: trailing
+         * data after its first line) */
+        while (a < r->body_len && (r->body[a] == ' ' || r->body[a] == '\t' || r->body[a] == '\r' ||
+                                   r->body[a] == '\n'))
+            a++;
+        if (a == r->body_len || (r->body[a] != '{' && r->body[a] != '['))
+            return true;
+    }
+    st = codec_parse(r->in_fmt, r->body ? r->body : "", r->body_len, &r->json, &err);
+    if (st == AR_ENOMEM) {
+        server_reply_error(r, 503, "server_error", "out_of_memory", "out of memory");
+        return false;
+    }
+    if (st == AR_OK && !cJSON_IsObject(r->json) && !cJSON_IsArray(r->json)) {
+        cJSON_Delete(r->json);
+        r->json = NULL;
+        st = AR_EFORMAT;
+        snprintf(err.msg, sizeof(err.msg), "not an object or an array");
+    }
+    if (st != AR_OK && r->in_fmt == CODEC_MSGPACK) {
+        server_reply_error(r, 400, "invalid_request_error", "invalid_msgpack",
+                           "cannot parse the body: %s", err.msg);
+        return false;
+    }
     return true;
 }
 
@@ -777,10 +839,15 @@ static void dispatch(struct server *s, struct server_req *r)
     pthread_mutex_unlock(&s->conn_mu);
     if (r->too_large) {
         server_reply_error(r, 413, "invalid_request_error", "request_too_large",
-                           "the body is larger than %zu bytes", s->p.max_body);
+                           "the body is larger than %zu bytes", r->route->max_body);
         return;
     }
-    if (r->route->flags & SERVER_ROUTE_BODY) {
+    if (r->route->flags & SERVER_ROUTE_RAW) {
+        if (r->body)
+            r->body[r->body_len] = '\0'; /* take_body keeps room for it */
+        if ((r->route->flags & SERVER_ROUTE_BODY) && !parse_raw(r))
+            return;
+    } else if (r->route->flags & SERVER_ROUTE_BODY) {
         st = codec_parse(r->in_fmt, r->body ? r->body : "", r->body_len, &r->json, &err);
         ar_free(r->body);
         r->body = NULL;
@@ -794,9 +861,12 @@ static void dispatch(struct server *s, struct server_req *r)
                                "cannot parse the body: %s", err.msg);
             return;
         }
-        if (!cJSON_IsObject(r->json)) {
+        if (!cJSON_IsObject(r->json) &&
+            !((r->route->flags & SERVER_ROUTE_ARRAY) && cJSON_IsArray(r->json))) {
             server_reply_error(r, 400, "invalid_request_error", "invalid_type",
-                               "the body must be an object");
+                               (r->route->flags & SERVER_ROUTE_ARRAY)
+                                   ? "the body must be an object or an array"
+                                   : "the body must be an object");
             return;
         }
     }
@@ -1164,7 +1234,8 @@ enum ar_status server_add_route(struct server *s, const struct server_route *r)
     if (!r || !r->method || !r->path || !r->fn || s->mhd)
         return AR_EINVAL;
     for (int i = 0; i < s->n_routes; i++)
-        if (!strcmp(s->routes[i].method, r->method) && !strcmp(s->routes[i].path, r->path))
+        if (!strcmp(s->routes[i].method, r->method) && !strcmp(s->routes[i].path, r->path) &&
+            (s->routes[i].flags & SERVER_ROUTE_PREFIX) == (r->flags & SERVER_ROUTE_PREFIX))
             return AR_EINVAL;
     nr = ar_realloc(s->routes, (size_t)(s->n_routes + 1) * sizeof(*nr));
     if (!nr)
@@ -1178,9 +1249,11 @@ enum ar_status server_add_route(struct server *s, const struct server_route *r)
         ar_free(nr->path);
         return AR_ENOMEM;
     }
+    nr->path_len = strlen(nr->path);
     nr->fn = r->fn;
     nr->user = r->user;
     nr->flags = r->flags;
+    nr->max_body = r->max_body ? r->max_body : s->p.max_body;
     s->n_routes++;
     return AR_OK;
 }

@@ -677,7 +677,8 @@ enum ar_status openai_register(struct server *s)
 {
     static const struct server_route routes[] = {
         {"POST", "/v1/chat/completions", h_chat, NULL, SERVER_ROUTE_ENGINE | SERVER_ROUTE_BODY, 0},
-        {"POST", "/v1/completions", h_completions, NULL, SERVER_ROUTE_ENGINE | SERVER_ROUTE_BODY, 0},
+        {"POST", "/v1/completions", h_completions, NULL, SERVER_ROUTE_ENGINE | SERVER_ROUTE_BODY,
+         0},
         {"GET", "/v1/models", h_models, NULL, 0, 0},
         {"POST", "/tokenize", h_tokenize, NULL, SERVER_ROUTE_ENGINE | SERVER_ROUTE_BODY, 0},
         {"POST", "/detokenize", h_detokenize, NULL, SERVER_ROUTE_ENGINE | SERVER_ROUTE_BODY, 0},

@@ -88,9 +88,19 @@ enum server_route_flags {
     SERVER_ROUTE_PUBLIC = 1u << 0,  /* no API key needed, no request rate limit */
     SERVER_ROUTE_METRICS = 1u << 1, /* needs a key only with metrics_auth */
     SERVER_ROUTE_ENGINE = 1u << 2,  /* 503 until server_set_engine */
-    SERVER_ROUTE_BODY = 1u << 3     /* an object body is parsed for the handler: MessagePack for
+    SERVER_ROUTE_BODY = 1u << 3,    /* an object body is parsed for the handler: MessagePack for
                                        application/(x-)msgpack; JSON for application/json,
                                        text/plain, form-urlencoded (curl -d) or none; else 415 */
+    SERVER_ROUTE_PREFIX = 1u << 4,  /* path is a prefix: "/v1/jobs/" matches "/v1/jobs/<id>/x".
+                                       An exact route wins, then the longest prefix; the
+                                       handler reads the rest from server_req_path */
+    SERVER_ROUTE_ARRAY = 1u << 5,   /* with BODY: an array body is accepted as well */
+    SERVER_ROUTE_RAW = 1u << 6      /* the body is kept as received (server_req_raw_body), with
+                                       any Content-Type. With BODY too, a body that is one JSON
+                                       value (MessagePack for msgpack types) holding an object or
+                                       an array is also parsed (server_req_body); any other body
+                                       is left to the handler (server_req_body NULL), except
+                                       MessagePack that does not parse: 400 */
 };
 
 /* Called on the event-loop thread. It must, now or later and from any thread, finish the
@@ -100,13 +110,17 @@ typedef void (*server_handler_fn)(struct server_req *req, void *user);
 
 struct server_route {
     const char *method; /* "GET", "POST", ... (copied) */
-    const char *path;   /* exact path without query ("/v1/reply"), copied */
+    const char *path;   /* path without query ("/v1/reply"), or a prefix with
+                           SERVER_ROUTE_PREFIX; copied */
     server_handler_fn fn;
     void *user;
-    unsigned flags; /* enum server_route_flags */
+    unsigned flags;  /* enum server_route_flags */
+    size_t max_body; /* this route's body limit in bytes (larger: 413); 0: the server's
+                        max_body */
 };
 
-/* Adds a route; before server_start only. The same method and path twice: AR_EINVAL. */
+/* Adds a route; before server_start only. The same method, path and kind (exact or prefix)
+ * twice: AR_EINVAL. */
 enum ar_status server_add_route(struct server *s, const struct server_route *r);
 
 /* ---- inside a handler --------------------------------------------------------------------- */
@@ -114,9 +128,13 @@ enum ar_status server_add_route(struct server *s, const struct server_route *r);
  * its final reply has been made (req lives at least that long, even if the client is gone). */
 
 struct server *server_req_server(const struct server_req *req);
-/* The parsed body (an object) of SERVER_ROUTE_BODY routes, else NULL. JSON and MessagePack
- * give the same tree; every string in it is valid UTF-8. */
+/* The parsed body (an object; an array too with SERVER_ROUTE_ARRAY or SERVER_ROUTE_RAW) of
+ * SERVER_ROUTE_BODY routes, else NULL. JSON and MessagePack give the same tree; every string
+ * in it is valid UTF-8. */
 const cJSON *server_req_body(const struct server_req *req);
+/* The body bytes of SERVER_ROUTE_RAW routes as received (not checked in any way; followed by
+ * a NUL byte not counted in *len), "" when there was none; NULL for other routes. */
+const char *server_req_raw_body(const struct server_req *req, size_t *len);
 const char *server_req_method(const struct server_req *req);
 const char *server_req_path(const struct server_req *req);
 /* A request header (case-insensitive name) or NULL. Only while the handler runs. */
