@@ -6,11 +6,8 @@
  * tokens/s, latency and time-to-first-token percentiles; then TTFT at concurrency 1 with the
  * prefix cache on against a server started with --no-prefix-cache, and the engine's overhead
  * (busy time / forward time - 1) when /metrics exposes both.
- *
- * `serve --add-vocab IN OUT` writes a copy of a GGUF model with a synthetic SentencePiece-style
- * vocabulary (specials, byte tokens, "▁w<N>" pieces) sized to the model, for random-weight
- * models from `autoreply gen-model`, which carry none and which the server cannot load
- * without one. Prompts are token ids, so the vocabulary's content does not matter. */
+ * Random-weight models from `autoreply gen-model` carry a synthetic vocabulary; prompts are
+ * token ids, so its content does not matter. */
 #include <pthread.h>
 #include <stdatomic.h>
 
@@ -37,112 +34,6 @@ struct opts {
     float temperature;
     bool json, skip_prefix_compare;
 };
-
-/* ---- --add-vocab ------------------------------------------------------------------------ */
-
-static int add_vocab(const char *in, const char *out)
-{
-    struct gguf_file *f = NULL;
-    struct gguf_writer *w = NULL;
-    struct ar_err err = {0};
-    struct gguf_str arch = {0}, *items = NULL;
-    char key[128], *text = NULL;
-    float *scores = NULL;
-    int32_t *types = NULL;
-    int64_t n_vocab = 0;
-    int rc = 1;
-    const struct gguf_tensor *emb;
-
-    if (gguf_open(in, &f, &err) != AR_OK) {
-        fprintf(stderr, "add-vocab: %s: %s\n", in, err.msg);
-        return 1;
-    }
-    if (gguf_find(f, "tokenizer.ggml.tokens")) {
-        fprintf(stderr, "add-vocab: %s already has a vocabulary\n", in);
-        goto done;
-    }
-    if (gguf_get_str(f, "general.architecture", &arch)) {
-        snprintf(key, sizeof(key), "%.*s.vocab_size", (int)arch.len, arch.ptr);
-        gguf_get_i64(f, key, &n_vocab);
-    }
-    if (n_vocab <= 0 && (emb = gguf_find_tensor(f, "token_embd.weight")))
-        n_vocab = emb->ne[1];
-    if (n_vocab < 300 || n_vocab > (1 << 22)) {
-        fprintf(stderr, "add-vocab: cannot tell the vocabulary size (%lld)\n", (long long)n_vocab);
-        goto done;
-    }
-    if (gguf_writer_create(&w) != AR_OK)
-        goto done;
-    for (int64_t i = 0; i < gguf_n_kv(f); i++) {
-        const struct gguf_kv *kv = gguf_kv_at(f, i);
-        char name[256];
-        snprintf(name, sizeof(name), "%.*s", (int)kv->key.len, kv->key.ptr);
-        if (gguf_writer_set_value(w, name, &kv->value) != AR_OK)
-            goto done;
-    }
-    /* ids: 0 <unk>, 1 <s>, 2 </s>, 3 <|im_start|>, 4 <|im_end|>, 5..260 bytes, then pieces */
-    items = lg_xalloc((size_t)n_vocab * sizeof(*items));
-    scores = lg_xalloc((size_t)n_vocab * sizeof(*scores));
-    types = lg_xalloc((size_t)n_vocab * sizeof(*types));
-    text = lg_xalloc((size_t)n_vocab * 16);
-    {
-        static const char *const special[] = {"<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"};
-        size_t off = 0;
-        for (int64_t i = 0; i < n_vocab; i++) {
-            int len;
-            char *p = text + off;
-            if (i < 5) {
-                len = snprintf(p, 16, "%s", special[i]);
-                types[i] = i == 0 ? 2 : 3;
-            } else if (i < 261) {
-                len = snprintf(p, 16, "<0x%02X>", (unsigned)(i - 5));
-                types[i] = 6;
-            } else {
-                len = snprintf(p, 16, "\xe2\x96\x81w%lld", (long long)i);
-                types[i] = 1;
-            }
-            items[i].ptr = p;
-            items[i].len = (uint64_t)len;
-            scores[i] = -(float)i;
-            off += (size_t)len;
-        }
-    }
-    if (gguf_writer_set_str(w, "tokenizer.ggml.model", "llama") != AR_OK ||
-        gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", items, (uint64_t)n_vocab) != AR_OK ||
-        gguf_writer_set_arr(w, "tokenizer.ggml.scores", GGUF_VTYPE_F32, scores,
-                            (uint64_t)n_vocab) != AR_OK ||
-        gguf_writer_set_arr(w, "tokenizer.ggml.token_type", GGUF_VTYPE_I32, types,
-                            (uint64_t)n_vocab) != AR_OK ||
-        gguf_writer_set_u32(w, "tokenizer.ggml.unknown_token_id", 0) != AR_OK ||
-        gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", 1) != AR_OK ||
-        gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", 4) != AR_OK ||
-        gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", false) != AR_OK ||
-        gguf_writer_set_bool(w, "tokenizer.ggml.add_eos_token", false) != AR_OK ||
-        gguf_writer_set_bool(w, "tokenizer.ggml.add_space_prefix", false) != AR_OK)
-        goto done;
-    for (int64_t i = 0; i < gguf_n_tensors(f); i++) {
-        const struct gguf_tensor *t = gguf_tensor_at(f, i);
-        if (gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne, t->data, t->size, true) !=
-            AR_OK) {
-            fprintf(stderr, "add-vocab: cannot add tensor %s\n", t->name);
-            goto done;
-        }
-    }
-    if (gguf_writer_write(w, out, &err) != AR_OK) {
-        fprintf(stderr, "add-vocab: %s: %s\n", out, err.msg);
-        goto done;
-    }
-    printf("add-vocab: wrote %s (%lld tokens)\n", out, (long long)n_vocab);
-    rc = 0;
-done:
-    gguf_writer_destroy(w);
-    gguf_close(f);
-    free(items);
-    free(scores);
-    free(types);
-    free(text);
-    return rc;
-}
 
 /* ---- one streamed completion ------------------------------------------------------------ */
 
@@ -512,8 +403,7 @@ static void usage(FILE *f)
     fprintf(f, "usage: serve -m MODEL [--levels 1,4,16,64] [--seconds S | --requests N] [--json]\n"
                "             [--threads 2] [--parallel N] [--kv-size TOKENS] [--gen 64]\n"
                "             [--prefix-tokens 300] [--review-tokens 40] [--temperature 0]\n"
-               "             [--ttft-requests 11] [--no-prefix-compare] [--bin ./bin/autoreply]\n"
-               "       serve --add-vocab IN.gguf OUT.gguf\n");
+               "             [--ttft-requests 11] [--no-prefix-compare] [--bin ./bin/autoreply]\n");
 }
 
 static const char *pass_fail(bool ok)
@@ -557,12 +447,6 @@ int main(int argc, char **argv)
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 0;
-        } else if (!strcmp(a, "--add-vocab")) {
-            if (i + 2 >= argc) {
-                usage(stderr);
-                return 2;
-            }
-            return add_vocab(argv[i + 1], argv[i + 2]);
         } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
             NEEDV();
             o.model = v;
@@ -650,7 +534,7 @@ int main(int argc, char **argv)
             return 1;
         }
         if (!gguf_get_arr(f, "tokenizer.ggml.tokens", &toks) || toks->n < 600) {
-            fprintf(stderr, "%s: no vocabulary of 600+ tokens (serve --add-vocab adds one)\n",
+            fprintf(stderr, "%s: no vocabulary of 600+ tokens (autoreply gen-model writes one)\n",
                     o.model);
             gguf_close(f);
             return 1;

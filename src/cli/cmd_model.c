@@ -470,6 +470,60 @@ done:
 
 /* ---- gen-model ----------------------------------------------------------------------------- */
 
+/* A synthetic SentencePiece-style vocabulary of n_vocab tokens, so that a random-weight model
+ * can be served and given text: ids 0 <unk>, 1 <s>, 2 </s>, 3 <|im_start|>, 4 <|im_end|>
+ * (end of generation), 5..260 the byte tokens, then pieces "▁w<id>" (the writer copies
+ * them). Needs n_vocab >= 262. */
+static enum ar_status add_synthetic_vocab(struct gguf_writer *w, int64_t n_vocab)
+{
+    static const char *const special[] = {"<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"};
+    struct gguf_str *items = ar_malloc((size_t)n_vocab * sizeof(*items));
+    float *scores = ar_malloc((size_t)n_vocab * sizeof(*scores));
+    int32_t *types = ar_malloc((size_t)n_vocab * sizeof(*types));
+    char *text = ar_malloc((size_t)n_vocab * 16);
+    enum ar_status st = AR_ENOMEM;
+    size_t off = 0;
+    if (!items || !scores || !types || !text)
+        goto done;
+    for (int64_t i = 0; i < n_vocab; i++) {
+        char *p = text + off;
+        int len;
+        if (i < 5) {
+            len = snprintf(p, 16, "%s", special[i]);
+            types[i] = i == 0 ? 2 : 3; /* unknown, control */
+        } else if (i < 261) {
+            len = snprintf(p, 16, "<0x%02X>", (unsigned)(i - 5));
+            types[i] = 6; /* byte */
+        } else {
+            len = snprintf(p, 16, "\xe2\x96\x81w%lld", (long long)i);
+            types[i] = 1; /* normal */
+        }
+        items[i].ptr = p;
+        items[i].len = (uint64_t)len;
+        scores[i] = -(float)i;
+        off += (size_t)len;
+    }
+    if ((st = gguf_writer_set_str(w, "tokenizer.ggml.model", "llama")) ||
+        (st = gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", items, (uint64_t)n_vocab)) ||
+        (st = gguf_writer_set_arr(w, "tokenizer.ggml.scores", GGUF_VTYPE_F32, scores,
+                                  (uint64_t)n_vocab)) ||
+        (st = gguf_writer_set_arr(w, "tokenizer.ggml.token_type", GGUF_VTYPE_I32, types,
+                                  (uint64_t)n_vocab)) ||
+        (st = gguf_writer_set_u32(w, "tokenizer.ggml.unknown_token_id", 0)) ||
+        (st = gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", 1)) ||
+        (st = gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", 4)) ||
+        (st = gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", false)) ||
+        (st = gguf_writer_set_bool(w, "tokenizer.ggml.add_eos_token", false)) ||
+        (st = gguf_writer_set_bool(w, "tokenizer.ggml.add_space_prefix", false)))
+        goto done;
+done:
+    ar_free(items);
+    ar_free(scores);
+    ar_free(types);
+    ar_free(text);
+    return st;
+}
+
 struct gen_opts {
     const char *arch, *out, *type;
     int64_t n_embd, n_layer, n_head, n_head_kv, n_ff, n_vocab, n_ctx, seed, threads;
@@ -479,7 +533,7 @@ struct gen_opts {
 int cmd_gen_model(int argc, char **argv)
 {
     struct gen_opts o = {"qwen2", NULL, "f32", 256, 2, 4, 2, 768, 1024, 4096, 1, 2, false};
-    bool tied_set = false;
+    bool tied_set = false, vocab = true;
     enum file_type ft;
     struct gguf_writer *w = NULL;
     struct ar_pool *pool = NULL;
@@ -505,7 +559,9 @@ int cmd_gen_model(int argc, char **argv)
             printf("usage: autoreply gen-model --arch llama|qwen2 --n-embd N --n-layer N "
                    "--n-head N --n-head-kv N --n-ff N --n-vocab N [--n-ctx N] "
                    "[--type f32|f16|bf16|q8_0|q4_0|q4_k|q4_k_m|q6_k] [--tied|--untied] "
-                   "[--seed S] [-t N] -o FILE\n");
+                   "[--seed S] [-t N] [--no-vocab] -o FILE\n"
+                   "A synthetic vocabulary (byte tokens, <|im_start|>, <|im_end|>, pieces) is\n"
+                   "written unless --no-vocab, so the model can be served and given text.\n");
             return 0;
         }
         for (size_t k = 0; k < AR_ARRAY_LEN(nums); k++) {
@@ -527,6 +583,8 @@ int cmd_gen_model(int argc, char **argv)
         } else if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
             if (!(o.out = cli_value(argc, argv, &i)))
                 return 2;
+        } else if (!strcmp(a, "--no-vocab")) {
+            vocab = false;
         } else if (!strcmp(a, "--tied")) {
             o.tied = true;
             tied_set = true;
@@ -582,6 +640,14 @@ int cmd_gen_model(int argc, char **argv)
     gguf_writer_set_f32(w, KEY("rope.freq_base"), strcmp(o.arch, "qwen2") ? 10000.0f : 1e6f);
     gguf_writer_set_u32(w, KEY("rope.dimension_count"), (uint32_t)head_dim);
 #undef KEY
+    if (vocab && o.n_vocab < 262) {
+        cli_error("gen-model: the synthetic vocabulary needs --n-vocab >= 262 (or --no-vocab)");
+        goto done;
+    }
+    if (vocab && add_synthetic_vocab(w, o.n_vocab) != AR_OK) {
+        cli_error("gen-model: out of memory");
+        goto done;
+    }
     {
         /* A tensor: name, rows, row length, mean, stddev (1-D tensors have rows == 1). */
         struct spec {
