@@ -4,6 +4,7 @@
  * product's endpoints on the HTTP server (`autoreply serve`). */
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -518,13 +519,46 @@ static bool is_msgpack(struct server_req *req)
     return ct && strstr(ct, "msgpack");
 }
 
+/* One product request on the server: its reply_call charges the generations to the client's
+ * token bucket (--rate-tpm) and is cancelled by the server's abort hook when the client goes
+ * away. Lives in the request's memory (server_req_alloc), so it outlives the abort hook and
+ * the answer. */
+struct http_call {
+    struct server_req *req;
+    struct reply_call *call; /* NULL when out of memory: no budget, no cancel */
+};
+
+static void http_call_cleanup(void *p)
+{
+    struct http_call *hc = p;
+    reply_call_destroy(hc->call);
+}
+
+static bool http_charge(void *user, int64_t n_tokens, bool admission, double *retry_after_s)
+{
+    return server_req_charge_tokens(user, n_tokens, admission, retry_after_s);
+}
+
+static void http_abort(struct server_req *req, void *user)
+{
+    (void)req;
+    reply_call_cancel(user);
+}
+
 static void http_done(void *c, int status, cJSON *json, const char *text, size_t len,
                       const char *ctype)
 {
-    struct server_req *req = c;
+    struct http_call *hc = c;
+    struct server_req *req = hc->req;
     if (json) {
         if (status == 503)
             server_reply_header(req, "Retry-After", "1");
+        if (status == 429) {
+            char v[32];
+            double wait = ceil(reply_call_retry_after(hc->call));
+            snprintf(v, sizeof(v), "%.0f", wait < 1 ? 1.0 : wait);
+            server_reply_header(req, "Retry-After", v);
+        }
         server_reply_json(req, status, json);
     } else if (text) {
         server_reply_text(req, status, ctype ? ctype : "text/plain", text, len);
@@ -539,9 +573,20 @@ static void http_route(struct server_req *req, void *user)
     const cJSON *body = server_req_body(req);
     size_t raw_len = 0;
     const char *raw = server_req_raw_body(req, &raw_len);
+    struct http_call *hc = server_req_alloc(req, sizeof(*hc), http_call_cleanup);
+    if (!hc) {
+        server_reply_error(req, 503, "server_error", "out_of_memory", "out of memory");
+        return;
+    }
+    hc->req = req;
+    if (reply_call_create(http_charge, req, &hc->call) != AR_OK)
+        hc->call = NULL;
+    else
+        server_req_on_abort(req, http_abort, hc->call);
     if (raw && body && is_msgpack(req))
         raw = NULL;
-    reply_handle(rc->cr->p.svc, rc->ep, server_req_path(req), body, raw, raw_len, http_done, req);
+    reply_handle_call(rc->cr->p.svc, rc->ep, server_req_path(req), body, raw, raw_len, hc->call,
+                      http_done, hc);
 }
 
 /* What the server does around each product route. Answers that need the model wait for it
@@ -564,14 +609,12 @@ static unsigned route_flags(const struct reply_route *rt)
 
 int cli_reply_attach(struct server *srv, const struct cli_reply_opts *opts, struct cli_reply **out)
 {
-    static const char *const cached_label[] = {"cached", NULL};
     struct product_opts o = {NULL, opts->shops_file,
                              opts->data_dir ? opts->data_dir : DEFAULT_DATA_DIR, 2};
     struct reply_cache_params cp = reply_cache_default_params();
     struct reply_service_params sp = reply_service_default_params();
     struct cli_reply *cr = calloc(1, sizeof(*cr));
     const struct reply_route *routes;
-    struct metrics_family *lat;
     size_t n_routes;
     if (!cr)
         return 1;
@@ -586,14 +629,6 @@ int cli_reply_attach(struct server *srv, const struct cli_reply_opts *opts, stru
     sp.cache = cr->p.cache;
     sp.metrics = server_metrics(srv);
     sp.n_workers = 32; /* mostly waiting on the engine */
-    /* the reply latency histogram carries {cached}: registered first so that this family is
-     * the one the service's answers are observed in (src/reply/handlers.c and jobs.c) */
-    if (metrics_histogram(sp.metrics, "autoreply_reply_latency_seconds",
-                          "Time to answer one review, by whether the reply was cached",
-                          cached_label, NULL, 0, &lat) != AR_OK) {
-        cli_error("serve: cannot register the reply metrics");
-        goto fail;
-    }
     if (reply_service_create(&sp, &cr->p.svc) != AR_OK) {
         cli_error("serve: cannot start the reply service");
         goto fail;

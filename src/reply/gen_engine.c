@@ -159,9 +159,22 @@ struct wait {
     bool done;
     enum ar_status status;
     enum engine_finish finish;
+    int n_gen;
     char *text; /* owned copy */
     size_t len;
 };
+
+/* A request in flight, for the call's cancel hook. */
+struct inflight {
+    struct engine *e;
+    uint64_t id;
+};
+
+static void cancel_inflight(void *arg)
+{
+    struct inflight *f = arg;
+    engine_cancel(f->e, f->id);
+}
 
 static void on_done(void *user, const struct engine_result *res)
 {
@@ -169,6 +182,7 @@ static void on_done(void *user, const struct engine_result *res)
     pthread_mutex_lock(&w->mu);
     w->status = res->status;
     w->finish = res->finish;
+    w->n_gen = res->n_gen;
     if (res->status == AR_OK) {
         w->text = ar_strndup(res->text ? res->text : "", res->text_len);
         w->len = res->text_len;
@@ -189,15 +203,30 @@ static enum ar_status engine_generate(struct reply_generator *g, const struct re
     const char *const *stops = NULL;
     int32_t *ids = NULL;
     int64_t n = 0;
-    uint64_t id;
+    struct inflight fl = {eg->e, 0};
+    struct reply_call_hook hook = {cancel_inflight, &fl, NULL, NULL};
+    double retry = 0;
     enum ar_status st;
 
+    if (reply_call_cancelled(r->call))
+        return AR_ECANCELED;
     if ((st = reply_prompt_tokens(eg->tok, r->system, r->user, &ids, &n)) != AR_OK)
         return st;
     if (n + r->max_tokens > engine_n_ctx(eg->e)) {
         ar_free(ids);
         return AR_ERANGE;
     }
+    /* the whole prompt is charged, like the OpenAI routes (a cached prefix included) */
+    if (!reply_call_charge(r->call, n, r->admission, &retry)) {
+        ar_free(ids);
+        if (r->usage) {
+            r->usage->limited = true;
+            r->usage->retry_after_s = retry;
+        }
+        return AR_EBUSY;
+    }
+    if (r->usage)
+        r->usage->n_prompt += n;
     memset(&req, 0, sizeof(req));
     req.prompt = ids;
     req.n_prompt = (int)n;
@@ -214,18 +243,32 @@ static enum ar_status engine_generate(struct reply_generator *g, const struct re
     memset(&w, 0, sizeof(w));
     pthread_mutex_init(&w.mu, NULL);
     pthread_cond_init(&w.cv, NULL);
-    st = engine_submit(eg->e, &req, &id);
+    st = engine_submit(eg->e, &req, &fl.id);
     ar_free(ids);
     if (st == AR_OK) {
+        /* the caller may leave from now on: its cancel stops this request (and frees its KV);
+         * if it left already, stop it here */
+        bool watched = reply_call_watch(r->call, &hook);
+        if (!watched)
+            engine_cancel(eg->e, fl.id);
         pthread_mutex_lock(&w.mu);
         while (!w.done)
             pthread_cond_wait(&w.cv, &w.mu);
         pthread_mutex_unlock(&w.mu);
+        if (watched)
+            reply_call_unwatch(r->call, &hook);
+        reply_call_charge(r->call, w.n_gen, false, NULL);
+        if (r->usage)
+            r->usage->n_gen += w.n_gen;
         st = w.status;
-        if (st == AR_OK && (w.finish == ENGINE_FINISH_CANCELLED || w.finish == ENGINE_FINISH_TIMEOUT))
+        if (st == AR_OK && w.finish == ENGINE_FINISH_CANCELLED)
+            st = reply_call_cancelled(r->call) ? AR_ECANCELED : AR_EBUSY;
+        else if (st == AR_OK && w.finish == ENGINE_FINISH_TIMEOUT)
             st = AR_EBUSY;
         else if (st == AR_OK && w.finish == ENGINE_FINISH_ERROR)
             st = AR_EIO;
+        if (st != AR_OK && st != AR_ECANCELED && reply_call_cancelled(r->call))
+            st = AR_ECANCELED;
     }
     pthread_cond_destroy(&w.cv);
     pthread_mutex_destroy(&w.mu);

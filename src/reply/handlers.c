@@ -1,8 +1,8 @@
 /* handlers.c - the product's endpoints without HTTP: a route list for the server to register
  * and one entry point that validates a request, runs the work on a service worker (the
  * caller's thread, e.g. an HTTP event loop, is never blocked by the model or the database) and
- * answers through a callback with a status and a JSON or JSONL body. Also the per-answer
- * latency histogram labelled by cache hit, observed here and in jobs.c. */
+ * answers through a callback with a status and a JSON or JSONL body. A request's reply_call
+ * (token budget, cancellation) goes with its reviews to the service. */
 #include <stdio.h>
 #include <string.h>
 
@@ -41,23 +41,6 @@ static void fail(reply_done_fn done, void *ctx, int status, const char *code, co
     done(ctx, status, error_body(code, msg), NULL, 0, NULL);
 }
 
-/* autoreply_reply_latency_seconds{cached="true|false"} for one answered review. The family is
- * looked up by name (the registry returns the registered one), so handlers.c and jobs.c share
- * it without state; a registry that holds the name without the label ignores this. */
-static void observe_latency(struct reply_service *svc, const struct reply_result *r)
-{
-    static const char *const names[] = {"cached", NULL};
-    struct metrics_family *f;
-    if (!svc->p.metrics || r->status != 200)
-        return;
-    if (metrics_histogram(svc->p.metrics, "autoreply_reply_latency_seconds",
-                          "Time to answer one review, by whether the reply was cached", names, NULL,
-                          0, &f) != AR_OK)
-        return;
-    metrics_observe(metrics_child(f, (const char *const[]){r->cached ? "true" : "false"}),
-                    r->latency_ms / 1000.0);
-}
-
 struct task {
     struct reply_service *svc;
     enum reply_endpoint ep;
@@ -65,6 +48,7 @@ struct task {
     const char *raw;
     size_t raw_len;
     char job_id[STORE_JOB_ID_LEN + 1];
+    struct reply_call *call;
     reply_done_fn done;
     void *ctx;
 };
@@ -81,13 +65,9 @@ static void do_reply(struct task *t)
         fail(t->done, t->ctx, 400, "invalid_review", msg);
         return;
     }
-    reply_service_answer(t->svc, &rv, ENGINE_PRIO_INTERACTIVE, &res);
-    observe_latency(t->svc, &res);
+    reply_service_answer_call(t->svc, &rv, ENGINE_PRIO_INTERACTIVE, t->call, &res);
     j = reply_result_to_json(&res, rv.review_id);
-    if (res.status == 503)
-        t->done(t->ctx, 503, j, NULL, 0, NULL);
-    else
-        t->done(t->ctx, j ? res.status : 500, j, NULL, 0, NULL);
+    t->done(t->ctx, j ? res.status : 500, j, NULL, 0, NULL);
     reply_result_fini(&res);
 }
 
@@ -136,12 +116,10 @@ static void do_batch(struct task *t)
         struct reply_result *ok_res = ar_calloc(n_ok ? n_ok : 1, sizeof(*ok_res));
         if (!ok_res)
             goto oom;
-        reply_service_answer_many(t->svc, ok_rv, n_ok, ENGINE_PRIO_INTERACTIVE, REPLY_DUP_ERROR,
-                                  ok_res);
-        for (size_t k = 0; k < n_ok; k++) {
-            observe_latency(t->svc, &ok_res[k]);
+        reply_service_answer_many_call(t->svc, ok_rv, n_ok, ENGINE_PRIO_INTERACTIVE,
+                                       REPLY_DUP_ERROR, t->call, ok_res);
+        for (size_t k = 0; k < n_ok; k++)
             res[idx[k]] = ok_res[k];
-        }
         ar_free(ok_res);
     }
     out = cJSON_CreateObject();
@@ -151,8 +129,15 @@ static void do_batch(struct task *t)
     i = 0;
     cJSON_ArrayForEach(it, arr)
     {
+        /* the item's id as parsed ("review_id", else "id"), or as sent when it did not parse */
         const cJSON *rid = cJSON_GetObjectItemCaseSensitive(it, "review_id");
-        cJSON *j = reply_result_to_json(&res[i], cJSON_IsString(rid) ? rid->valuestring : NULL);
+        const char *id = rv[i].review_id;
+        cJSON *j;
+        if (!id && !rid)
+            rid = cJSON_GetObjectItemCaseSensitive(it, "id");
+        if (!id && cJSON_IsString(rid))
+            id = rid->valuestring;
+        j = reply_result_to_json(&res[i], id);
         if (!j || !cJSON_AddItemToArray(results, j)) {
             cJSON_Delete(j);
             goto oom;
@@ -328,6 +313,13 @@ static bool parse_job_path(const char *path, struct task *t)
 void reply_handle(struct reply_service *svc, enum reply_endpoint ep, const char *path,
                   const cJSON *body, const char *raw, size_t raw_len, reply_done_fn done, void *ctx)
 {
+    reply_handle_call(svc, ep, path, body, raw, raw_len, NULL, done, ctx);
+}
+
+void reply_handle_call(struct reply_service *svc, enum reply_endpoint ep, const char *path,
+                       const cJSON *body, const char *raw, size_t raw_len,
+                       struct reply_call *call, reply_done_fn done, void *ctx)
+{
     struct task *t = ar_calloc(1, sizeof(*t));
     enum ar_status st;
     if (!t) {
@@ -339,6 +331,7 @@ void reply_handle(struct reply_service *svc, enum reply_endpoint ep, const char 
     t->body = body;
     t->raw = raw;
     t->raw_len = raw_len;
+    t->call = call;
     t->done = done;
     t->ctx = ctx;
     if (ep == REPLY_EP_JOB_GET || ep == REPLY_EP_JOB_RESULTS) {

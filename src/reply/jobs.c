@@ -175,32 +175,6 @@ enum ar_status reply_job_create_json(struct reply_service *svc, const char *defa
 
 /* ---- running ----------------------------------------------------------------------------- */
 
-/* Per-line metrics by name (the registry hands back the family registered first; a name
- * registered with other labels is ignored): autoreply_jobs_items_total{status="done|error"}
- * and the latency histogram that handlers.c also observes. */
-static void count_item(struct reply_service *svc, const char *status)
-{
-    static const char *const names[] = {"status", NULL};
-    struct metrics_family *f;
-    if (svc->p.metrics &&
-        metrics_counter(svc->p.metrics, "autoreply_jobs_items_total",
-                        "Job lines finished, by status (done: a reply; error: a bad line)", names,
-                        &f) == AR_OK)
-        metrics_inc(metrics_child(f, (const char *const[]){status}), 1);
-}
-
-static void observe_latency(struct reply_service *svc, const struct reply_result *r)
-{
-    static const char *const names[] = {"cached", NULL};
-    struct metrics_family *f;
-    if (svc->p.metrics && r->status == 200 &&
-        metrics_histogram(svc->p.metrics, "autoreply_reply_latency_seconds",
-                          "Time to answer one review, by whether the reply was cached", names, NULL,
-                          0, &f) == AR_OK)
-        metrics_observe(metrics_child(f, (const char *const[]){r->cached ? "true" : "false"}),
-                        r->latency_ms / 1000.0);
-}
-
 static bool stopping(struct reply_service *svc)
 {
     bool s;
@@ -227,17 +201,6 @@ static char *result_line_json(int64_t line, const struct reply_result *r, const 
     return copy;
 }
 
-/* Data files of reviews often name the review "id" (shared/data/reviews-*.jsonl do): a line
- * without "review_id" takes its string "id" as the review id. False when out of memory. */
-static bool alias_review_id(cJSON *line)
-{
-    const cJSON *id = cJSON_GetObjectItemCaseSensitive(line, "id");
-    if (!cJSON_IsObject(line) || cJSON_GetObjectItemCaseSensitive(line, "review_id") ||
-        !cJSON_IsString(id))
-        return true;
-    return cJSON_AddStringToObject(line, "review_id", id->valuestring) != NULL;
-}
-
 /* Answers one chunk of pending lines; false when the job must pause (busy or stopping). */
 static enum ar_status run_chunk(struct reply_service *svc, const char *job_id, const char *job_shop,
                                 struct store_item *items, size_t n, struct ar_err *err)
@@ -260,9 +223,6 @@ static enum ar_status run_chunk(struct reply_service *svc, const char *job_id, c
             snprintf(msg[i], sizeof(msg[i]), "line %lld is not valid JSON",
                      (long long)items[i].line);
             bad[i] = true;
-        } else if (!alias_review_id(parsed[i])) {
-            snprintf(msg[i], sizeof(msg[i]), "out of memory");
-            bad[i] = true;
         } else if (reply_review_from_json(parsed[i], job_shop, &rv[i], msg[i], sizeof(msg[i])) !=
                    AR_OK) {
             bad[i] = true;
@@ -272,15 +232,12 @@ static enum ar_status run_chunk(struct reply_service *svc, const char *job_id, c
         }
     }
     reply_service_answer_many(svc, ok_rv, n_ok, ENGINE_PRIO_BULK, REPLY_DUP_SAME, ok_res);
-    for (size_t k = 0; k < n_ok; k++) {
-        observe_latency(svc, &ok_res[k]);
+    for (size_t k = 0; k < n_ok; k++)
         res[idx[k]] = ok_res[k];
-    }
     for (size_t i = 0; i < n && st == AR_OK; i++) {
         if (bad[i]) {
             st = store_job_item_error(svc->p.store, job_id, items[i].line, msg[i], err);
-            metrics_inc(svc->m.job_lines_failed, 1);
-            count_item(svc, "error");
+            metrics_inc(svc->m.job_items_error, 1);
         } else if (res[i].status == 200) {
             char *js = result_line_json(items[i].line, &res[i], rv[i].review_id);
             if (!js)
@@ -288,12 +245,10 @@ static enum ar_status run_chunk(struct reply_service *svc, const char *job_id, c
             else
                 st = store_job_item_done(svc->p.store, job_id, items[i].line, js, err);
             ar_free(js);
-            metrics_inc(svc->m.job_lines_done, 1);
-            count_item(svc, "done");
+            metrics_inc(svc->m.job_items_done, 1);
         } else if (res[i].status != 503) {
             st = store_job_item_error(svc->p.store, job_id, items[i].line, res[i].error, err);
-            metrics_inc(svc->m.job_lines_failed, 1);
-            count_item(svc, "error");
+            metrics_inc(svc->m.job_items_error, 1);
         } else {
             busy = true; /* 503: left pending, retried on the next pass */
         }

@@ -82,13 +82,22 @@ static void metrics_setup(struct reply_service *svc)
         m->retries[g] = counter(reg, "autoreply_reply_guard_rejections_total",
                                 "Generated replies rejected by a guardrail, by reason", "reason",
                                 reply_guard_str((enum reply_guard)g));
-    if (metrics_histogram(reg, "autoreply_reply_latency_seconds",
-                          "Time to answer one review (all sources)", NULL, NULL, 0, &f) == AR_OK)
-        m->latency = metrics_child(f, NULL);
-    m->job_lines_done = counter(reg, "autoreply_job_lines_total", "Job lines finished, by outcome",
-                                "outcome", "done");
-    m->job_lines_failed = counter(reg, "autoreply_job_lines_total",
-                                  "Job lines finished, by outcome", "outcome", "error");
+    {
+        static const char *const cached_label[] = {"cached", NULL};
+        if (metrics_histogram(reg, "autoreply_reply_latency_seconds",
+                              "Time to answer one review, by whether the reply was cached (reply "
+                              "cache or store) or generated",
+                              cached_label, NULL, 0, &f) == AR_OK) {
+            m->latency[0] = metrics_child(f, (const char *const[]){"false"});
+            m->latency[1] = metrics_child(f, (const char *const[]){"true"});
+        }
+    }
+    m->job_items_done = counter(reg, "autoreply_jobs_items_total",
+                                "Job lines finished, by status (done: a reply; error: a bad line)",
+                                "status", "done");
+    m->job_items_error = counter(reg, "autoreply_jobs_items_total",
+                                 "Job lines finished, by status (done: a reply; error: a bad line)",
+                                 "status", "error");
 }
 
 /* Counts evictions by the difference of the cache's own counter since the last look. */
@@ -313,6 +322,13 @@ enum ar_status reply_review_from_json(const cJSON *j, const char *default_shop,
         snprintf(msg, msg_size, "review_id must be a string");
         return AR_EINVAL;
     }
+    if (!rv->review_id) { /* data files name it "id" */
+        rv->review_id = json_str(j, "id", &bad);
+        if (bad) {
+            snprintf(msg, msg_size, "id (the review_id) must be a string");
+            return AR_EINVAL;
+        }
+    }
     text = cJSON_GetObjectItemCaseSensitive(j, "text");
     if (!text || cJSON_IsNull(text)) {
         snprintf(msg, msg_size, "text is required");
@@ -360,14 +376,25 @@ static void set_error(struct reply_result *r, int status, const char *fmt, ...)
     va_end(ap);
 }
 
-static const char *error_code(int status)
+static const char *error_code(const struct reply_result *r)
 {
-    switch (status) {
+    if (r->code)
+        return r->code;
+    switch (r->status) {
     case 400: return "invalid_review";
     case 409: return "duplicate_review_id";
+    case 429: return "rate_limit_exceeded";
+    case 499: return "cancelled";
     case 503: return "overloaded";
     default: return "internal_error";
     }
+}
+
+static const char *error_type(int status)
+{
+    return status == 429 ? "rate_limit_error"
+           : status < 500 ? "invalid_request_error"
+                          : "server_error";
 }
 
 cJSON *reply_result_to_json(const struct reply_result *r, const char *review_id)
@@ -379,7 +406,8 @@ cJSON *reply_result_to_json(const struct reply_result *r, const char *review_id)
     if (ok && r->status != 200) {
         cJSON *e = cJSON_AddObjectToObject(j, "error");
         ok = e && cJSON_AddStringToObject(e, "message", r->error) &&
-             cJSON_AddStringToObject(e, "code", error_code(r->status)) &&
+             cJSON_AddStringToObject(e, "type", error_type(r->status)) &&
+             cJSON_AddStringToObject(e, "code", error_code(r)) &&
              cJSON_AddNumberToObject(j, "status", r->status);
     } else if (ok) {
         ok = cJSON_AddStringToObject(j, "reply", r->reply ? r->reply : "") &&
@@ -421,14 +449,16 @@ static enum reply_action decide_action(const struct reply_profile *p, int rating
 }
 
 /* Generates until a reply passes the guardrails; *text is new. Returns the source (MODEL or
- * FALLBACK), or -1 with r->status set when the model cannot be reached. */
+ * FALLBACK), or -1 with r->status set when the model cannot be reached, the caller's token
+ * budget is spent (429) or the caller went away (499). */
 static int generate(struct reply_service *svc, const struct reply_profile *prof,
                     const struct reply_review *rv, const char *review_lang,
                     const char *reply_lang, bool negative, enum engine_priority prio,
-                    struct reply_result *r, char **text)
+                    struct reply_call *call, struct reply_result *r, char **text)
 {
     struct reply_generator *gen;
     struct reply_gen_request gr;
+    struct reply_gen_usage usage;
     char *user = NULL;
     enum ar_status st;
     pthread_mutex_lock(&svc->mu);
@@ -444,19 +474,44 @@ static int generate(struct reply_service *svc, const struct reply_profile *prof,
         return -1;
     }
     memset(&gr, 0, sizeof(gr));
+    memset(&usage, 0, sizeof(usage));
     gr.system = prof->system;
     gr.user = user;
     gr.max_tokens = svc->p.max_tokens;
     gr.priority = prio;
     gr.timeout_s = svc->p.timeout_s;
+    gr.call = call;
+    gr.usage = &usage;
     for (int attempt = 0; attempt <= svc->p.max_retries; attempt++) {
         char *out = NULL, *fixed = NULL;
         size_t out_len = 0;
         enum reply_guard g;
         gr.temperature = attempt == 0 ? svc->p.temperature : svc->p.retry_temperature;
         gr.seed = svc->p.seed + (uint64_t)attempt;
-        st = gen->generate(gen, &gr, &out, &out_len);
+        gr.admission = attempt == 0; /* a regeneration finishes what was admitted */
+        usage.limited = false;
+        st = reply_call_cancelled(call) ? AR_ECANCELED : gen->generate(gen, &gr, &out, &out_len);
         r->attempts++;
+        r->n_prompt_tokens = usage.n_prompt;
+        r->n_gen_tokens = usage.n_gen;
+        if (st != AR_OK && st != AR_ECANCELED && reply_call_cancelled(call))
+            st = AR_ECANCELED; /* whatever stopped it, the caller is gone */
+        if (st == AR_ECANCELED) {
+            /* never a fallback reply for a caller that left: nothing is stored */
+            ar_free(out);
+            ar_free(user);
+            r->code = "cancelled";
+            set_error(r, 499, "the client went away; the generation was cancelled");
+            return -1;
+        }
+        if (st == AR_EBUSY && usage.limited) {
+            ar_free(user);
+            r->code = "rate_limit_exceeded";
+            r->retry_after_s = usage.retry_after_s;
+            set_error(r, 429, "token rate limit reached; retry after %.0f s",
+                      ceil(usage.retry_after_s));
+            return -1;
+        }
         if (st == AR_EBUSY || (st != AR_OK && attempt == 0)) {
             ar_free(user);
             set_error(r, st == AR_EBUSY ? 503 : st == AR_ERANGE ? 400 : 500,
@@ -507,19 +562,60 @@ static char *finish_text(const struct reply_profile *prof, const char *text)
     return clean;
 }
 
-static void fill_from_row(struct reply_result *r, const struct store_reply *row)
+/* Whether the review text equals the stored one after normalization (normalize.h): the same
+ * review sent again with other spacing, width or trailing punctuation is the same review. */
+static bool same_text(const char *a, size_t a_len, const char *b, size_t b_len)
 {
+    char *na = NULL, *nb = NULL;
+    size_t la = 0, lb = 0;
+    bool same;
+    if (a_len == b_len && !memcmp(a, b, a_len))
+        return true;
+    if (reply_normalize(a, a_len, &na, &la) != AR_OK ||
+        reply_normalize(b, b_len, &nb, &lb) != AR_OK) {
+        ar_free(na);
+        return false;
+    }
+    same = la == lb && !memcmp(na, nb, la);
+    ar_free(na);
+    ar_free(nb);
+    return same;
+}
+
+/* The answer of a review already stored: the stored record exactly (reply, needs_human,
+ * sentiment, lang, model), the action decided from the stored rating; 409 when the review
+ * asked now is another text under the same id. */
+static void answer_from_row(const struct reply_profile *prof, const struct reply_review *rv,
+                            const struct store_reply *row, struct reply_result *r)
+{
+    const char *stored = row->text ? row->text : "";
+    if (!same_text(rv->text, rv->text_len, stored, strlen(stored))) {
+        r->code = "review_id_conflict";
+        set_error(r, 409,
+                  "review_id %.60s of shop %.60s was answered for another text; a review id "
+                  "stands for one review (use a new id for a new review)",
+                  rv->review_id, rv->shop_id);
+        return;
+    }
     ar_free(r->reply);
-    r->reply = ar_strdup(row->reply);
-    if (!r->reply)
+    r->reply = ar_strdup(row->reply ? row->reply : "");
+    if (!r->reply) {
         set_error(r, 500, "out of memory");
+        return;
+    }
     r->needs_human = row->needs_human;
     r->sentiment_score = row->sentiment;
+    r->sentiment = reply_sentiment_label(row->sentiment);
+    snprintf(r->lang, sizeof(r->lang), "%s", row->lang ? row->lang : "");
     snprintf(r->model, sizeof(r->model), "%s", row->model ? row->model : "");
+    r->cached = true;
+    r->source = REPLY_SOURCE_STORE;
+    r->action = decide_action(prof, row->rating, row->needs_human);
+    r->status = 200;
 }
 
 static void answer(struct reply_service *svc, const struct reply_review *rv,
-                   enum engine_priority prio, struct reply_result *r)
+                   enum engine_priority prio, struct reply_call *call, struct reply_result *r)
 {
     const struct reply_profile *prof;
     const char *review_lang, *reply_lang;
@@ -537,6 +633,19 @@ static void answer(struct reply_service *svc, const struct reply_review *rv,
         return;
     }
     prof = reply_profiles_get(svc->p.profiles, rv->shop_id);
+
+    /* 1. idempotency: an answered review is answered as stored, without the model */
+    st = store_reply_get(svc->p.store, rv->shop_id, rv->review_id, &stored, &found, &err);
+    if (st != AR_OK) {
+        set_error(r, st == AR_EBUSY ? 503 : 500, "store: %s", err.msg);
+        return;
+    }
+    if (found) {
+        answer_from_row(prof, rv, &stored, r);
+        store_reply_fini(&stored);
+        return;
+    }
+
     review_lang = rv->lang ? rv->lang : reply_guess_lang(rv->text, rv->text_len);
     reply_lang = prof->lang_policy == REPLY_LANG_ZH   ? "zh"
                  : prof->lang_policy == REPLY_LANG_EN ? "en"
@@ -548,22 +657,6 @@ static void answer(struct reply_service *svc, const struct reply_review *rv,
     negative = rv->rating <= 2 || r->sentiment == REPLY_SENT_NEGATIVE;
     r->needs_human = negative || has_sensitive(prof, rv->text, rv->text_len);
     r->action = decide_action(prof, rv->rating, r->needs_human);
-
-    /* 1. idempotency: an answered review is answered the same way, without the model */
-    st = store_reply_get(svc->p.store, rv->shop_id, rv->review_id, &stored, &found, &err);
-    if (st != AR_OK) {
-        set_error(r, st == AR_EBUSY ? 503 : 500, "store: %s", err.msg);
-        return;
-    }
-    if (found) {
-        fill_from_row(r, &stored);
-        r->cached = true;
-        r->source = REPLY_SOURCE_STORE;
-        r->action = decide_action(prof, rv->rating, r->needs_human);
-        store_reply_fini(&stored);
-        r->status = r->status ? r->status : 200;
-        return;
-    }
     if (prof->mode == REPLY_MODE_OFF) {
         r->reply = ar_strdup("");
         r->source = REPLY_SOURCE_OFF;
@@ -590,7 +683,7 @@ static void answer(struct reply_service *svc, const struct reply_review *rv,
     }
 
     /* 3. the model, behind the guardrails */
-    src = generate(svc, prof, rv, review_lang, reply_lang, negative, prio, r, &text);
+    src = generate(svc, prof, rv, review_lang, reply_lang, negative, prio, call, r, &text);
     if (src < 0) {
         ar_free(key);
         return;
@@ -633,33 +726,37 @@ have_text:
             set_error(r, st == AR_EBUSY ? 503 : 500, "store: %s", err.msg);
             return;
         }
-        if (existed) {
-            fill_from_row(r, &stored);
-            r->cached = true;
-            r->source = REPLY_SOURCE_STORE;
-        }
+        if (existed)
+            answer_from_row(prof, rv, &stored, r);
         store_reply_fini(&stored);
     }
     r->status = r->status ? r->status : 200;
 }
 
-void reply_service_answer(struct reply_service *svc, const struct reply_review *rv,
-                          enum engine_priority prio, struct reply_result *out)
+void reply_service_answer_call(struct reply_service *svc, const struct reply_review *rv,
+                               enum engine_priority prio, struct reply_call *call,
+                               struct reply_result *out)
 {
     double t0 = ar_time_s();
     memset(out, 0, sizeof(*out));
-    answer(svc, rv, prio, out);
+    answer(svc, rv, prio, call, out);
     out->latency_ms = (ar_time_s() - t0) * 1000.0;
     if (out->status == 200) {
         metrics_inc(svc->m.src[out->source], 1);
         if (out->needs_human)
             metrics_inc(svc->m.needs_human, 1);
-        metrics_observe(svc->m.latency, out->latency_ms / 1000.0);
+        metrics_observe(svc->m.latency[out->cached ? 1 : 0], out->latency_ms / 1000.0);
     } else {
         metrics_inc(svc->m.errors, 1);
         ar_free(out->reply);
         out->reply = NULL;
     }
+}
+
+void reply_service_answer(struct reply_service *svc, const struct reply_review *rv,
+                          enum engine_priority prio, struct reply_result *out)
+{
+    reply_service_answer_call(svc, rv, prio, NULL, out);
 }
 
 /* ---- many reviews ------------------------------------------------------------------------ */
@@ -671,6 +768,7 @@ struct many {
     const size_t *todo; /* indexes to answer */
     size_t n_todo;
     enum engine_priority prio;
+    struct reply_call *call;
     pthread_mutex_t mu;
     size_t next;
 };
@@ -685,15 +783,15 @@ static void *many_main(void *arg)
         pthread_mutex_unlock(&m->mu);
         if (k == (size_t)-1)
             return NULL;
-        reply_service_answer(m->svc, &m->rv[k], m->prio, &m->out[k]);
+        reply_service_answer_call(m->svc, &m->rv[k], m->prio, m->call, &m->out[k]);
     }
 }
 
 static void run_many(struct reply_service *svc, const struct reply_review *rv,
                      struct reply_result *out, const size_t *todo, size_t n_todo,
-                     enum engine_priority prio)
+                     enum engine_priority prio, struct reply_call *call)
 {
-    struct many m = {svc, rv, out, todo, n_todo, prio, PTHREAD_MUTEX_INITIALIZER, 0};
+    struct many m = {svc, rv, out, todo, n_todo, prio, call, PTHREAD_MUTEX_INITIALIZER, 0};
     pthread_t th[64];
     size_t n_th = AR_MIN(AR_MIN((size_t)svc->p.n_workers, n_todo), AR_ARRAY_LEN(th)), started = 0;
     for (size_t i = 0; i + 1 < n_th; i++) {
@@ -716,6 +814,14 @@ static bool same_review(const struct reply_review *a, const struct reply_review 
 void reply_service_answer_many(struct reply_service *svc, const struct reply_review *rv,
                                size_t n, enum engine_priority prio, enum reply_dup_policy dup,
                                struct reply_result *out)
+{
+    reply_service_answer_many_call(svc, rv, n, prio, dup, NULL, out);
+}
+
+void reply_service_answer_many_call(struct reply_service *svc, const struct reply_review *rv,
+                                    size_t n, enum engine_priority prio,
+                                    enum reply_dup_policy dup, struct reply_call *call,
+                                    struct reply_result *out)
 {
     size_t *first = ar_malloc(sizeof(size_t) * (n ? n : 1));
     size_t *second = ar_malloc(sizeof(size_t) * (n ? n : 1));
@@ -741,9 +847,9 @@ void reply_service_answer_many(struct reply_service *svc, const struct reply_rev
             set_error(&out[i], 409, "review_id %.150s appears earlier in this batch",
                       rv[i].review_id);
     }
-    run_many(svc, rv, out, first, n_first, prio);
+    run_many(svc, rv, out, first, n_first, prio, call);
     if (n_second) /* after their first occurrence is stored: the same reply, from the store */
-        run_many(svc, rv, out, second, n_second, prio);
+        run_many(svc, rv, out, second, n_second, prio, call);
     ar_free(first);
     ar_free(second);
 }

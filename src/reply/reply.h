@@ -4,14 +4,21 @@
  *
  * The path of one review (reply_service_answer):
  *   1. validate (text 1..REPLY_TEXT_MAX bytes of valid UTF-8, rating 1..5, ids)
- *   2. the store already has (shop_id, review_id): return that row, no model call
- *   3. profile of the shop; review language; sentiment; needs_human
+ *   2. the store already has (shop_id, review_id): return that row exactly as stored (reply,
+ *      needs_human, sentiment, lang, model; the action from the stored rating and needs_human),
+ *      no model call. A request whose text (normalized, normalize.h) differs from the stored
+ *      review's text is a different review under a used id: 409, code "review_id_conflict"
+ * *   3. profile of the shop; review language; sentiment; needs_human
  *   4. reply cache (key: normalize.h, includes the shop): a hit never touches the model
  *   5. generate: system prompt of the shop + "评分：N星\n评价：..." user turn; the reply is
  *      checked (empty, repetition loop, language, banned words, length) and regenerated with
  *      another seed up to max_retries times, then replaced by a safe template reply
  *   6. signature, banned words stripped once more, cache put, store put (the stored row wins a
  *      race, so one review always has exactly one reply)
+ *
+ * Requests may carry a reply_call (below): generations are charged to the caller's token
+ * budget (cache hits and stored replies cost nothing) and a client that goes away cancels
+ * the generations in flight.
  *
  * Thread safety: profiles are immutable after load. A reply_service may be used from any
  * number of threads at once; its generator is called from those threads. */
@@ -112,6 +119,8 @@ float reply_sentiment_lexicon(const char *text, size_t len, const char *lang);
  * by +-0.15. rating 0 means unknown (text only). */
 enum reply_sentiment reply_sentiment_classify(const char *text, size_t len, const char *lang,
                                               int rating, float *score);
+/* The label of a score: positive above 0.15, negative below -0.15, else neutral. */
+enum reply_sentiment reply_sentiment_label(float score);
 
 /* ---- prompt ---------------------------------------------------------------------------- */
 
@@ -166,7 +175,61 @@ enum reply_guard reply_guard_check(const struct reply_profile *p, const char *la
 /* A safe template reply in lang ("zh"/"en"), apologetic when negative. Static string. */
 const char *reply_fallback_text(const char *lang, bool negative);
 
+/* ---- one request's control: token budget and cancellation -------------------------------
+ * A front end makes one reply_call per request (the HTTP glue: per HTTP request) and passes it
+ * to reply_handle_call / reply_service_answer_call. Generators use it to charge the tokens they
+ * process to the caller and to register how to stop an engine request when the caller goes
+ * away. Every function is thread-safe and accepts a NULL call (no budget, never cancelled). */
+
+/* Charges n_tokens to the caller. admission true: refuse (return false, *retry_after_s set)
+ * when the caller's budget cannot take the tokens now, charging nothing; admission false:
+ * always charge (the budget may go into debt) and return true. The HTTP glue passes
+ * server_req_charge_tokens. */
+typedef bool (*reply_charge_fn)(void *user, int64_t n_tokens, bool admission,
+                                double *retry_after_s);
+
+struct reply_call;
+/* charge may be NULL (nothing is charged). The caller owns *out (reply_call_destroy), which
+ * must outlive every use by the request it was given to. */
+enum ar_status reply_call_create(reply_charge_fn charge, void *user, struct reply_call **out);
+void reply_call_destroy(struct reply_call *c);
+/* The caller went away: every generation in flight for the call is stopped through its hook
+ * (engine_cancel: its KV is freed) and later ones are not started; the request ends with
+ * status 499, code "cancelled", and stores nothing. Quick; idempotent; callable from any
+ * thread (e.g. the server's abort hook). */
+void reply_call_cancel(struct reply_call *c);
+bool reply_call_cancelled(struct reply_call *c);
+/* Tokens charged so far (admitted prompts plus generated tokens). */
+int64_t reply_call_tokens(struct reply_call *c);
+/* The largest wait a refused admission asked for (0: none was refused). */
+double reply_call_retry_after(struct reply_call *c);
+
+/* For generators. Charges through the call's charge function (see reply_charge_fn); true when
+ * charged. */
+bool reply_call_charge(struct reply_call *c, int64_t n_tokens, bool admission,
+                       double *retry_after_s);
+/* A way to stop one generation in flight: fn(arg) is called (with the call's lock held: it
+ * must be quick and must not use the call) when the call is cancelled while the hook is
+ * registered. */
+struct reply_call_hook {
+    void (*fn)(void *arg);
+    void *arg;
+    struct reply_call_hook *prev, *next; /* private */
+};
+/* Registers h (owned by the caller, e.g. on its stack); false, without registering, when the
+ * call is cancelled already. reply_call_unwatch must follow before h goes away; after it
+ * returns fn is not running and will not run. */
+bool reply_call_watch(struct reply_call *c, struct reply_call_hook *h);
+void reply_call_unwatch(struct reply_call *c, struct reply_call_hook *h);
+
 /* ---- generator --------------------------------------------------------------------------- */
+
+/* What a generation used, filled by the generator (which adds to the counts). */
+struct reply_gen_usage {
+    int64_t n_prompt, n_gen; /* prompt tokens charged and tokens generated */
+    bool limited;            /* the caller's token budget refused the prompt (then AR_EBUSY) */
+    double retry_after_s;    /* with limited: when the budget can take it */
+};
 
 struct reply_gen_request {
     const char *system; /* system prompt (stable per shop: the engine's prefix cache serves it) */
@@ -176,10 +239,19 @@ struct reply_gen_request {
     uint64_t seed;
     enum engine_priority priority;
     double timeout_s;
+    struct reply_call *call;       /* may be NULL: the request's budget and cancellation */
+    bool admission;                /* the first attempt of a review: the prompt must fit the
+                                      caller's budget (reply_call_charge with admission);
+                                      regenerations are charged without asking */
+    struct reply_gen_usage *usage; /* may be NULL: receives what was used */
 };
 
 /* Produces a reply for a chat prompt. Blocking; called from many threads at once. *text is
- * new (ar_free). AR_EBUSY when the model is overloaded (the caller answers 503). */
+ * new (ar_free). AR_EBUSY when the model is overloaded (the caller answers 503) or the
+ * caller's token budget refused the prompt (usage->limited; the caller answers 429);
+ * AR_ECANCELED when r->call was cancelled (checked before starting, and a generation in
+ * flight is stopped through a reply_call_hook). A generator charges the prompt tokens before
+ * it runs (r->admission: asking) and the generated tokens after. */
 struct reply_generator {
     enum ar_status (*generate)(struct reply_generator *g, const struct reply_gen_request *r,
                                char **text, size_t *len);
@@ -189,8 +261,9 @@ struct reply_generator {
 
 /* The generator over the serving engine (engine and tok borrowed, must outlive it): the
  * prompt is the model's chat template (reply_prompt_tokens) submitted with on_done waiting
- * on a condition variable. model_name is copied. The caller owns *out
- * (reply_generator_destroy). */
+ * on a condition variable; the call's cancel hook is engine_cancel. Charges the whole prompt
+ * (cached prefix included, like the OpenAI routes) and the generated tokens. model_name is
+ * copied. The caller owns *out (reply_generator_destroy). */
 enum ar_status reply_engine_generator(struct engine *e, const struct tokenizer *tok,
                                       const char *model_name, struct reply_generator **out);
 void reply_generator_destroy(struct reply_generator *g);
@@ -242,8 +315,10 @@ struct reply_review {
 };
 
 /* Fills rv from a JSON object {shop_id, review_id, text, rating, product?, lang?} (strings
- * borrowed from j). shop_id may be missing when default_shop is given. On a bad field returns
- * AR_EINVAL and a message (naming the field) in msg. */
+ * borrowed from j). shop_id may be missing when default_shop is given. A review without
+ * "review_id" takes its "id" (a string) instead, as data files of reviews name it (the same
+ * for single reviews, batch items and job lines); with both, "review_id" wins. On a bad field
+ * returns AR_EINVAL and a message (naming the field) in msg. */
 enum ar_status reply_review_from_json(const cJSON *j, const char *default_shop,
                                       struct reply_review *rv, char *msg, size_t msg_size);
 
@@ -260,8 +335,13 @@ enum reply_action { REPLY_ACTION_NONE = 0, REPLY_ACTION_SUGGEST, REPLY_ACTION_SE
 const char *reply_action_str(enum reply_action a);
 
 struct reply_result {
-    int status;        /* 200, or 400 bad input, 409 duplicate in batch, 503 busy, 500 */
+    int status;        /* 200, or 400 bad input, 409 (code "duplicate_review_id": the id
+                          appears earlier in the same batch; "review_id_conflict": the id was
+                          answered for another text), 429 the caller's token budget is spent,
+                          499 the caller went away (cancelled), 503 busy, 500 */
     char error[200];   /* status != 200 */
+    const char *code;  /* status != 200: the error code (static); NULL: from the status */
+    double retry_after_s; /* 429: when the budget can take the review */
     char *reply;       /* owned (ar_free); "" in mode off */
     bool cached;       /* came from the reply cache or the store, not the model */
     enum reply_source source;
@@ -273,35 +353,54 @@ struct reply_result {
     char model[64];
     double latency_ms;
     int attempts;      /* generations made for this request */
+    int64_t n_prompt_tokens, n_gen_tokens; /* what the generations used (0: cache, store) */
 };
 void reply_result_fini(struct reply_result *r);
 /* {review_id?, reply, cached, needs_human, sentiment, lang, model, latency_ms, source, action,
- *  sentiment_score} or {review_id?, error: {message, code}, status}. NULL when out of memory. */
+ *  sentiment_score} or {review_id?, error: {message, type, code}, status}. NULL when out of
+ * memory. action: "none" (mode off: no reply), "suggest" (for a person to review and send),
+ * "send" (mode auto, rating >= auto_min_rating and not held because needs_human). A stored
+ * answer (source "store") carries the stored fields; its action is decided from the stored
+ * rating and needs_human under the shop's profile now. */
 cJSON *reply_result_to_json(const struct reply_result *r, const char *review_id);
 
 /* Answers one review (blocking). Never fails as a call: errors are in out->status. */
 void reply_service_answer(struct reply_service *svc, const struct reply_review *rv,
                           enum engine_priority prio, struct reply_result *out);
+/* The same on behalf of a caller (call may be NULL). */
+void reply_service_answer_call(struct reply_service *svc, const struct reply_review *rv,
+                               enum engine_priority prio, struct reply_call *call,
+                               struct reply_result *out);
 
 /* What a later review with the same (shop_id, review_id) as an earlier one of the same call
- * gets: REPLY_DUP_ERROR: status 409 (the batch endpoint); REPLY_DUP_SAME: the same reply,
- * answered after the first one finished (jobs). */
+ * gets: REPLY_DUP_ERROR: status 409 (the batch endpoint); REPLY_DUP_SAME: the stored reply,
+ * answered after the first one finished (jobs; 409 "review_id_conflict" when its text
+ * differs). */
 enum reply_dup_policy { REPLY_DUP_ERROR, REPLY_DUP_SAME };
 /* Answers n reviews concurrently (up to n_workers at once, so the engine batches them);
  * out[i] for rv[i]. Blocking. */
 void reply_service_answer_many(struct reply_service *svc, const struct reply_review *rv,
                                size_t n, enum engine_priority prio, enum reply_dup_policy dup,
                                struct reply_result *out);
+/* The same on behalf of a caller (call may be NULL): once it is cancelled, the reviews that
+ * still need the model end with 499 at once (stored and cached ones are still answered). */
+void reply_service_answer_many_call(struct reply_service *svc, const struct reply_review *rv,
+                                    size_t n, enum engine_priority prio,
+                                    enum reply_dup_policy dup, struct reply_call *call,
+                                    struct reply_result *out);
 
 /* ---- jobs ---------------------------------------------------------------------------------
  * A job is a list of reviews stored line by line (store.h) before its id is returned, so a
  * crash loses nothing accepted. Lines are answered at ENGINE_PRIO_BULK in chunks; each reply
  * is stored (idempotent on shop_id, review_id) before its line is marked done, so a restart
  * redoes at most the lines in flight and never makes a second reply for a review. A line that
- * is not a valid review becomes a per-line error; the job goes on. */
+ * is not a valid review becomes a per-line error; the job goes on. Lines are objects as for
+ * reply_review_from_json ("id" stands for a missing "review_id"). Jobs run in the background,
+ * on no caller's token budget. */
 
-/* Creates a job from a body: a JSON array of review objects, or JSONL (one object per line;
- * blank lines skipped, line numbers are the body's). Malformed lines are accepted and turn
+/* Creates a job from a body: a JSON array of review objects (the body's first non-blank byte
+ * is '['), or raw JSONL text (one object per line; blank lines skipped, line numbers are the
+ * body's; a body that is one object is a job of one review). Malformed lines are accepted and turn
  * into per-line errors when the job runs. AR_EINVAL (msg in err) for an empty body or more
  * than REPLY_JOB_LINES_MAX lines. default_shop (may be NULL) is the shop of lines without
  * one. */
@@ -336,11 +435,16 @@ enum ar_status reply_job_results_jsonl(struct reply_service *svc, const char *jo
  * JSON body (owned by the callee of done) or a text body (JSONL, borrowed for the call). */
 
 enum reply_endpoint {
-    REPLY_EP_REPLY = 0,  /* POST /v1/reviews/reply   body: review object */
-    REPLY_EP_BATCH,      /* POST /v1/reviews/batch   body: {"reviews": [...], "shop_id"?} */
+    REPLY_EP_REPLY = 0,  /* POST /v1/reviews/reply   body: review object (reply_review_from_json:
+                                                     shop_id required, "id" for review_id) */
+    REPLY_EP_BATCH,      /* POST /v1/reviews/batch   body: {"reviews": [...], "shop_id"?} or a
+                                                     bare JSON array of review objects; 200
+                                                     with {"results": [...]} in order, each
+                                                     item answered on its own (its own status) */
     REPLY_EP_JOB_CREATE, /* POST /v1/jobs            body: {"reviews": [...]} or
-                                                     {"jsonl": "..."} (+ "shop_id"?), or raw
-                                                     JSONL / JSON array text */
+                                                     {"jsonl": "..."} (+ "shop_id"?), a bare
+                                                     JSON array, or raw JSONL text (any content
+                                                     type); 202 {id, status, total} */
     REPLY_EP_JOB_GET,    /* GET  /v1/jobs/{id} */
     REPLY_EP_JOB_RESULTS, /* GET /v1/jobs/{id}/results  (JSONL) */
     REPLY_EP_COUNT
@@ -360,9 +464,17 @@ typedef void (*reply_done_fn)(void *ctx, int status, cJSON *json, const char *te
                               size_t text_len, const char *content_type);
 /* Handles one request: path is the request path (for the job id), body the parsed object
  * (JSON endpoints, borrowed until done) or NULL, raw/raw_len the raw body text or NULL.
- * Work that needs the model runs on a worker; a full worker queue answers 503. */
+ * Work that needs the model runs on a worker; a full worker queue answers 503. A single
+ * review answers with the result's status (429 when the caller's token budget is spent, 499
+ * after reply_call_cancel); a batch answers 200 with per-item statuses. */
 void reply_handle(struct reply_service *svc, enum reply_endpoint ep, const char *path,
                   const cJSON *body, const char *raw, size_t raw_len, reply_done_fn done,
                   void *ctx);
+/* The same on behalf of a caller: call (may be NULL; must outlive done) carries the token
+ * budget and cancellation of the reviews the request answers; *retry_after_s of a 429 answer
+ * is in reply_call_retry_after. */
+void reply_handle_call(struct reply_service *svc, enum reply_endpoint ep, const char *path,
+                       const cJSON *body, const char *raw, size_t raw_len,
+                       struct reply_call *call, reply_done_fn done, void *ctx);
 
 #endif

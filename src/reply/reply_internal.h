@@ -39,8 +39,8 @@ struct reply_metrics {
     struct metrics_child *cache_hits, *cache_misses, *cache_evictions;
     struct metrics_child *needs_human;
     struct metrics_child *retries[REPLY_GUARD_COUNT];
-    struct metrics_child *latency;
-    struct metrics_child *job_lines_done, *job_lines_failed;
+    struct metrics_child *latency[2];     /* {cached="false"}, {cached="true"} */
+    struct metrics_child *job_items_done, *job_items_error; /* autoreply_jobs_items_total */
 };
 
 struct reply_service {

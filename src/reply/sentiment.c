@@ -241,9 +241,14 @@ enum reply_sentiment reply_sentiment_classify(const char *text, size_t len, cons
     float s = rating >= 1 && rating <= 5 ? 0.6f * ((float)rating - 3.0f) / 2.0f + 0.4f * t : t;
     if (score)
         *score = s;
-    if (s > 0.15f)
+    return reply_sentiment_label(s);
+}
+
+enum reply_sentiment reply_sentiment_label(float score)
+{
+    if (score > 0.15f)
         return REPLY_SENT_POSITIVE;
-    if (s < -0.15f)
+    if (score < -0.15f)
         return REPLY_SENT_NEGATIVE;
     return REPLY_SENT_NEUTRAL;
 }

@@ -29,6 +29,8 @@
 
 #include "base/base.h"
 
+#define REPLY_BATCH_MAX_TEST 256 /* reviews in one batch request (src/reply/reply.h) */
+
 /* ---- the server as a child process ------------------------------------------------------- */
 
 struct child {
@@ -533,8 +535,14 @@ static int group_setup(void **state)
     snprintf(shops, sizeof(shops), "%s/shops.json", g_tmp);
     f = fopen(shops, "w");
     assert_non_null(f);
-    fprintf(f, "{\"shops\": {\"ban\": {\"banned_words\": [\"%s\", \"%s\"]}}}\n", banned[0],
-            banned[1]);
+    fprintf(f,
+            "{\"shops\": {\"ban\": {\"banned_words\": [\"%s\", \"%s\"]},\n"
+            " \"quiet\": {\"mode\": \"off\"},\n"
+            " \"sugg\": {\"mode\": \"suggest\"},\n"
+            " \"auto\": {\"mode\": \"auto\", \"auto_min_rating\": 4},\n"
+            " \"auto-nohold\": {\"mode\": \"auto\", \"auto_min_rating\": 3,\n"
+            "                 \"hold_needs_human\": false}}}\n",
+            banned[0], banned[1]);
     fclose(f);
     /* a data directory that does not exist yet, two levels deep: serve creates it */
     snprintf(dir, sizeof(dir), "%s/main/var", g_tmp);
@@ -635,11 +643,17 @@ static void repeated_review_text_is_served_from_the_cache(void **state)
     const struct review *rv = pick("zh", false, 40);
     double hits0 = metric(g_srv.port, "autoreply_reply_cache_hits_total");
     double lat0 = metric0(g_srv.port, "autoreply_reply_latency_seconds_count{cached=\"true\"}");
+    double unc0 = metric0(g_srv.port, "autoreply_reply_latency_seconds_count{cached=\"false\"}");
     cJSON *a, *b;
     (void)state;
     a = reply_ok(g_srv.port, "shop-cache", "cache-1", rv->text, rv->rating);
     assert_false(jbool(a, "cached"));
     assert_string_equal(jstr(a, "source"), "model");
+    /* one latency histogram, owned by the service, labelled by cached: observed once each */
+    assert_true(metric0(g_srv.port, "autoreply_reply_latency_seconds_count{cached=\"false\"}") -
+                    unc0 ==
+                1);
+    assert_true(isnan(metric(g_srv.port, "autoreply_reply_latency_seconds_count")));
     /* another review (new id) with the same text, rating and shop */
     b = reply_ok(g_srv.port, "shop-cache", "cache-2", rv->text, rv->rating);
     assert_true(jbool(b, "cached"));
@@ -672,8 +686,79 @@ static void same_review_id_returns_the_stored_reply_without_the_model(void **sta
     assert_true(metric(g_srv.port, "autoreply_prompt_tokens_total") == tok0);
     assert_true(metric(g_srv.port, "autoreply_reply_replies_total{source=\"store\"}") - store0 ==
                 1);
-    cJSON_Delete(a);
     cJSON_Delete(b);
+    /* the same review again claiming another rating: the stored record exactly */
+    b = reply_ok(g_srv.port, "shop-idem", "idem-1", rv->text, rv->rating == 5 ? 1 : 5);
+    assert_string_equal(jstr(b, "source"), "store");
+    assert_string_equal(jstr(b, "reply"), jstr(a, "reply"));
+    assert_string_equal(jstr(b, "sentiment"), jstr(a, "sentiment"));
+    assert_true(jnum(b, "sentiment_score") == jnum(a, "sentiment_score"));
+    assert_true(jbool(b, "needs_human") == jbool(a, "needs_human"));
+    assert_string_equal(jstr(b, "lang"), jstr(a, "lang"));
+    assert_string_equal(jstr(b, "model"), jstr(a, "model"));
+    assert_string_equal(jstr(b, "action"), jstr(a, "action"));
+    cJSON_Delete(b);
+    /* another text under the used id: 409 with a clear error, still no model */
+    {
+        char *body = review_json("shop-idem", "idem-1", "A different review altogether", 3);
+        int status;
+        b = post_json(g_srv.port, "/v1/reviews/reply", NULL, body, &status);
+        free(body);
+        assert_int_equal(status, 409);
+        assert_string_equal(jstr(cJSON_GetObjectItem(b, "error"), "code"), "review_id_conflict");
+        assert_non_null(strstr(jstr(cJSON_GetObjectItem(b, "error"), "message"), "idem-1"));
+        assert_null(jstr(b, "reply"));
+        cJSON_Delete(b);
+    }
+    assert_true(metric(g_srv.port, "autoreply_prompt_tokens_total") == tok0);
+    cJSON_Delete(a);
+}
+
+static const cJSON *result_at(const cJSON *j, int i);
+
+static void a_review_may_be_named_by_id_in_single_and_batch_requests(void **state)
+{
+    const struct review *a = pick("zh", false, 90), *b = pick("en", false, 20);
+    char body[4096];
+    int status;
+    cJSON *j, *j2;
+    (void)state;
+    j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "shop_id", "shop-id");
+    cJSON_AddStringToObject(j, "id", "as-id-1");
+    cJSON_AddStringToObject(j, "text", a->text);
+    cJSON_AddNumberToObject(j, "rating", a->rating);
+    {
+        char *s1 = cJSON_PrintUnformatted(j);
+        j2 = post_json(g_srv.port, "/v1/reviews/reply", NULL, s1, &status);
+        free(s1);
+    }
+    assert_int_equal(status, 200);
+    assert_string_equal(jstr(j2, "review_id"), "as-id-1");
+    assert_true(strlen(jstr(j2, "reply")) > 0);
+    cJSON_Delete(j2);
+    cJSON_Delete(j);
+    /* a bare-array batch: "id" items, one answered above (stored) and one new */
+    snprintf(body, sizeof(body),
+             "[{\"shop_id\":\"shop-id\",\"id\":\"as-id-1\",\"text\":%s,\"rating\":%d},"
+             "{\"shop_id\":\"shop-id\",\"id\":\"as-id-2\",\"text\":%s,\"rating\":%d}]",
+             "\"PLACEHOLDER_A\"", a->rating, "\"PLACEHOLDER_B\"", b->rating);
+    {
+        cJSON *arr = cJSON_Parse(body);
+        char *s1;
+        cJSON_ReplaceItemInObject(cJSON_GetArrayItem(arr, 0), "text", cJSON_CreateString(a->text));
+        cJSON_ReplaceItemInObject(cJSON_GetArrayItem(arr, 1), "text", cJSON_CreateString(b->text));
+        s1 = cJSON_PrintUnformatted(arr);
+        cJSON_Delete(arr);
+        j = post_json(g_srv.port, "/v1/reviews/batch", NULL, s1, &status);
+        free(s1);
+    }
+    assert_int_equal(status, 200);
+    assert_string_equal(jstr(result_at(j, 0), "review_id"), "as-id-1");
+    assert_string_equal(jstr(result_at(j, 0), "source"), "store");
+    assert_string_equal(jstr(result_at(j, 1), "review_id"), "as-id-2");
+    assert_true(strlen(jstr(result_at(j, 1), "reply")) > 0);
+    cJSON_Delete(j);
 }
 
 static void banned_words_of_a_shop_never_appear(void **state)
@@ -944,6 +1029,9 @@ static void job_answers_every_line_and_records_a_malformed_one(void **state)
     }
     cJSON_Delete(res);
     assert_true(metric0(g_srv.port, "autoreply_jobs_items_total{status=\"error\"}") - err0 == 1);
+    /* one job-line counter: the former duplicate is gone */
+    assert_true(isnan(metric(g_srv.port, "autoreply_job_lines_total{outcome=\"error\"}")));
+    assert_true(isnan(metric(g_srv.port, "autoreply_job_lines_total{outcome=\"done\"}")));
 
     /* a JSON array body, and data-file lines that name the review "id" (curl --data-binary
      * sends them as form-urlencoded) */
@@ -1283,12 +1371,254 @@ static void job_survives_kill_9_with_one_reply_per_review(void **state)
         N);
 }
 
+
+/* ---- tests: reply modes and routing to a person ---------------------------------------------- */
+
+/* POST one review to the main server; checks source/needs_human/action and returns the answer. */
+static cJSON *expect_action(const char *shop, const char *id, const char *text, int rating,
+                            bool needs_human, const char *action)
+{
+    cJSON *j = reply_ok(g_srv.port, shop, id, text, rating);
+    if (jbool(j, "needs_human") != needs_human || strcmp(jstr(j, "action"), action) != 0)
+        fail_msg("%s/%s (%d stars): needs_human %d action %s, want %d %s", shop, id, rating,
+                 jbool(j, "needs_human"), jstr(j, "action"), needs_human, action);
+    return j;
+}
+
+static void reply_modes_and_needs_human_decide_the_action(void **state)
+{
+    const char *good = "物流很快，包装完好，很满意";
+    const char *meh = "还行吧，一般般";
+    const char *fake = "质量不错，但是怀疑是假货"; /* 假货: a default sensitive word */
+    const char *bad = "太差了，完全不能用";
+    double tok0;
+    int status;
+    cJSON *j;
+    (void)state;
+    /* off: no reply and no model */
+    tok0 = metric(g_srv.port, "autoreply_prompt_tokens_total");
+    j = expect_action("quiet", "mode-1", good, 5, false, "none");
+    assert_string_equal(jstr(j, "reply"), "");
+    assert_string_equal(jstr(j, "source"), "off");
+    cJSON_Delete(j);
+    j = expect_action("quiet", "mode-2", bad, 1, true, "none");
+    cJSON_Delete(j);
+    assert_true(metric(g_srv.port, "autoreply_prompt_tokens_total") == tok0);
+    /* suggest: a reply for a person to send, whatever the rating */
+    j = expect_action("sugg", "mode-3", good, 5, false, "suggest");
+    assert_true(strlen(jstr(j, "reply")) > 0);
+    cJSON_Delete(j);
+    /* auto from 4 stars, a needs_human reply held */
+    j = expect_action("auto", "mode-4", good, 5, false, "send");
+    assert_true(strlen(jstr(j, "reply")) > 0);
+    cJSON_Delete(j);
+    cJSON_Delete(expect_action("auto", "mode-5", meh, 3, false, "suggest"));
+    cJSON_Delete(expect_action("auto", "mode-6", fake, 5, true, "suggest"));
+    cJSON_Delete(expect_action("auto", "mode-7", bad, 1, true, "suggest"));
+    /* auto from 3 stars without holding needs_human */
+    cJSON_Delete(expect_action("auto-nohold", "mode-8", fake, 5, true, "send"));
+    cJSON_Delete(expect_action("auto-nohold", "mode-9", meh, 3, false, "send"));
+    cJSON_Delete(expect_action("auto-nohold", "mode-10", bad, 1, true, "suggest"));
+    /* the stored answer keeps the action of the stored rating */
+    j = reply_ok(g_srv.port, "auto", "mode-5", meh, 5);
+    assert_string_equal(jstr(j, "source"), "store");
+    assert_string_equal(jstr(j, "action"), "suggest");
+    cJSON_Delete(j);
+    /* a batch decides per item */
+    {
+        char *a = review_json("quiet", "mode-b1", good, 5), *b = review_json("auto", "mode-b2", good, 5);
+        char *c = review_json("auto", "mode-b3", fake, 5), body[2048];
+        snprintf(body, sizeof(body), "{\"reviews\": [%s, %s, %s]}", a, b, c);
+        j = post_json(g_srv.port, "/v1/reviews/batch", NULL, body, &status);
+        assert_int_equal(status, 200);
+        assert_string_equal(jstr(result_at(j, 0), "action"), "none");
+        assert_string_equal(jstr(result_at(j, 1), "action"), "send");
+        assert_string_equal(jstr(result_at(j, 2), "action"), "suggest");
+        assert_true(jbool(result_at(j, 2), "needs_human"));
+        cJSON_Delete(j);
+        free(a);
+        free(b);
+        free(c);
+    }
+}
+
+/* ---- tests: the token rate limit covers review replies ---------------------------------------- */
+
+static void generated_replies_are_charged_to_the_token_rate_limit(void **state)
+{
+    char dir[128];
+    struct child c;
+    const struct review *first = pick("zh", false, 300);
+    int n_ok = 0, status = 0;
+    char ra[16];
+    double tok0, gen0;
+    cJSON *j;
+    (void)state;
+    snprintf(dir, sizeof(dir), "%s/tpm", g_tmp);
+    /* 1200 tokens a minute: a handful of generated replies (prompt + reply each) */
+    server_start(&c, dir, (const char *const[]){"--rate-tpm", "1200", NULL});
+    j = reply_ok(c.port, "shop-tpm", "tpm-0", first->text, first->rating);
+    assert_string_equal(jstr(j, "source"), "model");
+    cJSON_Delete(j);
+    /* cache hits and stored replies cost nothing: 30 of them leave the budget as it was */
+    for (int i = 0; i < 15; i++) {
+        char id[32];
+        snprintf(id, sizeof(id), "tpm-c%d", i);
+        j = reply_ok(c.port, "shop-tpm", id, first->text, first->rating);
+        assert_string_equal(jstr(j, "source"), "cache");
+        cJSON_Delete(j);
+        j = reply_ok(c.port, "shop-tpm", "tpm-0", first->text, first->rating);
+        assert_string_equal(jstr(j, "source"), "store");
+        cJSON_Delete(j);
+    }
+    /* new reviews until the budget is spent */
+    tok0 = metric(c.port, "autoreply_prompt_tokens_total");
+    gen0 = metric(c.port, "autoreply_generation_tokens_total");
+    for (int i = 0; i < 60; i++) {
+        const struct review *rv = pick(i % 2 ? "zh" : "en", i % 3 == 0, 400 + i);
+        char id[32], *body;
+        struct resp r;
+        snprintf(id, sizeof(id), "tpm-%d", i + 1);
+        body = review_json("shop-tpm", id, rv->text, rv->rating);
+        http(c.port, "POST", "/v1/reviews/reply", "Content-Type: application/json\r\n", body,
+             strlen(body), &r);
+        free(body);
+        status = r.status;
+        if (status == 429) {
+            cJSON *e = cJSON_GetObjectItem(j = cJSON_Parse(r.body), "error");
+            assert_string_equal(jstr(e, "code"), "rate_limit_exceeded");
+            assert_string_equal(jstr(e, "type"), "rate_limit_error");
+            assert_non_null(resp_header(&r, "Retry-After", ra, sizeof(ra)));
+            assert_true(atoi(ra) >= 1);
+            cJSON_Delete(j);
+            resp_free(&r);
+            break;
+        }
+        assert_int_equal(status, 200);
+        n_ok++;
+        resp_free(&r);
+    }
+    assert_int_equal(status, 429);
+    /* the first new review after the free answers was admitted; the bucket ran dry at about
+     * its size in engine tokens (prompt + generated), not after a fixed number of requests */
+    assert_true(n_ok >= 1);
+    {
+        double used = metric(c.port, "autoreply_prompt_tokens_total") - tok0 +
+                      metric(c.port, "autoreply_generation_tokens_total") - gen0;
+        if (used < 600 || used > 1200 + 400)
+            fail_msg("429 after %d replies and %.0f tokens (bucket 1200)", n_ok, used);
+    }
+    /* a stored reply is still answered while the budget is spent */
+    j = reply_ok(c.port, "shop-tpm", "tpm-0", first->text, first->rating);
+    assert_string_equal(jstr(j, "source"), "store");
+    cJSON_Delete(j);
+    assert_int_equal(server_stop(&c, SIGTERM), 0);
+}
+
+/* ---- tests: a client that leaves mid-generation --------------------------------------------- */
+
+static int connect_port(int port)
+{
+    struct sockaddr_in a = {0};
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    a.sin_family = AF_INET;
+    a.sin_port = htons((uint16_t)port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    return fd;
+}
+
+static void client_leaving_mid_generation_cancels_it_and_frees_the_kv(void **state)
+{
+    enum { N = REPLY_BATCH_MAX_TEST };
+    char dir[128], head[256];
+    struct child c;
+    cJSON *arr = cJSON_CreateArray();
+    char *body;
+    double base_used, t0, gen1, model0;
+    long long stored;
+    int fd;
+    (void)state;
+    for (int i = 0; i < N; i++) {
+        const struct review *rv = &g_reviews[(i * 7) % g_n_reviews];
+        cJSON *o = cJSON_CreateObject();
+        char id[32];
+        snprintf(id, sizeof(id), "gone-%d", i);
+        cJSON_AddStringToObject(o, "shop_id", "shop-gone");
+        cJSON_AddStringToObject(o, "review_id", id);
+        cJSON_AddStringToObject(o, "text", rv->text);
+        cJSON_AddNumberToObject(o, "rating", rv->rating);
+        cJSON_AddItemToArray(arr, o);
+    }
+    body = cJSON_PrintUnformatted(arr);
+    cJSON_Delete(arr);
+    snprintf(dir, sizeof(dir), "%s/gone", g_tmp);
+    /* one sequence at a time and no caches: the batch takes a while, all of it generation */
+    server_start(&c, dir,
+                 (const char *const[]){"--no-reply-cache", "--no-prefix-cache", "--parallel", "1",
+                                       NULL});
+    base_used = metric(c.port, "autoreply_kv_blocks_used");
+    model0 = metric0(c.port, "autoreply_reply_replies_total{source=\"model\"}");
+    assert_true(base_used == 0);
+    fd = connect_port(c.port);
+    snprintf(head, sizeof(head),
+             "POST /v1/reviews/batch HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+             "Content-Length: %zu\r\n\r\n",
+             strlen(body));
+    assert_true(send_all(fd, head, strlen(head)));
+    assert_true(send_all(fd, body, strlen(body)));
+    free(body);
+    /* a reply is being generated (its sequence holds KV), then the client hangs up */
+    t0 = now_s();
+    while (metric(c.port, "autoreply_kv_blocks_used") == base_used && now_s() - t0 < 30)
+        sleep_s(0.002);
+    assert_true(metric(c.port, "autoreply_kv_blocks_used") > base_used);
+    close(fd);
+    /* the server notices, cancels the generation in flight and starts no other: KV back to
+     * the baseline, nothing running, nothing generated any more */
+    t0 = now_s();
+    while ((metric(c.port, "autoreply_kv_blocks_used") != base_used ||
+            metric(c.port, "autoreply_running_sequences") != 0) &&
+           now_s() - t0 < 10)
+        sleep_s(0.02);
+    sleep_s(0.5); /* not just a gap between two replies */
+    assert_true(metric(c.port, "autoreply_kv_blocks_used") == base_used);
+    assert_true(metric(c.port, "autoreply_running_sequences") == 0);
+    gen1 = metric(c.port, "autoreply_generation_tokens_total");
+    sleep_s(0.5);
+    assert_true(metric(c.port, "autoreply_generation_tokens_total") == gen1);
+    /* most of the batch was never answered, and nothing the client did not get was kept
+     * beyond what was finished before it left */
+    assert_true(metric0(c.port, "autoreply_reply_replies_total{source=\"model\"}") +
+                    metric0(c.port, "autoreply_reply_replies_total{source=\"fallback\"}") -
+                    model0 <
+                N / 2);
+    assert_int_equal(server_stop(&c, SIGTERM), 0);
+    stored = db_count(dir, "SELECT COUNT(*) FROM replies WHERE shop_id = 'shop-gone'");
+    assert_true(stored >= 0 && stored < N / 2);
+    /* a later request for the same reviews is answered by the model, not from a store left
+     * by the cancelled one */
+    server_start(&c, dir, (const char *const[]){"--no-reply-cache", NULL});
+    {
+        const struct review *rv = &g_reviews[((N - 1) * 7) % g_n_reviews];
+        char id[32];
+        cJSON *j;
+        snprintf(id, sizeof(id), "gone-%d", N - 1);
+        j = reply_ok(c.port, "shop-gone", id, rv->text, rv->rating);
+        assert_string_equal(jstr(j, "source"), "model");
+        cJSON_Delete(j);
+    }
+    assert_int_equal(server_stop(&c, SIGTERM), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(reviews_are_answered_in_their_language_and_low_ratings_need_a_human),
         cmocka_unit_test(repeated_review_text_is_served_from_the_cache),
         cmocka_unit_test(same_review_id_returns_the_stored_reply_without_the_model),
+        cmocka_unit_test(a_review_may_be_named_by_id_in_single_and_batch_requests),
         cmocka_unit_test(banned_words_of_a_shop_never_appear),
         cmocka_unit_test(json_and_msgpack_give_the_same_reply),
         cmocka_unit_test(batch_answers_each_item_on_its_own),
@@ -1297,6 +1627,9 @@ int main(void)
         cmocka_unit_test(product_routes_need_the_api_key_and_obey_rate_limits),
         cmocka_unit_test(reply_cache_prefix_cache_and_batching_can_be_switched_off),
         cmocka_unit_test(job_survives_kill_9_with_one_reply_per_review),
+        cmocka_unit_test(reply_modes_and_needs_human_decide_the_action),
+        cmocka_unit_test(generated_replies_are_charged_to_the_token_rate_limit),
+        cmocka_unit_test(client_leaving_mid_generation_cancels_it_and_frees_the_kv),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

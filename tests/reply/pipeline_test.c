@@ -24,7 +24,29 @@ struct fake {
     int delay_ms;
     float temps[8];
     uint64_t seeds[8];
+    bool admission[8];
+    bool block;            /* wait (up to 10 s) until the request's call is cancelled */
+    atomic_int started;    /* generations that got past the budget */
+    atomic_int hooks_fired;
 };
+
+/* The cancel hook of a blocked fake generation: wakes it. */
+struct fake_wait {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool fired;
+    struct fake *f;
+};
+
+static void fake_cancel(void *arg)
+{
+    struct fake_wait *w = arg;
+    pthread_mutex_lock(&w->mu);
+    w->fired = true;
+    atomic_fetch_add(&w->f->hooks_fired, 1);
+    pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
 
 static uint32_t fnv(const char *s)
 {
@@ -44,6 +66,44 @@ static enum ar_status fake_generate(struct reply_generator *g, const struct repl
     if (k < 8) {
         f->temps[k] = r->temperature;
         f->seeds[k] = r->seed;
+        f->admission[k] = r->admission;
+    }
+    /* the generator contract (reply.h): the prompt is charged first (one token per byte of
+     * the user turn here), asking on a review's first attempt */
+    if (reply_call_cancelled(r->call))
+        return AR_ECANCELED;
+    {
+        double retry = 0;
+        if (!reply_call_charge(r->call, (int64_t)strlen(r->user), r->admission, &retry)) {
+            if (r->usage) {
+                r->usage->limited = true;
+                r->usage->retry_after_s = retry;
+            }
+            return AR_EBUSY;
+        }
+        if (r->usage)
+            r->usage->n_prompt += (int64_t)strlen(r->user);
+    }
+    atomic_fetch_add(&f->started, 1);
+    if (f->block) {
+        struct fake_wait w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, f};
+        struct reply_call_hook h = {fake_cancel, &w, NULL, NULL};
+        struct timespec until;
+        bool fired;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += 10;
+        if (reply_call_watch(r->call, &h)) {
+            pthread_mutex_lock(&w.mu);
+            while (!w.fired && pthread_cond_timedwait(&w.cv, &w.mu, &until) == 0)
+                ;
+            pthread_mutex_unlock(&w.mu);
+            reply_call_unwatch(r->call, &h);
+        }
+        fired = reply_call_cancelled(r->call);
+        pthread_cond_destroy(&w.cv);
+        pthread_mutex_destroy(&w.mu);
+        if (fired)
+            return AR_ECANCELED;
     }
     if (f->delay_ms) {
         struct timespec ts = {0, (long)f->delay_ms * 1000000L};
@@ -60,6 +120,9 @@ static enum ar_status fake_generate(struct reply_generator *g, const struct repl
     }
     *text = ar_strdup(s);
     *len = strlen(s);
+    reply_call_charge(r->call, (int64_t)*len, false, NULL); /* "generated tokens" */
+    if (r->usage)
+        r->usage->n_gen += (int64_t)*len;
     return *text ? AR_OK : AR_ENOMEM;
 }
 
@@ -186,6 +249,10 @@ static void repeated_review_text_is_a_cache_hit_with_the_same_reply(void **state
     assert_int_equal(atomic_load(&x->gen.calls), 1); /* never touched the model */
     assert_true(metric(x, "autoreply_reply_cache_hits_total") == 1.0);
     assert_true(metric(x, "autoreply_reply_cache_misses_total") == 1.0);
+    /* one latency histogram, labelled by whether the answer was cached */
+    assert_true(metric(x, "autoreply_reply_latency_seconds_count{cached=\"false\"}") == 1.0);
+    assert_true(metric(x, "autoreply_reply_latency_seconds_count{cached=\"true\"}") == 1.0);
+    assert_true(metric(x, "autoreply_reply_latency_seconds_count") == -1); /* no unlabelled one */
     reply_result_fini(&a);
     reply_result_fini(&b);
     /* another shop does not share the entry */
@@ -201,21 +268,81 @@ static void same_review_id_returns_the_stored_reply(void **state)
     struct reply_result a, b;
     struct store_reply row;
     bool found = false;
-    ask(x, review("s1", "r7", "Great phone, fast shipping.", 5), &a);
+    float score_as_asked;
+    ask(x, review("s1", "r7", "Great phone, fast shipping.", 2), &a);
     assert_int_equal(a.status, 200);
-    /* asked again (even with other text): the stored reply, no model call */
-    ask(x, review("s1", "r7", "Something else entirely", 4), &b);
+    assert_true(a.needs_human); /* 2 stars */
+    /* asked again with the same text (but for spacing, case and trailing punctuation) and
+     * another rating, while the model has another name: the stored record, no model call */
+    x->gen.base.model_name = "fake-2";
+    ask(x, review("s1", "r7", "great phone,  fast shipping!!", 5), &b);
     assert_int_equal(b.status, 200);
     assert_int_equal(b.source, REPLY_SOURCE_STORE);
+    assert_true(b.cached);
     assert_string_equal(b.reply, a.reply);
+    assert_int_equal(atomic_load(&x->gen.calls), 1);
+    /* every field as stored, none recomputed from the new request */
+    assert_true(b.needs_human);
+    assert_int_equal(b.sentiment, a.sentiment);
+    assert_true(b.sentiment_score == a.sentiment_score);
+    {
+        const char *again = "great phone,  fast shipping!!";
+        reply_sentiment_classify(again, strlen(again), "en", 5, &score_as_asked);
+    }
+    assert_true(score_as_asked != a.sentiment_score); /* recomputing would have shown */
+    assert_string_equal(b.lang, a.lang);
+    assert_string_equal(b.model, "fake");
+    assert_int_equal(b.action, a.action);
+    reply_result_fini(&b);
+
+    /* another text under the same id: 409, the stored row unchanged, no model call */
+    ask(x, review("s1", "r7", "Something else entirely", 2), &b);
+    assert_int_equal(b.status, 409);
+    assert_string_equal(b.code, "review_id_conflict");
+    assert_null(b.reply);
+    assert_non_null(strstr(b.error, "r7"));
+    {
+        cJSON *j = reply_result_to_json(&b, "r7");
+        assert_string_equal(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "error"), "code")->valuestring,
+                            "review_id_conflict");
+        cJSON_Delete(j);
+    }
     assert_int_equal(atomic_load(&x->gen.calls), 1);
     assert_int_equal(store_reply_get(x->store, "s1", "r7", &row, &found, NULL), AR_OK);
     assert_true(found);
     assert_string_equal(row.reply, a.reply);
     assert_string_equal(row.text, "Great phone, fast shipping.");
+    assert_int_equal(row.rating, 2);
     store_reply_fini(&row);
     reply_result_fini(&a);
     reply_result_fini(&b);
+}
+
+static void stored_answer_keeps_the_action_of_the_stored_rating(void **state)
+{
+    struct fx *x = *state;
+    struct reply_result a, b;
+    /* auto mode sends from 4 stars: a 3-star review is suggested, and stays so when the same
+     * review comes again claiming 5 stars */
+    ask(x, review("auto", "st1", "还行吧，一般般", 3), &a);
+    assert_int_equal(a.status, 200);
+    assert_int_equal(a.action, REPLY_ACTION_SUGGEST);
+    ask(x, review("auto", "st1", "还行吧，一般般", 5), &b);
+    assert_int_equal(b.source, REPLY_SOURCE_STORE);
+    assert_int_equal(b.action, REPLY_ACTION_SUGGEST);
+    reply_result_fini(&a);
+    reply_result_fini(&b);
+    /* a job line repeating an id with another text is a conflict too */
+    {
+        struct reply_review rv[2] = {review("s1", "st2", "很好用", 5), review("s1", "st2", "很难用", 1)};
+        struct reply_result res[2];
+        reply_service_answer_many(x->svc, rv, 2, ENGINE_PRIO_BULK, REPLY_DUP_SAME, res);
+        assert_int_equal(res[0].status, 200);
+        assert_int_equal(res[1].status, 409);
+        assert_string_equal(res[1].code, "review_id_conflict");
+        reply_result_fini(&res[0]);
+        reply_result_fini(&res[1]);
+    }
 }
 
 /* ---- guardrails ---------------------------------------------------------------------------- */
@@ -407,6 +534,8 @@ static void json_reviews_are_validated_field_by_field(void **state)
         {"{\"shop_id\":\"s\",\"review_id\":\"r\",\"text\":\"x\",\"rating\":\"5\"}", "rating"},
         {"{\"shop_id\":\"s\",\"review_id\":7,\"text\":\"x\",\"rating\":5}", "review_id"},
         {"{\"review_id\":\"r\",\"text\":\"x\",\"rating\":5}", "shop_id"},
+        {"{\"shop_id\":\"s\",\"id\":7,\"text\":\"x\",\"rating\":5}", "id"},
+        {"{\"shop_id\":\"s\",\"text\":\"x\",\"rating\":5}", "review_id"},
         {"[1]", "object"},
     };
     (void)state;
@@ -423,6 +552,18 @@ static void json_reviews_are_validated_field_by_field(void **state)
         assert_string_equal(rv.shop_id, "dflt");
         assert_int_equal(rv.rating, 4);
         assert_string_equal(rv.product, "茶");
+        cJSON_Delete(j);
+    }
+    /* "id" stands for a missing "review_id"; with both, "review_id" wins */
+    {
+        cJSON *j = cJSON_Parse("{\"shop_id\":\"s\",\"id\":\"d-1\",\"text\":\"好\",\"rating\":4}");
+        assert_int_equal(reply_review_from_json(j, NULL, &rv, msg, sizeof(msg)), AR_OK);
+        assert_string_equal(rv.review_id, "d-1");
+        cJSON_Delete(j);
+        j = cJSON_Parse("{\"shop_id\":\"s\",\"id\":\"d-1\",\"review_id\":\"r-1\",\"text\":\"好\","
+                        "\"rating\":4}");
+        assert_int_equal(reply_review_from_json(j, NULL, &rv, msg, sizeof(msg)), AR_OK);
+        assert_string_equal(rv.review_id, "r-1");
         cJSON_Delete(j);
     }
 }
@@ -523,6 +664,13 @@ static void handlers_answer_reviews_batches_and_jobs(void **state)
     assert_true(cJSON_IsNumber(cJSON_GetObjectItem(a.json, "latency_ms")));
     answer_fini(&a);
 
+    /* a single review may name its review "id" too */
+    call(x, REPLY_EP_REPLY, "/v1/reviews/reply",
+         "{\"shop_id\":\"s1\",\"id\":\"h3\",\"text\":\"Nice\",\"rating\":5}", NULL, &a);
+    assert_int_equal(a.status, 200);
+    assert_string_equal(cJSON_GetObjectItem(a.json, "review_id")->valuestring, "h3");
+    answer_fini(&a);
+
     call(x, REPLY_EP_REPLY, "/v1/reviews/reply",
          "{\"shop_id\":\"s1\",\"review_id\":\"h2\",\"rating\":5}", NULL, &a);
     assert_int_equal(a.status, 400);
@@ -532,12 +680,17 @@ static void handlers_answer_reviews_batches_and_jobs(void **state)
     call(x, REPLY_EP_BATCH, "/v1/reviews/batch",
          "{\"shop_id\":\"s1\",\"reviews\":[{\"review_id\":\"q1\",\"text\":\"好\",\"rating\":5},"
          "{\"review_id\":\"q2\",\"text\":\"好\",\"rating\":9},"
-         "{\"review_id\":\"q1\",\"text\":\"好\",\"rating\":5}]}",
+         "{\"review_id\":\"q1\",\"text\":\"好\",\"rating\":5},"
+         "{\"id\":\"q3\",\"text\":\"好吃\",\"rating\":5}]}",
          NULL, &a);
     assert_int_equal(a.status, 200);
     {
         cJSON *res = cJSON_GetObjectItem(a.json, "results");
-        assert_int_equal(cJSON_GetArraySize(res), 3);
+        assert_int_equal(cJSON_GetArraySize(res), 4);
+        /* a batch item may name its review "id" */
+        assert_string_equal(
+            cJSON_GetObjectItem(cJSON_GetArrayItem(res, 3), "review_id")->valuestring, "q3");
+        assert_true(cJSON_IsString(cJSON_GetObjectItem(cJSON_GetArrayItem(res, 3), "reply")));
         assert_true(cJSON_IsString(cJSON_GetObjectItem(cJSON_GetArrayItem(res, 0), "reply")));
         assert_int_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(res, 1), "status")->valueint, 400);
         assert_int_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(res, 2), "status")->valueint, 409);
@@ -564,6 +717,11 @@ static void handlers_answer_reviews_batches_and_jobs(void **state)
     assert_int_equal(cJSON_GetObjectItem(a.json, "done")->valueint, 2);
     assert_int_equal(cJSON_GetObjectItem(a.json, "failed")->valueint, 1);
     answer_fini(&a);
+    /* job lines are counted once, by status */
+    assert_true(metric(x, "autoreply_jobs_items_total{status=\"done\"}") == 2.0);
+    assert_true(metric(x, "autoreply_jobs_items_total{status=\"error\"}") == 1.0);
+    assert_true(metric(x, "autoreply_job_lines_total{outcome=\"done\"}") == -1);
+    assert_true(metric(x, "autoreply_job_lines_total{outcome=\"error\"}") == -1);
 
     snprintf(path, sizeof(path), "/v1/jobs/%s/results", id);
     call(x, REPLY_EP_JOB_GET, path, NULL, NULL, &a);
@@ -594,6 +752,216 @@ static void handlers_answer_reviews_batches_and_jobs(void **state)
     call(x, REPLY_EP_JOB_CREATE, "/v1/jobs", "{\"reviews\": []}", NULL, &a);
     assert_int_equal(a.status, 400);
     answer_fini(&a);
+}
+
+
+/* ---- a caller's token budget and cancellation ----------------------------------------------- */
+
+/* A token bucket like the server's: admission needs min(n, cap) tokens, charges may go into
+ * debt. */
+struct budget {
+    pthread_mutex_t mu;
+    double level, cap;
+    int64_t charged;
+    int refused;
+};
+
+static bool budget_charge(void *user, int64_t n, bool admission, double *retry_after_s)
+{
+    struct budget *b = user;
+    bool ok = true;
+    pthread_mutex_lock(&b->mu);
+    if (admission && b->level < ((double)n < b->cap ? (double)n : b->cap)) {
+        *retry_after_s = 7.0;
+        b->refused++;
+        ok = false;
+    } else {
+        b->level -= (double)n;
+        b->charged += n;
+    }
+    pthread_mutex_unlock(&b->mu);
+    return ok;
+}
+
+static bool store_has(struct fx *x, const char *shop, const char *id)
+{
+    struct store_reply row;
+    bool found = false;
+    assert_int_equal(store_reply_get(x->store, shop, id, &row, &found, NULL), AR_OK);
+    store_reply_fini(&row);
+    return found;
+}
+
+static void generations_are_charged_to_the_caller_and_cached_answers_are_free(void **state)
+{
+    struct fx *x = *state;
+    struct budget b = {PTHREAD_MUTEX_INITIALIZER, 1000, 1000, 0, 0};
+    struct reply_call *c;
+    struct reply_review rv = review("s1", "t1", "物流很快，包装也好", 5);
+    struct reply_result r;
+    int64_t after_first;
+    assert_int_equal(reply_call_create(budget_charge, &b, &c), AR_OK);
+    reply_service_answer_call(x->svc, &rv, ENGINE_PRIO_INTERACTIVE, c, &r);
+    assert_int_equal(r.status, 200);
+    assert_int_equal(r.source, REPLY_SOURCE_MODEL);
+    assert_true(x->gen.admission[0]); /* a review's first generation asks the budget */
+    /* what the generation used (user turn bytes + reply bytes here) is what was charged */
+    assert_true(r.n_prompt_tokens > 0 && r.n_gen_tokens > 0);
+    assert_true(b.charged == r.n_prompt_tokens + r.n_gen_tokens);
+    assert_true(reply_call_tokens(c) == b.charged);
+    after_first = b.charged;
+    reply_result_fini(&r);
+    /* a cache hit (same text, new id) and the stored reply (same id) cost nothing */
+    rv.review_id = "t2";
+    reply_service_answer_call(x->svc, &rv, ENGINE_PRIO_INTERACTIVE, c, &r);
+    assert_int_equal(r.source, REPLY_SOURCE_CACHE);
+    reply_result_fini(&r);
+    rv.review_id = "t1";
+    reply_service_answer_call(x->svc, &rv, ENGINE_PRIO_INTERACTIVE, c, &r);
+    assert_int_equal(r.source, REPLY_SOURCE_STORE);
+    reply_result_fini(&r);
+    assert_true(b.charged == after_first);
+    assert_int_equal(atomic_load(&x->gen.calls), 1); /* the model was asked once */
+    /* a regeneration after a failed check finishes what was admitted: charged, not asked */
+    atomic_store(&x->gen.calls, 0);
+    x->gen.script[0] = "谢谢您的好评，欢迎再来！";
+    x->gen.script[1] = "感谢您的好评，欢迎再来！";
+    rv = review("ban", "t3", "东西不错", 5);
+    reply_service_answer_call(x->svc, &rv, ENGINE_PRIO_INTERACTIVE, c, &r);
+    assert_int_equal(r.status, 200);
+    assert_int_equal(r.attempts, 2);
+    assert_true(x->gen.admission[0] && !x->gen.admission[1]);
+    assert_true(b.charged - after_first == r.n_prompt_tokens + r.n_gen_tokens);
+    reply_result_fini(&r);
+    x->gen.script[0] = x->gen.script[1] = NULL;
+    /* a spent budget: 429 with the budget's wait, no generation, nothing stored */
+    b.level = 3;
+    rv = review("s1", "t4", "第二次买了，还是很好", 5);
+    {
+        int started = atomic_load(&x->gen.started);
+        reply_service_answer_call(x->svc, &rv, ENGINE_PRIO_INTERACTIVE, c, &r);
+        assert_int_equal(r.status, 429);
+        assert_string_equal(r.code, "rate_limit_exceeded");
+        assert_true(r.retry_after_s == 7.0);
+        assert_true(reply_call_retry_after(c) == 7.0);
+        assert_int_equal(atomic_load(&x->gen.started), started);
+        assert_false(store_has(x, "s1", "t4"));
+        reply_result_fini(&r);
+    }
+    /* ... while a stored reply is still answered */
+    rv = review("s1", "t1", "物流很快，包装也好", 5);
+    reply_service_answer_call(x->svc, &rv, ENGINE_PRIO_INTERACTIVE, c, &r);
+    assert_int_equal(r.status, 200);
+    reply_result_fini(&r);
+    reply_call_destroy(c);
+}
+
+static void rate_limited_review_over_the_handler_is_a_429(void **state)
+{
+    struct fx *x = *state;
+    struct budget b = {PTHREAD_MUTEX_INITIALIZER, 0, 1000, 0, 0};
+    struct reply_call *c;
+    struct answer a;
+    cJSON *body = cJSON_Parse("{\"shop_id\":\"s1\",\"review_id\":\"rl\",\"text\":\"好\",\"rating\":5}");
+    assert_int_equal(reply_call_create(budget_charge, &b, &c), AR_OK);
+    memset(&a, 0, sizeof(a));
+    pthread_mutex_init(&a.mu, NULL);
+    pthread_cond_init(&a.cv, NULL);
+    reply_handle_call(x->svc, REPLY_EP_REPLY, "/v1/reviews/reply", body, NULL, 0, c, on_answer,
+                      &a);
+    pthread_mutex_lock(&a.mu);
+    while (!a.done)
+        pthread_cond_wait(&a.cv, &a.mu);
+    pthread_mutex_unlock(&a.mu);
+    assert_int_equal(a.status, 429);
+    {
+        cJSON *e = cJSON_GetObjectItem(a.json, "error");
+        assert_string_equal(cJSON_GetObjectItem(e, "code")->valuestring, "rate_limit_exceeded");
+        assert_string_equal(cJSON_GetObjectItem(e, "type")->valuestring, "rate_limit_error");
+    }
+    assert_int_equal(b.refused, 1);
+    assert_true(reply_call_retry_after(c) == 7.0);
+    answer_fini(&a);
+    cJSON_Delete(body);
+    reply_call_destroy(c);
+}
+
+struct many_arg {
+    struct fx *x;
+    struct reply_review rv[6];
+    struct reply_result res[6];
+    struct reply_call *call;
+};
+
+static void *many_main(void *p)
+{
+    struct many_arg *m = p;
+    reply_service_answer_many_call(m->x->svc, m->rv, 6, ENGINE_PRIO_INTERACTIVE, REPLY_DUP_ERROR,
+                                   m->call, m->res);
+    return NULL;
+}
+
+static void cancelled_call_stops_its_generations_and_stores_nothing(void **state)
+{
+    struct fx *x = *state;
+    struct many_arg m;
+    pthread_t th;
+    char ids[6][16];
+    double t0, err0 = metric(x, "autoreply_reply_errors_total");
+    static const char *const texts[6] = {"Works great", "质量很好", "Love the color",
+                                         "很满意",      "Fast delivery", "会回购"};
+    m.x = x;
+    for (int i = 0; i < 6; i++) {
+        snprintf(ids[i], sizeof(ids[i]), "c%d", i);
+        m.rv[i] = review("s1", ids[i], texts[i], 5);
+    }
+    x->gen.block = true; /* each generation runs until cancelled (or 10 s) */
+    assert_int_equal(reply_call_create(NULL, NULL, &m.call), AR_OK);
+    t0 = ar_time_s();
+    assert_int_equal(pthread_create(&th, NULL, many_main, &m), 0);
+    while (atomic_load(&x->gen.started) < 1 && ar_time_s() - t0 < 5) {
+        struct timespec ts = {0, 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    assert_true(atomic_load(&x->gen.started) >= 1);
+    reply_call_cancel(m.call); /* the client went away */
+    reply_call_cancel(m.call); /* idempotent */
+    pthread_join(th, NULL);
+    assert_true(ar_time_s() - t0 < 5); /* stopped, not timed out */
+    assert_true(reply_call_cancelled(m.call));
+    /* the generations in flight were stopped through their hooks; no review was answered */
+    assert_true(atomic_load(&x->gen.hooks_fired) >= 1);
+    assert_true(atomic_load(&x->gen.hooks_fired) <= atomic_load(&x->gen.started));
+    assert_true(atomic_load(&x->gen.started) <= 4); /* n_workers: the rest never started */
+    for (int i = 0; i < 6; i++) {
+        assert_int_equal(m.res[i].status, 499);
+        assert_string_equal(m.res[i].code, "cancelled");
+        assert_null(m.res[i].reply);
+        assert_false(store_has(x, "s1", ids[i]));
+        reply_result_fini(&m.res[i]);
+    }
+    assert_true(metric(x, "autoreply_reply_errors_total") - err0 == 6.0);
+    assert_true(metric(x, "autoreply_reply_cache_hits_total") <= 0); /* nothing was cached */
+    /* a call cancelled before it starts never reaches the generator */
+    {
+        int calls = atomic_load(&x->gen.calls);
+        struct reply_result r;
+        struct reply_review rv = review("s1", "c9", "新的评价", 5);
+        reply_service_answer_call(x->svc, &rv, ENGINE_PRIO_INTERACTIVE, m.call, &r);
+        assert_int_equal(r.status, 499);
+        assert_int_equal(atomic_load(&x->gen.calls), calls);
+        reply_result_fini(&r);
+    }
+    reply_call_destroy(m.call);
+    /* the same reviews without the cancelled call are answered normally afterwards */
+    x->gen.block = false;
+    {
+        struct reply_result r;
+        ask(x, m.rv[0], &r);
+        assert_int_equal(r.status, 200);
+        assert_int_equal(r.source, REPLY_SOURCE_MODEL);
+        reply_result_fini(&r);
+    }
 }
 
 /* ---- crash safety ------------------------------------------------------------------------- */
@@ -726,6 +1094,7 @@ int main(void)
 #define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
         T(repeated_review_text_is_a_cache_hit_with_the_same_reply),
         T(same_review_id_returns_the_stored_reply),
+        T(stored_answer_keeps_the_action_of_the_stored_rating),
         T(banned_word_output_is_regenerated_then_replaced),
         T(banned_word_on_the_first_try_only_keeps_the_retry),
         T(degenerate_and_empty_outputs_are_not_sent),
@@ -737,6 +1106,9 @@ int main(void)
         cmocka_unit_test(json_reviews_are_validated_field_by_field),
         T(duplicate_ids_in_a_batch_get_409_or_the_same_reply),
         T(handlers_answer_reviews_batches_and_jobs),
+        T(generations_are_charged_to_the_caller_and_cached_answers_are_free),
+        T(rate_limited_review_over_the_handler_is_a_429),
+        T(cancelled_call_stops_its_generations_and_stores_nothing),
         T(job_killed_with_sigkill_resumes_without_duplicates),
         T(background_runner_finishes_queued_jobs),
 #undef T
