@@ -109,11 +109,33 @@ static const char *const stmt_sql[S_COUNT] = {
                           "WHERE status IN ('queued', 'running') ORDER BY created_s, rowid",
 };
 
+/* Background checkpoints: the request connection never checkpoints (its WAL hook replaces
+ * SQLite's auto-checkpoint), so no request pays for copying pages into the database file or
+ * for the fsyncs around it. A thread with its own connection runs PASSIVE checkpoints (they
+ * neither take the write lock nor wait for readers) every STORE_CKPT_PERIOD_MS, or sooner once
+ * the WAL holds STORE_CKPT_PAGES pages. Under a steady stream of writes a passive checkpoint
+ * never catches the last commit, so the WAL would only grow; when it passes
+ * STORE_CKPT_RESET_PAGES the thread checkpoints the remaining tail (a few pages) with the
+ * store's mutex held, after which the next commit starts the WAL over from its beginning. */
+#define STORE_CKPT_PERIOD_MS 1000
+#define STORE_CKPT_PAGES 1000
+#define STORE_CKPT_RESET_PAGES 8192
+
 struct store {
     sqlite3 *db;
     sqlite3_stmt *stmt[S_COUNT];
     pthread_mutex_t mu; /* guards db and stmt */
     bool mu_ready;
+    /* the checkpointer (absent for in-memory databases, or when it could not start: SQLite's
+     * auto-checkpoint then stays on) */
+    sqlite3 *ck_db;
+    pthread_t ck_thread;
+    pthread_mutex_t ck_mu; /* guards the fields below */
+    pthread_cond_t ck_cv;
+    bool ck_ready, ck_running, ck_stop, ck_due;
+    int ck_wal_pages;    /* WAL size after the last commit on db */
+    int ck_mark;         /* WAL size that the last checkpoint saw (0 after a restart) */
+    uint64_t ck_commits; /* commits on db so far */
 };
 
 /* ---- helpers ------------------------------------------------------------------------ */
@@ -305,6 +327,135 @@ fail:
     return s;
 }
 
+/* ---- background checkpoints ----------------------------------------------------------- */
+
+/* Called by SQLite after every commit on the request connection (with the store's mutex
+ * held): notes the WAL's size and wakes the checkpointer when a checkpoint is due. */
+static int wal_hook(void *arg, sqlite3 *db, const char *name, int n_pages)
+{
+    struct store *st = arg;
+    (void)db;
+    (void)name;
+    pthread_mutex_lock(&st->ck_mu);
+    if (n_pages < st->ck_mark)
+        st->ck_mark = 0; /* the WAL started over */
+    st->ck_wal_pages = n_pages;
+    st->ck_commits++;
+    if (n_pages - st->ck_mark >= STORE_CKPT_PAGES && !st->ck_due) {
+        st->ck_due = true;
+        pthread_cond_signal(&st->ck_cv);
+    }
+    pthread_mutex_unlock(&st->ck_mu);
+    return SQLITE_OK;
+}
+
+static void *checkpointer_main(void *arg)
+{
+    struct store *st = arg;
+    uint64_t commits_seen = 0;
+    pthread_mutex_lock(&st->ck_mu);
+    while (!st->ck_stop) {
+        struct timespec until;
+        int n_log = -1, n_ckpt = -1, rc;
+        bool idle;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += STORE_CKPT_PERIOD_MS / 1000;
+        until.tv_nsec += (long)(STORE_CKPT_PERIOD_MS % 1000) * 1000000L;
+        if (until.tv_nsec >= 1000000000L) {
+            until.tv_sec++;
+            until.tv_nsec -= 1000000000L;
+        }
+        while (!st->ck_stop && !st->ck_due &&
+               pthread_cond_timedwait(&st->ck_cv, &st->ck_mu, &until) == 0)
+            ;
+        if (st->ck_stop)
+            break;
+        st->ck_due = false;
+        idle = st->ck_commits == commits_seen;
+        commits_seen = st->ck_commits;
+        if (idle && st->ck_wal_pages == 0)
+            continue; /* nothing written since the WAL last started over */
+        pthread_mutex_unlock(&st->ck_mu);
+        /* the bulk of the work (page copies, the WAL's and the database's fsyncs) runs
+         * beside the requests */
+        rc = sqlite3_wal_checkpoint_v2(st->ck_db, NULL, SQLITE_CHECKPOINT_PASSIVE, &n_log,
+                                       &n_ckpt);
+        if (rc == SQLITE_OK && n_log > n_ckpt && (n_log >= STORE_CKPT_RESET_PAGES || idle)) {
+            /* the tail, with no request in the way, so that the WAL starts over */
+            pthread_mutex_lock(&st->mu);
+            rc = sqlite3_wal_checkpoint_v2(st->ck_db, NULL, SQLITE_CHECKPOINT_PASSIVE, &n_log,
+                                           &n_ckpt);
+            pthread_mutex_unlock(&st->mu);
+        }
+        if (rc != SQLITE_OK && rc != SQLITE_BUSY)
+            AR_WARN("store: background checkpoint: %s", sqlite3_errstr(rc));
+        pthread_mutex_lock(&st->ck_mu);
+        if (rc == SQLITE_OK && n_log >= 0) {
+            st->ck_mark = n_log;
+            if (n_log == n_ckpt && st->ck_commits == commits_seen)
+                st->ck_wal_pages = 0; /* all in the database file; nothing new since */
+        }
+    }
+    pthread_mutex_unlock(&st->ck_mu);
+    return NULL;
+}
+
+/* Moves checkpoints off the request connection when the database is a WAL file. On any
+ * failure SQLite's auto-checkpoint simply stays on. */
+static void checkpointer_start(struct store *st, const char *path)
+{
+    int rc;
+    if (pthread_mutex_init(&st->ck_mu, NULL) != 0)
+        return;
+    if (pthread_cond_init(&st->ck_cv, NULL) != 0) {
+        pthread_mutex_destroy(&st->ck_mu);
+        return;
+    }
+    st->ck_ready = true;
+    rc = sqlite3_open_v2(path, &st->ck_db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX, NULL);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_busy_timeout(st->ck_db, STORE_BUSY_TIMEOUT_MS);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_exec(st->ck_db, "PRAGMA synchronous = NORMAL", NULL, NULL, NULL);
+    if (rc != SQLITE_OK) {
+        AR_WARN("store: %s: no background checkpoints: %s", path, sqlite3_errstr(rc));
+        sqlite3_close(st->ck_db);
+        st->ck_db = NULL;
+        return;
+    }
+    sqlite3_wal_autocheckpoint(st->ck_db, 0);
+    if (pthread_create(&st->ck_thread, NULL, checkpointer_main, st) != 0) {
+        AR_WARN("store: %s: no background checkpoints: cannot start a thread", path);
+        sqlite3_close(st->ck_db);
+        st->ck_db = NULL;
+        return;
+    }
+    st->ck_running = true;
+    /* replaces the auto-checkpoint of the request connection */
+    sqlite3_wal_hook(st->db, wal_hook, st);
+}
+
+static void checkpointer_stop(struct store *st)
+{
+    if (st->ck_running) {
+        pthread_mutex_lock(&st->ck_mu);
+        st->ck_stop = true;
+        pthread_cond_signal(&st->ck_cv);
+        pthread_mutex_unlock(&st->ck_mu);
+        pthread_join(st->ck_thread, NULL);
+        st->ck_running = false;
+    }
+    /* closed before the request connection, whose close (the last one) checkpoints and
+     * removes the WAL */
+    sqlite3_close(st->ck_db);
+    st->ck_db = NULL;
+    if (st->ck_ready) {
+        pthread_cond_destroy(&st->ck_cv);
+        pthread_mutex_destroy(&st->ck_mu);
+        st->ck_ready = false;
+    }
+}
+
 enum ar_status store_open(const char *path, struct store **out, struct ar_err *err)
 {
     enum ar_status s;
@@ -352,6 +503,8 @@ enum ar_status store_open(const char *path, struct store **out, struct ar_err *e
         goto fail;
     }
     st->mu_ready = true;
+    if (strcmp(mode, "wal") == 0)
+        checkpointer_start(st, path);
     *out = st;
     return AR_OK;
 fail:
@@ -363,6 +516,7 @@ void store_close(struct store *st)
 {
     if (!st)
         return;
+    checkpointer_stop(st);
     for (int i = 0; i < S_COUNT; i++)
         sqlite3_finalize(st->stmt[i]);
     sqlite3_close(st->db); /* all statements are finalized, so this closes */
@@ -451,12 +605,47 @@ enum ar_status store_reply_get(struct store *st, const char *shop_id, const char
     return r;
 }
 
+/* Fills out with a copy of r as the store keeps it (NULL lang and model as ""): one
+ * allocation for the strings, like a row read back. */
+static enum ar_status reply_copy(const struct store_reply *r, int64_t created,
+                                 struct store_reply *out)
+{
+    const char *src[] = {r->shop_id, r->review_id, r->text, r->lang, r->reply, r->model};
+    const char **dst[] = {&out->shop_id, &out->review_id, &out->text,
+                          &out->lang,    &out->reply,     &out->model};
+    size_t len[AR_ARRAY_LEN(src)], total = 0, off = 0;
+    char *buf;
+    for (size_t i = 0; i < AR_ARRAY_LEN(src); i++) {
+        len[i] = src[i] ? strlen(src[i]) : 0;
+        total += len[i] + 1;
+    }
+    buf = ar_malloc(total);
+    if (!buf)
+        return AR_ENOMEM;
+    memset(out, 0, sizeof(*out));
+    for (size_t i = 0; i < AR_ARRAY_LEN(src); i++) {
+        if (len[i])
+            memcpy(buf + off, src[i], len[i]);
+        buf[off + len[i]] = '\0';
+        *dst[i] = buf + off;
+        off += len[i] + 1;
+    }
+    out->rating = r->rating;
+    out->needs_human = r->needs_human;
+    out->sentiment = r->sentiment;
+    out->cached = r->cached;
+    out->created_s = created;
+    out->storage = buf;
+    return AR_OK;
+}
+
 enum ar_status store_reply_put(struct store *st, const struct store_reply *r,
                                struct store_reply *out, bool *existed, struct ar_err *err)
 {
     sqlite3_stmt *s;
     enum ar_status res = AR_OK;
-    bool found = false;
+    bool found = false, inserted = false;
+    int64_t created;
     int rc;
     if (out)
         memset(out, 0, sizeof(*out));
@@ -472,6 +661,7 @@ enum ar_status store_reply_put(struct store *st, const struct store_reply *r,
         return bad_arg(err, "sentiment must be finite");
     if (r->created_s < 0)
         return bad_arg(err, "negative created time");
+    created = r->created_s ? r->created_s : now_s();
     pthread_mutex_lock(&st->mu);
     s = st->stmt[S_REPLY_INSERT];
     rc = bind_str(s, 1, r->shop_id);
@@ -494,24 +684,29 @@ enum ar_status store_reply_put(struct store *st, const struct store_reply *r,
     if (rc == SQLITE_OK)
         rc = bind_str(s, 10, r->model);
     if (rc == SQLITE_OK)
-        rc = sqlite3_bind_int64(s, 11, r->created_s ? r->created_s : now_s());
+        rc = sqlite3_bind_int64(s, 11, created);
     if (rc == SQLITE_OK)
         rc = sqlite3_step(s);
     if (rc == SQLITE_DONE) {
         /* DO NOTHING on conflict: no change means the key was there already */
+        inserted = sqlite3_changes(st->db) != 0;
         if (existed)
-            *existed = sqlite3_changes(st->db) == 0;
+            *existed = !inserted;
     } else {
         res = db_fail(st, rc, err, "reply insert");
     }
     stmt_done(s);
-    /* rows are never deleted, so the row is still there for the read-back */
-    if (res == AR_OK && out) {
+    if (res == AR_OK && out && !inserted) {
+        /* rows are never deleted, so the existing row is still there */
         res = reply_get_locked(st, r->shop_id, r->review_id, out, &found, err);
         if (res == AR_OK && !found)
             res = ar_err_set(err, AR_EIO, 0, "store: reply vanished after insert");
     }
     pthread_mutex_unlock(&st->mu);
+    /* a new row holds r's values as bound: copied without a read-back (a lookup on the hot
+     * path of every new review) and outside the mutex */
+    if (res == AR_OK && out && inserted)
+        res = reply_copy(r, created, out);
     return res;
 }
 

@@ -2,12 +2,19 @@
  * (shop_id, review_id) for idempotency, and bulk jobs with one row per input line so that a
  * restart after a crash (kill -9 included) resumes a job without redoing finished lines.
  *
- * The file is opened in WAL mode with synchronous=NORMAL: a committed transaction survives
- * a process crash; after a power loss the last few commits may be lost, never half of one.
+ * The file is opened in WAL mode with synchronous=NORMAL: a commit is an append to the WAL
+ * without an fsync, so a committed transaction survives a process crash (kill -9 included);
+ * after a power loss the commits since the last fsync of the WAL (normally the last second
+ * or so, see below) may be lost, never half of one, and the database is not corrupted.
+ * Checkpoints (copying the WAL into the database file, with an fsync of the WAL before and
+ * of the database after) run on a background thread with its own connection, about once a
+ * second or per 1000 WAL pages, never inside a caller's commit; the only fsync left on the
+ * caller's side is the WAL header's when the WAL starts over after a complete checkpoint.
  * The schema is created at open and versioned in PRAGMA user_version.
  *
- * Thread safety: a store handle owns one SQLite connection guarded by a mutex, so every
- * function may be called from any thread; calls on one handle are serialised. Callbacks
+ * Thread safety: a store handle owns one SQLite connection guarded by a mutex (plus the
+ * checkpointer's, which no caller uses), so every function may be called from any thread;
+ * calls on one handle are serialised. Callbacks
  * (store_job_results, store_jobs_unfinished) run with that mutex held and must not call
  * back into the same handle. Several handles (or processes) may open the same file;
  * SQLite's locking and a busy timeout arbitrate between them.

@@ -204,6 +204,76 @@ static void invalid_reply_arguments_are_rejected(void **state)
     store_close(NULL);
 }
 
+/* A new row's put result is what a later get reads from the database, field for field. */
+static void new_reply_put_returns_the_row_as_read_back(void **state)
+{
+    struct fixture *f = *state;
+    struct store *st = open_store(f->path);
+    struct store_reply r = sample_reply("shop-9", "r-9", "谢谢！");
+    struct store_reply put = {0}, got = {0};
+    bool existed = true, found = false;
+    r.sentiment = -0.3f; /* not exact in binary: the stored double must round-trip */
+    r.needs_human = true;
+    r.cached = false;
+    assert_int_equal(store_reply_put(st, &r, &put, &existed, NULL), AR_OK);
+    assert_false(existed);
+    assert_int_equal(store_reply_get(st, "shop-9", "r-9", &got, &found, NULL), AR_OK);
+    assert_true(found);
+    assert_string_equal(put.shop_id, got.shop_id);
+    assert_string_equal(put.review_id, got.review_id);
+    assert_string_equal(put.text, got.text);
+    assert_string_equal(put.lang, got.lang);
+    assert_string_equal(put.reply, got.reply);
+    assert_string_equal(put.model, got.model);
+    assert_int_equal(put.rating, got.rating);
+    assert_int_equal(put.needs_human, got.needs_human);
+    assert_true(put.sentiment == got.sentiment);
+    assert_int_equal(put.cached, got.cached);
+    assert_int_equal(put.created_s, got.created_s);
+    store_reply_fini(&put);
+    store_reply_fini(&got);
+    store_close(st);
+}
+
+/* Rows in the main database file alone (the WAL ignored), read by a separate connection. */
+static int rows_in_main_file(const char *path)
+{
+    char uri[256];
+    sqlite3 *db = NULL;
+    sqlite3_stmt *s = NULL;
+    int n = -1;
+    snprintf(uri, sizeof(uri), "file:%s?immutable=1", path);
+    if (sqlite3_open_v2(uri, &db, SQLITE_OPEN_READONLY | SQLITE_OPEN_URI, NULL) == SQLITE_OK &&
+        sqlite3_prepare_v2(db, "SELECT count(*) FROM replies", -1, &s, NULL) == SQLITE_OK &&
+        sqlite3_step(s) == SQLITE_ROW)
+        n = sqlite3_column_int(s, 0);
+    sqlite3_finalize(s);
+    sqlite3_close(db);
+    return n;
+}
+
+/* Commits reach the database file while the handle stays open and idle: checkpoints happen
+ * in the background, not only at close. */
+static void commits_are_checkpointed_in_the_background(void **state)
+{
+    struct fixture *f = *state;
+    struct store *st = open_store(f->path);
+    char id[32];
+    int n = -1;
+    for (int i = 0; i < 300; i++) {
+        struct store_reply r;
+        snprintf(id, sizeof(id), "r-%d", i);
+        r = sample_reply("shop-c", id, "谢谢");
+        assert_int_equal(store_reply_put(st, &r, NULL, NULL, NULL), AR_OK);
+    }
+    for (int t = 0; t < 100 && (n = rows_in_main_file(f->path)) != 300; t++) {
+        struct timespec ts = {0, 50 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    assert_int_equal(n, 300);
+    store_close(st);
+}
+
 /* ---- jobs --------------------------------------------------------------------------- */
 
 static const char *const job_lines[] = {
@@ -709,6 +779,10 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(reply_put_twice_keeps_the_first_reply, setup, teardown),
         cmocka_unit_test_setup_teardown(reply_put_fills_defaults, setup, teardown),
+        cmocka_unit_test_setup_teardown(new_reply_put_returns_the_row_as_read_back, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(commits_are_checkpointed_in_the_background, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(invalid_reply_arguments_are_rejected, setup, teardown),
         cmocka_unit_test_setup_teardown(job_progresses_from_queued_to_done, setup, teardown),
         cmocka_unit_test_setup_teardown(cancelled_and_finished_jobs_are_not_unfinished, setup,
