@@ -125,6 +125,52 @@ void ar_free_aligned(void *p)
     free(p);
 }
 
+/* ---- growable string ------------------------------------------------------------------ */
+
+void ar_buf_put(struct ar_buf *b, const char *s, size_t n)
+{
+    if (b->oom)
+        return;
+    if (b->n + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 128;
+        char *p;
+        while (cap < b->n + n + 1)
+            cap *= 2;
+        p = ar_realloc(b->s, cap);
+        if (!p) {
+            b->oom = true;
+            return;
+        }
+        b->s = p;
+        b->cap = cap;
+    }
+    if (n)
+        memcpy(b->s + b->n, s, n);
+    b->n += n;
+    b->s[b->n] = '\0';
+}
+
+void ar_buf_puts(struct ar_buf *b, const char *s)
+{
+    ar_buf_put(b, s, strlen(s));
+}
+
+char *ar_buf_take(struct ar_buf *b, size_t *len)
+{
+    char *s = NULL;
+    if (!b->oom && !b->s)
+        ar_buf_put(b, "", 0);
+    if (b->oom) {
+        ar_free(b->s);
+    } else {
+        s = b->s;
+        if (len)
+            *len = b->n;
+    }
+    memset(b, 0, sizeof(*b));
+    return s;
+}
+
 /* ---- logging ------------------------------------------------------------------------- */
 
 static ar_log_fn log_fn;

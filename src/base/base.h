@@ -41,6 +41,20 @@ void ar_free_aligned(void *p);
  * Returns the number of allocations made since the last call. Not thread-safe. */
 uint64_t ar_alloc_fail_after(uint64_t n);
 
+/* ---- growable string ------------------------------------------------------------------ */
+/* Caller storage, zero-initialised. s is NUL-terminated once anything was put; an allocation
+ * failure is sticky (oom), so a series of puts is checked once at the end. */
+struct ar_buf {
+    char *s; /* owned */
+    size_t n, cap;
+    bool oom;
+};
+void ar_buf_put(struct ar_buf *b, const char *s, size_t n);
+void ar_buf_puts(struct ar_buf *b, const char *s);
+/* Hands over the string (never NULL unless oom: "" when nothing was put) and its length, and
+ * resets b. On oom frees what was built and returns NULL. */
+char *ar_buf_take(struct ar_buf *b, size_t *len);
+
 /* ---- logging ------------------------------------------------------------------------- */
 void ar_log(enum ar_log_level level, const char *fmt, ...) AR_PRINTF(2, 3);
 #define AR_DEBUG(...) ar_log(AR_LOG_DEBUG, __VA_ARGS__)

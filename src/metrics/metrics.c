@@ -464,51 +464,18 @@ double metrics_quantile(const struct metrics_child *c, double q)
 
 /* ---- rendering ------------------------------------------------------------------------- */
 
-struct sbuf {
-    char *p;
-    size_t len, cap;
-    bool oom;
-};
-
-static void sb_put(struct sbuf *b, const char *s, size_t n)
-{
-    if (b->oom)
-        return;
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 4096;
-        char *p;
-        while (b->len + n + 1 > cap)
-            cap *= 2;
-        p = ar_realloc(b->p, cap);
-        if (!p) {
-            b->oom = true;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = '\0';
-}
-
-static void sb_str(struct sbuf *b, const char *s)
-{
-    sb_put(b, s, strlen(s));
-}
-
 /* Escapes backslash and newline, and also the double quote when quote is set. */
-static void sb_escaped(struct sbuf *b, const char *s, bool quote)
+static void sb_escaped(struct ar_buf *b, const char *s, bool quote)
 {
     for (; *s; s++) {
         if (*s == '\\')
-            sb_str(b, "\\\\");
+            ar_buf_puts(b, "\\\\");
         else if (*s == '\n')
-            sb_str(b, "\\n");
+            ar_buf_puts(b, "\\n");
         else if (quote && *s == '"')
-            sb_str(b, "\\\"");
+            ar_buf_puts(b, "\\\"");
         else
-            sb_put(b, s, 1);
+            ar_buf_put(b, s, 1);
     }
 }
 
@@ -526,43 +493,43 @@ static void fmt_double(char *buf, size_t size, double v)
     }
 }
 
-static void sb_double(struct sbuf *b, double v)
+static void sb_double(struct ar_buf *b, double v)
 {
     char buf[40];
     fmt_double(buf, sizeof(buf), v);
-    sb_str(b, buf);
+    ar_buf_puts(b, buf);
 }
 
 /* name{l1="v1",...[,le="x"]} value\n */
-static void render_sample(struct sbuf *b, const struct metrics_family *f,
+static void render_sample(struct ar_buf *b, const struct metrics_family *f,
                           const struct metrics_child *c, const char *suffix, const char *le,
                           double v)
 {
-    sb_str(b, f->name);
-    sb_str(b, suffix);
+    ar_buf_puts(b, f->name);
+    ar_buf_puts(b, suffix);
     if (f->n_labels || le) {
-        sb_str(b, "{");
+        ar_buf_puts(b, "{");
         for (size_t i = 0; i < f->n_labels; i++) {
             if (i)
-                sb_str(b, ",");
-            sb_str(b, f->label_names[i]);
-            sb_str(b, "=\"");
+                ar_buf_puts(b, ",");
+            ar_buf_puts(b, f->label_names[i]);
+            ar_buf_puts(b, "=\"");
             sb_escaped(b, c->values[i], true);
-            sb_str(b, "\"");
+            ar_buf_puts(b, "\"");
         }
         if (le) {
-            sb_str(b, f->n_labels ? ",le=\"" : "le=\"");
-            sb_str(b, le);
-            sb_str(b, "\"");
+            ar_buf_puts(b, f->n_labels ? ",le=\"" : "le=\"");
+            ar_buf_puts(b, le);
+            ar_buf_puts(b, "\"");
         }
-        sb_str(b, "}");
+        ar_buf_puts(b, "}");
     }
-    sb_str(b, " ");
+    ar_buf_puts(b, " ");
     sb_double(b, v);
-    sb_str(b, "\n");
+    ar_buf_puts(b, "\n");
 }
 
-static void render_child(struct sbuf *b, const struct metrics_family *f,
+static void render_child(struct ar_buf *b, const struct metrics_family *f,
                          const struct metrics_child *c)
 {
     uint64_t counts[METRICS_MAX_BUCKETS + 1], total, cum = 0;
@@ -601,22 +568,21 @@ static const char *type_name(enum metrics_type t)
 
 enum ar_status metrics_render(struct metrics_registry *reg, char **out, size_t *len)
 {
-    struct sbuf b = {0};
+    struct ar_buf b = {0};
     if (!reg || !out || !len)
         return AR_EINVAL;
-    sb_str(&b, ""); /* an empty registry still yields a valid empty string */
     pthread_mutex_lock(&reg->lock);
     for (size_t i = 0; i < reg->n_families; i++) {
         struct metrics_family *f = reg->families[i];
-        sb_str(&b, "# HELP ");
-        sb_str(&b, f->name);
-        sb_str(&b, " ");
+        ar_buf_puts(&b, "# HELP ");
+        ar_buf_puts(&b, f->name);
+        ar_buf_puts(&b, " ");
         sb_escaped(&b, f->help, false);
-        sb_str(&b, "\n# TYPE ");
-        sb_str(&b, f->name);
-        sb_str(&b, " ");
-        sb_str(&b, type_name(f->type));
-        sb_str(&b, "\n");
+        ar_buf_puts(&b, "\n# TYPE ");
+        ar_buf_puts(&b, f->name);
+        ar_buf_puts(&b, " ");
+        ar_buf_puts(&b, type_name(f->type));
+        ar_buf_puts(&b, "\n");
         pthread_mutex_lock(&f->lock);
         for (size_t j = 0; j < f->n_children; j++)
             render_child(&b, f, f->children[j]);
@@ -625,11 +591,7 @@ enum ar_status metrics_render(struct metrics_registry *reg, char **out, size_t *
             render_child(&b, f, f->other);
     }
     pthread_mutex_unlock(&reg->lock);
-    if (b.oom) {
-        ar_free(b.p);
+    if (!(*out = ar_buf_take(&b, len)))
         return AR_ENOMEM;
-    }
-    *out = b.p;
-    *len = b.len;
     return AR_OK;
 }

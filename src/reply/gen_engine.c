@@ -54,7 +54,7 @@ static size_t special_at(const struct tokenizer *tok, const char *s, size_t n, i
 }
 
 /* Encodes the pending plain text run (if any) without special-token parsing. */
-static enum ar_status flush_run(const struct tokenizer *tok, struct rp_buf *run, bool rstrip,
+static enum ar_status flush_run(const struct tokenizer *tok, struct ar_buf *run, bool rstrip,
                                 struct ivec *out)
 {
     enum ar_status st = AR_OK;
@@ -87,7 +87,7 @@ enum ar_status reply_prompt_tokens(const struct tokenizer *tok, const char *syst
     enum tokenizer_chat fam = tokenizer_chat_family(tok);
     char *fmt = NULL;
     size_t fmt_len = 0, i = 0;
-    struct rp_buf run = {0};
+    struct ar_buf run = {0};
     struct ivec out = {0};
     bool rstrip = false;
     enum ar_status st;
@@ -109,12 +109,12 @@ enum ar_status reply_prompt_tokens(const struct tokenizer *tok, const char *syst
         size_t l;
         if (fmt[i] == '\x01' && fmt_len - i >= sizeof(PH_USER) - 1) {
             if (!memcmp(fmt + i, PH_SYSTEM, sizeof(PH_SYSTEM) - 1)) {
-                rp_puts(&run, system);
+                ar_buf_puts(&run, system);
                 i += sizeof(PH_SYSTEM) - 1;
                 continue;
             }
             if (!memcmp(fmt + i, PH_USER, sizeof(PH_USER) - 1)) {
-                rp_puts(&run, user);
+                ar_buf_puts(&run, user);
                 i += sizeof(PH_USER) - 1;
                 continue;
             }
@@ -128,7 +128,7 @@ enum ar_status reply_prompt_tokens(const struct tokenizer *tok, const char *syst
             i += l;
             continue;
         }
-        rp_put(&run, fmt + i, 1);
+        ar_buf_put(&run, fmt + i, 1);
         i++;
     }
     st = flush_run(tok, &run, rstrip, &out);

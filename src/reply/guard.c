@@ -78,51 +78,6 @@ size_t reply_utf8_count(const char *s, size_t len)
     return n;
 }
 
-void rp_put(struct rp_buf *b, const char *s, size_t n)
-{
-    if (b->oom)
-        return;
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 128;
-        char *p;
-        while (cap < b->n + n + 1)
-            cap *= 2;
-        p = ar_realloc(b->s, cap);
-        if (!p) {
-            b->oom = true;
-            return;
-        }
-        b->s = p;
-        b->cap = cap;
-    }
-    if (n)
-        memcpy(b->s + b->n, s, n);
-    b->n += n;
-    b->s[b->n] = '\0';
-}
-
-void rp_puts(struct rp_buf *b, const char *s)
-{
-    rp_put(b, s, strlen(s));
-}
-
-char *rp_take(struct rp_buf *b, size_t *len)
-{
-    char *s;
-    if (!b->oom && !b->s)
-        rp_put(b, "", 0);
-    if (b->oom) {
-        ar_free(b->s);
-        s = NULL;
-    } else {
-        s = b->s;
-        if (len)
-            *len = b->n;
-    }
-    memset(b, 0, sizeof(*b));
-    return s;
-}
-
 /* ---- the prompt side -------------------------------------------------------------------- */
 
 /* Chat markup that must never reach a prompt from review text. "<|...|>" of up to 40 bytes
@@ -150,7 +105,7 @@ static size_t markup_at(const char *s, size_t n)
 
 enum ar_status reply_sanitize_review(const char *text, size_t len, char **out, size_t *out_len)
 {
-    struct rp_buf b = {0};
+    struct ar_buf b = {0};
     size_t i = 0;
     bool again = true;
     char *cur;
@@ -173,13 +128,13 @@ enum ar_status reply_sanitize_review(const char *text, size_t len, char **out, s
             }
             if (cur[i] == '\n' || cur[i] == '\r' || cur[i] == '\t' || cur[i] == '\v' ||
                 cur[i] == '\f')
-                rp_put(&b, " ", 1);
+                ar_buf_put(&b, " ", 1);
             else
-                rp_put(&b, cur + i, 1);
+                ar_buf_put(&b, cur + i, 1);
             i++;
         }
         ar_free(cur);
-        cur = rp_take(&b, &cur_len);
+        cur = ar_buf_take(&b, &cur_len);
         if (!cur)
             return AR_ENOMEM;
     }
@@ -208,7 +163,7 @@ enum ar_status reply_user_message(const char *text, size_t len, int rating, cons
     char *clean;
     size_t clean_len;
     char head[64];
-    struct rp_buf b = {0};
+    struct ar_buf b = {0};
     enum ar_status st;
     if (rating < 1 || rating > 5)
         return AR_EINVAL;
@@ -229,10 +184,10 @@ enum ar_status reply_user_message(const char *text, size_t len, int rating, cons
         snprintf(head, sizeof(head), "评分：%d星\n评价：", rating);
     else
         snprintf(head, sizeof(head), "Rating: %d stars\nReview: ", rating);
-    rp_puts(&b, head);
-    rp_put(&b, clean, clean_len);
+    ar_buf_puts(&b, head);
+    ar_buf_put(&b, clean, clean_len);
     ar_free(clean);
-    *out = rp_take(&b, NULL);
+    *out = ar_buf_take(&b, NULL);
     return *out ? AR_OK : AR_ENOMEM;
 }
 

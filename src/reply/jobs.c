@@ -411,9 +411,9 @@ cJSON *reply_job_info_to_json(const struct store_job_info *info)
 
 static bool add_result_line(const struct store_item *it, void *user)
 {
-    struct rp_buf *b = user;
+    struct ar_buf *b = user;
     if (it->status == STORE_ITEM_DONE) {
-        rp_puts(b, it->result);
+        ar_buf_puts(b, it->result);
     } else {
         cJSON *j = cJSON_CreateObject();
         char *s = NULL;
@@ -430,22 +430,22 @@ static bool add_result_line(const struct store_item *it, void *user)
             b->oom = true;
             return false;
         }
-        rp_puts(b, s);
+        ar_buf_puts(b, s);
         cJSON_free(s);
     }
-    rp_put(b, "\n", 1);
+    ar_buf_put(b, "\n", 1);
     return !b->oom;
 }
 
 enum ar_status reply_job_results_jsonl(struct reply_service *svc, const char *job_id, char **out,
                                        size_t *len, struct ar_err *err)
 {
-    struct rp_buf b = {0};
+    struct ar_buf b = {0};
     enum ar_status st = store_job_results(svc->p.store, job_id, add_result_line, &b, err);
     if (st != AR_OK) {
         ar_free(b.s);
         return b.oom ? ar_err_set(err, AR_ENOMEM, 0, "out of memory") : st;
     }
-    *out = rp_take(&b, len);
+    *out = ar_buf_take(&b, len);
     return *out ? AR_OK : ar_err_set(err, AR_ENOMEM, 0, "out of memory");
 }

@@ -545,15 +545,15 @@ static int generate(struct reply_service *svc, const struct reply_profile *prof,
  * no banned word ever leaves the service. */
 static char *finish_text(const struct reply_profile *prof, const char *text)
 {
-    struct rp_buf b = {0};
+    struct ar_buf b = {0};
     char *joined, *clean = NULL;
     size_t n;
-    rp_puts(&b, text);
+    ar_buf_puts(&b, text);
     if (prof->signature && *prof->signature) {
-        rp_puts(&b, "\n");
-        rp_puts(&b, prof->signature);
+        ar_buf_puts(&b, "\n");
+        ar_buf_puts(&b, prof->signature);
     }
-    joined = rp_take(&b, &n);
+    joined = ar_buf_take(&b, &n);
     if (!joined)
         return NULL;
     if (reply_strip_words(joined, n, prof->banned, prof->n_banned, &clean, NULL) != AR_OK)

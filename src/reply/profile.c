@@ -108,18 +108,18 @@ static enum ar_status builtin_default(struct reply_profile *p)
  * it), then persona and refund policy, each on its own line, only when set. */
 static enum ar_status build_system(struct reply_profile *p, const char *base)
 {
-    struct rp_buf b = {0};
-    rp_puts(&b, base ? base : REPLY_DEFAULT_SYSTEM_PROMPT);
+    struct ar_buf b = {0};
+    ar_buf_puts(&b, base ? base : REPLY_DEFAULT_SYSTEM_PROMPT);
     if (p->persona && *p->persona) {
-        rp_puts(&b, "\n");
-        rp_puts(&b, p->persona);
+        ar_buf_puts(&b, "\n");
+        ar_buf_puts(&b, p->persona);
     }
     if (p->refund_policy && *p->refund_policy) {
-        rp_puts(&b, "\n");
-        rp_puts(&b, p->refund_policy);
+        ar_buf_puts(&b, "\n");
+        ar_buf_puts(&b, p->refund_policy);
     }
     ar_free(p->system);
-    p->system = rp_take(&b, NULL);
+    p->system = ar_buf_take(&b, NULL);
     return p->system ? AR_OK : AR_ENOMEM;
 }
 

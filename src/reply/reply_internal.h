@@ -14,17 +14,6 @@
 size_t rp_utf8_next(const char *s, size_t n, uint32_t *cp);
 bool rp_is_cjk(uint32_t cp);
 
-/* A growable NUL-terminated string; oom is sticky. */
-struct rp_buf {
-    char *s; /* owned */
-    size_t n, cap;
-    bool oom;
-};
-void rp_put(struct rp_buf *b, const char *s, size_t n);
-void rp_puts(struct rp_buf *b, const char *s);
-/* Takes the string out (NULL after an allocation failure); the buffer is reset. */
-char *rp_take(struct rp_buf *b, size_t *len);
-
 /* ---- service internals (pipeline.c, jobs.c, handlers.c) ---------------------------------- */
 
 struct rp_task {

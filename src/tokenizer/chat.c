@@ -50,81 +50,48 @@ const char *tokenizer_chat_name(enum tokenizer_chat fam)
 
 /* ---- rendering ------------------------------------------------------------------------------ */
 
-struct sbuf {
-    char *s; /* owned */
-    size_t n, cap;
-    bool oom;
-};
-
-static void put(struct sbuf *b, const char *s, size_t n)
-{
-    if (b->oom)
-        return;
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        char *p;
-        while (cap < b->n + n + 1)
-            cap *= 2;
-        p = ar_realloc(b->s, cap);
-        if (!p) {
-            b->oom = true;
-            return;
-        }
-        b->s = p;
-        b->cap = cap;
-    }
-    memcpy(b->s + b->n, s, n);
-    b->n += n;
-    b->s[b->n] = '\0';
-}
-
-static void puts_(struct sbuf *b, const char *s)
-{
-    put(b, s, strlen(s));
-}
-
 static bool is_space(char c)
 {
     return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
 }
 
 /* content without leading and trailing ASCII whitespace (Llama 3 trims messages) */
-static void put_trimmed(struct sbuf *b, const char *s)
+static void put_trimmed(struct ar_buf *b, const char *s)
 {
     size_t n = strlen(s), a = 0;
     while (a < n && is_space(s[a]))
         a++;
     while (n > a && is_space(s[n - 1]))
         n--;
-    put(b, s + a, n - a);
+    ar_buf_put(b, s + a, n - a);
 }
 
-static void render_inst(struct sbuf *b, const struct tokenizer_chat_msg *msgs, size_t n,
+static void render_inst(struct ar_buf *b, const struct tokenizer_chat_msg *msgs, size_t n,
                         bool with_sys)
 {
     bool inside = true; /* the first "[INST] " opens the first turn */
-    puts_(b, "[INST] ");
+    ar_buf_puts(b, "[INST] ");
     for (size_t i = 0; i < n; i++) {
         const char *role = msgs[i].role, *c = msgs[i].content;
         if (!inside) {
-            puts_(b, "[INST] ");
+            ar_buf_puts(b, "[INST] ");
             inside = true;
         }
         if (strcmp(role, "system") == 0) {
             if (with_sys) {
-                puts_(b, "<<SYS>>\n");
-                puts_(b, c);
-                puts_(b, "\n<</SYS>>\n\n");
+                ar_buf_puts(b, "<<SYS>>\n");
+                ar_buf_puts(b, c);
+                ar_buf_puts(b, "\n<</SYS>>\n\n");
             } else { /* no system slot: it leads the first user turn */
-                puts_(b, c);
-                puts_(b, "\n");
+                ar_buf_puts(b, c);
+                ar_buf_puts(b, "\n");
             }
         } else if (strcmp(role, "user") == 0) {
-            puts_(b, c);
-            puts_(b, " [/INST]");
+            ar_buf_puts(b, c);
+            ar_buf_puts(b, " [/INST]");
         } else {
-            puts_(b, c);
-            puts_(b, "</s>");
+            ar_buf_puts(b, c);
+            ar_buf_puts(b, "</s>");
             inside = false;
         }
     }
@@ -134,7 +101,7 @@ enum ar_status tokenizer_chat_format(enum tokenizer_chat fam,
                                      const struct tokenizer_chat_msg *msgs, size_t n,
                                      bool add_generation_prompt, char **out, size_t *len)
 {
-    struct sbuf b = {NULL, 0, 0, false};
+    struct ar_buf b = {NULL, 0, 0, false};
     if (!out || (!msgs && n) || (unsigned)fam >= TOKENIZER_CHAT_COUNT)
         return AR_EINVAL;
     *out = NULL;
@@ -143,30 +110,29 @@ enum ar_status tokenizer_chat_format(enum tokenizer_chat fam,
     for (size_t i = 0; i < n; i++)
         if (!msgs[i].role || !msgs[i].content)
             return AR_EINVAL;
-    put(&b, "", 0);
 
     switch (fam) {
     case TOKENIZER_CHAT_CHATML:
         for (size_t i = 0; i < n; i++) {
-            puts_(&b, "<|im_start|>");
-            puts_(&b, msgs[i].role);
-            puts_(&b, "\n");
-            puts_(&b, msgs[i].content);
-            puts_(&b, "<|im_end|>\n");
+            ar_buf_puts(&b, "<|im_start|>");
+            ar_buf_puts(&b, msgs[i].role);
+            ar_buf_puts(&b, "\n");
+            ar_buf_puts(&b, msgs[i].content);
+            ar_buf_puts(&b, "<|im_end|>\n");
         }
         if (add_generation_prompt)
-            puts_(&b, "<|im_start|>assistant\n");
+            ar_buf_puts(&b, "<|im_start|>assistant\n");
         break;
     case TOKENIZER_CHAT_LLAMA3:
         for (size_t i = 0; i < n; i++) {
-            puts_(&b, "<|start_header_id|>");
-            puts_(&b, msgs[i].role);
-            puts_(&b, "<|end_header_id|>\n\n");
+            ar_buf_puts(&b, "<|start_header_id|>");
+            ar_buf_puts(&b, msgs[i].role);
+            ar_buf_puts(&b, "<|end_header_id|>\n\n");
             put_trimmed(&b, msgs[i].content);
-            puts_(&b, "<|eot_id|>");
+            ar_buf_puts(&b, "<|eot_id|>");
         }
         if (add_generation_prompt)
-            puts_(&b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+            ar_buf_puts(&b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
         break;
     case TOKENIZER_CHAT_LLAMA2:
     case TOKENIZER_CHAT_MISTRAL:
@@ -174,26 +140,21 @@ enum ar_status tokenizer_chat_format(enum tokenizer_chat fam,
         render_inst(&b, msgs, n, fam == TOKENIZER_CHAT_LLAMA2);
         break;
     case TOKENIZER_CHAT_GLM4:
-        puts_(&b, "[gMASK]<sop>");
+        ar_buf_puts(&b, "[gMASK]<sop>");
         for (size_t i = 0; i < n; i++) {
-            puts_(&b, "<|");
-            puts_(&b, msgs[i].role);
-            puts_(&b, "|>\n");
-            puts_(&b, msgs[i].content);
+            ar_buf_puts(&b, "<|");
+            ar_buf_puts(&b, msgs[i].role);
+            ar_buf_puts(&b, "|>\n");
+            ar_buf_puts(&b, msgs[i].content);
         }
         if (add_generation_prompt)
-            puts_(&b, "<|assistant|>\n");
+            ar_buf_puts(&b, "<|assistant|>\n");
         break;
     default:
         break;
     }
-    if (b.oom) {
-        ar_free(b.s);
+    if (!(*out = ar_buf_take(&b, len)))
         return AR_ENOMEM;
-    }
-    *out = b.s;
-    if (len)
-        *len = b.n;
     return AR_OK;
 }
 
