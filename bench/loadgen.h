@@ -30,6 +30,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/base.h" /* ar_splitmix64 */
+
 /* ---- clock and small helpers ------------------------------------------------------------- */
 
 static inline double lg_now(void)
@@ -78,19 +80,10 @@ static inline void *lg_xrealloc(void *p, size_t n)
     return q;
 }
 
-/* splitmix64: deterministic workloads from a seed */
-static inline uint64_t lg_rand(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-/* uniform in [0, 1) */
+/* uniform in [0, 1): deterministic workloads from a seed (ar_splitmix64 gives the raw bits) */
 static inline double lg_rand01(uint64_t *s)
 {
-    return (double)(lg_rand(s) >> 11) * (1.0 / 9007199254740992.0);
+    return (double)(ar_splitmix64(s) >> 11) * (1.0 / 9007199254740992.0);
 }
 
 /* ---- growable byte buffer ------------------------------------------------------------------ */
@@ -557,6 +550,28 @@ static inline bool lg_server_start(struct lg_server *s, char *const argv[], int 
     return false;
 }
 
+/* The start of an `autoreply serve` command line on 127.0.0.1: bin serve -m model --host
+ * 127.0.0.1 --port port -t threads, written to argv; port_s and threads_s are the caller's
+ * (they hold the numbers as text as long as argv is used). Returns the count written. */
+static inline int lg_serve_argv(char **argv, const char *bin, const char *model, int port,
+                                char port_s[16], int threads, char threads_s[16])
+{
+    int n = 0;
+    snprintf(port_s, 16, "%d", port);
+    snprintf(threads_s, 16, "%d", threads);
+    argv[n++] = lg_unconst(bin);
+    argv[n++] = "serve";
+    argv[n++] = "-m";
+    argv[n++] = lg_unconst(model);
+    argv[n++] = "--host";
+    argv[n++] = "127.0.0.1";
+    argv[n++] = "--port";
+    argv[n++] = port_s;
+    argv[n++] = "-t";
+    argv[n++] = threads_s;
+    return n;
+}
+
 /* SIGTERM, up to grace_s for a clean exit, then SIGKILL. */
 static inline void lg_server_stop(struct lg_server *s, double grace_s)
 {
@@ -711,6 +726,20 @@ static inline void lg_samples_free(struct lg_samples *s)
     free(s->v);
     memset(s, 0, sizeof(*s));
 }
+
+/* ---- command line ---------------------------------------------------------------------------- */
+
+/* For the option loops of the bench programs, which hold the index in i, the option in a and
+ * the argument after it (or NULL) in v: takes v as the option's value (i moves past it), or
+ * returns 2 from main after saying that it is missing. */
+#define LG_NEEDV()                                                                                 \
+    do {                                                                                           \
+        if (!v) {                                                                                  \
+            fprintf(stderr, "%s needs a value\n", a);                                              \
+            return 2;                                                                              \
+        }                                                                                          \
+        i++;                                                                                       \
+    } while (0)
 
 /* Parses "1,4,16,64" into out (at most max); count or -1. */
 static inline int lg_parse_int_list(const char *s, int *out, int max)

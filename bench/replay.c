@@ -650,24 +650,13 @@ static bool start_server(const struct opts *o, struct server_cfg *cfg, const cha
 {
     char port_s[16], thr[16], log_path[1100], data_dir[1100];
     char *argv[64], *extra = NULL;
-    int n = 0, port = lg_free_port();
+    int n, port = lg_free_port();
     if (!port)
         return false;
-    snprintf(port_s, sizeof(port_s), "%d", port);
-    snprintf(thr, sizeof(thr), "%d", o->threads);
     snprintf(log_path, sizeof(log_path), "%s/server.log", dir);
     snprintf(data_dir, sizeof(data_dir), "%s/data", dir);
     mkdir(data_dir, 0755);
-    argv[n++] = lg_unconst(o->bin);
-    argv[n++] = "serve";
-    argv[n++] = "-m";
-    argv[n++] = lg_unconst(o->model);
-    argv[n++] = "--host";
-    argv[n++] = "127.0.0.1";
-    argv[n++] = "--port";
-    argv[n++] = port_s;
-    argv[n++] = "-t";
-    argv[n++] = thr;
+    n = lg_serve_argv(argv, o->bin, o->model, port, port_s, o->threads, thr);
     /* the data directory: whichever flag the server has (it also runs inside dir) */
     {
         static const char *const data_flags[] = {"--data-dir", "--data", "--db-dir"};
@@ -720,7 +709,7 @@ static bool start_server(const struct opts *o, struct server_cfg *cfg, const cha
 static void shuffle(int *a, int n, uint64_t *seed)
 {
     for (int i = n - 1; i > 0; i--) {
-        int j = (int)(lg_rand(seed) % (uint64_t)(i + 1)), t = a[i];
+        int j = (int)(ar_splitmix64(seed) % (uint64_t)(i + 1)), t = a[i];
         a[i] = a[j];
         a[j] = t;
     }
@@ -850,76 +839,68 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-#define NEEDV()                                                                                    \
-    do {                                                                                           \
-        if (!v) {                                                                                  \
-            fprintf(stderr, "%s needs a value\n", a);                                              \
-            return 2;                                                                              \
-        }                                                                                          \
-        i++;                                                                                       \
-    } while (0)
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 0;
         } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
-            NEEDV();
+            LG_NEEDV();
             o.model = v;
         } else if (!strcmp(a, "--bin")) {
-            NEEDV();
+            LG_NEEDV();
             o.bin = v;
         } else if (!strcmp(a, "--scenario")) {
-            NEEDV();
+            LG_NEEDV();
             o.scenario = v;
         } else if (!strcmp(a, "--rate")) {
-            NEEDV();
+            LG_NEEDV();
             o.rate = atof(v);
         } else if (!strcmp(a, "--seconds")) {
-            NEEDV();
+            LG_NEEDV();
             o.seconds = atof(v);
         } else if (!strcmp(a, "--rate-b")) {
-            NEEDV();
+            LG_NEEDV();
             o.rate_b = atof(v);
         } else if (!strcmp(a, "--seconds-b")) {
-            NEEDV();
+            LG_NEEDV();
             o.seconds_b = atof(v);
         } else if (!strcmp(a, "--pool")) {
-            NEEDV();
+            LG_NEEDV();
             o.pool = atoi(v);
         } else if (!strcmp(a, "--warm-b")) {
-            NEEDV();
+            LG_NEEDV();
             o.warm_b = atoi(v);
         } else if (!strcmp(a, "--warm")) {
-            NEEDV();
+            LG_NEEDV();
             o.warm = atoi(v);
         } else if (!strcmp(a, "--zipf")) {
-            NEEDV();
+            LG_NEEDV();
             o.zipf = atof(v);
         } else if (!strcmp(a, "--ids")) {
-            NEEDV();
+            LG_NEEDV();
             o.fresh_ids = !strcmp(v, "fresh");
         } else if (!strcmp(a, "--arrivals")) {
-            NEEDV();
+            LG_NEEDV();
             o.poisson = strcmp(v, "uniform") != 0;
         } else if (!strcmp(a, "--conns")) {
-            NEEDV();
+            LG_NEEDV();
             o.conns = atoi(v);
         } else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) {
-            NEEDV();
+            LG_NEEDV();
             o.threads = atoi(v);
         } else if (!strcmp(a, "--reviews")) {
-            NEEDV();
+            LG_NEEDV();
             o.reviews_path = v;
         } else if (!strcmp(a, "--server-args")) {
-            NEEDV();
+            LG_NEEDV();
             o.server_args = v;
         } else if (!strcmp(a, "--port")) {
-            NEEDV();
+            LG_NEEDV();
             o.port = atoi(v);
         } else if (!strcmp(a, "--drain")) {
-            NEEDV();
+            LG_NEEDV();
             o.drain_s = atof(v);
         } else if (!strcmp(a, "--seed")) {
-            NEEDV();
+            LG_NEEDV();
             o.seed = strtoull(v, NULL, 10);
         } else if (!strcmp(a, "--json")) {
             o.json = true;
@@ -928,7 +909,6 @@ int main(int argc, char **argv)
             usage(stderr);
             return 2;
         }
-#undef NEEDV
     }
     bool do_a = !strcmp(o.scenario, "all") || !strcmp(o.scenario, "a");
     bool do_b = !strcmp(o.scenario, "all") || !strcmp(o.scenario, "b");
@@ -1011,8 +991,8 @@ int main(int argc, char **argv)
             int n = make_times(o.rate, o.seconds, o.poisson, &seed, &ts);
             arr = lg_xalloc((size_t)AR_MAX(n, 1) * sizeof(*arr));
             for (int i = 0; i < n; i++)
-                arr[i] = (struct arrival){ts[i], idx[lg_rand(&seed) % (uint64_t)n_warm], pass == 1,
-                                          (uint32_t)i};
+                arr[i] = (struct arrival){ts[i], idx[ar_splitmix64(&seed) % (uint64_t)n_warm],
+                                          pass == 1, (uint32_t)i};
             snprintf(st.name, sizeof(st.name), "%s",
                      pass == 0 ? "A1 same review ids (store)" : "A2 fresh ids (reply cache)");
             st.rate = o.rate;

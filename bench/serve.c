@@ -123,7 +123,7 @@ static void make_body(struct lg_buf *out, const int32_t *prefix, int n_prefix, i
         lg_buf_printf(out, "%s%d", i ? "," : "", prefix[i]);
     for (int i = 0; i < n_review; i++)
         lg_buf_printf(out, "%s%d", n_prefix + i ? "," : "",
-                      id_lo + (int)(lg_rand(&seed) % (uint64_t)(id_hi - id_lo)));
+                      id_lo + (int)(ar_splitmix64(&seed) % (uint64_t)(id_hi - id_lo)));
     lg_buf_printf(out,
                   "],\"max_tokens\":%d,\"temperature\":%g,\"ignore_eos\":true,\"stream\":true,"
                   "\"stream_options\":{\"include_usage\":true}}",
@@ -356,27 +356,16 @@ static bool start_server(const struct opts *o, bool prefix_cache, const char *tm
 {
     char port_s[16], thr[16], par[16], kv[16], log_path[600], data_dir[600];
     char *argv[24], *help;
-    int n = 0, port = lg_free_port();
+    int n, port = lg_free_port();
     if (!port) {
         fprintf(stderr, "no free port\n");
         return false;
     }
-    snprintf(port_s, sizeof(port_s), "%d", port);
-    snprintf(thr, sizeof(thr), "%d", o->threads);
     snprintf(par, sizeof(par), "%d", o->parallel);
     snprintf(kv, sizeof(kv), "%d", o->kv_size);
     snprintf(log_path, sizeof(log_path), "%s/server-%s.log", tmpdir,
              prefix_cache ? "prefix-on" : "prefix-off");
-    argv[n++] = lg_unconst(o->bin);
-    argv[n++] = "serve";
-    argv[n++] = "-m";
-    argv[n++] = lg_unconst(o->model);
-    argv[n++] = "--host";
-    argv[n++] = "127.0.0.1";
-    argv[n++] = "--port";
-    argv[n++] = port_s;
-    argv[n++] = "-t";
-    argv[n++] = thr;
+    n = lg_serve_argv(argv, o->bin, o->model, port, port_s, o->threads, thr);
     argv[n++] = "--parallel";
     argv[n++] = par;
     argv[n++] = "--kv-size";
@@ -436,58 +425,50 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-#define NEEDV()                                                                                    \
-    do {                                                                                           \
-        if (!v) {                                                                                  \
-            fprintf(stderr, "%s needs a value\n", a);                                              \
-            return 2;                                                                              \
-        }                                                                                          \
-        i++;                                                                                       \
-    } while (0)
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 0;
         } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
-            NEEDV();
+            LG_NEEDV();
             o.model = v;
         } else if (!strcmp(a, "--bin")) {
-            NEEDV();
+            LG_NEEDV();
             o.bin = v;
         } else if (!strcmp(a, "--levels")) {
-            NEEDV();
+            LG_NEEDV();
             if ((o.n_levels = lg_parse_int_list(v, o.levels, MAX_LEVELS)) <= 0) {
                 fprintf(stderr, "--levels: a list like 1,4,16,64\n");
                 return 2;
             }
         } else if (!strcmp(a, "--requests")) {
-            NEEDV();
+            LG_NEEDV();
             o.requests = atoi(v);
         } else if (!strcmp(a, "--seconds")) {
-            NEEDV();
+            LG_NEEDV();
             o.seconds = atof(v);
         } else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) {
-            NEEDV();
+            LG_NEEDV();
             o.threads = atoi(v);
         } else if (!strcmp(a, "--parallel")) {
-            NEEDV();
+            LG_NEEDV();
             o.parallel = atoi(v);
         } else if (!strcmp(a, "--kv-size")) {
-            NEEDV();
+            LG_NEEDV();
             o.kv_size = atoi(v);
         } else if (!strcmp(a, "--gen")) {
-            NEEDV();
+            LG_NEEDV();
             o.gen = atoi(v);
         } else if (!strcmp(a, "--prefix-tokens")) {
-            NEEDV();
+            LG_NEEDV();
             o.prefix_tokens = atoi(v);
         } else if (!strcmp(a, "--review-tokens")) {
-            NEEDV();
+            LG_NEEDV();
             o.review_tokens = atoi(v);
         } else if (!strcmp(a, "--temperature")) {
-            NEEDV();
+            LG_NEEDV();
             o.temperature = (float)atof(v);
         } else if (!strcmp(a, "--ttft-requests")) {
-            NEEDV();
+            LG_NEEDV();
             o.ttft_requests = atoi(v);
         } else if (!strcmp(a, "--no-prefix-compare")) {
             o.skip_prefix_compare = true;
@@ -498,7 +479,6 @@ int main(int argc, char **argv)
             usage(stderr);
             return 2;
         }
-#undef NEEDV
     }
     if (!o.model) {
         usage(stderr);
@@ -549,7 +529,7 @@ int main(int argc, char **argv)
     }
     prefix = lg_xalloc((size_t)AR_MAX(o.prefix_tokens, 1) * sizeof(int32_t));
     for (int i = 0; i < o.prefix_tokens; i++)
-        prefix[i] = id_lo + (int32_t)(lg_rand(&seed) % (uint64_t)(id_hi - id_lo));
+        prefix[i] = id_lo + (int32_t)(ar_splitmix64(&seed) % (uint64_t)(id_hi - id_lo));
 
     double load0 = lg_loadavg();
     if (!start_server(&o, true, tmpdir, &srv))

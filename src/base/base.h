@@ -75,6 +75,18 @@ static inline bool ar_add_overflow_u64(uint64_t a, uint64_t b, uint64_t *out)
 /* ---- time ---------------------------------------------------------------------------- */
 double ar_time_s(void); /* monotonic seconds */
 
+/* ---- pseudo-random numbers ------------------------------------------------------------ */
+/* splitmix64: advances *state by the golden-ratio step and returns 64 well-mixed bits. Seeds
+ * larger generators (the sampler's xoshiro256**) and makes deterministic data from a seed;
+ * never for secrets. */
+static inline uint64_t ar_splitmix64(uint64_t *state)
+{
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
 /* ---- half precision ------------------------------------------------------------------ */
 typedef uint16_t ar_f16;  /* IEEE 754 binary16 bits */
 typedef uint16_t ar_bf16; /* bfloat16 bits */

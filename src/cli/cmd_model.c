@@ -255,21 +255,13 @@ struct quant_job {
     bool ok;
 };
 
-static uint64_t splitmix64(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 static void random_row(float *out, int64_t n, uint64_t seed, float mean, float stddev)
 {
     uint64_t s = seed;
     for (int64_t i = 0; i < n; i += 2) {
         /* Box-Muller from two 53-bit uniforms */
-        double u1 = ((double)(splitmix64(&s) >> 11) + 0.5) / 9007199254740992.0;
-        double u2 = (double)(splitmix64(&s) >> 11) / 9007199254740992.0;
+        double u1 = ((double)(ar_splitmix64(&s) >> 11) + 0.5) / 9007199254740992.0;
+        double u2 = (double)(ar_splitmix64(&s) >> 11) / 9007199254740992.0;
         double r = sqrt(-2.0 * log(u1));
         out[i] = mean + stddev * (float)(r * cos(6.283185307179586 * u2));
         if (i + 1 < n)

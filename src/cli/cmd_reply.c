@@ -43,8 +43,12 @@ struct product_opts {
     const char *model;
     const char *shops;
     const char *data_dir;
+    const char *shop; /* the review's shop (reply), or that of lines without shop_id (batch) */
     int threads;
 };
+
+static const struct product_opts product_opts_default = {
+    .data_dir = DEFAULT_DATA_DIR, .shop = DEFAULT_SHOP, .threads = 2};
 
 /* mkdir -p */
 static bool make_dir(const char *dir)
@@ -160,33 +164,45 @@ static void product_close(struct product *p)
     reply_profiles_destroy(p->profiles);
 }
 
-/* Common flags; returns 1 when consumed (advancing *i), 0 when not ours, -1 on error. */
-static int common_flag(int argc, char **argv, int *i, struct product_opts *o)
-{
-    const char *a = argv[*i];
-    int64_t v;
-    if (!strcmp(a, "-m") || !strcmp(a, "--model"))
-        return (o->model = cli_value(argc, argv, i)) ? 1 : -1;
-    if (!strcmp(a, "--shops"))
-        return (o->shops = cli_value(argc, argv, i)) ? 1 : -1;
-    if (!strcmp(a, "--data-dir"))
-        return (o->data_dir = cli_value(argc, argv, i)) ? 1 : -1;
-    if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
-        const char *s = cli_value(argc, argv, i);
-        if (!s || !cli_parse_i64(a, s, 1, 256, &v))
-            return -1;
-        o->threads = (int)v;
-        return 1;
-    }
-    return 0;
-}
-
 static const char common_help[] =
     "  -m, --model FILE   GGUF model (default: <exe dir>/../models/" CLI_DEFAULT_MODEL
     ", then ./models/)\n"
     "  --shops FILE       shop profiles (JSON; see src/reply/reply.h); default: built-in\n"
     "  --data-dir DIR     where replies.db lives (" DEFAULT_DATA_DIR ")\n"
     "  -t, --threads N    model threads (2)\n";
+
+enum common_flag { COMMON_NOT_OURS, COMMON_TAKEN, COMMON_BAD, COMMON_HELP };
+
+/* The flags reply and batch share: -m, --shops, --data-dir, -t, --shop (whose help each
+ * command words itself, in own_help) and -h, which prints usage (one line), the shared flags
+ * and own_help. COMMON_TAKEN advances *i past the flag's value; COMMON_BAD: a value missing or
+ * out of range (reported). */
+static enum common_flag common_flag(int argc, char **argv, int *i, struct product_opts *o,
+                                    const char *usage, const char *own_help)
+{
+    const char *a = argv[*i];
+    int64_t v;
+    if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+        printf("%s%s%s", usage, common_help, own_help);
+        return COMMON_HELP;
+    }
+    if (!strcmp(a, "-m") || !strcmp(a, "--model"))
+        return (o->model = cli_value(argc, argv, i)) ? COMMON_TAKEN : COMMON_BAD;
+    if (!strcmp(a, "--shops"))
+        return (o->shops = cli_value(argc, argv, i)) ? COMMON_TAKEN : COMMON_BAD;
+    if (!strcmp(a, "--data-dir"))
+        return (o->data_dir = cli_value(argc, argv, i)) ? COMMON_TAKEN : COMMON_BAD;
+    if (!strcmp(a, "--shop"))
+        return (o->shop = cli_value(argc, argv, i)) ? COMMON_TAKEN : COMMON_BAD;
+    if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
+        const char *s = cli_value(argc, argv, i);
+        if (!s || !cli_parse_i64(a, s, 1, 256, &v))
+            return COMMON_BAD;
+        o->threads = (int)v;
+        return COMMON_TAKEN;
+    }
+    return COMMON_NOT_OURS;
+}
 
 /* ---- autoreply reply ------------------------------------------------------------------------ */
 
@@ -200,9 +216,9 @@ static uint64_t fnv64(const void *data, size_t n, uint64_t h)
 
 int cmd_reply(int argc, char **argv)
 {
-    struct product_opts o = {NULL, NULL, DEFAULT_DATA_DIR, 2};
+    struct product_opts o = product_opts_default;
     struct product p;
-    const char *text = NULL, *shop = DEFAULT_SHOP, *review_id = NULL, *lang = NULL;
+    const char *text = NULL, *review_id = NULL, *lang = NULL;
     char id_buf[40];
     int64_t rating = 0;
     bool json = false;
@@ -211,26 +227,21 @@ int cmd_reply(int argc, char **argv)
     int rc = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        int c = common_flag(argc, argv, &i, &o);
-        if (c < 0)
-            return 2;
-        if (c > 0)
+        enum common_flag c = common_flag(
+            argc, argv, &i, &o,
+            "usage: autoreply reply TEXT --rating N [--shop ID] [--review-id ID] "
+            "[--lang zh|en] [--json]\n",
+            "  --shop ID          shop (profile) the review belongs to (" DEFAULT_SHOP ")\n"
+            "  --review-id ID     the review's id (default: a hash of text and rating); "
+            "asking again returns the stored reply\n"
+            "  --json             print the whole answer as JSON\n");
+        if (c == COMMON_TAKEN)
             continue;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            printf("usage: autoreply reply TEXT --rating N [--shop ID] [--review-id ID] "
-                   "[--lang zh|en] [--json]\n%s"
-                   "  --shop ID          shop (profile) the review belongs to (" DEFAULT_SHOP ")\n"
-                   "  --review-id ID     the review's id (default: a hash of text and rating); "
-                   "asking again returns the stored reply\n"
-                   "  --json             print the whole answer as JSON\n",
-                   common_help);
-            return 0;
-        } else if (!strcmp(a, "--rating") || !strcmp(a, "-r")) {
+        if (c != COMMON_NOT_OURS)
+            return c == COMMON_HELP ? 0 : 2;
+        if (!strcmp(a, "--rating") || !strcmp(a, "-r")) {
             const char *s = cli_value(argc, argv, &i);
             if (!s || !cli_parse_i64(a, s, 1, 5, &rating))
-                return 2;
-        } else if (!strcmp(a, "--shop")) {
-            if (!(shop = cli_value(argc, argv, &i)))
                 return 2;
         } else if (!strcmp(a, "--review-id")) {
             if (!(review_id = cli_value(argc, argv, &i)))
@@ -265,7 +276,7 @@ int cmd_reply(int argc, char **argv)
         return 1;
     }
     memset(&rv, 0, sizeof(rv));
-    rv.shop_id = shop;
+    rv.shop_id = o.shop;
     rv.review_id = review_id;
     rv.text = text;
     rv.text_len = strlen(text);
@@ -285,8 +296,8 @@ int cmd_reply(int argc, char **argv)
         fprintf(stderr,
                 "autoreply: %s, sentiment %s, needs_human %s, action %s, %.0f ms (review %s/%s)\n",
                 reply_source_str(res.source), reply_sentiment_str(res.sentiment),
-                res.needs_human ? "yes" : "no", reply_action_str(res.action), res.latency_ms, shop,
-                review_id);
+                res.needs_human ? "yes" : "no", reply_action_str(res.action), res.latency_ms,
+                o.shop, review_id);
         rc = 0;
     } else {
         cli_error("reply: %s", res.error);
@@ -374,9 +385,9 @@ static bool write_atomic(const char *path, const char *data, size_t len)
 
 int cmd_batch(int argc, char **argv)
 {
-    struct product_opts o = {NULL, NULL, DEFAULT_DATA_DIR, 2};
+    struct product_opts o = product_opts_default;
     struct product p;
-    const char *input = NULL, *output = NULL, *shop = DEFAULT_SHOP;
+    const char *input = NULL, *output = NULL;
     char real[PATH_MAX], map_path[PATH_MAX + 64], job_id[STORE_JOB_ID_LEN + 1] = "";
     struct stat sb;
     struct progress pg;
@@ -388,25 +399,20 @@ int cmd_batch(int argc, char **argv)
     enum ar_status st;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        int c = common_flag(argc, argv, &i, &o);
-        if (c < 0)
-            return 2;
-        if (c > 0)
+        enum common_flag c = common_flag(
+            argc, argv, &i, &o,
+            "usage: autoreply batch REVIEWS.jsonl [-o REPLIES.jsonl] [--shop ID]\n",
+            "  -o FILE            results, one JSON line per input line (stdout)\n"
+            "  --shop ID          shop of lines without shop_id (" DEFAULT_SHOP ")\n"
+            "Each line: {\"review_id\", \"text\", \"rating\", \"shop_id\"?, \"product\"?, "
+            "\"lang\"?}. An interrupted batch resumes where it stopped when run again\n"
+            "on the same unchanged file.\n");
+        if (c == COMMON_TAKEN)
             continue;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            printf("usage: autoreply batch REVIEWS.jsonl [-o REPLIES.jsonl] [--shop ID]\n%s"
-                   "  -o FILE            results, one JSON line per input line (stdout)\n"
-                   "  --shop ID          shop of lines without shop_id (" DEFAULT_SHOP ")\n"
-                   "Each line: {\"review_id\", \"text\", \"rating\", \"shop_id\"?, \"product\"?, "
-                   "\"lang\"?}. An interrupted batch resumes where it stopped when run again\n"
-                   "on the same unchanged file.\n",
-                   common_help);
-            return 0;
-        } else if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
+        if (c != COMMON_NOT_OURS)
+            return c == COMMON_HELP ? 0 : 2;
+        if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
             if (!(output = cli_value(argc, argv, &i)))
-                return 2;
-        } else if (!strcmp(a, "--shop")) {
-            if (!(shop = cli_value(argc, argv, &i)))
                 return 2;
         } else if (a[0] == '-' && a[1]) {
             cli_error("batch: unknown option '%s' (autoreply batch --help)", a);
@@ -430,7 +436,7 @@ int cmd_batch(int argc, char **argv)
     key = fnv64(real, strlen(real), 1469598103934665603ull);
     key = fnv64(&sb.st_size, sizeof(sb.st_size), key);
     key = fnv64(&sb.st_mtim, sizeof(sb.st_mtim), key);
-    key = fnv64(shop, strlen(shop), key);
+    key = fnv64(o.shop, strlen(o.shop), key);
     snprintf(map_path, sizeof(map_path), "%s/batch-%016llx.job", o.data_dir,
              (unsigned long long)key);
     if (!product_open(&o, &p))
@@ -458,7 +464,7 @@ int cmd_batch(int argc, char **argv)
             cli_error("batch: cannot read %s", input);
             goto done;
         }
-        st = reply_job_create(p.svc, shop, body, len, job_id, &n, &err);
+        st = reply_job_create(p.svc, o.shop, body, len, job_id, &n, &err);
         free(body);
         if (st != AR_OK) {
             cli_error("batch: %s: %s", input, err.msg[0] ? err.msg : ar_status_str(st));
@@ -609,8 +615,7 @@ static unsigned route_flags(const struct reply_route *rt)
 
 int cli_reply_attach(struct server *srv, const struct cli_reply_opts *opts, struct cli_reply **out)
 {
-    struct product_opts o = {NULL, opts->shops_file,
-                             opts->data_dir ? opts->data_dir : DEFAULT_DATA_DIR, 2};
+    struct product_opts o = product_opts_default;
     struct reply_cache_params cp = reply_cache_default_params();
     struct reply_service_params sp = reply_service_default_params();
     struct cli_reply *cr = calloc(1, sizeof(*cr));
@@ -618,6 +623,9 @@ int cli_reply_attach(struct server *srv, const struct cli_reply_opts *opts, stru
     size_t n_routes;
     if (!cr)
         return 1;
+    o.shops = opts->shops_file;
+    if (opts->data_dir)
+        o.data_dir = opts->data_dir;
     if (!open_profiles_store(&o, &cr->p))
         goto fail;
     if (opts->reply_cache && reply_cache_create(&cp, &cr->p.cache) != AR_OK) {

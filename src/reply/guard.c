@@ -9,48 +9,6 @@
 
 /* ---- UTF-8 and strings ------------------------------------------------------------------ */
 
-size_t rp_utf8_next(const char *str, size_t n, uint32_t *cp)
-{
-    const unsigned char *s = (const unsigned char *)str;
-    unsigned char b = s[0], lo = 0x80, hi = 0xbf;
-    size_t len;
-    uint32_t v;
-    if (b < 0x80) {
-        *cp = b;
-        return 1;
-    }
-    if (b >= 0xc2 && b <= 0xdf) {
-        len = 2;
-        v = b & 0x1f;
-    } else if (b >= 0xe0 && b <= 0xef) {
-        len = 3;
-        v = b & 0x0f;
-        if (b == 0xe0)
-            lo = 0xa0;
-        else if (b == 0xed)
-            hi = 0x9f;
-    } else if (b >= 0xf0 && b <= 0xf4) {
-        len = 4;
-        v = b & 0x07;
-        if (b == 0xf0)
-            lo = 0x90;
-        else if (b == 0xf4)
-            hi = 0x8f;
-    } else {
-        return 0;
-    }
-    if (n < len)
-        return 0;
-    for (size_t i = 1; i < len; i++) {
-        unsigned char c = s[i];
-        if (i == 1 ? (c < lo || c > hi) : (c < 0x80 || c > 0xbf))
-            return 0;
-        v = (v << 6) | (c & 0x3f);
-    }
-    *cp = v;
-    return len;
-}
-
 bool rp_is_cjk(uint32_t cp)
 {
     return (cp >= 0x3400 && cp <= 0x4dbf) || (cp >= 0x4e00 && cp <= 0x9fff) ||

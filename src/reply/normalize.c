@@ -8,10 +8,9 @@
 
 /* ---- UTF-8 -------------------------------------------------------------------------- */
 
-/* Decodes one well-formed UTF-8 sequence at s[0..n) into *cp and returns its length, or
- * returns 0 when the bytes there are not a well-formed sequence (Unicode table 3-7). */
-static size_t utf8_decode(const unsigned char *s, size_t n, uint32_t *cp)
+size_t rp_utf8_next(const char *str, size_t n, uint32_t *cp)
 {
+    const unsigned char *s = (const unsigned char *)str;
     unsigned char b = s[0];
     unsigned char lo = 0x80, hi = 0xbf;
     size_t len;
@@ -185,7 +184,7 @@ static size_t decode_and_map(const unsigned char *s, size_t len, uint32_t *cps)
     size_t n = 0, i = 0;
     while (i < len) {
         uint32_t cp;
-        size_t k = utf8_decode(s + i, len - i, &cp);
+        size_t k = rp_utf8_next((const char *)s + i, len - i, &cp);
         if (k == 0) {
             i++; /* invalid byte: dropped */
             continue;
@@ -301,7 +300,7 @@ const char *reply_guess_lang(const char *text, size_t len)
     size_t i = 0;
     while (s && i < len) {
         uint32_t cp;
-        size_t k = utf8_decode(s + i, len - i, &cp);
+        size_t k = rp_utf8_next((const char *)s + i, len - i, &cp);
         if (k == 0) {
             i++;
             continue;

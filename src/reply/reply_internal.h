@@ -1,5 +1,6 @@
 /* reply_internal.h - shared by the files of src/reply/ (not the cache and normalizer, which
- * stand alone): UTF-8 decoding, a growable string, the service's private state. */
+ * stand alone; the UTF-8 decoder lives in the normalizer): CJK ranges and the service's
+ * private state. */
 #ifndef AR_REPLY_INTERNAL_H
 #define AR_REPLY_INTERNAL_H
 
@@ -8,10 +9,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "normalize.h" /* rp_utf8_next */
 #include "reply.h"
 
-/* Decodes one well-formed UTF-8 sequence at s[0..n) into *cp and returns its length, or 0. */
-size_t rp_utf8_next(const char *s, size_t n, uint32_t *cp);
 bool rp_is_cjk(uint32_t cp);
 
 /* ---- service internals (pipeline.c, jobs.c, handlers.c) ---------------------------------- */

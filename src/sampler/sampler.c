@@ -26,15 +26,7 @@ struct sampler {
     float *probs_vals;  /* owned, (n_vocab,) output of sampler_probs */
 };
 
-/* ---- PRNG: splitmix64 seeds xoshiro256** ----------------------------------------------- */
-
-static uint64_t splitmix64(uint64_t *x)
-{
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
+/* ---- PRNG: xoshiro256**, seeded by base's splitmix64 ----------------------------------- */
 
 static uint64_t rotl64(uint64_t x, int k)
 {
@@ -64,7 +56,7 @@ static void rng_seed(uint64_t s[4], uint64_t seed)
 {
     uint64_t x = seed;
     for (int i = 0; i < 4; i++)
-        s[i] = splitmix64(&x);
+        s[i] = ar_splitmix64(&x);
 }
 
 /* ---- lifetime -------------------------------------------------------------------------- */

@@ -28,6 +28,7 @@
 #include <sqlite3.h>
 
 #include "base/base.h"
+#include "harness/http_client.h"
 
 #define REPLY_BATCH_MAX_TEST 256 /* reviews in one batch request (src/reply/reply.h) */
 
@@ -80,169 +81,7 @@ static int free_port(void)
     return port;
 }
 
-/* ---- a tiny HTTP/1.1 client ---------------------------------------------------------------- */
-
-struct resp {
-    int status; /* -1: no connection */
-    char *head; /* status line and headers */
-    char *body; /* NUL-terminated */
-    size_t body_len;
-};
-
-static void resp_free(struct resp *r)
-{
-    free(r->head);
-    free(r->body);
-    memset(r, 0, sizeof(*r));
-}
-
-static bool send_all(int fd, const void *p, size_t n)
-{
-    const char *c = p;
-    while (n) {
-        ssize_t k = send(fd, c, n, MSG_NOSIGNAL);
-        if (k <= 0)
-            return false;
-        c += k;
-        n -= (size_t)k;
-    }
-    return true;
-}
-
-static const char *resp_header(const struct resp *r, const char *name, char *buf, size_t size)
-{
-    size_t n = strlen(name);
-    for (const char *p = strstr(r->head, "\r\n"); p; p = strstr(p + 2, "\r\n")) {
-        const char *h = p + 2;
-        if (!strncasecmp(h, name, n) && h[n] == ':') {
-            const char *v = h + n + 1, *e;
-            while (*v == ' ')
-                v++;
-            e = strstr(v, "\r\n");
-            snprintf(buf, size, "%.*s", (int)(e ? e - v : (ptrdiff_t)strlen(v)), v);
-            return buf;
-        }
-    }
-    return NULL;
-}
-
-/* Head and body of a Connection: close response (de-chunked). */
-static void parse_response(const char *raw, size_t n, struct resp *out)
-{
-    const char *sep = memmem(raw, n, "\r\n\r\n", 4);
-    char te[64];
-    memset(out, 0, sizeof(*out));
-    if (!sep)
-        fail_msg("no HTTP head in %zu bytes: %.200s", n, raw);
-    out->head = strndup(raw, (size_t)(sep - raw) + 2);
-    assert_int_equal(sscanf(out->head, "HTTP/1.%*d %d", &out->status), 1);
-    sep += 4;
-    n -= (size_t)(sep - raw);
-    out->body = malloc(n + 1);
-    if (resp_header(out, "Transfer-Encoding", te, sizeof(te)) && strstr(te, "chunked")) {
-        const char *p = sep, *end = sep + n;
-        while (p < end) {
-            unsigned long k = strtoul(p, NULL, 16);
-            const char *line = memmem(p, (size_t)(end - p), "\r\n", 2);
-            if (!line || k == 0)
-                break;
-            p = line + 2;
-            if ((size_t)(end - p) < k)
-                k = (unsigned long)(end - p);
-            memcpy(out->body + out->body_len, p, k);
-            out->body_len += k;
-            p += k + 2;
-        }
-    } else {
-        memcpy(out->body, sep, n);
-        out->body_len = n;
-    }
-    out->body[out->body_len] = '\0';
-}
-
-/* One request on a fresh connection. extra: header lines, each ending in \r\n. False (status
- * -1) when nothing listens. */
-static bool http_try(int port, const char *method, const char *path, const char *extra,
-                     const void *body, size_t body_len, struct resp *out)
-{
-    struct sockaddr_in a = {0};
-    struct timeval tv = {60, 0};
-    char head[2048];
-    size_t cap = 65536, len = 0;
-    char *raw;
-    int hl, fd = socket(AF_INET, SOCK_STREAM, 0);
-    memset(out, 0, sizeof(*out));
-    out->status = -1;
-    assert_true(fd >= 0);
-    a.sin_family = AF_INET;
-    a.sin_port = htons((uint16_t)port);
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
-        close(fd);
-        return false;
-    }
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    hl =
-        snprintf(head, sizeof(head), "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n%s",
-                 method, path, extra ? extra : "");
-    if (body)
-        hl += snprintf(head + hl, sizeof(head) - (size_t)hl, "Content-Length: %zu\r\n", body_len);
-    hl += snprintf(head + hl, sizeof(head) - (size_t)hl, "\r\n");
-    /* a server that answers early (413) stops reading: stop sending once it has answered */
-    if (send_all(fd, head, (size_t)hl) && body) {
-        const char *b = body;
-        for (size_t off = 0; off < body_len;) {
-            struct pollfd pf = {fd, POLLIN, 0};
-            size_t k = AR_MIN(body_len - off, (size_t)65536);
-            if (poll(&pf, 1, 0) > 0 || !send_all(fd, b + off, k))
-                break;
-            off += k;
-        }
-    }
-    raw = malloc(cap);
-    for (;;) {
-        ssize_t k;
-        if (len + 4096 > cap)
-            raw = realloc(raw, cap *= 2);
-        k = recv(fd, raw + len, cap - len - 1, 0);
-        if (k <= 0)
-            break;
-        len += (size_t)k;
-    }
-    close(fd);
-    raw[len] = '\0';
-    if (len == 0) {
-        free(raw);
-        return false;
-    }
-    parse_response(raw, len, out);
-    free(raw);
-    return true;
-}
-
-static void http(int port, const char *method, const char *path, const char *extra,
-                 const void *body, size_t body_len, struct resp *out)
-{
-    if (!http_try(port, method, path, extra, body, body_len, out))
-        fail_msg("%s %s: no answer from port %d", method, path, port);
-}
-
-/* POST a JSON body; the answer parsed (fails the test when it is not JSON). */
-static cJSON *post_json(int port, const char *path, const char *extra, const char *json,
-                        int *status)
-{
-    struct resp r;
-    char hdr[512];
-    cJSON *j;
-    snprintf(hdr, sizeof(hdr), "Content-Type: application/json\r\n%s", extra ? extra : "");
-    http(port, "POST", path, hdr, json, strlen(json), &r);
-    *status = r.status;
-    j = cJSON_Parse(r.body);
-    if (!j)
-        fail_msg("POST %s: not JSON (status %d): %.300s", path, r.status, r.body);
-    resp_free(&r);
-    return j;
-}
+/* ---- JSON answers (the client: tests/harness/http_client.h) --------------------------------- */
 
 static cJSON *get_json(int port, const char *path, const char *extra, int *status)
 {
@@ -275,24 +114,6 @@ static bool jbool(const cJSON *j, const char *key)
     if (!cJSON_IsBool(v))
         fail_msg("\"%s\" is not a boolean", key);
     return cJSON_IsTrue(v);
-}
-
-/* A sample of /metrics: the value of the line "<series> <value>"; NAN when absent. */
-static double metric(int port, const char *series)
-{
-    struct resp r;
-    double v = (double)NAN;
-    size_t n = strlen(series);
-    http(port, "GET", "/metrics", NULL, NULL, 0, &r);
-    assert_int_equal(r.status, 200);
-    for (const char *p = r.body; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL) {
-        if (!strncmp(p, series, n) && p[n] == ' ') {
-            v = strtod(p + n + 1, NULL);
-            break;
-        }
-    }
-    resp_free(&r);
-    return v;
 }
 
 /* The same, 0 for a series not created yet (a label set never observed). */
@@ -785,20 +606,6 @@ static void banned_words_of_a_shop_never_appear(void **state)
     assert_true(with_word_elsewhere > 0);
 }
 
-/* Looks up key in a MessagePack map (msgpack-c's own decoder). */
-static const msgpack_object *mp_get(const msgpack_object *o, const char *key)
-{
-    if (o->type != MSGPACK_OBJECT_MAP)
-        return NULL;
-    for (uint32_t i = 0; i < o->via.map.size; i++) {
-        const msgpack_object_kv *kv = &o->via.map.ptr[i];
-        if (kv->key.type == MSGPACK_OBJECT_STR && kv->key.via.str.size == strlen(key) &&
-            !memcmp(kv->key.via.str.ptr, key, kv->key.via.str.size))
-            return &kv->val;
-    }
-    return NULL;
-}
-
 static void mp_str(msgpack_packer *pk, const char *s)
 {
     msgpack_pack_str_with_body(pk, s, strlen(s));
@@ -811,7 +618,6 @@ static void json_and_msgpack_give_the_same_reply(void **state)
     msgpack_packer pk;
     msgpack_unpacked up;
     struct resp r;
-    char ct[64];
     const msgpack_object *reply, *source;
     cJSON *j;
     (void)state;
@@ -830,14 +636,7 @@ static void json_and_msgpack_give_the_same_reply(void **state)
     mp_str(&pk, rv->text);
     mp_str(&pk, "rating");
     msgpack_pack_int(&pk, rv->rating);
-    http(g_srv.port, "POST", "/v1/reviews/reply",
-         "Content-Type: application/msgpack\r\nAccept: application/msgpack\r\n", sb.data, sb.size,
-         &r);
-    msgpack_sbuffer_destroy(&sb);
-    assert_int_equal(r.status, 200);
-    assert_string_equal(resp_header(&r, "Content-Type", ct, sizeof(ct)), "application/msgpack");
-    msgpack_unpacked_init(&up);
-    assert_int_equal(msgpack_unpack_next(&up, r.body, r.body_len, NULL), MSGPACK_UNPACK_SUCCESS);
+    post_msgpack(g_srv.port, "/v1/reviews/reply", &sb, &up, &r);
     reply = mp_get(&up.data, "reply");
     source = mp_get(&up.data, "source");
     assert_non_null(reply);
@@ -1516,18 +1315,6 @@ static void generated_replies_are_charged_to_the_token_rate_limit(void **state)
 }
 
 /* ---- tests: a client that leaves mid-generation --------------------------------------------- */
-
-static int connect_port(int port)
-{
-    struct sockaddr_in a = {0};
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    assert_true(fd >= 0);
-    a.sin_family = AF_INET;
-    a.sin_port = htons((uint16_t)port);
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
-    return fd;
-}
 
 static void client_leaving_mid_generation_cancels_it_and_frees_the_kv(void **state)
 {

@@ -1,9 +1,9 @@
 /* server_test.c - the HTTP server end to end: a real server on 127.0.0.1 (ephemeral port) over
- * the demo model, driven by a small socket HTTP client written here. Checks that HTTP does not
- * change what the engine computes (concurrency, streaming, prefix cache, JSON vs MessagePack,
- * all against the engine called directly or the server's own single-request answers), and the
- * protective behaviour: 4xx shapes, auth, rate limits, overload, body limit, slow clients,
- * cancellation of clients that leave. */
+ * the demo model, driven by the small socket client of tests/harness/http_client.h. Checks that
+ * HTTP does not change what the engine computes (concurrency, streaming, prefix cache, JSON vs
+ * MessagePack, all against the engine called directly or the server's own single-request
+ * answers), and the protective behaviour: 4xx shapes, auth, rate limits, overload, body limit,
+ * slow clients, cancellation of clients that leave. */
 #include "harness/harness.h"
 
 #include <arpa/inet.h>
@@ -20,6 +20,10 @@
 
 #include <msgpack.h>
 
+#define TH_HTTP_RECV_TIMEOUT_S 20
+#define TH_HTTP_WHOLE_BODY
+#include "harness/http_client.h"
+
 #include "base/base.h"
 #include "engine/engine.h"
 #include "model/model.h"
@@ -32,165 +36,13 @@ static struct engine *g_eng; /* prefix cache on, 8 parallel */
 static struct server *g_srv;
 static int g_port;
 
-/* ---- a tiny HTTP/1.1 client ---------------------------------------------------------------- */
-
-struct resp {
-    int status;
-    char *head; /* status line and headers */
-    char *body; /* de-chunked, NUL-terminated */
-    size_t body_len;
-};
-
-static void resp_free(struct resp *r)
-{
-    free(r->head);
-    free(r->body);
-    memset(r, 0, sizeof(*r));
-}
+/* ---- time and JSON answers ------------------------------------------------------------------ */
 
 static double now_s(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int connect_port(int port)
-{
-    struct sockaddr_in a = {0};
-    struct timeval tv = {20, 0};
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    assert_true(fd >= 0);
-    a.sin_family = AF_INET;
-    a.sin_port = htons((uint16_t)port);
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    return fd;
-}
-
-static bool send_all(int fd, const void *p, size_t n)
-{
-    const char *c = p;
-    while (n) {
-        ssize_t k = send(fd, c, n, MSG_NOSIGNAL);
-        if (k <= 0)
-            return false;
-        c += k;
-        n -= (size_t)k;
-    }
-    return true;
-}
-
-/* Value of a response header (case-insensitive name) copied into buf, or NULL. */
-static const char *resp_header(const struct resp *r, const char *name, char *buf, size_t size)
-{
-    size_t n = strlen(name);
-    for (const char *p = strstr(r->head, "\r\n"); p; p = strstr(p + 2, "\r\n")) {
-        const char *h = p + 2;
-        if (!strncasecmp(h, name, n) && h[n] == ':') {
-            const char *v = h + n + 1, *e;
-            while (*v == ' ')
-                v++;
-            e = strstr(v, "\r\n");
-            snprintf(buf, size, "%.*s", (int)(e ? e - v : (ptrdiff_t)strlen(v)), v);
-            return buf;
-        }
-    }
-    return NULL;
-}
-
-/* Splits raw bytes into head and (de-chunked) body. */
-static void parse_response(const char *raw, size_t n, struct resp *out)
-{
-    const char *sep = memmem(raw, n, "\r\n\r\n", 4);
-    char te[64];
-    memset(out, 0, sizeof(*out));
-    assert_non_null(sep);
-    out->head = strndup(raw, (size_t)(sep - raw) + 2);
-    assert_int_equal(sscanf(out->head, "HTTP/1.%*d %d", &out->status), 1);
-    sep += 4;
-    n -= (size_t)(sep - raw);
-    out->body = malloc(n + 1);
-    if (resp_header(out, "Transfer-Encoding", te, sizeof(te)) && strstr(te, "chunked")) {
-        const char *p = sep, *end = sep + n;
-        while (p < end) {
-            char *e;
-            unsigned long k = strtoul(p, &e, 16);
-            const char *line = memmem(p, (size_t)(end - p), "\r\n", 2);
-            if (!line || k == 0)
-                break;
-            p = line + 2;
-            if ((size_t)(end - p) < k)
-                k = (unsigned long)(end - p);
-            memcpy(out->body + out->body_len, p, k);
-            out->body_len += k;
-            p += k + 2;
-            (void)e;
-        }
-    } else {
-        memcpy(out->body, sep, n);
-        out->body_len = n;
-    }
-    out->body[out->body_len] = '\0';
-}
-
-static char *read_all(int fd, size_t *n)
-{
-    size_t cap = 65536, len = 0;
-    char *buf = malloc(cap);
-    for (;;) {
-        ssize_t k;
-        if (len + 4096 > cap)
-            buf = realloc(buf, cap *= 2);
-        k = recv(fd, buf + len, cap - len - 1, 0);
-        if (k <= 0)
-            break;
-        len += (size_t)k;
-    }
-    buf[len] = '\0';
-    *n = len;
-    return buf;
-}
-
-/* One request on a fresh connection (Connection: close). extra: more header lines, each
- * ending in \r\n. body may be NULL. */
-static void http(int port, const char *method, const char *path, const char *extra,
-                 const void *body, size_t body_len, struct resp *out)
-{
-    char head[2048];
-    size_t n;
-    char *raw;
-    int fd = connect_port(port);
-    int hl =
-        snprintf(head, sizeof(head), "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n%s",
-                 method, path, extra ? extra : "");
-    if (body)
-        hl += snprintf(head + hl, sizeof(head) - (size_t)hl, "Content-Length: %zu\r\n", body_len);
-    hl += snprintf(head + hl, sizeof(head) - (size_t)hl, "\r\n");
-    assert_true(send_all(fd, head, (size_t)hl));
-    if (body && body_len)
-        assert_true(send_all(fd, body, body_len));
-    raw = read_all(fd, &n);
-    close(fd);
-    parse_response(raw, n, out);
-    free(raw);
-}
-
-static cJSON *post_json(int port, const char *path, const char *extra, const char *json,
-                        int *status)
-{
-    struct resp r;
-    char hdr[512];
-    cJSON *j;
-    snprintf(hdr, sizeof(hdr), "Content-Type: application/json\r\n%s", extra ? extra : "");
-    http(port, "POST", path, hdr, json, strlen(json), &r);
-    *status = r.status;
-    j = cJSON_Parse(r.body);
-    if (!j)
-        fail_msg("not JSON (status %d): %s", r.status, r.body);
-    resp_free(&r);
-    return j;
 }
 
 static const char *jstr(const cJSON *j, const char *path)
@@ -210,24 +62,6 @@ static double jnum(const cJSON *j, const char *path)
     for (tok = strtok_r(buf, ".", &save); tok && j; tok = strtok_r(NULL, ".", &save))
         j = cJSON_IsArray(j) ? cJSON_GetArrayItem(j, atoi(tok)) : cJSON_GetObjectItem(j, tok);
     return cJSON_IsNumber(j) ? j->valuedouble : (double)NAN;
-}
-
-/* A sample of the /metrics text: the first line "<series> <value>". NAN when absent. */
-static double metric(int port, const char *series)
-{
-    struct resp r;
-    double v = (double)NAN;
-    size_t n = strlen(series);
-    http(port, "GET", "/metrics", NULL, NULL, 0, &r);
-    assert_int_equal(r.status, 200);
-    for (const char *p = r.body; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL) {
-        if (!strncmp(p, series, n) && p[n] == ' ') {
-            v = strtod(p + n + 1, NULL);
-            break;
-        }
-    }
-    resp_free(&r);
-    return v;
 }
 
 /* ---- fixtures ------------------------------------------------------------------------------- */
@@ -704,20 +538,6 @@ static void prefix_cache_hits_show_and_keep_outputs(void **state)
     cJSON_Delete(b);
 }
 
-/* Looks up key in a MessagePack map (msgpack-c's own decoder). */
-static const msgpack_object *mp_get(const msgpack_object *o, const char *key)
-{
-    if (o->type != MSGPACK_OBJECT_MAP)
-        return NULL;
-    for (uint32_t i = 0; i < o->via.map.size; i++) {
-        const msgpack_object_kv *kv = &o->via.map.ptr[i];
-        if (kv->key.type == MSGPACK_OBJECT_STR && kv->key.via.str.size == strlen(key) &&
-            !memcmp(kv->key.via.str.ptr, key, kv->key.via.str.size))
-            return &kv->val;
-    }
-    return NULL;
-}
-
 static void json_and_msgpack_give_the_same_answer(void **state)
 {
     const char *js = "{\"prompt\":\"The rice was perfect\",\"max_tokens\":16,\"temperature\":0,"
@@ -728,7 +548,6 @@ static void json_and_msgpack_give_the_same_answer(void **state)
     struct resp r;
     cJSON *j;
     int status;
-    char ct[64];
     const msgpack_object *choices, *text, *usage, *pt;
     (void)state;
     j = post_json(g_port, "/v1/completions", NULL, js, &status);
@@ -746,14 +565,7 @@ static void json_and_msgpack_give_the_same_answer(void **state)
     msgpack_pack_str_with_body(&pk, "stop", 4);
     msgpack_pack_array(&pk, 1);
     msgpack_pack_bin_with_body(&pk, "zzz", 3); /* bin reads as a string */
-    http(g_port, "POST", "/v1/completions",
-         "Content-Type: application/msgpack\r\nAccept: application/msgpack\r\n", sb.data, sb.size,
-         &r);
-    msgpack_sbuffer_destroy(&sb);
-    assert_int_equal(r.status, 200);
-    assert_string_equal(resp_header(&r, "Content-Type", ct, sizeof(ct)), "application/msgpack");
-    msgpack_unpacked_init(&up);
-    assert_int_equal(msgpack_unpack_next(&up, r.body, r.body_len, NULL), MSGPACK_UNPACK_SUCCESS);
+    post_msgpack(g_port, "/v1/completions", &sb, &up, &r);
     choices = mp_get(&up.data, "choices");
     assert_non_null(choices);
     assert_int_equal(choices->type, MSGPACK_OBJECT_ARRAY);
