@@ -188,6 +188,33 @@ AR_INLINE void q8_0_block(const struct block_q8_0 *w, const struct block_q8_0 *x
 }
 DEFINE_GEMM(q8_0, struct block_q8_0, struct block_q8_0, q8_0_block, 2, QK8_0)
 
+/* The nibbles (0..15) of k (1 or 2) blocks' qs: per block, its low nibbles (elements 0..15)
+ * then its high nibbles (16..31), each in one 128-bit lane; the upper half is zero when k is 1. */
+AR_INLINE __m512i nibbles_load(const uint8_t *qs0, const uint8_t *qs1, int k)
+{
+    __m128i r0 = _mm_loadu_si128(cv128(qs0));
+    __m128i r1 = k == 2 ? _mm_loadu_si128(cv128(qs1)) : _mm_setzero_si128();
+    __m512i v = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 1, 0, 1, 2, 3, 2, 3),
+                                         _mm512_zextsi256_si512(_mm256_set_m128i(r1, r0)));
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    return _mm512_mask_blend_epi64(0xcc, _mm512_and_si512(v, m4),
+                                   _mm512_and_si512(_mm512_srli_epi16(v, 4), m4));
+}
+
+/* q (0..31) of k Q5_0/Q5_1 blocks in the order of nibbles_load, which is element order within
+ * each block: the fifth bits (bit e of qh, a little-endian uint32) form a byte mask directly. */
+AR_INLINE __m512i q5_load(const uint8_t *qs0, const uint8_t *qh0, const uint8_t *qs1,
+                          const uint8_t *qh1, int k)
+{
+    uint32_t h0, h1 = 0;
+    memcpy(&h0, qh0, sizeof(h0));
+    if (k == 2)
+        memcpy(&h1, qh1, sizeof(h1));
+    __m512i q = nibbles_load(qs0, qs1, k);
+    __mmask64 hi = (__mmask64)((uint64_t)h0 | (uint64_t)h1 << 32);
+    return _mm512_mask_add_epi8(q, hi, q, _mm512_set1_epi8(16));
+}
+
 #ifdef __AVX512VNNI__
 /* ---- Q8_0 gemm over many activation rows: 16 weight rows in the lanes of one vector --------
  * Each block of 16 weight rows is transposed into 8 vectors whose lane r holds bytes 4t..4t+3
@@ -212,18 +239,14 @@ AR_INLINE int32_t load_i32(const void *p)
     return v;
 }
 
-/* v[t] lane r = bytes 4t..4t+3 of the 32 quants at rows[r] (an 8 x 8 dword transpose in each
- * 256-bit half: rows 0..7 in the lower half, rows 8..15 in the upper), each byte + 128. */
-AR_INLINE void ln_transpose(const uint8_t *const rows[16], size_t off, __m512i v[8])
+/* v[t] lane r = bytes 4t..4t+3 of the 32 unsigned quants of row r, from z[k] holding row k's
+ * 32 bytes in its lower half and row k + 8's in its upper half (an 8 x 8 dword transpose in
+ * each 256-bit half). */
+AR_INLINE void ln_transpose(__m512i z[8], __m512i v[8])
 {
-    const __m512i flip = _mm512_set1_epi8((char)0x80);
     const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
     const __m512i hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
-    __m512i z[8], t[8], u[8];
-    for (int k = 0; k < 8; k++)
-        z[k] = _mm512_xor_si512(join256(_mm256_loadu_si256(cv256(rows[k] + off)),
-                                        _mm256_loadu_si256(cv256(rows[k + 8] + off))),
-                                flip);
+    __m512i t[8], u[8];
     for (int k = 0; k < 4; k++) {
         t[2 * k] = _mm512_unpacklo_epi32(z[2 * k], z[2 * k + 1]);
         t[2 * k + 1] = _mm512_unpackhi_epi32(z[2 * k], z[2 * k + 1]);
@@ -239,6 +262,28 @@ AR_INLINE void ln_transpose(const uint8_t *const rows[16], size_t off, __m512i v
     for (int s = 0; s < 4; s++) {
         v[s] = _mm512_permutex2var_epi64(u[s], lo, u[4 + s]);
         v[4 + s] = _mm512_permutex2var_epi64(u[s], hi, u[4 + s]);
+    }
+}
+
+/* Weight kinds of the lane-packed gemm: the unsigned quants of one block of 32 and the
+ * offset taken out of them (q8_0: q + 128; q5_0: 0..31, - 16; q4_0: 0..15, - 8). */
+enum { LN_Q8_0, LN_Q5_0, LN_Q4_0 };
+
+/* z[k] (see ln_transpose) for block offset `off` (bytes) of rows[k] and rows[k + 8] */
+AR_INLINE void ln_rows_z(const int kind, const uint8_t *const rows[16], size_t off, __m512i z[8])
+{
+    for (int k = 0; k < 8; k++) {
+        const uint8_t *a = rows[k] + off, *b = rows[k + 8] + off;
+        if (kind == LN_Q8_0) {
+            z[k] = _mm512_xor_si512(join256(_mm256_loadu_si256(cv256(a + 2)),
+                                            _mm256_loadu_si256(cv256(b + 2))),
+                                    _mm512_set1_epi8((char)0x80));
+        } else if (kind == LN_Q5_0) {
+            z[k] = q5_load(a + offsetof(struct block_q5_0, qs), a + offsetof(struct block_q5_0, qh),
+                           b + offsetof(struct block_q5_0, qs), b + offsetof(struct block_q5_0, qh), 2);
+        } else {
+            z[k] = nibbles_load(a + offsetof(struct block_q4_0, qs), b + offsetof(struct block_q4_0, qs), 2);
+        }
     }
 }
 
@@ -268,10 +313,14 @@ AR_INLINE void ln_q8_0_rows(const int J, int kb, const __m512i *wv, const __m512
         _mm512_mask_storeu_ps(y + (size_t)j * ldy, m, acc[j]);
 }
 
-static void q8_0_gemm_lanes(int nb, int nr, int nc, const uint8_t *w, size_t w_row,
-                            const uint8_t *x, size_t x_row, float *y, size_t ldy)
+AR_INLINE void ln_gemm(const int kind, int nb, int nr, int nc, const uint8_t *w, size_t w_row,
+                        const uint8_t *x, size_t x_row, float *y, size_t ldy)
 {
-    const size_t bs = sizeof(struct block_q8_0);
+    const size_t bs = kind == LN_Q8_0   ? sizeof(struct block_q8_0)
+                      : kind == LN_Q5_0 ? sizeof(struct block_q5_0)
+                                        : sizeof(struct block_q4_0);
+    const size_t xbs = sizeof(struct block_q8_0);
+    const int32_t off = kind == LN_Q8_0 ? 128 : kind == LN_Q5_0 ? 16 : 8;
     __m512i wv[LN_KB * 8];
     __m512 wd[LN_KB];
     float xd[LN_JC * LN_KB];
@@ -290,7 +339,7 @@ static void q8_0_gemm_lanes(int nb, int nr, int nc, const uint8_t *w, size_t w_r
                     __m256i s = _mm256_sad_epu8(q, _mm256_setzero_si256());
                     __m128i h = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
                     int32_t sum = (int32_t)(_mm_cvtsi128_si64(h) + _mm_extract_epi64(h, 1)) - 32 * 128;
-                    xc[j * LN_KB + b] = -128 * sum;
+                    xc[j * LN_KB + b] = -off * sum;
                     xd[j * LN_KB + b] = f16_to_f32(xb[b].d);
                 }
             }
@@ -306,24 +355,44 @@ static void q8_0_gemm_lanes(int nb, int nr, int nc, const uint8_t *w, size_t w_r
                 for (int r = 0; r < 16; r++)
                     rows[r] = w + (size_t)(i0 + AR_MIN(r, rn - 1)) * w_row + (size_t)b0 * bs;
                 for (int b = 0; b < kb; b++) {
+                    __m512i z[8];
                     __m512i dv = _mm512_i32gather_epi32(idx, (const void *)(rows[0] + (size_t)b * bs), 1);
                     wd[b] = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dv));
-                    ln_transpose(rows, (size_t)b * bs + offsetof(struct block_q8_0, qs), &wv[8 * b]);
+                    ln_rows_z(kind, rows, (size_t)b * bs, z);
+                    ln_transpose(z, &wv[8 * b]);
                 }
                 float *yt = y + (size_t)j0 * ldy + (size_t)i0;
                 int j = 0;
                 for (; j + 8 <= jn; j += 8)
-                    ln_q8_0_rows(8, kb, wv, wd, xj0 + (size_t)j * x_row + (size_t)b0 * bs, x_row,
+                    ln_q8_0_rows(8, kb, wv, wd, xj0 + (size_t)j * x_row + (size_t)b0 * xbs, x_row,
                                  xd + j * LN_KB, xc + j * LN_KB, yt + (size_t)j * ldy, ldy, m, b0 == 0);
                 for (; j + 4 <= jn; j += 4)
-                    ln_q8_0_rows(4, kb, wv, wd, xj0 + (size_t)j * x_row + (size_t)b0 * bs, x_row,
+                    ln_q8_0_rows(4, kb, wv, wd, xj0 + (size_t)j * x_row + (size_t)b0 * xbs, x_row,
                                  xd + j * LN_KB, xc + j * LN_KB, yt + (size_t)j * ldy, ldy, m, b0 == 0);
                 for (; j < jn; j++)
-                    ln_q8_0_rows(1, kb, wv, wd, xj0 + (size_t)j * x_row + (size_t)b0 * bs, x_row,
+                    ln_q8_0_rows(1, kb, wv, wd, xj0 + (size_t)j * x_row + (size_t)b0 * xbs, x_row,
                                  xd + j * LN_KB, xc + j * LN_KB, yt + (size_t)j * ldy, ldy, m, b0 == 0);
             }
         }
     }
+}
+
+static void q8_0_gemm_lanes(int nb, int nr, int nc, const uint8_t *w, size_t w_row,
+                            const uint8_t *x, size_t x_row, float *y, size_t ldy)
+{
+    ln_gemm(LN_Q8_0, nb, nr, nc, w, w_row, x, x_row, y, ldy);
+}
+
+static void q5_0_gemm_lanes(int nb, int nr, int nc, const uint8_t *w, size_t w_row,
+                            const uint8_t *x, size_t x_row, float *y, size_t ldy)
+{
+    ln_gemm(LN_Q5_0, nb, nr, nc, w, w_row, x, x_row, y, ldy);
+}
+
+static void q4_0_gemm_lanes(int nb, int nr, int nc, const uint8_t *w, size_t w_row,
+                            const uint8_t *x, size_t x_row, float *y, size_t ldy)
+{
+    ln_gemm(LN_Q4_0, nb, nr, nc, w, w_row, x, x_row, y, ldy);
 }
 
 static void q8_0_gemm_vnni(int n, int nr, int nc, const void *w, size_t w_row, const void *x,
@@ -335,19 +404,6 @@ static void q8_0_gemm_vnni(int n, int nr, int nc, const void *w, size_t w_row, c
         q8_0_gemm_lanes(n / QK8_0, nr, nc, w, w_row, x, x_row, y, ldy);
 }
 #endif
-
-/* The nibbles (0..15) of k (1 or 2) blocks' qs: per block, its low nibbles (elements 0..15)
- * then its high nibbles (16..31), each in one 128-bit lane; the upper half is zero when k is 1. */
-AR_INLINE __m512i nibbles_load(const uint8_t *qs0, const uint8_t *qs1, int k)
-{
-    __m128i r0 = _mm_loadu_si128(cv128(qs0));
-    __m128i r1 = k == 2 ? _mm_loadu_si128(cv128(qs1)) : _mm_setzero_si128();
-    __m512i v = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 1, 0, 1, 2, 3, 2, 3),
-                                         _mm512_zextsi256_si512(_mm256_set_m128i(r1, r0)));
-    const __m512i m4 = _mm512_set1_epi8(0x0f);
-    return _mm512_mask_blend_epi64(0xcc, _mm512_and_si512(v, m4),
-                                   _mm512_and_si512(_mm512_srli_epi16(v, 4), m4));
-}
 
 AR_INLINE __m512i q4_0_load(const struct block_q4_0 *b, int k)
 {
@@ -369,20 +425,6 @@ AR_INLINE void q4_0_block(const struct block_q4_0 *w, const struct block_q8_0 *x
 DEFINE_GEMM(q4_0, struct block_q4_0, struct block_q8_0, q4_0_block, 2, QK4_0)
 
 /* ---- Q4_1, Q5_0, Q5_1 against Q8_0 activations, two blocks per vector ---------------------- */
-
-/* q (0..31) of k Q5_0/Q5_1 blocks in the order of nibbles_load, which is element order within
- * each block: the fifth bits (bit e of qh, a little-endian uint32) form a byte mask directly. */
-AR_INLINE __m512i q5_load(const uint8_t *qs0, const uint8_t *qh0, const uint8_t *qs1,
-                          const uint8_t *qh1, int k)
-{
-    uint32_t h0, h1 = 0;
-    memcpy(&h0, qh0, sizeof(h0));
-    if (k == 2)
-        memcpy(&h1, qh1, sizeof(h1));
-    __m512i q = nibbles_load(qs0, qs1, k);
-    __mmask64 hi = (__mmask64)((uint64_t)h0 | (uint64_t)h1 << 32);
-    return _mm512_mask_add_epi8(q, hi, q, _mm512_set1_epi8(16));
-}
 
 /* Unsigned q (0..31) of k blocks against their activation blocks:
  * acc += (d * yd) * sum(q * y) + (m * yd) * sum(y), per half. */
@@ -436,6 +478,158 @@ AR_INLINE void q5_1_block(const struct block_q5_1 *w, const struct block_q8_0 *x
     affine_pair(q, dd, md, q8_0_load(x, k), acc);
 }
 DEFINE_GEMM(q5_1, struct block_q5_1, struct block_q8_0, q5_1_block, 2, QK5_1)
+
+#ifdef __AVX512VNNI__
+/* ---- GEMV (one activation row) for Q8_0 and Q5_0 weights ----------------------------------
+ * Decode streams every weight once per token, so these loops must keep up with memory. The
+ * activation row is prepared once per call, per pair of blocks: its 64 quants in one vector,
+ * the exact offset correction -off * (sum of each 4 quants) as the vpdpbusd start value, and
+ * its two scales spread over the lanes of each block. Per pair of weight blocks there are then
+ * one or two loads, a word permute or two, one vpdpbusd and the scale fma. Up to 2 * GV_MAXP
+ * blocks the float operations are those of the tile kernels (one accumulator, pairs in order,
+ * the same products), so a row gives the same bits alone as in a batch; longer rows sum
+ * their chunks in order. Either way a row's result depends only on n, never on nr. */
+
+/* Pairs of blocks prepared at a time (32768 activations, 96 KiB per thread, in L2); longer
+ * rows are taken GV_ROWS rows at a time, chunk by chunk. */
+#define GV_MAXP 512
+#define GV_ROWS 4
+
+struct gv_pair {
+    __m512i q, c;
+    __m512 d;
+};
+
+static _Thread_local struct gv_pair gv_buf[GV_MAXP];
+
+/* Blocks [b0, b0 + kb) of the activation row into pairs; an odd last pair has zero upper
+ * half (quants, correction and scale), so whatever the weight half holds adds nothing. */
+static void gv_prep(const struct block_q8_0 *x, int b0, int kb, uint8_t off, struct gv_pair *g)
+{
+    const __m512i offv = _mm512_set1_epi8((char)off);
+    for (int p = 0; 2 * p < kb; p++) {
+        const struct block_q8_0 *b = x + b0 + 2 * p;
+        int k = 2 * p + 1 < kb ? 2 : 1;
+        __m512i q = q8_0_load(b, k);
+        g[p].q = q;
+        g[p].c = _mm512_sub_epi32(_mm512_setzero_si512(),
+                                  _mm512_dpbusd_epi32(_mm512_setzero_si512(), offv, q));
+        g[p].d = k == 2 ? join_ps(f16_to_f32(b[0].d), f16_to_f32(b[1].d))
+                        : _mm512_insertf32x8(_mm512_set1_ps(f16_to_f32(b[0].d)),
+                                             _mm256_setzero_ps(), 1);
+    }
+}
+
+/* f16 words at word offsets a (lanes 0..7) and b (lanes 8..15) of v, as 16 floats */
+AR_INLINE __m512 gv_scales(__m512i v, __m512i idx)
+{
+    return _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(idx, v)));
+}
+
+AR_INLINE __m512 q5_0_gv_pair(const uint8_t *wb, const struct gv_pair *g, bool full,
+                              __m512 acc)
+{
+    /* words 3..10 hold block 0's qs, 14..21 block 1's; the f16 scales are words 0 and 11 */
+    const __m512i perm = _mm512_set_epi16(21, 20, 19, 18, 17, 16, 15, 14, 21, 20, 19, 18, 17, 16,
+                                          15, 14, 10, 9, 8, 7, 6, 5, 4, 3, 10, 9, 8, 7, 6, 5, 4, 3);
+    const __m512i shift = _mm512_set_epi16(4, 4, 4, 4, 4, 4, 4, 4, 0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4,
+                                           4, 4, 4, 4, 4, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m512i didx = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 11, 11,
+                                          11, 11, 11, 11, 11, 11, 0, 0, 0, 0, 0, 0, 0, 0);
+    uint32_t h0, h1 = 0;
+    __m512i v = _mm512_maskz_loadu_epi8(full ? 0xfffffffffffull : 0x3fffffull, wb);
+    memcpy(&h0, wb + 2, sizeof(h0));
+    if (full)
+        memcpy(&h1, wb + 24, sizeof(h1));
+    /* lanes 0..15: low nibbles of block 0 (elements 0..15), 16..31 its high nibbles; then
+     * block 1 likewise: element order, so bit e of qh is lane e's fifth bit */
+    __m512i q = _mm512_and_si512(_mm512_srlv_epi16(_mm512_permutexvar_epi16(perm, v), shift),
+                                 _mm512_set1_epi8(0x0f));
+    q = _mm512_mask_add_epi8(q, (__mmask64)((uint64_t)h0 | (uint64_t)h1 << 32), q,
+                             _mm512_set1_epi8(16));
+    __m512i s = _mm512_dpbusd_epi32(g->c, q, g->q);
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(gv_scales(v, didx), g->d), acc);
+}
+
+AR_INLINE __m512 q8_0_gv_pair(const uint8_t *wb, const struct gv_pair *g, bool full,
+                              __m512 acc)
+{
+    /* scales: word 0 (block 0) and word 17 (block 1, at byte 34) */
+    const __m512i didx = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 17, 17,
+                                          17, 17, 17, 17, 17, 17, 0, 0, 0, 0, 0, 0, 0, 0);
+    __m512i v, q;
+    if (full) {
+        v = join256(_mm256_loadu_si256(cv256(wb)), _mm256_loadu_si256(cv256(wb + 32)));
+        q = join256(_mm256_loadu_si256(cv256(wb + 2)), _mm256_loadu_si256(cv256(wb + 36)));
+    } else {
+        v = _mm512_maskz_loadu_epi8(0x3ffffffffull, wb);
+        q = _mm512_zextsi256_si512(_mm256_loadu_si256(cv256(wb + 2)));
+    }
+    q = _mm512_xor_si512(q, _mm512_set1_epi8((char)0x80));
+    __m512i s = _mm512_dpbusd_epi32(g->c, q, g->q);
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(gv_scales(v, didx), g->d), acc);
+}
+
+#define DEFINE_GEMV(NAME, WT, OFF)                                                                 \
+    static void NAME##_gemv(int nb, int nr, const uint8_t *w, size_t w_row, const uint8_t *x,      \
+                            float *y, size_t ldy)                                                  \
+    {                                                                                              \
+        struct gv_pair *g = gv_buf;                                                                \
+        const size_t ps = 2 * sizeof(WT);                                                          \
+        bool one = nb <= 2 * GV_MAXP;                                                              \
+        int rg = one ? nr : GV_ROWS;                                                               \
+        for (int i0 = 0; i0 < nr; i0 += rg) {                                                      \
+            int i1 = AR_MIN(nr, i0 + rg);                                                          \
+            for (int b0 = 0; b0 < nb; b0 += 2 * GV_MAXP) {                                         \
+                int kb = AR_MIN(2 * GV_MAXP, nb - b0), np = kb / 2;                                \
+                if (!one || i0 == 0)                                                               \
+                    gv_prep((const struct block_q8_0 *)(const void *)x, b0, kb, OFF, g);           \
+                for (int i = i0; i < i1; i++) {                                                    \
+                    const uint8_t *wb = w + (size_t)i * w_row + (size_t)b0 * sizeof(WT);           \
+                    __m512 a = _mm512_setzero_ps();                                                \
+                    for (int p = 0; p < np; p++)                                                   \
+                        a = NAME##_gv_pair(wb + (size_t)p * ps, &g[p], true, a);                   \
+                    if (kb & 1)                                                                    \
+                        a = NAME##_gv_pair(wb + (size_t)np * ps, &g[np], false, a);                \
+                    float s = _mm512_reduce_add_ps(a);                                             \
+                    y[(size_t)i * ldy] = b0 == 0 ? s : y[(size_t)i * ldy] + s;                     \
+                }                                                                                  \
+            }                                                                                      \
+        }                                                                                          \
+    }
+
+DEFINE_GEMV(q8_0, struct block_q8_0, 0x80)
+DEFINE_GEMV(q5_0, struct block_q5_0, 16)
+
+static void q8_0_gemm_best(int n, int nr, int nc, const void *w, size_t w_row, const void *x,
+                           size_t x_row, float *y, size_t ldy)
+{
+    if (nc == 1)
+        q8_0_gemv(n / QK8_0, nr, w, w_row, x, y, 1);
+    else
+        q8_0_gemm_vnni(n, nr, nc, w, w_row, x, x_row, y, ldy);
+}
+
+static void q5_0_gemm_best(int n, int nr, int nc, const void *w, size_t w_row, const void *x,
+                           size_t x_row, float *y, size_t ldy)
+{
+    if (nc == 1)
+        q5_0_gemv(n / QK5_0, nr, w, w_row, x, y, 1);
+    else if (nc >= LN_MIN_NC)
+        q5_0_gemm_lanes(n / QK5_0, nr, nc, w, w_row, x, x_row, y, ldy);
+    else
+        q5_0_gemm(n, nr, nc, w, w_row, x, x_row, y, ldy);
+}
+
+static void q4_0_gemm_best(int n, int nr, int nc, const void *w, size_t w_row, const void *x,
+                           size_t x_row, float *y, size_t ldy)
+{
+    if (nc >= LN_MIN_NC)
+        q4_0_gemm_lanes(n / QK4_0, nr, nc, w, w_row, x, x_row, y, ldy);
+    else
+        q4_0_gemm(n, nr, nc, w, w_row, x, x_row, y, ldy);
+}
+#endif
 
 /* ---- K-quants against Q8_K activations, one super-block per step ----------------------------- */
 
@@ -549,6 +743,223 @@ AR_INLINE void q6_K_block(const struct block_q6_K *w, const struct block_q8_K *x
     *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(d), *acc);
 }
 DEFINE_GEMM(q6_K, struct block_q6_K, struct block_q8_K, q6_K_block, 1, QK_K)
+
+#ifdef __AVX512VNNI__
+/* ---- K-quant gemm over many activation rows: 16 weight rows in the lanes of one vector -------
+ * As the Q8_0 lane gemm above: per super-block, 16 weight rows' unsigned quants (Q4_K 0..15,
+ * Q5_K 0..31, Q6_K 0..63) are transposed into 64 vectors (8 groups of 32 elements), and one
+ * vpdpbusd against 4 broadcast activation bytes advances all 16 rows. Each sub-block's int32
+ * sum is multiplied by its scale per lane and summed in int32; the mins (Q4_K, Q5_K) come from
+ * the activation's bsums by vpdpwssd, and Q6_K's -32 offset starts each sub-block's sum at
+ * -32 * bsum. One conversion and fma per super-block and activation row; partial sums live in
+ * y between super-blocks. Every output is the same operations wherever its row and column
+ * fall, so any split of rows or columns gives the same bits. */
+
+enum { LK_Q4_K, LK_Q5_K, LK_Q6_K };
+
+/* Below this many activation rows the 4 x 4 tiles are faster (unpacking 16 rows' super-block
+ * costs about as much as 10 activation rows' products). */
+#define LK_MIN_NC 12
+
+struct lk_wt {
+    __m512i v[64];     /* transposed quants: group g's vectors at 8g */
+    __m512i sc[16];    /* per-lane sub-block scales (Q4_K/Q5_K: 8, Q6_K: 16), int32 */
+    __m512i mpair[4];  /* Q4_K/Q5_K: mins (2u, 2u + 1) as int16 pairs per lane */
+    __m512 d, dmin;    /* per-lane d and dmin */
+};
+
+/* z (see ln_transpose) of group g (32 elements) for rows a (lower half) and b (upper half) */
+AR_INLINE __m512i lk_group(const int kind, const uint8_t *a, const uint8_t *b, int g)
+{
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    if (kind == LK_Q6_K) {
+        int h = g / 4, k = g % 4;
+        size_t lo = offsetof(struct block_q6_K, ql) + 64 * (size_t)h + 32 * (size_t)(k % 2);
+        size_t hi = offsetof(struct block_q6_K, qh) + 32 * (size_t)h;
+        __m512i l = join256(_mm256_loadu_si256(cv256(a + lo)), _mm256_loadu_si256(cv256(b + lo)));
+        __m512i t = join256(_mm256_loadu_si256(cv256(a + hi)), _mm256_loadu_si256(cv256(b + hi)));
+        if (k >= 2)
+            l = _mm512_srli_epi16(l, 4);
+        l = _mm512_and_si512(l, m4);
+        /* bits 2k, 2k + 1 of qh to bits 4, 5 */
+        t = k < 2 ? _mm512_slli_epi16(t, (unsigned)(4 - 2 * k)) : _mm512_srli_epi16(t, (unsigned)(2 * k - 4));
+        return _mm512_or_si512(l, _mm512_and_si512(t, _mm512_set1_epi8(0x30)));
+    }
+    size_t qs = kind == LK_Q4_K ? offsetof(struct block_q4_K, qs) : offsetof(struct block_q5_K, qs);
+    __m512i v = join256(_mm256_loadu_si256(cv256(a + qs + 32 * (size_t)(g / 2))),
+                        _mm256_loadu_si256(cv256(b + qs + 32 * (size_t)(g / 2))));
+    if (g & 1)
+        v = _mm512_srli_epi16(v, 4);
+    v = _mm512_and_si512(v, m4);
+    if (kind == LK_Q5_K) {
+        size_t qh = offsetof(struct block_q5_K, qh);
+        __m512i t = join256(_mm256_loadu_si256(cv256(a + qh)), _mm256_loadu_si256(cv256(b + qh)));
+        __mmask64 k5 = _mm512_test_epi8_mask(t, _mm512_set1_epi8((char)(1 << g)));
+        v = _mm512_mask_add_epi8(v, k5, v, _mm512_set1_epi8(16));
+    }
+    return v;
+}
+
+/* The 16 rows' super-block at byte offset off (rows past the last repeat it). */
+AR_INLINE void lk_unpack(const int kind, const uint8_t *const rows[16], size_t off, struct lk_wt *wt)
+{
+    float d[16], dmin[16];
+    uint8_t sc[16][16], mn[8][16];
+    for (int g = 0; g < 8; g++) {
+        __m512i z[8];
+        for (int k = 0; k < 8; k++)
+            z[k] = lk_group(kind, rows[k] + off, rows[k + 8] + off, g);
+        ln_transpose(z, &wt->v[8 * g]);
+    }
+    for (int r = 0; r < 16; r++) {
+        const uint8_t *b = rows[r] + off;
+        if (kind == LK_Q6_K) {
+            const struct block_q6_K *q = (const struct block_q6_K *)(const void *)b;
+            for (int s = 0; s < 16; s++)
+                sc[s][r] = (uint8_t)q->scales[s];
+            d[r] = f16_to_f32(q->d);
+        } else {
+            /* d, dmin and scales sit at the same offsets in Q4_K and Q5_K */
+            const struct block_q4_K *q = (const struct block_q4_K *)(const void *)b;
+            uint8_t bytes[16];
+            _mm_storeu_si128((__m128i *)(void *)bytes, k_scales_mins(q->scales));
+            for (int j = 0; j < 8; j++) {
+                sc[j][r] = bytes[j];
+                mn[j][r] = bytes[8 + j];
+            }
+            d[r] = f16_to_f32(q->d);
+            dmin[r] = f16_to_f32(q->dmin);
+        }
+    }
+    wt->d = _mm512_loadu_ps(d);
+    if (kind == LK_Q6_K) {
+        for (int s = 0; s < 16; s++)
+            wt->sc[s] = _mm512_cvtepi8_epi32(_mm_loadu_si128(cv128(sc[s])));
+    } else {
+        wt->dmin = _mm512_loadu_ps(dmin);
+        for (int j = 0; j < 8; j++)
+            wt->sc[j] = _mm512_cvtepu8_epi32(_mm_loadu_si128(cv128(sc[j])));
+        for (int u = 0; u < 4; u++)
+            wt->mpair[u] = _mm512_or_si512(
+                _mm512_cvtepu8_epi32(_mm_loadu_si128(cv128(mn[2 * u]))),
+                _mm512_slli_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128(cv128(mn[2 * u + 1]))), 16));
+    }
+}
+
+/* J activation rows (super-block blocks at x, x_row apart) against the unpacked super-block:
+ * y[j * ldy + lane] (masked to m) += their contributions, or = them when first. */
+AR_INLINE void lk_rows(const int kind, const int J, const struct lk_wt *wt, const uint8_t *x,
+                       size_t x_row, float *y, size_t ldy, __mmask16 m, bool first)
+{
+    __m512i isum[8];
+    const struct block_q8_K *xb[8];
+    _Pragma("GCC unroll 8") for (int j = 0; j < J; j++)
+    {
+        isum[j] = _mm512_setzero_si512();
+        xb[j] = (const struct block_q8_K *)(const void *)(x + (size_t)j * x_row);
+    }
+    for (int g = 0; g < 8; g++) {
+        __m512i w[8];
+        _Pragma("GCC unroll 8") for (int t = 0; t < 8; t++) w[t] = wt->v[8 * g + t];
+        _Pragma("GCC unroll 8") for (int j = 0; j < J; j++)
+        {
+            const int8_t *q = xb[j]->qs + 32 * g;
+            if (kind == LK_Q6_K) {
+                _Pragma("GCC unroll 2") for (int hs = 0; hs < 2; hs++)
+                {
+                    __m512i p = _mm512_set1_epi32(-32 * (int32_t)xb[j]->bsums[2 * g + hs]);
+                    _Pragma("GCC unroll 4") for (int t = 0; t < 4; t++) p = _mm512_dpbusd_epi32(
+                        p, w[4 * hs + t], _mm512_set1_epi32(load_i32(q + 16 * hs + 4 * t)));
+                    isum[j] = _mm512_add_epi32(isum[j], _mm512_mullo_epi32(p, wt->sc[2 * g + hs]));
+                }
+            } else {
+                __m512i p = _mm512_setzero_si512();
+                _Pragma("GCC unroll 8") for (int t = 0; t < 8; t++) p =
+                    _mm512_dpbusd_epi32(p, w[t], _mm512_set1_epi32(load_i32(q + 4 * t)));
+                isum[j] = _mm512_add_epi32(isum[j], _mm512_mullo_epi32(p, wt->sc[g]));
+            }
+        }
+    }
+    _Pragma("GCC unroll 8") for (int j = 0; j < J; j++)
+    {
+        __m512 xd = _mm512_set1_ps(xb[j]->d);
+        __m512 acc = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m, y + (size_t)j * ldy);
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[j]), _mm512_mul_ps(wt->d, xd), acc);
+        if (kind != LK_Q6_K) {
+            const int16_t *bs = xb[j]->bsums;
+            __m512i ms = _mm512_setzero_si512();
+            _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++)
+            {
+                int32_t s0 = bs[4 * u] + bs[4 * u + 1], s1 = bs[4 * u + 2] + bs[4 * u + 3];
+                __m512i sp = _mm512_set1_epi32((int32_t)(((uint32_t)s1 << 16) | (uint16_t)s0));
+                ms = _mm512_dpwssd_epi32(ms, wt->mpair[u], sp);
+            }
+            acc = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(ms), _mm512_mul_ps(wt->dmin, xd), acc);
+        }
+        _mm512_mask_storeu_ps(y + (size_t)j * ldy, m, acc);
+    }
+}
+
+AR_INLINE void lk_gemm(const int kind, int nb, int nr, int nc, const uint8_t *w, size_t w_row,
+                       const uint8_t *x, size_t x_row, float *y, size_t ldy)
+{
+    const size_t bs = kind == LK_Q4_K   ? sizeof(struct block_q4_K)
+                      : kind == LK_Q5_K ? sizeof(struct block_q5_K)
+                                        : sizeof(struct block_q6_K);
+    const size_t xbs = sizeof(struct block_q8_K);
+    struct lk_wt wt;
+    for (int j0 = 0; j0 < nc; j0 += LN_JC) {
+        int jn = AR_MIN(LN_JC, nc - j0);
+        const uint8_t *xj0 = x + (size_t)j0 * x_row;
+        for (int i0 = 0; i0 < nr; i0 += 16) {
+            int rn = AR_MIN(16, nr - i0);
+            __mmask16 m = (__mmask16)((1u << rn) - 1u);
+            const uint8_t *rows[16];
+            float *yt = y + (size_t)j0 * ldy + (size_t)i0;
+            for (int r = 0; r < 16; r++)
+                rows[r] = w + (size_t)(i0 + AR_MIN(r, rn - 1)) * w_row;
+            for (int b = 0; b < nb; b++) {
+                const uint8_t *xb = xj0 + (size_t)b * xbs;
+                int j = 0;
+                lk_unpack(kind, rows, (size_t)b * bs, &wt);
+                for (; j + 4 <= jn; j += 4)
+                    lk_rows(kind, 4, &wt, xb + (size_t)j * x_row, x_row, yt + (size_t)j * ldy, ldy,
+                            m, b == 0);
+                for (; j < jn; j++)
+                    lk_rows(kind, 1, &wt, xb + (size_t)j * x_row, x_row, yt + (size_t)j * ldy, ldy,
+                            m, b == 0);
+            }
+        }
+    }
+}
+
+static void q4_K_gemm_best(int n, int nr, int nc, const void *w, size_t w_row, const void *x,
+                           size_t x_row, float *y, size_t ldy)
+{
+    if (nc >= LK_MIN_NC)
+        lk_gemm(LK_Q4_K, n / QK_K, nr, nc, w, w_row, x, x_row, y, ldy);
+    else
+        q4_K_gemm(n, nr, nc, w, w_row, x, x_row, y, ldy);
+}
+
+static void q5_K_gemm_best(int n, int nr, int nc, const void *w, size_t w_row, const void *x,
+                           size_t x_row, float *y, size_t ldy)
+{
+    if (nc >= LK_MIN_NC)
+        lk_gemm(LK_Q5_K, n / QK_K, nr, nc, w, w_row, x, x_row, y, ldy);
+    else
+        q5_K_gemm(n, nr, nc, w, w_row, x, x_row, y, ldy);
+}
+
+static void q6_K_gemm_best(int n, int nr, int nc, const void *w, size_t w_row, const void *x,
+                           size_t x_row, float *y, size_t ldy)
+{
+    if (nc >= LK_MIN_NC)
+        lk_gemm(LK_Q6_K, n / QK_K, nr, nc, w, w_row, x, x_row, y, ldy);
+    else
+        q6_K_gemm(n, nr, nc, w, w_row, x, x_row, y, ldy);
+}
+#endif
 
 /* ---- attention over one KV head --------------------------------------------------------------
  * Each key (value) row is loaded and converted once and used for every query head of the
@@ -675,17 +1086,25 @@ void kernels_fill_avx512(struct kernel_ops *ops)
     ops->vec_dot[AR_TYPE_Q6_K] = q6_K_vec_dot;
 
 #ifdef __AVX512VNNI__
-    ops->gemm[AR_TYPE_Q8_0] = q8_0_gemm_vnni;
+    ops->gemm[AR_TYPE_Q8_0] = q8_0_gemm_best;
+    ops->gemm[AR_TYPE_Q5_0] = q5_0_gemm_best;
+    ops->gemm[AR_TYPE_Q4_0] = q4_0_gemm_best;
 #else
     ops->gemm[AR_TYPE_Q8_0] = q8_0_gemm;
-#endif
-    ops->gemm[AR_TYPE_Q4_0] = q4_0_gemm;
-    ops->gemm[AR_TYPE_Q4_1] = q4_1_gemm;
     ops->gemm[AR_TYPE_Q5_0] = q5_0_gemm;
+    ops->gemm[AR_TYPE_Q4_0] = q4_0_gemm;
+#endif
+    ops->gemm[AR_TYPE_Q4_1] = q4_1_gemm;
     ops->gemm[AR_TYPE_Q5_1] = q5_1_gemm;
+#ifdef __AVX512VNNI__
+    ops->gemm[AR_TYPE_Q4_K] = q4_K_gemm_best;
+    ops->gemm[AR_TYPE_Q5_K] = q5_K_gemm_best;
+    ops->gemm[AR_TYPE_Q6_K] = q6_K_gemm_best;
+#else
     ops->gemm[AR_TYPE_Q4_K] = q4_K_gemm;
     ops->gemm[AR_TYPE_Q5_K] = q5_K_gemm;
     ops->gemm[AR_TYPE_Q6_K] = q6_K_gemm;
+#endif
 
     ops->attn_scores = attn_scores;
     ops->attn_values = attn_values;

@@ -2,12 +2,21 @@
  * with K/V in the paged cache. Each step of a layer is a parallel stage on the pool: row
  * stages (norms, RoPE, activations) split batch rows, matmul stages split weight rows (so
  * each thread streams its share of every matrix once per batch), attention splits
- * (row, head) pairs. No stage's result depends on the thread count. */
+ * (row, head) pairs. Small batches of distinct sequences (decode) run the whole pass as one
+ * pool job of phases instead (see stage_pass). No result depends on the thread count. */
 #include "model_internal.h"
 
 #include <assert.h>
 #include <math.h>
+#include <sched.h>
 #include <stdatomic.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define CPU_RELAX() _mm_pause()
+#else
+#define CPU_RELAX() ((void)0)
+#endif
 
 #include "../kernels/kernels.h"
 
@@ -45,7 +54,7 @@ struct model_ctx {
     float *gate;    /* owned, n_ff */
     float *up;      /* owned, n_ff */
     float *hid;     /* owned, n_ff: silu(gate) * up */
-    float *rope;    /* owned, rope_dim: (cos, sin) pairs per rotated pair */
+    float *rope;    /* owned, rope_dim: (cos, sin) pairs per rotated pair, set per pass */
     uint8_t *act;   /* owned, act_row bytes per row: input rows in a vec_dot type */
     size_t act_row; /* max bytes of one converted input row over all matrices */
     float *scores;  /* owned, (nth * heads per KV head, score_cap) */
@@ -83,12 +92,40 @@ struct model_ctx {
     bool fuse_post;
     /* work items of the running stage are claimed from this counter (see run_stage) */
     atomic_int_fast64_t next;
+
+    /* ---- small batches: the whole pass as one pool job of phases (see stage_pass) ---- */
+    bool ph_ok;              /* the model's matmul groups share activation types */
+    struct ph_seg *ph_seg;   /* owned, (ph_count, ph_segs): claim segments */
+    struct ph_done *ph_done; /* owned, (ph_count) */
+    int ph_count;            /* PH_PER_LAYER * n_layers + 1 */
+    int ph_segs;             /* min(nth, PH_MAX_SEGS) */
+    atomic_int ph_cur;       /* the running phase; ph_count when the pass is done */
+    float *logits;           /* output rows of the running pass */
+    int n_out;               /* rows that produce logits */
 };
+
+/* A phase's items are split into ph_segs contiguous segments, one per thread: a thread
+ * claims from the front of its own segment (so each thread streams one contiguous stretch of
+ * a matrix, which memory serves much faster than two threads taking turns on neighbouring
+ * pieces), then steals from the backs of the others (so a thread that never joins, or lags,
+ * holds up nobody). span: (back << 32) | front, unclaimed items [front, back). */
+struct ph_seg {
+    _Atomic uint64_t span;
+    char pad[64 - sizeof(uint64_t)];
+};
+struct ph_done {
+    atomic_int_fast64_t done; /* items completed */
+    char pad[64 - sizeof(atomic_int_fast64_t)];
+};
+#define PH_MAX_SEGS 16
 
 /* Batches of at most this many rows convert matmul inputs per thread, inside the matmul
  * stage: the repeated work is tiny and one pool rendezvous per conversion is saved. */
 #define SMALL_ROWS 8
 enum { MM_PRE_NONE, MM_PRE_CONVERT, MM_PRE_SILU };
+
+/* Phases of one layer in a small-batch pass (then one for the output matrix). */
+enum { PH_QKV, PH_ATTN, PH_WO, PH_GU, PH_DOWN, PH_PER_LAYER };
 
 /* ---- allocation ---------------------------------------------------------------------- */
 
@@ -159,6 +196,19 @@ enum ar_status model_ctx_create(const struct model *m, int n_batch_max, struct a
         goto fail;
     if (alloc_rows(&c->tmp_th, c->nth * SMALL_ROWS, c->tmp_width))
         goto fail;
+    c->ph_count = PH_PER_LAYER * hp->n_layers + 1;
+    c->ph_segs = AR_MIN(c->nth, PH_MAX_SEGS);
+    if (!(c->ph_seg = ar_malloc_aligned((size_t)c->ph_count * (size_t)c->ph_segs *
+                                        sizeof(*c->ph_seg))) ||
+        !(c->ph_done = ar_malloc_aligned((size_t)c->ph_count * sizeof(*c->ph_done))))
+        goto fail;
+    c->ph_ok = true;
+    for (int l = 0; l < hp->n_layers; l++) {
+        const struct model_layer *L = &m->layers[l];
+        if (L->wk.vec_type != L->wq.vec_type || L->wv.vec_type != L->wq.vec_type ||
+            L->wup.vec_type != L->wgate.vec_type)
+            c->ph_ok = false;
+    }
     *out = c;
     return AR_OK;
 fail:
@@ -186,6 +236,8 @@ void model_ctx_destroy(struct model_ctx *c)
     ar_free(c->out_rows);
     ar_free_aligned(c->act_th);
     ar_free_aligned(c->tmp_th);
+    ar_free_aligned(c->ph_seg);
+    ar_free_aligned(c->ph_done);
     ar_free(c);
 }
 
@@ -243,6 +295,20 @@ static void convert_rows(struct model_ctx *c, int64_t r0, int64_t r1)
                                          c->conv_n);
 }
 
+/* Row r's RoPE (cos, sin) pairs, computed once per pass and used by every layer; angles in
+ * double: pos * freq_scale * base^(-2i / rope_dim). */
+static void rope_table_row(struct model_ctx *c, int64_t r)
+{
+    const struct model_hparams *hp = &c->m->hp;
+    float *cs = c->rope + r * hp->rope_dim;
+    int32_t pos = c->b->pos[r];
+    for (int i = 0; i < hp->rope_dim / 2; i++) {
+        double theta = (double)pos * c->m->rope_inv_freq[i];
+        cs[2 * i] = (float)cos(theta);
+        cs[2 * i + 1] = (float)sin(theta);
+    }
+}
+
 static void stage_embed(void *arg, int ith, int nth)
 {
     struct model_ctx *c = arg;
@@ -253,6 +319,7 @@ static void stage_embed(void *arg, int ith, int nth)
         for (int64_t r = r0; r < r1; r++) {
             const uint8_t *row = (const uint8_t *)e->data + (size_t)c->b->tokens[r] * e->row_size;
             c->ops->to_float[e->type](row, c->x + r * n, n);
+            rope_table_row(c, r);
         }
     }
 }
@@ -329,7 +396,7 @@ static void qkv_post_row(struct model_ctx *c, int64_t r, int g0, int g1)
     int bt = kv_params(c->kv)->block_tokens;
     size_t row_size = kv_row_size(c->kv);
     float *q = c->q + r * n_q, *k = c->k + r * n_kv, *v = c->v + r * n_kv;
-    float cs[2 * 256], *csp = cs;
+    const float *csp = c->rope + r * hp->rope_dim;
     int32_t pos = c->b->pos[r];
     const struct kv_seq *s = c->seqs[c->b->seq[r]];
     int32_t block = s->blocks[pos / bt];
@@ -337,8 +404,6 @@ static void qkv_post_row(struct model_ctx *c, int64_t r, int g0, int g1)
     uint8_t *kd = (uint8_t *)kv_k_block(c->kv, c->layer, block) + off;
     uint8_t *vd = (uint8_t *)kv_v_block(c->kv, c->layer, block) + off;
 
-    if (hp->rope_dim > 256) /* rope_dim <= head_dim; a huge one uses the shared rows */
-        csp = c->rope + r * hp->rope_dim;
     if (L->bq)
         for (int i = q0; i < q1; i++)
             q[i] += L->bq[i];
@@ -348,12 +413,6 @@ static void qkv_post_row(struct model_ctx *c, int64_t r, int g0, int g1)
     if (L->bv)
         for (int i = k0; i < k1; i++)
             v[i] += L->bv[i];
-    /* angles in double: pos * freq_scale * base^(-2i / rope_dim) */
-    for (int i = 0; i < hp->rope_dim / 2; i++) {
-        double theta = (double)pos * c->m->rope_inv_freq[i];
-        csp[2 * i] = (float)cos(theta);
-        csp[2 * i + 1] = (float)sin(theta);
-    }
     rope_rotate(q + q0, (g1 - g0) * group, hd, hp->rope_dim, hp->rope_neox, csp);
     rope_rotate(k + k0, g1 - g0, hd, hp->rope_dim, hp->rope_neox, csp);
     if (c->kv_elem == 4) {
@@ -379,12 +438,9 @@ static void stage_qkv_post(void *arg, int ith, int nth)
             qkv_post_row(c, r, 0, c->m->hp.n_kv_heads);
 }
 
-/* att[r, head h] = softmax(q·K^T * scale) V over positions 0..pos[r] of row r's sequence;
- * query head h reads KV head h / (n_heads / n_kv_heads). Work items are (row, KV head): the
- * query heads of a group share each key and value row loaded. */
-static void stage_attn(void *arg, int ith, int nth)
+/* Attention work item it = (row, KV head), with thread ith's score rows (see stage_attn). */
+static void attn_item(struct model_ctx *c, int ith, int64_t it)
 {
-    struct model_ctx *c = arg;
     const struct model_hparams *hp = &c->m->hp;
     const struct kernel_ops *ops = c->ops;
     int hd = hp->head_dim, n_q = hp->n_heads * hd;
@@ -394,34 +450,42 @@ static void stage_attn(void *arg, int ith, int nth)
     enum ar_type kt = es == 4 ? AR_TYPE_F32 : AR_TYPE_F16;
     float scale = (float)(1.0 / sqrt((double)hd));
     float *scores = c->scores + (size_t)ith * (size_t)group * cap;
-    int64_t i0, i1, n_items = (int64_t)c->n_rows * hp->n_kv_heads;
+    int64_t r = it / hp->n_kv_heads;
+    int kvh = (int)(it % hp->n_kv_heads);
+    const float *q = c->q + r * n_q + (int64_t)kvh * group * hd;
+    float *out = c->att + r * n_q + (int64_t)kvh * group * hd;
+    int32_t n_pos = c->b->pos[r] + 1;
+    const struct kv_seq *s = c->seqs[c->b->seq[r]];
+    size_t head_off = (size_t)kvh * (size_t)hd * es;
+
+    if (c->fuse_post) /* no other row of this batch reads this row's K/V */
+        qkv_post_row(c, r, kvh, kvh + 1);
+    for (int32_t t0 = 0, bi = 0; t0 < n_pos; t0 += bt, bi++) {
+        const uint8_t *kb = (const uint8_t *)kv_k_block(c->kv, c->layer, s->blocks[bi]);
+        ops->attn_scores(hd, group, AR_MIN(bt, n_pos - t0), q, kb + head_off, row_size, kt, scale,
+                         scores + t0, cap);
+    }
+    for (int h = 0; h < group; h++)
+        ops->softmax(n_pos, scores + (size_t)h * cap);
+    memset(out, 0, (size_t)group * (size_t)hd * sizeof(float));
+    for (int32_t t0 = 0, bi = 0; t0 < n_pos; t0 += bt, bi++) {
+        const uint8_t *vb = (const uint8_t *)kv_v_block(c->kv, c->layer, s->blocks[bi]);
+        ops->attn_values(hd, group, AR_MIN(bt, n_pos - t0), scores + t0, cap, vb + head_off,
+                         row_size, kt, out);
+    }
+}
+
+/* att[r, head h] = softmax(q·K^T * scale) V over positions 0..pos[r] of row r's sequence;
+ * query head h reads KV head h / (n_heads / n_kv_heads). Work items are (row, KV head): the
+ * query heads of a group share each key and value row loaded. */
+static void stage_attn(void *arg, int ith, int nth)
+{
+    struct model_ctx *c = arg;
+    int64_t i0, i1, n_items = (int64_t)c->n_rows * c->m->hp.n_kv_heads;
     (void)nth;
     while (claim(c, n_items, AR_MAX(1, n_items / (8 * c->nth)), &i0, &i1))
-        for (int64_t it = i0; it < i1; it++) {
-            int64_t r = it / hp->n_kv_heads;
-            int kvh = (int)(it % hp->n_kv_heads);
-            const float *q = c->q + r * n_q + (int64_t)kvh * group * hd;
-            float *out = c->att + r * n_q + (int64_t)kvh * group * hd;
-            int32_t n_pos = c->b->pos[r] + 1;
-            const struct kv_seq *s = c->seqs[c->b->seq[r]];
-            size_t head_off = (size_t)kvh * (size_t)hd * es;
-
-            if (c->fuse_post) /* no other row of this batch reads this row's K/V */
-                qkv_post_row(c, r, kvh, kvh + 1);
-            for (int32_t t0 = 0, bi = 0; t0 < n_pos; t0 += bt, bi++) {
-                const uint8_t *kb = (const uint8_t *)kv_k_block(c->kv, c->layer, s->blocks[bi]);
-                ops->attn_scores(hd, group, AR_MIN(bt, n_pos - t0), q, kb + head_off, row_size, kt,
-                                 scale, scores + t0, cap);
-            }
-            for (int h = 0; h < group; h++)
-                ops->softmax(n_pos, scores + (size_t)h * cap);
-            memset(out, 0, (size_t)group * (size_t)hd * sizeof(float));
-            for (int32_t t0 = 0, bi = 0; t0 < n_pos; t0 += bt, bi++) {
-                const uint8_t *vb = (const uint8_t *)kv_v_block(c->kv, c->layer, s->blocks[bi]);
-                ops->attn_values(hd, group, AR_MIN(bt, n_pos - t0), scores + t0, cap, vb + head_off,
-                                 row_size, kt, out);
-            }
-        }
+        for (int64_t it = i0; it < i1; it++)
+            attn_item(c, ith, it);
 }
 
 /* ---- matmul stage -------------------------------------------------------------------- */
@@ -545,6 +609,262 @@ static void compact_rows(struct model_ctx *c, int n_out)
     c->n_rows = n_out;
 }
 
+/* ---- small batches: one pool job per pass ------------------------------------------------
+ * With a few rows a layer's stages are short (tens of microseconds), and a pool rendezvous per
+ * stage costs as much as the work. So the pass runs as one job: phases in order (per layer:
+ * q/k/v products, attention, output projection, gate/up products, down projection; then the
+ * output matrix), each a set of items claimed from its own counter. The thread that completes
+ * a phase's last item does the phase's short serial tail (residual add, norm and conversion of
+ * the next input, silu, row compaction) and then opens the next phase; a thread with nothing
+ * left to claim waits for that. Every item and tail is computed by the same code whichever
+ * thread runs it, so results do not depend on the thread count (they equal the staged pass's). */
+
+/* Weight rows per matmul item: small items keep two threads even on a 7-item matrix. */
+static int64_t ph_unit_rows(const struct model_mat *w)
+{
+    return w->n_out > 8192 ? MM_CALL_ROWS : 32;
+}
+
+/* The matmuls of phase p (none for attention); returns their count. */
+static int ph_mats(const struct model_ctx *c, int p, struct mm_item *it)
+{
+    const struct model *m = c->m;
+    const struct model_hparams *hp = &m->hp;
+    int l = p / PH_PER_LAYER;
+    const struct model_layer *L = &m->layers[AR_MIN(l, hp->n_layers - 1)];
+    if (l == hp->n_layers) {
+        it[0] = (struct mm_item){&m->output, c->logits, (size_t)hp->n_vocab};
+        return 1;
+    }
+    switch (p % PH_PER_LAYER) {
+    case PH_QKV:
+        it[0] = (struct mm_item){&L->wq, c->q, (size_t)L->wq.n_out};
+        it[1] = (struct mm_item){&L->wk, c->k, (size_t)L->wk.n_out};
+        it[2] = (struct mm_item){&L->wv, c->v, (size_t)L->wv.n_out};
+        return 3;
+    case PH_WO:
+        it[0] = (struct mm_item){&L->wo, c->proj, (size_t)hp->n_embd};
+        return 1;
+    case PH_GU:
+        it[0] = (struct mm_item){&L->wgate, c->gate, (size_t)hp->n_ff};
+        it[1] = (struct mm_item){&L->wup, c->up, (size_t)hp->n_ff};
+        return 2;
+    case PH_DOWN:
+        it[0] = (struct mm_item){&L->wdown, c->proj, (size_t)hp->n_embd};
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+/* The matmul input for the next phase: rows of src (n floats each) as type t. */
+static void ph_set_input(struct model_ctx *c, const float *src, int64_t n, enum ar_type t)
+{
+    if (t == AR_TYPE_F32) {
+        c->mm_x = src;
+        c->mm_x_row = (size_t)n * sizeof(float);
+        return;
+    }
+    for (int r = 0; r < c->n_rows; r++)
+        c->ops->from_float[t](src + (size_t)r * (size_t)n, c->act + (size_t)r * c->act_row, n);
+    c->mm_x = c->act;
+    c->mm_x_row = c->act_row;
+}
+
+/* x += proj (unless first), xn = rmsnorm(x) * w, then xn as the input of matrix `next`. */
+static void ph_norm(struct model_ctx *c, bool add, const float *w, const struct model_mat *next)
+{
+    int64_t n = c->m->hp.n_embd;
+    for (int r = 0; r < c->n_rows; r++) {
+        float *x = c->x + r * n;
+        if (add) {
+            const float *p = c->proj + r * n;
+            for (int64_t i = 0; i < n; i++)
+                x[i] += p[i];
+        }
+        c->ops->rmsnorm((int)n, c->xn + r * n, x, w, c->m->hp.rms_eps);
+    }
+    ph_set_input(c, c->xn, n, next->vec_type);
+}
+
+/* The serial tail of phase p; returns the phase to open next. */
+static int ph_finish(struct model_ctx *c, int p)
+{
+    const struct model *m = c->m;
+    const struct model_hparams *hp = &m->hp;
+    int l = p / PH_PER_LAYER;
+    const struct model_layer *L = &m->layers[AR_MIN(l, hp->n_layers - 1)];
+    if (l == hp->n_layers)
+        return c->ph_count;
+    switch (p % PH_PER_LAYER) {
+    case PH_QKV:
+        c->layer = l;
+        break;
+    case PH_ATTN:
+        if (l == hp->n_layers - 1 && c->n_rows > c->n_out) {
+            /* K/V are written: from here on only rows that produce logits matter */
+            compact_rows(c, c->n_out);
+            if (c->n_out == 0)
+                return c->ph_count;
+        }
+        ph_set_input(c, c->att, (int64_t)hp->n_heads * hp->head_dim, L->wo.vec_type);
+        break;
+    case PH_WO:
+        ph_norm(c, true, L->ffn_norm, &L->wgate);
+        break;
+    case PH_GU:
+        for (int r = 0; r < c->n_rows; r++)
+            c->ops->silu_mul((int)hp->n_ff, c->hid + (size_t)r * (size_t)hp->n_ff,
+                             c->gate + (size_t)r * (size_t)hp->n_ff,
+                             c->up + (size_t)r * (size_t)hp->n_ff);
+        ph_set_input(c, c->hid, hp->n_ff, L->wdown.vec_type);
+        break;
+    case PH_DOWN:
+        if (l + 1 < hp->n_layers)
+            ph_norm(c, true, m->layers[l + 1].attn_norm, &m->layers[l + 1].wq);
+        else
+            ph_norm(c, true, m->output_norm, &m->output);
+        break;
+    default:
+        break;
+    }
+    return p + 1;
+}
+
+/* Claims items of segment sg: from its front when it is the claimer's own (a quarter of what
+ * is left, at least one: long gemm calls while much is left, single items at the end), else
+ * one item from its back. Returns false when the segment is empty. */
+static bool ph_claim_seg(struct ph_seg *sg, bool own, int64_t *i0, int64_t *i1)
+{
+    uint64_t cur = atomic_load_explicit(&sg->span, memory_order_relaxed);
+    for (;;) {
+        uint32_t f = (uint32_t)cur, e = (uint32_t)(cur >> 32), k = 1;
+        uint64_t nxt;
+        if (f >= e)
+            return false;
+        if (own)
+            k = AR_MAX(1u, (e - f) / 4);
+        nxt = own ? ((uint64_t)e << 32) | (f + k) : ((uint64_t)(e - 1) << 32) | f;
+        if (atomic_compare_exchange_weak_explicit(&sg->span, &cur, nxt, memory_order_relaxed,
+                                                  memory_order_relaxed)) {
+            *i0 = own ? f : e - 1;
+            *i1 = own ? f + k : e;
+            return true;
+        }
+    }
+}
+
+/* Thread ith's next items [i0, i1) of phase p: its own segment first, then the others. */
+static bool ph_claim(struct model_ctx *c, int p, int ith, int64_t *i0, int64_t *i1)
+{
+    struct ph_seg *segs = c->ph_seg + (size_t)p * (size_t)c->ph_segs;
+    int home = ith % c->ph_segs;
+    for (int k = 0; k < c->ph_segs; k++) {
+        int sgi = (home + k) % c->ph_segs;
+        if (ph_claim_seg(&segs[sgi], k == 0 && ith < c->ph_segs, i0, i1))
+            return true;
+    }
+    return false;
+}
+
+/* The work items of phase p: matmul units (it, units) or attention items. */
+static int64_t ph_items(const struct model_ctx *c, int p, struct mm_item *it, int64_t *units,
+                        int *n_mm)
+{
+    *n_mm = ph_mats(c, p, it);
+    units[0] = 0;
+    for (int k = 0; k < *n_mm; k++) {
+        int64_t rows = ph_unit_rows(it[k].w);
+        units[k + 1] = units[k] + (it[k].w->n_out + rows - 1) / rows;
+    }
+    return *n_mm ? units[*n_mm] : (int64_t)c->n_rows * c->m->hp.n_kv_heads;
+}
+
+/* Opens phase p (its items split into segments); the opener then publishes ph_cur = p. */
+static void ph_open(struct model_ctx *c, int p)
+{
+    struct mm_item it[MM_MAX_MATS];
+    int64_t units[MM_MAX_MATS + 1];
+    int n_mm;
+    int64_t n = p < c->ph_count ? ph_items(c, p, it, units, &n_mm) : 0;
+    if (p >= c->ph_count)
+        return;
+    for (int k = 0; k < c->ph_segs; k++) {
+        uint64_t f = (uint64_t)(n * k / c->ph_segs), e = (uint64_t)(n * (k + 1) / c->ph_segs);
+        atomic_store_explicit(&c->ph_seg[(size_t)p * (size_t)c->ph_segs + (size_t)k].span,
+                              (e << 32) | f, memory_order_relaxed);
+    }
+    atomic_store_explicit(&c->ph_done[p].done, 0, memory_order_relaxed);
+}
+
+static void stage_pass(void *arg, int ith, int nth)
+{
+    struct model_ctx *c = arg;
+    (void)nth;
+    for (;;) {
+        int p = atomic_load_explicit(&c->ph_cur, memory_order_acquire);
+        struct mm_item it[MM_MAX_MATS];
+        int64_t units[MM_MAX_MATS + 1], n_items, u0, u1;
+        int n_mm;
+        if (p >= c->ph_count)
+            return;
+        if (ph_claim(c, p, ith, &u0, &u1)) {
+            /* phase p is not complete while we hold items: its state is stable */
+            n_items = ph_items(c, p, it, units, &n_mm);
+            if (n_mm) {
+                /* units [u0, u1): one gemm call per matrix they cover */
+                for (int k = 0; k < n_mm; k++) {
+                    const struct model_mat *w = it[k].w;
+                    int64_t rows = ph_unit_rows(w);
+                    int64_t a = AR_MAX(u0, units[k]), b = AR_MIN(u1, units[k + 1]);
+                    if (a >= b)
+                        continue;
+                    int64_t i = (a - units[k]) * rows, e = AR_MIN((b - units[k]) * rows, w->n_out);
+                    c->ops->gemm[w->type]((int)w->n_in, (int)(e - i), c->n_rows,
+                                          (const uint8_t *)w->data + (size_t)i * w->row_size,
+                                          w->row_size, c->mm_x, c->mm_x_row, it[k].out + i,
+                                          it[k].ldy);
+                }
+            } else {
+                for (int64_t u = u0; u < u1; u++)
+                    attn_item(c, ith, u);
+            }
+            if (atomic_fetch_add_explicit(&c->ph_done[p].done, u1 - u0, memory_order_acq_rel) +
+                    (u1 - u0) ==
+                n_items) {
+                int next = ph_finish(c, p);
+                ph_open(c, next);
+                atomic_store_explicit(&c->ph_cur, next, memory_order_release);
+            }
+            continue;
+        }
+        /* nothing left to claim: the thread with the last item opens the next phase */
+        for (int spins = 0; atomic_load_explicit(&c->ph_cur, memory_order_acquire) == p; spins++) {
+            if (spins < 4096)
+                CPU_RELAX();
+            else
+                sched_yield();
+        }
+    }
+}
+
+/* The small-batch pass: embedding and the first norm here, the rest as one pool job. */
+static void forward_phases(struct model_ctx *c)
+{
+    const struct model *m = c->m;
+    int64_t n = m->hp.n_embd;
+    for (int r = 0; r < c->n_rows; r++) {
+        const struct model_mat *e = &m->tok_embd;
+        const uint8_t *row = (const uint8_t *)e->data + (size_t)c->b->tokens[r] * e->row_size;
+        c->ops->to_float[e->type](row, c->x + r * n, n);
+        rope_table_row(c, r);
+    }
+    ph_norm(c, false, m->layers[0].attn_norm, &m->layers[0].wq);
+    ph_open(c, 0);
+    atomic_store_explicit(&c->ph_cur, 0, memory_order_release);
+    ar_pool_run_shared(c->pool, stage_pass, c);
+}
+
 /* ---- the pass ------------------------------------------------------------------------ */
 
 static enum ar_status check_batch(const struct model_ctx *c, const struct kv_cache *kv,
@@ -612,7 +932,7 @@ enum ar_status model_forward(struct model_ctx *c, struct kv_cache *kv, struct kv
     c->mm_pre = MM_PRE_NONE;
     /* a row's K/V can be written by its own attention item when no other row of the batch
      * belongs to the same sequence */
-    c->fuse_post = n <= SMALL_ROWS && hp->rope_dim <= 256;
+    c->fuse_post = n <= SMALL_ROWS;
     for (int r = 0; r < n && c->fuse_post; r++)
         for (int r2 = 0; r2 < r; r2++)
             if (b->seq[r2] == b->seq[r])
@@ -621,6 +941,15 @@ enum ar_status model_forward(struct model_ctx *c, struct kv_cache *kv, struct kv
     for (int r = 0, j = 0; r < n; r++)
         if (b->logits ? b->logits[r] != 0 : r == n - 1)
             c->out_rows[j++] = r;
+    if (c->fuse_post && c->ph_ok) {
+        c->logits = logits;
+        c->n_out = n_out;
+        forward_phases(c);
+        c->kv = NULL;
+        c->seqs = NULL;
+        c->b = NULL;
+        return AR_OK;
+    }
     run_stage(c, stage_embed);
     for (int l = 0; l < hp->n_layers; l++) {
         const struct model_layer *L = &m->layers[l];

@@ -225,18 +225,17 @@ static void gemm_matches_reference_dot_at_every_tile_edge(void **state)
 /* Batch-sized products (many activation rows, long rows): the shapes of a prompt's matmuls,
  * where kernels may take a different path than for a few rows (k split in chunks, more than
  * 64 activation rows, partial groups of 16 weight rows). */
-static void gemm_matches_reference_dot_on_batch_shapes(void **state)
+static int check_gemm_shapes(const int (*shapes)[3], int n_shapes, const char *what, int *nv_out)
 {
-    static const int shapes[][3] = {{33, 70, 19}, {16, 8, 9}, {5, 65, 40}, {48, 12, 1}};
     const struct kernel_ops *vs[MAX_VARIANTS], *ref = kernels_ref();
     int nv = simd_variants(vs), checked = 0;
-    (void)state;
+    *nv_out = nv;
     for (int v = 0; v < nv; v++) {
         for (int ti = 0; ti < COUNT(weight_types); ti++) {
             enum ar_type t = weight_types[ti], at = kernels_vec_dot_type(t);
             if (vs[v]->gemm[t] == ref->gemm[t])
                 continue;
-            for (int si = 0; si < COUNT(shapes); si++) {
+            for (int si = 0; si < n_shapes; si++) {
                 int nr = shapes[si][0], nc = shapes[si][1];
                 int n = shapes[si][2] * (is_float_type(t) ? 8 : ar_type_info(t)->block_size);
                 size_t w_row = ar_type_row_size(t, n) + 4, x_row = ar_type_row_size(at, n) + 12;
@@ -258,7 +257,7 @@ static void gemm_matches_reference_dot_on_batch_shapes(void **state)
                         float want;
                         ref->vec_dot[t](n, &want, wi, xj);
                         assert_dot_close(y[(size_t)j * ldy + (size_t)i], want,
-                                         abs_terms(t, n, wi, xj), "batch gemm", vs[v]->name, t, n);
+                                         abs_terms(t, n, wi, xj), what, vs[v]->name, t, n);
                     }
                     for (size_t i = (size_t)nr; i < ldy; i++)
                         assert_true(y[(size_t)j * ldy + i] == -12345.0f);
@@ -270,7 +269,27 @@ static void gemm_matches_reference_dot_on_batch_shapes(void **state)
             }
         }
     }
+    return checked;
+}
+
+static void gemm_matches_reference_dot_on_batch_shapes(void **state)
+{
+    static const int shapes[][3] = {{33, 70, 19}, {16, 8, 9}, {5, 65, 40}, {48, 12, 1}};
+    int nv, checked = check_gemm_shapes(shapes, COUNT(shapes), "batch gemm", &nv);
+    (void)state;
     print_message("batch gemm: %d shapes over %d SIMD variant(s)\n", checked, nv);
+}
+
+/* One activation row (decode): kernels may prepare the activation row once per call and
+ * stream the weights; rows of an odd block count, and rows longer than 32768 activations
+ * (which some kernels take in chunks), over a few weight rows. */
+static void gemm_matches_reference_dot_for_one_activation_row(void **state)
+{
+    static const int shapes[][3] = {{7, 1, 1}, {3, 1, 3}, {9, 1, 28}, {5, 1, 152},
+                                    {3, 1, 1027}, {2, 1, 2048}};
+    int nv, checked = check_gemm_shapes(shapes, COUNT(shapes), "gemv", &nv);
+    (void)state;
+    print_message("gemv: %d shapes over %d SIMD variant(s)\n", checked, nv);
 }
 
 /* ---- activation quantizers ---------------------------------------------------------------- */
@@ -558,6 +577,7 @@ int main(void)
         cmocka_unit_test(vec_dot_matches_reference_for_every_weight_type),
         cmocka_unit_test(gemm_matches_reference_dot_at_every_tile_edge),
         cmocka_unit_test(gemm_matches_reference_dot_on_batch_shapes),
+        cmocka_unit_test(gemm_matches_reference_dot_for_one_activation_row),
         cmocka_unit_test(attention_ops_match_plain_loops),
         cmocka_unit_test(activation_quantizers_match_reference_bytes),
         cmocka_unit_test(activation_quantizers_round_exact_halves_like_reference),
