@@ -172,8 +172,8 @@ int cmd_generate(int argc, char **argv)
         const char *text = prompt;
         size_t text_len = strlen(prompt);
         int64_t n = 0;
-        enum tokenizer_chat fam = tokenizer_chat_family(tok);
         if (chat) {
+            enum tokenizer_chat fam = tokenizer_chat_family(tok);
             struct tokenizer_chat_msg msgs[2];
             size_t nm = 0;
             if (system)

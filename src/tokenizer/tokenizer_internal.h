@@ -72,6 +72,7 @@ struct tokenizer {
 
     char *chat_template; /* owned, NUL-terminated, or NULL */
     enum tokenizer_chat chat;
+    bool chat_known; /* the template was recognized (else ChatML is a fallback) */
 };
 
 /* FNV-1a, the hash of every table here. */

@@ -681,9 +681,7 @@ static enum ar_status load_chat(struct tokenizer *tok, const struct gguf_file *f
     } else {
         tok->chat = tokenizer_chat_detect(NULL, 0, &known);
     }
-    if (!known && !atomic_flag_test_and_set(&warned_chat))
-        AR_WARN("tokenizer: %s chat template, using ChatML",
-                tok->chat_template ? "unrecognized" : "no");
+    tok->chat_known = known;
     return AR_OK;
 }
 
@@ -880,6 +878,10 @@ const char *tokenizer_token_piece(const struct tokenizer *tok, int32_t id, size_
 
 enum tokenizer_chat tokenizer_chat_family(const struct tokenizer *tok)
 {
+    /* reported when a chat prompt is actually needed, not for every vocabulary loaded */
+    if (!tok->chat_known && !atomic_flag_test_and_set(&warned_chat))
+        AR_WARN("tokenizer: %s chat template, using ChatML",
+                tok->chat_template ? "unrecognized" : "no");
     return tok->chat;
 }
 
