@@ -1,6 +1,7 @@
 /* cmd_bench.c - `autoreply bench -m MODEL`: prefill (ppN) and decode (tgN) speed, the memory
- * read bandwidth of this machine measured in the same run, and decode efficiency =
- * tok/s x weight bytes read per token / bandwidth. --json prints one object per line. */
+ * read bandwidth of this machine measured next to each decode repetition, and decode
+ * efficiency = tok/s x weight bytes read per token / bandwidth (per repetition, then the
+ * median). --json prints one object per line. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,28 +37,46 @@ static void bw_read(void *ctx, int ith, int nth)
     j->sums[ith & 63] = s0 + s1 + s2 + s3;
 }
 
-/* Best of several passes over a buffer much larger than the caches, in GB/s (1e9 B/s). */
-static double measure_bandwidth(struct ar_pool *pool, size_t bytes)
+/* Best of `passes` reads of a buffer much larger than the caches, in GB/s (1e9 B/s). */
+static double measure_bandwidth(struct ar_pool *pool, struct bw_job *j, int passes)
 {
-    struct bw_job j = {0};
     double best = 0;
-    uint64_t *buf = ar_malloc_aligned(bytes);
-    if (!buf)
-        return 0;
-    j.n = bytes / sizeof(uint64_t);
-    for (size_t i = 0; i < j.n; i++)
-        buf[i] = i;
-    j.buf = buf;
-    for (int rep = 0; rep < 5; rep++) {
+    for (int rep = 0; rep < passes; rep++) {
         double t0 = ar_time_s();
-        ar_pool_run(pool, bw_read, &j);
+        ar_pool_run(pool, bw_read, j);
         double dt = ar_time_s() - t0;
-        double gbs = (double)bytes / dt / 1e9;
+        double gbs = (double)(j->n * sizeof(uint64_t)) / dt / 1e9;
         if (gbs > best)
             best = gbs;
     }
-    ar_free_aligned(buf);
     return best;
+}
+
+/* A buffer of `bytes` for measure_bandwidth, written once (so its pages are mapped). */
+static bool bw_init(struct bw_job *j, size_t bytes)
+{
+    uint64_t *buf = ar_malloc_aligned(bytes);
+    memset(j, 0, sizeof(*j));
+    if (!buf)
+        return false;
+    j->n = bytes / sizeof(uint64_t);
+    for (size_t i = 0; i < j->n; i++)
+        buf[i] = i;
+    j->buf = buf;
+    return true;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Median of v[0..n) (sorts v; the mean of the middle two when n is even). */
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof(*v), cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 /* ---- helpers ------------------------------------------------------------------------------- */
@@ -169,7 +188,14 @@ int cmd_bench(int argc, char **argv)
             json = true;
         } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             printf("usage: autoreply bench -m MODEL [-t 1,2] [-p 512] [-n 128] [-r REPS] "
-                   "[--bw-mib 1024] [--json]\n");
+                   "[--bw-mib 1024] [--json]\n"
+                   "Per thread count, REPS times (default 2): a ppN prefill, then N decode steps\n"
+                   "(tgN), then the memory read bandwidth (best of 3 reads of a --bw-mib buffer\n"
+                   "by that many threads), measured right after each decode so both see the same\n"
+                   "machine load. tokens_per_s: the best repetition; bandwidth_gbs: the median\n"
+                   "of the repetitions' bandwidths; efficiency (decode): the median over\n"
+                   "repetitions of tok/s x weight bytes per token / that repetition's bandwidth;\n"
+                   "tokens_per_s_median: the median decode speed.\n");
             return 0;
         } else {
             cli_error("bench: unknown option '%s'", a);
@@ -201,7 +227,16 @@ int cmd_bench(int argc, char **argv)
         uint64_t seed = 0x9e3779b97f4a7c15ull;
         float *logits;
         double pp_best = 0, tg_best = 0;
-        if (!toks) {
+        /* per repetition: decode tok/s, the bandwidth measured right after it, efficiency */
+        double *tg_rep = ar_malloc(sizeof(double) * 3 * (size_t)reps);
+        double *bw_rep = tg_rep ? tg_rep + reps : NULL, *eff_rep = tg_rep ? tg_rep + 2 * reps : NULL;
+        struct bw_job bwj;
+        if (!toks || !tg_rep || ar_pool_create(nt, &pool) != AR_OK ||
+            !bw_init(&bwj, (size_t)bw_mib << 20)) {
+            cli_error("bench: out of memory");
+            ar_free(toks);
+            ar_free(tg_rep);
+            ar_pool_destroy(pool);
             cli_runner_close(r);
             return 1;
         }
@@ -221,15 +256,19 @@ int cmd_bench(int argc, char **argv)
                 if (cli_runner_decode(r, cli_argmax(logits, hp->n_vocab), &logits, &err) != AR_OK)
                     goto fail;
             dt = ar_time_s() - t0;
-            if ((double)n_gen / dt > tg_best)
-                tg_best = (double)n_gen / dt;
+            tg_rep[rep] = (double)n_gen / dt;
+            if (tg_rep[rep] > tg_best)
+                tg_best = tg_rep[rep];
+            /* the bandwidth available now, under the same load as the decode just run */
+            bw_rep[rep] = measure_bandwidth(pool, &bwj, 3);
+            eff_rep[rep] = bw_rep[rep] > 0 ? tg_rep[rep] * (double)wbytes / (bw_rep[rep] * 1e9) : 0;
         }
         long rss_kb = proc_status_kb("VmRSS"); /* weights touched by now: all mapped in */
-        if (ar_pool_create(nt, &pool) != AR_OK)
-            goto fail;
-        double bw = measure_bandwidth(pool, (size_t)bw_mib << 20);
+        ar_free_aligned((void *)(uintptr_t)bwj.buf);
         ar_pool_destroy(pool);
-        double eff = bw > 0 ? tg_best * (double)wbytes / (bw * 1e9) : 0;
+        pool = NULL;
+        double bw = median(bw_rep, (int)reps), eff = median(eff_rep, (int)reps);
+        double tg_med = median(tg_rep, (int)reps);
         if (json) {
             printf("{\"model\":\"%s\",\"type\":\"%s\",\"threads\":%d,\"test\":\"pp%" PRId64
                    "\",\"tokens_per_s\":%.3f,\"bandwidth_gbs\":%.3f,\"efficiency\":null,"
@@ -238,24 +277,31 @@ int cmd_bench(int argc, char **argv)
                    rss_kb);
             printf("{\"model\":\"%s\",\"type\":\"%s\",\"threads\":%d,\"test\":\"tg%" PRId64
                    "\",\"tokens_per_s\":%.3f,\"bandwidth_gbs\":%.3f,\"efficiency\":%.4f,"
-                   "\"weight_bytes\":%" PRIu64 ",\"peak_rss_kib\":%ld}\n",
-                   base_name(path), type, nt, n_gen, tg_best, bw, eff, wbytes, rss_kb);
+                   "\"tokens_per_s_median\":%.3f,\"reps\":%" PRId64 ",\"weight_bytes\":%" PRIu64
+                   ",\"peak_rss_kib\":%ld}\n",
+                   base_name(path), type, nt, n_gen, tg_best, bw, eff, tg_med, reps, wbytes, rss_kb);
         } else {
             printf("%s (%s, %.1f MiB of weights per token), %d thread%s\n", base_name(path), type,
                    (double)wbytes / 1048576.0, nt, nt > 1 ? "s" : "");
             printf("  pp%-5" PRId64 " %10.2f tok/s   (%.1fx decode)\n", n_prompt, pp_best,
                    pp_best / tg_best);
-            printf("  tg%-5" PRId64 " %10.2f tok/s\n", n_gen, tg_best);
-            printf("  memory read bandwidth %.2f GB/s; decode efficiency %.3f\n", bw, eff);
+            printf("  tg%-5" PRId64 " %10.2f tok/s   (median %.2f)\n", n_gen, tg_best, tg_med);
+            printf("  memory read bandwidth %.2f GB/s; decode efficiency %.3f (medians over %" PRId64
+                   " repetitions)\n",
+                   bw, eff, reps);
             printf("  peak RSS after load+run %.1f MiB\n", (double)rss_kb / 1024.0);
         }
         fflush(stdout);
         ar_free(toks);
+        ar_free(tg_rep);
         cli_runner_close(r);
         continue;
     fail:
         cli_error("bench: %s", err.msg);
         ar_free(toks);
+        ar_free(tg_rep);
+        ar_free_aligned((void *)(uintptr_t)bwj.buf);
+        ar_pool_destroy(pool);
         cli_runner_close(r);
         return rc;
     }

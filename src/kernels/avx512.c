@@ -231,6 +231,9 @@ AR_INLINE __m512i q5_load(const uint8_t *qs0, const uint8_t *qh0, const uint8_t 
 #define LN_KB 8
 #define LN_JC 64
 #define LN_MIN_NC 8
+#ifndef LN_PF_AHEAD
+#define LN_PF_AHEAD 1
+#endif
 
 AR_INLINE int32_t load_i32(const void *p)
 {
@@ -247,21 +250,36 @@ AR_INLINE void ln_transpose(__m512i z[8], __m512i v[8])
     const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
     const __m512i hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
     __m512i t[8], u[8];
-    for (int k = 0; k < 4; k++) {
+    _Pragma("GCC unroll 8") for (int k = 0; k < 4; k++) {
         t[2 * k] = _mm512_unpacklo_epi32(z[2 * k], z[2 * k + 1]);
         t[2 * k + 1] = _mm512_unpackhi_epi32(z[2 * k], z[2 * k + 1]);
     }
     /* u[s] (s < 4): rows 0..3 of each 128-bit lane hold dword s of that lane's half;
      * u[4 + s]: rows 4..7 */
-    for (int g = 0; g < 2; g++) {
+    _Pragma("GCC unroll 8") for (int g = 0; g < 2; g++) {
         u[4 * g + 0] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
         u[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
         u[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
         u[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
     }
-    for (int s = 0; s < 4; s++) {
+    _Pragma("GCC unroll 8") for (int s = 0; s < 4; s++) {
         v[s] = _mm512_permutex2var_epi64(u[s], lo, u[4 + s]);
         v[4 + s] = _mm512_permutex2var_epi64(u[s], hi, u[4 + s]);
+    }
+}
+
+/* Prefetches bytes [off, off + len) of 16 weight rows w_row apart, starting at row i of w
+ * (rows past nr are skipped). The lane kernels read 16 rows in turns, a few hundred bytes
+ * each: more streams than the hardware prefetchers follow, so with few activation rows (too
+ * little work to hide a miss per row) they would wait on memory at every step. */
+AR_INLINE void ln_prefetch(const uint8_t *w, size_t w_row, int i, int nr, size_t off, size_t len)
+{
+    int e = AR_MIN(i + 16, nr);
+    for (; i < e; i++) {
+        const uint8_t *p = w + (size_t)i * w_row + off;
+        uintptr_t a = (uintptr_t)p & ~(uintptr_t)63, end = (uintptr_t)p + len;
+        for (; a < end; a += 64)
+            _mm_prefetch((const char *)a, _MM_HINT_T0);
     }
 }
 
@@ -272,7 +290,7 @@ enum { LN_Q8_0, LN_Q5_0, LN_Q4_0 };
 /* z[k] (see ln_transpose) for block offset `off` (bytes) of rows[k] and rows[k + 8] */
 AR_INLINE void ln_rows_z(const int kind, const uint8_t *const rows[16], size_t off, __m512i z[8])
 {
-    for (int k = 0; k < 8; k++) {
+    _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) {
         const uint8_t *a = rows[k] + off, *b = rows[k + 8] + off;
         if (kind == LN_Q8_0) {
             z[k] = _mm512_xor_si512(join256(_mm256_loadu_si256(cv256(a + 2)),
@@ -288,10 +306,11 @@ AR_INLINE void ln_rows_z(const int kind, const uint8_t *const rows[16], size_t o
 }
 
 /* J activation rows against the transposed chunk: y[j * ldy + lane] (masked to m) += the kb
- * blocks' contributions, or = them when first. */
+ * blocks' contributions, or = them when first. xd/xc: the rows' block scales and offset
+ * corrections, row j's block b at j * xs + b. */
 AR_INLINE void ln_q8_0_rows(const int J, int kb, const __m512i *wv, const __m512 *wd,
                             const uint8_t *x, size_t x_row, const float *xd, const int32_t *xc,
-                            float *y, size_t ldy, __mmask16 m, bool first)
+                            int xs, float *y, size_t ldy, __mmask16 m, bool first)
 {
     __m512 acc[8];
     _Pragma("GCC unroll 8") for (int j = 0; j < J; j++) acc[j] =
@@ -302,76 +321,135 @@ AR_INLINE void ln_q8_0_rows(const int J, int kb, const __m512i *wv, const __m512
         _Pragma("GCC unroll 8") for (int j = 0; j < J; j++)
         {
             const int8_t *q = ((const struct block_q8_0 *)(const void *)(x + (size_t)j * x_row))[b].qs;
-            __m512i p = _mm512_set1_epi32(xc[j * LN_KB + b]);
+            __m512i p = _mm512_set1_epi32(xc[j * xs + b]);
             _Pragma("GCC unroll 8") for (int t = 0; t < 8; t++) p =
                 _mm512_dpbusd_epi32(p, w[t], _mm512_set1_epi32(load_i32(q + 4 * t)));
             acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p),
-                                     _mm512_mul_ps(wd[b], _mm512_set1_ps(xd[j * LN_KB + b])), acc[j]);
+                                     _mm512_mul_ps(wd[b], _mm512_set1_ps(xd[j * xs + b])), acc[j]);
         }
     }
     _Pragma("GCC unroll 8") for (int j = 0; j < J; j++)
         _mm512_mask_storeu_ps(y + (size_t)j * ldy, m, acc[j]);
 }
 
-AR_INLINE void ln_gemm(const int kind, int nb, int nr, int nc, const uint8_t *w, size_t w_row,
-                        const uint8_t *x, size_t x_row, float *y, size_t ldy)
+/* Scale and offset correction -off * sum(q) of blocks [b0, b0 + kb) of jn activation rows
+ * (x: their block b0), row j's block b0 + b at j * xs + b. */
+AR_INLINE void ln_x_prep(int jn, int kb, const uint8_t *x, size_t x_row, int32_t off, float *xd,
+                         int32_t *xc, int xs)
+{
+    for (int j = 0; j < jn; j++) {
+        const struct block_q8_0 *xb = (const struct block_q8_0 *)(const void *)(x + (size_t)j * x_row);
+        for (int b = 0; b < kb; b++) {
+            __m256i q = _mm256_xor_si256(_mm256_loadu_si256(cv256(xb[b].qs)),
+                                         _mm256_set1_epi8((char)0x80));
+            __m256i s = _mm256_sad_epu8(q, _mm256_setzero_si256());
+            __m128i h = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+            int32_t sum = (int32_t)(_mm_cvtsi128_si64(h) + _mm_extract_epi64(h, 1)) - 32 * 128;
+            xc[j * xs + b] = -off * sum;
+            xd[j * xs + b] = f16_to_f32(xb[b].d);
+        }
+    }
+}
+
+/* Weight rows [i0, i0 + 16) (fewer at the end: the last repeats, its lanes masked off), blocks
+ * [b0, b0 + kb), against jn activation rows (x: row 0; xd/xc of block b0 of row j at j * xs). */
+AR_INLINE void ln_group(const int kind, int nr, int i0, int b0, int kb, int jn, const uint8_t *w,
+                        size_t w_row, const uint8_t *x, size_t x_row, const float *xd,
+                        const int32_t *xc, int xs, float *y, size_t ldy)
 {
     const size_t bs = kind == LN_Q8_0   ? sizeof(struct block_q8_0)
                       : kind == LN_Q5_0 ? sizeof(struct block_q5_0)
                                         : sizeof(struct block_q4_0);
     const size_t xbs = sizeof(struct block_q8_0);
-    const int32_t off = kind == LN_Q8_0 ? 128 : kind == LN_Q5_0 ? 16 : 8;
     __m512i wv[LN_KB * 8];
     __m512 wd[LN_KB];
+    int rn = AR_MIN(16, nr - i0);
+    __mmask16 m = (__mmask16)((1u << rn) - 1u);
+    const uint8_t *rows[16];
+    for (int r = 0; r < 16; r++)
+        rows[r] = w + (size_t)(i0 + AR_MIN(r, rn - 1)) * w_row + (size_t)b0 * bs;
+    for (int b = 0; b < kb; b++) {
+        __m512i z[8];
+        uint16_t dh[16];
+        _Pragma("GCC unroll 16") for (int r = 0; r < 16; r++)
+            memcpy(&dh[r], rows[r] + (size_t)b * bs, sizeof(dh[r]));
+        wd[b] = _mm512_cvtph_ps(_mm256_loadu_si256(cv256(dh)));
+        ln_rows_z(kind, rows, (size_t)b * bs, z);
+        ln_transpose(z, &wv[8 * b]);
+    }
+    float *yt = y + (size_t)i0;
+    const uint8_t *xb = x + (size_t)b0 * xbs;
+    int j = 0;
+    for (; j + 8 <= jn; j += 8)
+        ln_q8_0_rows(8, kb, wv, wd, xb + (size_t)j * x_row, x_row, xd + j * xs, xc + j * xs, xs,
+                     yt + (size_t)j * ldy, ldy, m, b0 == 0);
+    for (; j + 4 <= jn; j += 4)
+        ln_q8_0_rows(4, kb, wv, wd, xb + (size_t)j * x_row, x_row, xd + j * xs, xc + j * xs, xs,
+                     yt + (size_t)j * ldy, ldy, m, b0 == 0);
+    for (; j < jn; j++)
+        ln_q8_0_rows(1, kb, wv, wd, xb + (size_t)j * x_row, x_row, xd + j * xs, xc + j * xs, xs,
+                     yt + (size_t)j * ldy, ldy, m, b0 == 0);
+}
+
+/* Few activation rows (at most LN_FEW, blocks at most LN_FEW_NB): each group of 16 weight rows
+ * is taken whole, chunk after chunk, so the weights stream in address order (one contiguous
+ * stretch per group, the next group prefetched meanwhile) and the activations (a few KiB)
+ * stay in L1. More rows: chunk by chunk over all groups, so a chunk of every activation row
+ * stays in L1 while the weight rows pass. Either order does the same operations per output. */
+#define LN_FEW 16
+#define LN_FEW_NB 512
+#ifndef LN_FEW_HINT
+#define LN_FEW_HINT _MM_HINT_T0
+#endif
+#ifndef LN_FEW_AHEAD
+#define LN_FEW_AHEAD 1
+#endif
+
+AR_INLINE void ln_gemm(const int kind, int nb, int nr, int nc, const uint8_t *w, size_t w_row,
+                        const uint8_t *x, size_t x_row, float *y, size_t ldy)
+{
+    const int32_t off = kind == LN_Q8_0 ? 128 : kind == LN_Q5_0 ? 16 : 8;
+    if (nc <= LN_FEW && nb <= LN_FEW_NB) {
+        static _Thread_local float fxd[LN_FEW * LN_FEW_NB];
+        static _Thread_local int32_t fxc[LN_FEW * LN_FEW_NB];
+        ln_x_prep(nc, nb, x, x_row, off, fxd, fxc, nb);
+        for (int i0 = 0; i0 < nr; i0 += 16) {
+            int pi = i0 + 16 * LN_FEW_AHEAD;
+            const uint8_t *next = w + (size_t)pi * w_row;
+            size_t nbytes = pi < nr ? (size_t)AR_MIN(16, nr - pi) * w_row : 0;
+            int n_chunks = (nb + LN_KB - 1) / LN_KB;
+            for (int b0 = 0, c = 0; b0 < nb; b0 += LN_KB, c++) {
+                /* this chunk's share of the next group's bytes */
+                size_t p0 = nbytes * (size_t)c / (size_t)n_chunks;
+                size_t p1 = nbytes * (size_t)(c + 1) / (size_t)n_chunks;
+                for (size_t o = p0 & ~(size_t)63; o < p1; o += 64)
+                    _mm_prefetch((const char *)next + o, LN_FEW_HINT);
+                ln_group(kind, nr, i0, b0, AR_MIN(LN_KB, nb - b0), nc, w, w_row, x, x_row,
+                         fxd + b0, fxc + b0, nb, y, ldy);
+            }
+        }
+        return;
+    }
     float xd[LN_JC * LN_KB];
     int32_t xc[LN_JC * LN_KB];
+    const size_t bs = kind == LN_Q8_0   ? sizeof(struct block_q8_0)
+                      : kind == LN_Q5_0 ? sizeof(struct block_q5_0)
+                                        : sizeof(struct block_q4_0);
     for (int j0 = 0; j0 < nc; j0 += LN_JC) {
         int jn = AR_MIN(LN_JC, nc - j0);
         const uint8_t *xj0 = x + (size_t)j0 * x_row;
         for (int b0 = 0; b0 < nb; b0 += LN_KB) {
             int kb = AR_MIN(LN_KB, nb - b0);
-            for (int j = 0; j < jn; j++) {
-                const struct block_q8_0 *xb =
-                    (const struct block_q8_0 *)(const void *)(xj0 + (size_t)j * x_row) + b0;
-                for (int b = 0; b < kb; b++) {
-                    __m256i q = _mm256_xor_si256(_mm256_loadu_si256(cv256(xb[b].qs)),
-                                                 _mm256_set1_epi8((char)0x80));
-                    __m256i s = _mm256_sad_epu8(q, _mm256_setzero_si256());
-                    __m128i h = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-                    int32_t sum = (int32_t)(_mm_cvtsi128_si64(h) + _mm_extract_epi64(h, 1)) - 32 * 128;
-                    xc[j * LN_KB + b] = -off * sum;
-                    xd[j * LN_KB + b] = f16_to_f32(xb[b].d);
-                }
-            }
+            ln_x_prep(jn, kb, xj0 + (size_t)b0 * sizeof(struct block_q8_0), x_row, off, xd, xc,
+                      LN_KB);
             for (int i0 = 0; i0 < nr; i0 += 16) {
-                int rn = AR_MIN(16, nr - i0);
-                __mmask16 m = (__mmask16)((1u << rn) - 1u);
-                const uint8_t *rows[16];
-                __m512i idx = _mm512_mullo_epi32(
-                    _mm512_min_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,
-                                                       13, 14, 15),
-                                     _mm512_set1_epi32(rn - 1)),
-                    _mm512_set1_epi32((int)w_row));
-                for (int r = 0; r < 16; r++)
-                    rows[r] = w + (size_t)(i0 + AR_MIN(r, rn - 1)) * w_row + (size_t)b0 * bs;
-                for (int b = 0; b < kb; b++) {
-                    __m512i z[8];
-                    __m512i dv = _mm512_i32gather_epi32(idx, (const void *)(rows[0] + (size_t)b * bs), 1);
-                    wd[b] = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dv));
-                    ln_rows_z(kind, rows, (size_t)b * bs, z);
-                    ln_transpose(z, &wv[8 * b]);
-                }
-                float *yt = y + (size_t)j0 * ldy + (size_t)i0;
-                int j = 0;
-                for (; j + 8 <= jn; j += 8)
-                    ln_q8_0_rows(8, kb, wv, wd, xj0 + (size_t)j * x_row + (size_t)b0 * xbs, x_row,
-                                 xd + j * LN_KB, xc + j * LN_KB, yt + (size_t)j * ldy, ldy, m, b0 == 0);
-                for (; j + 4 <= jn; j += 4)
-                    ln_q8_0_rows(4, kb, wv, wd, xj0 + (size_t)j * x_row + (size_t)b0 * xbs, x_row,
-                                 xd + j * LN_KB, xc + j * LN_KB, yt + (size_t)j * ldy, ldy, m, b0 == 0);
-                for (; j < jn; j++)
-                    ln_q8_0_rows(1, kb, wv, wd, xj0 + (size_t)j * x_row + (size_t)b0 * xbs, x_row,
-                                 xd + j * LN_KB, xc + j * LN_KB, yt + (size_t)j * ldy, ldy, m, b0 == 0);
+                /* the chunk LN_PF_AHEAD groups further on in (chunk, group) order */
+                int ng = (nr + 15) / 16, q = (b0 / LN_KB) * ng + i0 / 16 + LN_PF_AHEAD;
+                int pb = (q / ng) * LN_KB, pi = (q % ng) * 16;
+                if (pb < nb)
+                    ln_prefetch(w, w_row, pi, nr, (size_t)pb * bs, (size_t)AR_MIN(LN_KB, nb - pb) * bs);
+                ln_group(kind, nr, i0, b0, kb, jn, w, w_row, xj0, x_row, xd, xc, LN_KB,
+                         y + (size_t)j0 * ldy, ldy);
             }
         }
     }

@@ -490,6 +490,22 @@ static void stage_attn(void *arg, int ith, int nth)
 
 /* ---- matmul stage -------------------------------------------------------------------- */
 
+/* Weight rows per matmul unit with n_cols input rows. With up to MM_FEW_COLS rows a gemm call's
+ * fixed costs (preparing every input row's blocks) weigh more against its few products, so
+ * large matrices take longer calls, while there are still MM_FEW_UNITS units per thread to
+ * share out. Multiples of 16 rows (the lane kernels' width). */
+#define MM_FEW_COLS 16
+#define MM_FEW_UNITS 16
+#define MM_FEW_MAX_ROWS 1024
+static int64_t mm_call_rows(const struct model_mat *w, int n_cols, int nth)
+{
+    int64_t r;
+    if (n_cols > MM_FEW_COLS)
+        return MM_CALL_ROWS;
+    r = (w->n_out / ((int64_t)MM_FEW_UNITS * nth) + 15) / 16 * 16;
+    return AR_MIN(AR_MAX(r, MM_CALL_ROWS), MM_FEW_MAX_ROWS);
+}
+
 static void stage_matmul(void *arg, int ith, int nth)
 {
     struct model_ctx *c = arg;
@@ -518,18 +534,20 @@ static void stage_matmul(void *arg, int ith, int nth)
             mm_x_row = c->act_row;
         }
     }
-    /* work units: blocks of MM_CALL_ROWS weight rows, numbered across the stage's matrices */
-    int64_t units[MM_MAX_MATS + 1] = {0}, u0, u1;
-    for (int k = 0; k < c->n_mm; k++)
-        units[k + 1] = units[k] + (c->mm[k].w->n_out + MM_CALL_ROWS - 1) / MM_CALL_ROWS;
+    /* work units: blocks of mm_call_rows weight rows, numbered across the stage's matrices */
+    int64_t units[MM_MAX_MATS + 1] = {0}, u0, u1, call[MM_MAX_MATS];
+    for (int k = 0; k < c->n_mm; k++) {
+        call[k] = mm_call_rows(c->mm[k].w, n_cols, c->nth);
+        units[k + 1] = units[k] + (c->mm[k].w->n_out + call[k] - 1) / call[k];
+    }
     while (claim(c, units[c->n_mm], 1, &u0, &u1)) {
         int k = 0;
         while (u0 >= units[k + 1])
             k++;
         const struct mm_item *it = &c->mm[k];
         const struct model_mat *w = it->w;
-        int64_t i = (u0 - units[k]) * MM_CALL_ROWS;
-        int nr = (int)AR_MIN(MM_CALL_ROWS, w->n_out - i);
+        int64_t i = (u0 - units[k]) * call[k];
+        int nr = (int)AR_MIN(call[k], w->n_out - i);
         const uint8_t *wr = (const uint8_t *)w->data + (size_t)i * w->row_size;
         for (int j = 0; j < n_cols; j += MM_TILE_COLS) {
             int nc = AR_MIN(MM_TILE_COLS, n_cols - j);

@@ -292,6 +292,63 @@ static void gemm_matches_reference_dot_for_one_activation_row(void **state)
     print_message("gemv: %d shapes over %d SIMD variant(s)\n", checked, nv);
 }
 
+/* Whether a batch row's products depend on the batch: the same weight and activation rows
+ * give bit-identical outputs with few activation rows (kernels may take another loop order
+ * for them) as with many, and when the weight rows are split into calls at any row. 12 and 16
+ * rows against rows of a 40-row call: all at or above the sizes where kernels switch from
+ * register tiles to lane-packed products (whose sums round differently). */
+static void gemm_rows_do_not_depend_on_batch_size_or_row_split(void **state)
+{
+    const struct kernel_ops *vs[MAX_VARIANTS], *ref = kernels_ref();
+    int nv = simd_variants(vs), checked = 0;
+    const int nr = 37, nc_many = 40, few[] = {12, 16};
+    (void)state;
+    for (int v = 0; v < nv; v++) {
+        for (int ti = 0; ti < COUNT(weight_types); ti++) {
+            enum ar_type t = weight_types[ti], at = kernels_vec_dot_type(t);
+            int n = (is_float_type(t) ? 8 : ar_type_info(t)->block_size) * 11;
+            size_t w_row = ar_type_row_size(t, n), x_row = ar_type_row_size(at, n) + 4;
+            size_t ldy = (size_t)nr;
+            struct th_rng r = {0x5eed5u + (uint64_t)ti};
+            uint8_t *w, *x;
+            float *ym, *yf;
+            if (vs[v]->gemm[t] == ref->gemm[t])
+                continue;
+            w = calloc((size_t)nr, w_row);
+            x = calloc((size_t)nc_many, x_row);
+            ym = malloc(sizeof(float) * ldy * (size_t)nc_many);
+            yf = malloc(sizeof(float) * ldy * (size_t)nc_many);
+            assert_true(w && x && ym && yf);
+            for (int i = 0; i < nr; i++)
+                make_weight_row(&r, t, n, w + (size_t)i * w_row);
+            for (int j = 0; j < nc_many; j++)
+                make_act_row(&r, t, n, x + (size_t)j * x_row);
+            vs[v]->gemm[t](n, nr, nc_many, w, w_row, x, x_row, ym, ldy);
+            for (int f = 0; f < COUNT(few); f++) {
+                /* rows [0, 21) and [21, 37) in two calls, over activation rows 3.. */
+                const uint8_t *xf = x + 3 * x_row;
+                vs[v]->gemm[t](n, 21, few[f], w, w_row, xf, x_row, yf, ldy);
+                vs[v]->gemm[t](n, nr - 21, few[f], w + 21 * w_row, w_row, xf, x_row, yf + 21, ldy);
+                for (int j = 0; j < few[f]; j++)
+                    for (int i = 0; i < nr; i++)
+                        if (memcmp(&yf[(size_t)j * ldy + (size_t)i],
+                                   &ym[(size_t)(j + 3) * ldy + (size_t)i], sizeof(float)) != 0)
+                            fail_msg("%s type %s: %d activation rows, output (%d, %d): %.9g, "
+                                     "with %d rows %.9g",
+                                     vs[v]->name, ar_type_info(t)->name, few[f], i, j,
+                                     (double)yf[(size_t)j * ldy + (size_t)i], nc_many,
+                                     (double)ym[(size_t)(j + 3) * ldy + (size_t)i]);
+                checked++;
+            }
+            free(w);
+            free(x);
+            free(ym);
+            free(yf);
+        }
+    }
+    print_message("batch-size independence: %d cases over %d SIMD variant(s)\n", checked, nv);
+}
+
 /* ---- activation quantizers ---------------------------------------------------------------- */
 
 static const enum ar_type act_types[] = {AR_TYPE_Q8_0, AR_TYPE_Q8_K, AR_TYPE_F16, AR_TYPE_BF16};
@@ -578,6 +635,7 @@ int main(void)
         cmocka_unit_test(gemm_matches_reference_dot_at_every_tile_edge),
         cmocka_unit_test(gemm_matches_reference_dot_on_batch_shapes),
         cmocka_unit_test(gemm_matches_reference_dot_for_one_activation_row),
+        cmocka_unit_test(gemm_rows_do_not_depend_on_batch_size_or_row_split),
         cmocka_unit_test(attention_ops_match_plain_loops),
         cmocka_unit_test(activation_quantizers_match_reference_bytes),
         cmocka_unit_test(activation_quantizers_round_exact_halves_like_reference),
