@@ -50,7 +50,8 @@ lib_of  = $(BUILD)/lib/libar_$(1).a
 libs_for = $(foreach m,$(1) $(DEPS_$(1)),$(call lib_of,$(m)))
 
 LIB_ALL := $(BUILD)/libautoreply.a
-BIN     := bin/autoreply
+# Sanitizer and fuzz builds keep their binary in their own folder, never over bin/autoreply.
+BIN     := $(if $(filter build,$(BUILD)),bin/autoreply,$(BUILD)/bin/autoreply)
 
 .PHONY: all test asan tsan fuzz fuzz-run bench deps clean format check-fixtures
 all: $(BIN)
@@ -99,7 +100,7 @@ $(BUILD)/fuzz/%_replay: fuzz/%.c fuzz/replay_main.c $(LIB_ALL)
 tests: $(TEST_BINS) $(FUZZ_REPLAY) $(BIN)
 
 test: tests
-	@BUILD=$(BUILD) sh tests/run.sh
+	@BUILD=$(BUILD) AR_BIN=./$(BIN) sh tests/run.sh
 
 asan:
 	$(MAKE) BUILD=build-asan OPT=-O1 \

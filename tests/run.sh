@@ -2,6 +2,8 @@
 # Runs every test binary and fuzz-corpus replay of $BUILD from the repository root and
 # prints one closing line "N passed, N failed" (N = test cases, from cmocka's summaries).
 BUILD=${BUILD:-build}
+# the autoreply binary the CLI and HTTP tests drive (the sanitizer build has its own)
+export AR_BIN=${AR_BIN:-./bin/autoreply}
 export CMOCKA_MESSAGE_OUTPUT=stdout
 passed=0
 failed=0

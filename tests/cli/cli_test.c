@@ -1,4 +1,4 @@
-/* cli_test.c - bin/autoreply driven as a user would: fixtures, generation on the demo model,
+/* cli_test.c - the autoreply binary driven as a user would: fixtures, generation on the demo model,
  * model tools, and bad input (one clear line on stderr, non-zero exit, no partial files). */
 #include "harness/harness.h"
 
@@ -8,7 +8,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define BIN "./bin/autoreply"
+/* ./bin/autoreply, or $AR_BIN (tests/run.sh points it at the build being tested) */
+static const char *bin_path(void)
+{
+    const char *b = getenv("AR_BIN");
+    return b && *b ? b : "./bin/autoreply";
+}
 #define DEMO "models/autoreply-demo-q8_0.gguf"
 
 struct run {
@@ -16,7 +21,8 @@ struct run {
     char *out, *err;
 };
 
-/* Runs argv (NULL-terminated) with stdout and stderr captured in files. */
+/* Runs the binary with argv (NULL-terminated; argv[0] is only its name), stdout and stderr
+ * captured in files. */
 static struct run run_argv(char *const argv[])
 {
     struct run r = {0};
@@ -31,7 +37,7 @@ static struct run run_argv(char *const argv[])
         dup2(devnull, 0);
         dup2(fo, 1);
         dup2(fe, 2);
-        execv(argv[0], argv);
+        execv(bin_path(), argv);
         _exit(127);
     }
     waitpid(pid, &st, 0);
@@ -45,7 +51,7 @@ static struct run run_argv(char *const argv[])
     return r;
 }
 
-#define RUN(...) run_argv((char *const[]){(char *)BIN, __VA_ARGS__, NULL})
+#define RUN(...) run_argv((char *const[]){"autoreply", __VA_ARGS__, NULL})
 
 static void run_free(struct run *r)
 {
