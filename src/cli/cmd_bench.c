@@ -263,8 +263,10 @@ int cmd_bench(int argc, char **argv)
             bw_rep[rep] = measure_bandwidth(pool, &bwj, 3);
             eff_rep[rep] = bw_rep[rep] > 0 ? tg_rep[rep] * (double)wbytes / (bw_rep[rep] * 1e9) : 0;
         }
-        long rss_kb = proc_status_kb("VmRSS"); /* weights touched by now: all mapped in */
         ar_free_aligned((void *)(uintptr_t)bwj.buf);
+        /* resident memory of the model after the run (every weight page touched by now), the
+         * bandwidth buffer already returned */
+        long rss_kb = proc_status_kb("VmRSS");
         ar_pool_destroy(pool);
         pool = NULL;
         double bw = median(bw_rep, (int)reps), eff = median(eff_rep, (int)reps);
@@ -272,13 +274,13 @@ int cmd_bench(int argc, char **argv)
         if (json) {
             printf("{\"model\":\"%s\",\"type\":\"%s\",\"threads\":%d,\"test\":\"pp%" PRId64
                    "\",\"tokens_per_s\":%.3f,\"bandwidth_gbs\":%.3f,\"efficiency\":null,"
-                   "\"speedup_vs_decode\":%.3f,\"weight_bytes\":%" PRIu64 ",\"peak_rss_kib\":%ld}\n",
+                   "\"speedup_vs_decode\":%.3f,\"weight_bytes\":%" PRIu64 ",\"rss_after_run_kib\":%ld}\n",
                    base_name(path), type, nt, n_prompt, pp_best, bw, pp_best / tg_best, wbytes,
                    rss_kb);
             printf("{\"model\":\"%s\",\"type\":\"%s\",\"threads\":%d,\"test\":\"tg%" PRId64
                    "\",\"tokens_per_s\":%.3f,\"bandwidth_gbs\":%.3f,\"efficiency\":%.4f,"
                    "\"tokens_per_s_median\":%.3f,\"reps\":%" PRId64 ",\"weight_bytes\":%" PRIu64
-                   ",\"peak_rss_kib\":%ld}\n",
+                   ",\"rss_after_run_kib\":%ld}\n",
                    base_name(path), type, nt, n_gen, tg_best, bw, eff, tg_med, reps, wbytes, rss_kb);
         } else {
             printf("%s (%s, %.1f MiB of weights per token), %d thread%s\n", base_name(path), type,
@@ -289,7 +291,7 @@ int cmd_bench(int argc, char **argv)
             printf("  memory read bandwidth %.2f GB/s; decode efficiency %.3f (medians over %" PRId64
                    " repetitions)\n",
                    bw, eff, reps);
-            printf("  peak RSS after load+run %.1f MiB\n", (double)rss_kb / 1024.0);
+            printf("  resident memory after load+run %.1f MiB\n", (double)rss_kb / 1024.0);
         }
         fflush(stdout);
         ar_free(toks);
