@@ -309,28 +309,32 @@ static enum ar_status prepare(struct sampler *s, const float *logits, int32_t *o
                               double *out_total)
 {
     const struct sampler_params *p = &s->params;
-    const float *l = s->logits;
+    const float *l = logits;
     struct cand *c = s->cands;
     int32_t n = 0;
     float lmax = -INFINITY;
     double total = 0.0;
 
-    /* penalties work on a copy indexed by id */
-    memcpy(s->logits, logits, (size_t)s->n_vocab * sizeof(*logits));
-    sampler_apply_penalties(s, s->logits);
-    for (int32_t i = 0; i < s->n_vocab; i++)
-        if (isnan(l[i]) || l[i] == INFINITY)
-            return AR_EINVAL;
+    /* penalties work on a copy indexed by id; without any, the caller's logits are read as
+     * they are (a step of many sequences samples each one: a 600 KB copy per token adds up) */
+    if (s->ring_len > 0 && (p->repeat_penalty != 1.0f || p->frequency_penalty != 0.0f ||
+                            p->presence_penalty != 0.0f)) {
+        memcpy(s->logits, logits, (size_t)s->n_vocab * sizeof(*logits));
+        sampler_apply_penalties(s, s->logits);
+        l = s->logits;
+    }
 
     if (p->temperature <= 0.0f) {
         int32_t best = -1;
+        bool bad = false;
         for (int32_t i = 0; i < s->n_vocab; i++) {
+            bad |= isnan(l[i]) || l[i] == INFINITY;
             if (l[i] > lmax) { /* strict: the lowest id wins a tie */
                 lmax = l[i];
                 best = i;
             }
         }
-        if (best < 0)
+        if (bad || best < 0)
             return AR_EINVAL;
         c[0].v = 1.0f;
         c[0].id = best;
@@ -338,6 +342,9 @@ static enum ar_status prepare(struct sampler *s, const float *logits, int32_t *o
         *out_total = 1.0;
         return AR_OK;
     }
+    for (int32_t i = 0; i < s->n_vocab; i++)
+        if (isnan(l[i]) || l[i] == INFINITY)
+            return AR_EINVAL;
     if (p->top_k > 0 && p->top_k < s->n_vocab) {
         n = gather_top_k(l, s->n_vocab, p->top_k, c);
     } else {
