@@ -216,6 +216,8 @@ int cmd_bench(int argc, char **argv)
             cli_error("%s: %s", path, err.msg);
             return 1;
         }
+        /* after loading: weights mapped (not read yet), KV cache and scratch allocated */
+        long rss_load_kb = proc_status_kb("VmRSS");
         const struct model *m = cli_runner_model(r);
         const struct model_hparams *hp = model_hparams(m);
         uint32_t ft = 0;
@@ -274,9 +276,10 @@ int cmd_bench(int argc, char **argv)
         if (json) {
             printf("{\"model\":\"%s\",\"type\":\"%s\",\"threads\":%d,\"test\":\"pp%" PRId64
                    "\",\"tokens_per_s\":%.3f,\"bandwidth_gbs\":%.3f,\"efficiency\":null,"
-                   "\"speedup_vs_decode\":%.3f,\"weight_bytes\":%" PRIu64 ",\"rss_after_run_kib\":%ld}\n",
+                   "\"speedup_vs_decode\":%.3f,\"weight_bytes\":%" PRIu64 ",\"rss_after_load_kib\":%ld,"
+                   "\"rss_after_run_kib\":%ld}\n",
                    base_name(path), type, nt, n_prompt, pp_best, bw, pp_best / tg_best, wbytes,
-                   rss_kb);
+                   rss_load_kb, rss_kb);
             printf("{\"model\":\"%s\",\"type\":\"%s\",\"threads\":%d,\"test\":\"tg%" PRId64
                    "\",\"tokens_per_s\":%.3f,\"bandwidth_gbs\":%.3f,\"efficiency\":%.4f,"
                    "\"tokens_per_s_median\":%.3f,\"reps\":%" PRId64 ",\"weight_bytes\":%" PRIu64
@@ -291,7 +294,8 @@ int cmd_bench(int argc, char **argv)
             printf("  memory read bandwidth %.2f GB/s; decode efficiency %.3f (medians over %" PRId64
                    " repetitions)\n",
                    bw, eff, reps);
-            printf("  resident memory after load+run %.1f MiB\n", (double)rss_kb / 1024.0);
+            printf("  resident memory after loading %.1f MiB, after the run %.1f MiB\n",
+                   (double)rss_load_kb / 1024.0, (double)rss_kb / 1024.0);
         }
         fflush(stdout);
         ar_free(toks);
