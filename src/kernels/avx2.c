@@ -681,33 +681,18 @@ static void silu_mul(int n, float *out, const float *gate, const float *up)
         out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
 }
 
-/* One KV head's attention: the vector dot / axpy above per (head, row), rows in order. */
+/* One KV head's attention over a run of key / value rows, with the dot and axpy above. */
 static void attn_scores(int hd, int nq, int nt, const float *q, const void *k, size_t kv_stride,
                         enum ar_type kt, float scale, float *s, size_t s_stride)
 {
-    for (int h = 0; h < nq; h++) {
-        for (int t = 0; t < nt; t++) {
-            const void *kr = (const uint8_t *)k + (size_t)t * kv_stride;
-            float d = kt == AR_TYPE_F16 ? dot_f16_f32(hd, kr, q + (size_t)h * (size_t)hd)
-                                        : dot_f32(hd, kr, q + (size_t)h * (size_t)hd);
-            s[(size_t)h * s_stride + (size_t)t] = d * scale;
-        }
-    }
+    kernels_attn_scores_loop(dot_f32, dot_f16_f32, hd, nq, nt, q, k, kv_stride, kt, scale, s,
+                             s_stride);
 }
 
 static void attn_values(int hd, int nq, int nt, const float *s, size_t s_stride, const void *v,
                         size_t kv_stride, enum ar_type kt, float *out)
 {
-    for (int h = 0; h < nq; h++) {
-        for (int t = 0; t < nt; t++) {
-            const void *vr = (const uint8_t *)v + (size_t)t * kv_stride;
-            float a = s[(size_t)h * s_stride + (size_t)t];
-            if (kt == AR_TYPE_F16)
-                axpy_f16(hd, a, vr, out + (size_t)h * (size_t)hd);
-            else
-                axpy_f32(hd, a, vr, out + (size_t)h * (size_t)hd);
-        }
-    }
+    kernels_attn_values_loop(axpy_f32, axpy_f16, hd, nq, nt, s, s_stride, v, kv_stride, kt, out);
 }
 
 /* ---- the table ------------------------------------------------------------------------------ */

@@ -13,4 +13,44 @@ void kernels_fill_avx2(struct kernel_ops *ops);        /* avx2.c: needs avx2 fma
 void kernels_fill_avx512(struct kernel_ops *ops);      /* avx512.c: + avx512f/bw/vl/dq */
 void kernels_fill_avx512_vnni(struct kernel_ops *ops); /* avx512_vnni.c: + avx512vnni */
 
+/* The attention loops of variants without a fused kernel: per (query head, key row) the
+ * variant's own dot and axpy, rows in order. Inline, so each ISA file compiles them with its
+ * own flags around its own vector ops. */
+typedef float (*kernels_dot_f32_fn)(int n, const float *x, const float *y);
+typedef float (*kernels_dot_f16_fn)(int n, const ar_f16 *x, const float *y);
+typedef void (*kernels_axpy_f32_fn)(int n, float a, const float *x, float *y);
+typedef void (*kernels_axpy_f16_fn)(int n, float a, const ar_f16 *x, float *y);
+
+static inline void kernels_attn_scores_loop(kernels_dot_f32_fn dot32, kernels_dot_f16_fn dot16,
+                                            int hd, int nq, int nt, const float *q, const void *k,
+                                            size_t kv_stride, enum ar_type kt, float scale,
+                                            float *s, size_t s_stride)
+{
+    for (int h = 0; h < nq; h++) {
+        for (int t = 0; t < nt; t++) {
+            const void *kr = (const uint8_t *)k + (size_t)t * kv_stride;
+            float d = kt == AR_TYPE_F16 ? dot16(hd, kr, q + (size_t)h * (size_t)hd)
+                                        : dot32(hd, kr, q + (size_t)h * (size_t)hd);
+            s[(size_t)h * s_stride + (size_t)t] = d * scale;
+        }
+    }
+}
+
+static inline void kernels_attn_values_loop(kernels_axpy_f32_fn axpy32, kernels_axpy_f16_fn axpy16,
+                                            int hd, int nq, int nt, const float *s,
+                                            size_t s_stride, const void *v, size_t kv_stride,
+                                            enum ar_type kt, float *out)
+{
+    for (int h = 0; h < nq; h++) {
+        for (int t = 0; t < nt; t++) {
+            const void *vr = (const uint8_t *)v + (size_t)t * kv_stride;
+            float a = s[(size_t)h * s_stride + (size_t)t];
+            if (kt == AR_TYPE_F16)
+                axpy16(hd, a, vr, out + (size_t)h * (size_t)hd);
+            else
+                axpy32(hd, a, vr, out + (size_t)h * (size_t)hd);
+        }
+    }
+}
+
 #endif
