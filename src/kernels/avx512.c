@@ -93,12 +93,9 @@ AR_INLINE void prefetch_bytes(const uint8_t *p, size_t size)
 }
 
 /* With one activation row, a weight row at a time (a GEMV at memory bandwidth); otherwise
- * whole tiles with the next tile's weights prefetched in order, then the edges. */
-#define DEFINE_GEMM(NAME, WT, XT, BLOCK, STEP, QK)                                                 \
-    DEFINE_TILE(NAME, WT, XT, BLOCK, STEP, 4, 4)                                                   \
-    DEFINE_TILE(NAME, WT, XT, BLOCK, STEP, 4, 1)                                                   \
-    DEFINE_TILE(NAME, WT, XT, BLOCK, STEP, 1, 4)                                                   \
-    DEFINE_TILE(NAME, WT, XT, BLOCK, STEP, 1, 1)                                                   \
+ * whole tiles with the next tile's weights prefetched in order, then the edges. The tiles
+ * (NAME_tile_4x4, _4x1, _1x4, _1x1) come from DEFINE_TILE or DEFINE_CTILE. */
+#define DEFINE_GEMM_LOOP(NAME, QK)                                                                 \
     static void NAME##_gemm(int n, int nr, int nc, const void *w, size_t w_row, const void *x,     \
                             size_t x_row, float *y, size_t ldy)                                    \
     {                                                                                              \
@@ -136,6 +133,70 @@ AR_INLINE void prefetch_bytes(const uint8_t *p, size_t size)
     {                                                                                              \
         NAME##_tile_1x1(n / (QK), x, 0, y, 0, s, 0);                                               \
     }
+
+#define DEFINE_GEMM(NAME, WT, XT, BLOCK, STEP, QK)                                                 \
+    DEFINE_TILE(NAME, WT, XT, BLOCK, STEP, 4, 4)                                                   \
+    DEFINE_TILE(NAME, WT, XT, BLOCK, STEP, 4, 1)                                                   \
+    DEFINE_TILE(NAME, WT, XT, BLOCK, STEP, 1, 4)                                                   \
+    DEFINE_TILE(NAME, WT, XT, BLOCK, STEP, 1, 1)                                                   \
+    DEFINE_GEMM_LOOP(NAME, QK)
+
+#ifdef __AVX512VNNI__
+/* ---- the canonical order of the VNNI variant ---------------------------------------------------
+ * Every path of this variant (lane-packed gemm, register tiles, vec_dot) computes an output the
+ * same way, so that its bits depend only on its weight row and activation row, never on how
+ * many rows share a call or where they fall in it: per block (Q8_0, Q4_0, Q5_0: 32 elements;
+ * K-quants: one super-block of 256) the exact int32 sum of the integer products is converted
+ * to float once and added by one fma into a single float accumulator, blocks in order:
+ *   acc = fma((float)isum_b, d_w * d_x, acc)
+ * and for Q4_K/Q5_K then the mins: acc = fma(-(float)msum_b, dmin_w * d_x, acc).
+ * The lane-packed kernels hold 16 such accumulators (16 weight rows) in one vector; the tiles
+ * below hold one per output and reduce each block's integer partial sums exactly first.
+ * (Q4_1 and Q5_1 have only the register tiles, which agree with themselves at any shape.) */
+
+/* Tile of scalar accumulators: CBLOCK(wb, xb, acc) returns acc after one block's step. */
+#define DEFINE_CTILE(NAME, WT, XT, CBLOCK, RW, RX)                                                 \
+    static void NAME##_tile_##RW##x##RX(int nb, const uint8_t *w, size_t w_row, const uint8_t *x,  \
+                                        size_t x_row, float *y, size_t ldy)                        \
+    {                                                                                              \
+        __m128 acc[RW][RX];                                                                        \
+        _Pragma("GCC unroll 8") for (int i = 0; i < RW; i++)                                      \
+            _Pragma("GCC unroll 8") for (int j = 0; j < RX; j++) acc[i][j] = _mm_setzero_ps();     \
+        for (int b = 0; b < nb; b++) {                                                             \
+            _Pragma("GCC unroll 8") for (int i = 0; i < RW; i++)                                  \
+            {                                                                                      \
+                const WT *wb = (const WT *)(const void *)(w + (size_t)i * w_row) + b;              \
+                _Pragma("GCC unroll 8") for (int j = 0; j < RX; j++) acc[i][j] =                   \
+                    CBLOCK(wb, (const XT *)(const void *)(x + (size_t)j * x_row) + b, acc[i][j]);  \
+            }                                                                                      \
+        }                                                                                          \
+        _Pragma("GCC unroll 8") for (int i = 0; i < RW; i++)                                      \
+            _Pragma("GCC unroll 8") for (int j = 0; j < RX; j++)                                  \
+                y[(size_t)j * ldy + (size_t)i] = _mm_cvtss_f32(acc[i][j]);                         \
+    }
+
+#define DEFINE_CGEMM(NAME, WT, XT, CBLOCK, QK)                                                     \
+    DEFINE_CTILE(NAME, WT, XT, CBLOCK, 4, 4)                                                       \
+    DEFINE_CTILE(NAME, WT, XT, CBLOCK, 4, 1)                                                       \
+    DEFINE_CTILE(NAME, WT, XT, CBLOCK, 1, 4)                                                       \
+    DEFINE_CTILE(NAME, WT, XT, CBLOCK, 1, 1)                                                       \
+    DEFINE_GEMM_LOOP(NAME, QK)
+
+/* vec_dot alone (the gemm of these types is lane-packed at every shape) */
+#define DEFINE_CDOT(NAME, WT, XT, CBLOCK, QK)                                                      \
+    DEFINE_CTILE(NAME, WT, XT, CBLOCK, 1, 1)                                                       \
+    static void NAME##_vec_dot(int n, float *s, const void *x, const void *y)                      \
+    {                                                                                              \
+        NAME##_tile_1x1(n / (QK), x, 0, y, 0, s, 0);                                               \
+    }
+
+/* acc + (float)(exact sum of the int32 lanes of p) * d, rounded once */
+AR_INLINE __m128 chain_step(__m512i p, float d, __m128 acc)
+{
+    int32_t s = _mm512_reduce_add_epi32(p);
+    return _mm_fmadd_ss(_mm_set_ss((float)s), _mm_set_ss(d), acc);
+}
+#endif
 
 /* ---- Q8_0 and Q4_0 weights against Q8_0 activations, two blocks per vector --------------- */
 
@@ -186,19 +247,30 @@ AR_INLINE void q8_0_block(const struct block_q8_0 *w, const struct block_q8_0 *x
     __m512 d = pair_scales(w[0].d, k == 2 ? w[1].d : 0, x[0].d, k == 2 ? x[1].d : 0, k);
     *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), d, *acc);
 }
+#ifdef __AVX512VNNI__
+AR_INLINE __m128 q8_0_cblock(const struct block_q8_0 *w, const struct block_q8_0 *x, __m128 acc)
+{
+    __m512i p = dot_offset(_mm512_xor_si512(q8_0_load(w, 1), _mm512_set1_epi8((char)0x80)), 0x80,
+                           q8_0_load(x, 1));
+    return chain_step(p, f16_to_f32(w->d) * f16_to_f32(x->d), acc);
+}
+DEFINE_CDOT(q8_0, struct block_q8_0, struct block_q8_0, q8_0_cblock, QK8_0)
+#else
 DEFINE_GEMM(q8_0, struct block_q8_0, struct block_q8_0, q8_0_block, 2, QK8_0)
+#endif
 
 /* The nibbles (0..15) of k (1 or 2) blocks' qs: per block, its low nibbles (elements 0..15)
  * then its high nibbles (16..31), each in one 128-bit lane; the upper half is zero when k is 1. */
 AR_INLINE __m512i nibbles_load(const uint8_t *qs0, const uint8_t *qs1, int k)
 {
+    /* each block's 16 bytes broadcast to its two 128-bit lanes, the second lane shifted */
     __m128i r0 = _mm_loadu_si128(cv128(qs0));
-    __m128i r1 = k == 2 ? _mm_loadu_si128(cv128(qs1)) : _mm_setzero_si128();
-    __m512i v = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 1, 0, 1, 2, 3, 2, 3),
-                                         _mm512_zextsi256_si512(_mm256_set_m128i(r1, r0)));
-    const __m512i m4 = _mm512_set1_epi8(0x0f);
-    return _mm512_mask_blend_epi64(0xcc, _mm512_and_si512(v, m4),
-                                   _mm512_and_si512(_mm512_srli_epi16(v, 4), m4));
+    __m512i v = k == 2 ? _mm512_mask_broadcast_i32x4(_mm512_broadcast_i32x4(r0), 0xff00,
+                                                     _mm_loadu_si128(cv128(qs1)))
+                       : _mm512_maskz_broadcast_i32x4(0x00ff, r0);
+    const __m512i shift = _mm512_setr_epi64(0, 0, 0x0004000400040004ll, 0x0004000400040004ll, 0, 0,
+                                            0x0004000400040004ll, 0x0004000400040004ll);
+    return _mm512_and_si512(_mm512_srlv_epi16(v, shift), _mm512_set1_epi8(0x0f));
 }
 
 /* q (0..31) of k Q5_0/Q5_1 blocks in the order of nibbles_load, which is element order within
@@ -230,7 +302,6 @@ AR_INLINE __m512i q5_load(const uint8_t *qs0, const uint8_t *qh0, const uint8_t 
 
 #define LN_KB 8
 #define LN_JC 64
-#define LN_MIN_NC 8
 #ifndef LN_PF_AHEAD
 #define LN_PF_AHEAD 1
 #endif
@@ -405,10 +476,83 @@ AR_INLINE void ln_group(const int kind, int nr, int i0, int b0, int kb, int jn, 
 #define LN_FEW_AHEAD 1
 #endif
 
+/* Lane r of the result = the sum of the 8 int32 lanes of row r, where p[k] holds row k's
+ * 8 lanes in its lower half and row k + 8's in its upper half (exact integer adds). */
+AR_INLINE __m512i ln_rows_sum(const __m512i p[8])
+{
+    __m512i q[4], r[2];
+    _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++)
+        q[k] = _mm512_add_epi32(_mm512_unpacklo_epi32(p[2 * k], p[2 * k + 1]),
+                                _mm512_unpackhi_epi32(p[2 * k], p[2 * k + 1]));
+    /* per 128-bit lane of r[g]: rows 4g..4g+3 (lanes 0, 1) or 4g+8..4g+11 (lanes 2, 3), each
+     * over half of the row's 8 lanes */
+    _Pragma("GCC unroll 2") for (int g = 0; g < 2; g++)
+        r[g] = _mm512_add_epi32(_mm512_unpacklo_epi64(q[2 * g], q[2 * g + 1]),
+                                _mm512_unpackhi_epi64(q[2 * g], q[2 * g + 1]));
+    const __m512i ia = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
+    const __m512i ib = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+    return _mm512_add_epi32(_mm512_permutex2var_epi64(r[0], ia, r[1]),
+                            _mm512_permutex2var_epi64(r[0], ib, r[1]));
+}
+
+/* One activation row (decode), in the canonical order of the lane kernels with everything in
+ * registers: per group of 16 weight rows and block, the rows' scales by one gather, each
+ * row's products against the block by vpdpbusd in row order, their 8 lanes per row summed
+ * exactly into lane r, then the same conversion and fma as ln_q8_0_rows. The next group is
+ * prefetched meanwhile, a block's share at a time. */
+AR_INLINE void ln_gemv(const int kind, int nb, int nr, const uint8_t *w, size_t w_row,
+                       const uint8_t *x, float *y)
+{
+    const int32_t off = kind == LN_Q8_0 ? 128 : kind == LN_Q5_0 ? 16 : 8;
+    const size_t bs = kind == LN_Q8_0   ? sizeof(struct block_q8_0)
+                      : kind == LN_Q5_0 ? sizeof(struct block_q5_0)
+                                        : sizeof(struct block_q4_0);
+    const struct block_q8_0 *xb = (const struct block_q8_0 *)(const void *)x;
+    for (int i0 = 0; i0 < nr; i0 += 16) {
+        int rn = AR_MIN(16, nr - i0);
+        __mmask16 m = (__mmask16)((1u << rn) - 1u);
+        const uint8_t *rows[16];
+        int32_t idx[16];
+        for (int r = 0; r < 16; r++) {
+            idx[r] = (int32_t)((size_t)AR_MIN(r, rn - 1) * w_row);
+            rows[r] = w + (size_t)(i0 + AR_MIN(r, rn - 1)) * w_row;
+        }
+        const __m512i vidx = _mm512_loadu_si512((const void *)idx);
+        const uint8_t *next = w + (size_t)(i0 + 16) * w_row;
+        size_t nbytes = i0 + 16 < nr ? (size_t)AR_MIN(16, nr - i0 - 16) * w_row : 0;
+        __m512 acc = _mm512_setzero_ps();
+        for (int b = 0; b < nb; b++) {
+            size_t p0 = nbytes * (size_t)b / (size_t)nb, p1 = nbytes * (size_t)(b + 1) / (size_t)nb;
+            for (size_t o = p0 & ~(size_t)63; o < p1; o += 64)
+                _mm_prefetch((const char *)next + o, LN_FEW_HINT);
+            __m512i dw = _mm512_i32gather_epi32(vidx, (const void *)(rows[0] + (size_t)b * bs), 1);
+            __m512 wd = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dw));
+            __m256i xq = _mm256_loadu_si256(cv256(xb[b].qs));
+            __m512i xx = _mm512_broadcast_i64x4(xq);
+            __m512i z[8], pr[8];
+            ln_rows_z(kind, rows, (size_t)b * bs, z);
+            _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++)
+                pr[k] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), z[k], xx);
+            __m256i sd = _mm256_sad_epu8(_mm256_xor_si256(xq, _mm256_set1_epi8((char)0x80)),
+                                         _mm256_setzero_si256());
+            __m128i h = _mm_add_epi64(_mm256_castsi256_si128(sd), _mm256_extracti128_si256(sd, 1));
+            int32_t sum = (int32_t)(_mm_cvtsi128_si64(h) + _mm_extract_epi64(h, 1)) - 32 * 128;
+            __m512i p = _mm512_add_epi32(ln_rows_sum(pr), _mm512_set1_epi32(-off * sum));
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p),
+                                  _mm512_mul_ps(wd, _mm512_set1_ps(f16_to_f32(xb[b].d))), acc);
+        }
+        _mm512_mask_storeu_ps(y + i0, m, acc);
+    }
+}
+
 AR_INLINE void ln_gemm(const int kind, int nb, int nr, int nc, const uint8_t *w, size_t w_row,
                         const uint8_t *x, size_t x_row, float *y, size_t ldy)
 {
     const int32_t off = kind == LN_Q8_0 ? 128 : kind == LN_Q5_0 ? 16 : 8;
+    if (nc == 1) {
+        ln_gemv(kind, nb, nr, w, w_row, x, y);
+        return;
+    }
     if (nc <= LN_FEW && nb <= LN_FEW_NB) {
         static _Thread_local float fxd[LN_FEW * LN_FEW_NB];
         static _Thread_local int32_t fxc[LN_FEW * LN_FEW_NB];
@@ -473,14 +617,6 @@ static void q4_0_gemm_lanes(int nb, int nr, int nc, const uint8_t *w, size_t w_r
     ln_gemm(LN_Q4_0, nb, nr, nc, w, w_row, x, x_row, y, ldy);
 }
 
-static void q8_0_gemm_vnni(int n, int nr, int nc, const void *w, size_t w_row, const void *x,
-                           size_t x_row, float *y, size_t ldy)
-{
-    if (nc < LN_MIN_NC)
-        q8_0_gemm(n, nr, nc, w, w_row, x, x_row, y, ldy);
-    else
-        q8_0_gemm_lanes(n / QK8_0, nr, nc, w, w_row, x, x_row, y, ldy);
-}
 #endif
 
 AR_INLINE __m512i q4_0_load(const struct block_q4_0 *b, int k)
@@ -500,7 +636,16 @@ AR_INLINE void q4_0_block(const struct block_q4_0 *w, const struct block_q8_0 *x
     __m512 d = pair_scales(w[0].d, k == 2 ? w[1].d : 0, x[0].d, k == 2 ? x[1].d : 0, k);
     *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), d, *acc);
 }
+#ifdef __AVX512VNNI__
+AR_INLINE __m128 q4_0_cblock(const struct block_q4_0 *w, const struct block_q8_0 *x, __m128 acc)
+{
+    __m512i p = dot_offset(q4_0_load(w, 1), 8, q8_0_load(x, 1));
+    return chain_step(p, f16_to_f32(w->d) * f16_to_f32(x->d), acc);
+}
+DEFINE_CDOT(q4_0, struct block_q4_0, struct block_q8_0, q4_0_cblock, QK4_0)
+#else
 DEFINE_GEMM(q4_0, struct block_q4_0, struct block_q8_0, q4_0_block, 2, QK4_0)
+#endif
 
 /* ---- Q4_1, Q5_0, Q5_1 against Q8_0 activations, two blocks per vector ---------------------- */
 
@@ -544,7 +689,16 @@ AR_INLINE void q5_0_block(const struct block_q5_0 *w, const struct block_q8_0 *x
     __m512 d = pair_scales(w[0].d, k == 2 ? w[1].d : 0, x[0].d, k == 2 ? x[1].d : 0, k);
     *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), d, *acc);
 }
+#ifdef __AVX512VNNI__
+AR_INLINE __m128 q5_0_cblock(const struct block_q5_0 *w, const struct block_q8_0 *x, __m128 acc)
+{
+    __m512i p = dot_offset(q5_load(w->qs, w->qh, NULL, NULL, 1), 16, q8_0_load(x, 1));
+    return chain_step(p, f16_to_f32(w->d) * f16_to_f32(x->d), acc);
+}
+DEFINE_CDOT(q5_0, struct block_q5_0, struct block_q8_0, q5_0_cblock, QK5_0)
+#else
 DEFINE_GEMM(q5_0, struct block_q5_0, struct block_q8_0, q5_0_block, 2, QK5_0)
+#endif
 
 AR_INLINE void q5_1_block(const struct block_q5_1 *w, const struct block_q8_0 *x, __m512 *acc,
                           int k)
@@ -558,154 +712,24 @@ AR_INLINE void q5_1_block(const struct block_q5_1 *w, const struct block_q8_0 *x
 DEFINE_GEMM(q5_1, struct block_q5_1, struct block_q8_0, q5_1_block, 2, QK5_1)
 
 #ifdef __AVX512VNNI__
-/* ---- GEMV (one activation row) for Q8_0 and Q5_0 weights ----------------------------------
- * Decode streams every weight once per token, so these loops must keep up with memory. The
- * activation row is prepared once per call, per pair of blocks: its 64 quants in one vector,
- * the exact offset correction -off * (sum of each 4 quants) as the vpdpbusd start value, and
- * its two scales spread over the lanes of each block. Per pair of weight blocks there are then
- * one or two loads, a word permute or two, one vpdpbusd and the scale fma. Up to 2 * GV_MAXP
- * blocks the float operations are those of the tile kernels (one accumulator, pairs in order,
- * the same products), so a row gives the same bits alone as in a batch; longer rows sum
- * their chunks in order. Either way a row's result depends only on n, never on nr. */
-
-/* Pairs of blocks prepared at a time (32768 activations, 96 KiB per thread, in L2); longer
- * rows are taken GV_ROWS rows at a time, chunk by chunk. */
-#define GV_MAXP 512
-#define GV_ROWS 4
-
-struct gv_pair {
-    __m512i q, c;
-    __m512 d;
-};
-
-static _Thread_local struct gv_pair gv_buf[GV_MAXP];
-
-/* Blocks [b0, b0 + kb) of the activation row into pairs; an odd last pair has zero upper
- * half (quants, correction and scale), so whatever the weight half holds adds nothing. */
-static void gv_prep(const struct block_q8_0 *x, int b0, int kb, uint8_t off, struct gv_pair *g)
-{
-    const __m512i offv = _mm512_set1_epi8((char)off);
-    for (int p = 0; 2 * p < kb; p++) {
-        const struct block_q8_0 *b = x + b0 + 2 * p;
-        int k = 2 * p + 1 < kb ? 2 : 1;
-        __m512i q = q8_0_load(b, k);
-        g[p].q = q;
-        g[p].c = _mm512_sub_epi32(_mm512_setzero_si512(),
-                                  _mm512_dpbusd_epi32(_mm512_setzero_si512(), offv, q));
-        g[p].d = k == 2 ? join_ps(f16_to_f32(b[0].d), f16_to_f32(b[1].d))
-                        : _mm512_insertf32x8(_mm512_set1_ps(f16_to_f32(b[0].d)),
-                                             _mm256_setzero_ps(), 1);
-    }
-}
-
-/* f16 words at word offsets a (lanes 0..7) and b (lanes 8..15) of v, as 16 floats */
-AR_INLINE __m512 gv_scales(__m512i v, __m512i idx)
-{
-    return _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(idx, v)));
-}
-
-AR_INLINE __m512 q5_0_gv_pair(const uint8_t *wb, const struct gv_pair *g, bool full,
-                              __m512 acc)
-{
-    /* words 3..10 hold block 0's qs, 14..21 block 1's; the f16 scales are words 0 and 11 */
-    const __m512i perm = _mm512_set_epi16(21, 20, 19, 18, 17, 16, 15, 14, 21, 20, 19, 18, 17, 16,
-                                          15, 14, 10, 9, 8, 7, 6, 5, 4, 3, 10, 9, 8, 7, 6, 5, 4, 3);
-    const __m512i shift = _mm512_set_epi16(4, 4, 4, 4, 4, 4, 4, 4, 0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4,
-                                           4, 4, 4, 4, 4, 0, 0, 0, 0, 0, 0, 0, 0);
-    const __m512i didx = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 11, 11,
-                                          11, 11, 11, 11, 11, 11, 0, 0, 0, 0, 0, 0, 0, 0);
-    uint32_t h0, h1 = 0;
-    __m512i v = _mm512_maskz_loadu_epi8(full ? 0xfffffffffffull : 0x3fffffull, wb);
-    memcpy(&h0, wb + 2, sizeof(h0));
-    if (full)
-        memcpy(&h1, wb + 24, sizeof(h1));
-    /* lanes 0..15: low nibbles of block 0 (elements 0..15), 16..31 its high nibbles; then
-     * block 1 likewise: element order, so bit e of qh is lane e's fifth bit */
-    __m512i q = _mm512_and_si512(_mm512_srlv_epi16(_mm512_permutexvar_epi16(perm, v), shift),
-                                 _mm512_set1_epi8(0x0f));
-    q = _mm512_mask_add_epi8(q, (__mmask64)((uint64_t)h0 | (uint64_t)h1 << 32), q,
-                             _mm512_set1_epi8(16));
-    __m512i s = _mm512_dpbusd_epi32(g->c, q, g->q);
-    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(gv_scales(v, didx), g->d), acc);
-}
-
-AR_INLINE __m512 q8_0_gv_pair(const uint8_t *wb, const struct gv_pair *g, bool full,
-                              __m512 acc)
-{
-    /* scales: word 0 (block 0) and word 17 (block 1, at byte 34) */
-    const __m512i didx = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 17, 17,
-                                          17, 17, 17, 17, 17, 17, 0, 0, 0, 0, 0, 0, 0, 0);
-    __m512i v, q;
-    if (full) {
-        v = join256(_mm256_loadu_si256(cv256(wb)), _mm256_loadu_si256(cv256(wb + 32)));
-        q = join256(_mm256_loadu_si256(cv256(wb + 2)), _mm256_loadu_si256(cv256(wb + 36)));
-    } else {
-        v = _mm512_maskz_loadu_epi8(0x3ffffffffull, wb);
-        q = _mm512_zextsi256_si512(_mm256_loadu_si256(cv256(wb + 2)));
-    }
-    q = _mm512_xor_si512(q, _mm512_set1_epi8((char)0x80));
-    __m512i s = _mm512_dpbusd_epi32(g->c, q, g->q);
-    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(gv_scales(v, didx), g->d), acc);
-}
-
-#define DEFINE_GEMV(NAME, WT, OFF)                                                                 \
-    static void NAME##_gemv(int nb, int nr, const uint8_t *w, size_t w_row, const uint8_t *x,      \
-                            float *y, size_t ldy)                                                  \
-    {                                                                                              \
-        struct gv_pair *g = gv_buf;                                                                \
-        const size_t ps = 2 * sizeof(WT);                                                          \
-        bool one = nb <= 2 * GV_MAXP;                                                              \
-        int rg = one ? nr : GV_ROWS;                                                               \
-        for (int i0 = 0; i0 < nr; i0 += rg) {                                                      \
-            int i1 = AR_MIN(nr, i0 + rg);                                                          \
-            for (int b0 = 0; b0 < nb; b0 += 2 * GV_MAXP) {                                         \
-                int kb = AR_MIN(2 * GV_MAXP, nb - b0), np = kb / 2;                                \
-                if (!one || i0 == 0)                                                               \
-                    gv_prep((const struct block_q8_0 *)(const void *)x, b0, kb, OFF, g);           \
-                for (int i = i0; i < i1; i++) {                                                    \
-                    const uint8_t *wb = w + (size_t)i * w_row + (size_t)b0 * sizeof(WT);           \
-                    __m512 a = _mm512_setzero_ps();                                                \
-                    for (int p = 0; p < np; p++)                                                   \
-                        a = NAME##_gv_pair(wb + (size_t)p * ps, &g[p], true, a);                   \
-                    if (kb & 1)                                                                    \
-                        a = NAME##_gv_pair(wb + (size_t)np * ps, &g[np], false, a);                \
-                    float s = _mm512_reduce_add_ps(a);                                             \
-                    y[(size_t)i * ldy] = b0 == 0 ? s : y[(size_t)i * ldy] + s;                     \
-                }                                                                                  \
-            }                                                                                      \
-        }                                                                                          \
-    }
-
-DEFINE_GEMV(q8_0, struct block_q8_0, 0x80)
-DEFINE_GEMV(q5_0, struct block_q5_0, 16)
-
+/* Q8_0, Q5_0 and Q4_0 take the lane-packed kernels at every shape, one activation row
+ * included: they follow the canonical order by construction (see above). */
 static void q8_0_gemm_best(int n, int nr, int nc, const void *w, size_t w_row, const void *x,
                            size_t x_row, float *y, size_t ldy)
 {
-    if (nc == 1)
-        q8_0_gemv(n / QK8_0, nr, w, w_row, x, y, 1);
-    else
-        q8_0_gemm_vnni(n, nr, nc, w, w_row, x, x_row, y, ldy);
+    q8_0_gemm_lanes(n / QK8_0, nr, nc, w, w_row, x, x_row, y, ldy);
 }
 
 static void q5_0_gemm_best(int n, int nr, int nc, const void *w, size_t w_row, const void *x,
                            size_t x_row, float *y, size_t ldy)
 {
-    if (nc == 1)
-        q5_0_gemv(n / QK5_0, nr, w, w_row, x, y, 1);
-    else if (nc >= LN_MIN_NC)
-        q5_0_gemm_lanes(n / QK5_0, nr, nc, w, w_row, x, x_row, y, ldy);
-    else
-        q5_0_gemm(n, nr, nc, w, w_row, x, x_row, y, ldy);
+    q5_0_gemm_lanes(n / QK5_0, nr, nc, w, w_row, x, x_row, y, ldy);
 }
 
 static void q4_0_gemm_best(int n, int nr, int nc, const void *w, size_t w_row, const void *x,
                            size_t x_row, float *y, size_t ldy)
 {
-    if (nc >= LN_MIN_NC)
-        q4_0_gemm_lanes(n / QK4_0, nr, nc, w, w_row, x, x_row, y, ldy);
-    else
-        q4_0_gemm(n, nr, nc, w, w_row, x, x_row, y, ldy);
+    q4_0_gemm_lanes(n / QK4_0, nr, nc, w, w_row, x, x_row, y, ldy);
 }
 #endif
 
@@ -733,8 +757,10 @@ AR_INLINE __m512i idx2(int a, int b)
     return join256(_mm256_set1_epi16((short)a), _mm256_set1_epi16((short)b));
 }
 
-AR_INLINE void qk45_block(ar_f16 dh, ar_f16 dminh, const uint8_t *scales, const uint8_t *qs,
-                          const uint8_t *qh, const struct block_q8_K *x, __m512 *acc)
+/* The integer parts of a Q4_K (qh NULL) / Q5_K block: *isum (16 lanes) sums to
+ * sum_j sc_j * sum(q * y) over sub-block j, *msum (8 lanes) to sum_j m_j * (bsums of j). */
+AR_INLINE void qk45_parts(const uint8_t *scales, const uint8_t *qs, const uint8_t *qh,
+                          const struct block_q8_K *x, __m512i *isum_out, __m256i *msum_out)
 {
     __m128i scm = k_scales_mins(scales);
     __m512i sc16 = _mm512_zextsi128_si512(_mm_cvtepu8_epi16(scm));
@@ -758,7 +784,16 @@ AR_INLINE void qk45_block(ar_f16 dh, ar_f16 dminh, const uint8_t *scales, const 
         __m512i scv = _mm512_permutexvar_epi16(idx2(2 * c, 2 * c + 1), sc16);
         isum = add_madd16(isum, _mm512_maddubs_epi16(q, y), scv);
     }
-    __m256i msum = _mm256_madd_epi16(_mm256_loadu_si256(cv256(x->bsums)), mv);
+    *isum_out = isum;
+    *msum_out = _mm256_madd_epi16(_mm256_loadu_si256(cv256(x->bsums)), mv);
+}
+
+AR_INLINE void qk45_block(ar_f16 dh, ar_f16 dminh, const uint8_t *scales, const uint8_t *qs,
+                          const uint8_t *qh, const struct block_q8_K *x, __m512 *acc)
+{
+    __m512i isum;
+    __m256i msum;
+    qk45_parts(scales, qs, qh, x, &isum, &msum);
     float d = f16_to_f32(dh) * x->d;
     float dmin = f16_to_f32(dminh) * x->d;
     *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(d), *acc);
@@ -766,13 +801,50 @@ AR_INLINE void qk45_block(ar_f16 dh, ar_f16 dminh, const uint8_t *scales, const 
                             *acc);
 }
 
+#ifdef __AVX512VNNI__
+/* The canonical step of a Q4_K/Q5_K super-block: both integer sums reduced exactly, then
+ * acc = fma((float)isum, d * xd, acc) and acc = fma(-(float)msum, dmin * xd, acc). */
+AR_INLINE __m128 qk45_cstep(ar_f16 dh, ar_f16 dminh, __m512i isum, __m256i msum, float xd,
+                            __m128 acc)
+{
+    __m256i a = _mm256_add_epi32(_mm512_castsi512_si256(isum), _mm512_extracti64x4_epi64(isum, 1));
+    /* a0+a1 a2+a3 m0+m1 m2+m3 | a4+a5 a6+a7 m4+m5 m6+m7 */
+    __m256i h = _mm256_hadd_epi32(a, msum);
+    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+    t = _mm_hadd_epi32(t, t); /* isum, msum, isum, msum */
+    __m128 f = _mm_cvtepi32_ps(t);
+    acc = _mm_fmadd_ss(f, _mm_set_ss(f16_to_f32(dh) * xd), acc);
+    return _mm_fnmadd_ss(_mm_movehdup_ps(f), _mm_set_ss(f16_to_f32(dminh) * xd), acc);
+}
+
+AR_INLINE __m128 q4_K_cblock(const struct block_q4_K *w, const struct block_q8_K *x, __m128 acc)
+{
+    __m512i isum;
+    __m256i msum;
+    qk45_parts(w->scales, w->qs, NULL, x, &isum, &msum);
+    return qk45_cstep(w->d, w->dmin, isum, msum, x->d, acc);
+}
+
+AR_INLINE __m128 q5_K_cblock(const struct block_q5_K *w, const struct block_q8_K *x, __m128 acc)
+{
+    __m512i isum;
+    __m256i msum;
+    qk45_parts(w->scales, w->qs, w->qh, x, &isum, &msum);
+    return qk45_cstep(w->d, w->dmin, isum, msum, x->d, acc);
+}
+#endif
+
 AR_INLINE void q4_K_block(const struct block_q4_K *w, const struct block_q8_K *x, __m512 *acc,
                           int k)
 {
     (void)k;
     qk45_block(w->d, w->dmin, w->scales, w->qs, NULL, x, acc);
 }
+#ifdef __AVX512VNNI__
+DEFINE_CGEMM(q4_K, struct block_q4_K, struct block_q8_K, q4_K_cblock, QK_K)
+#else
 DEFINE_GEMM(q4_K, struct block_q4_K, struct block_q8_K, q4_K_block, 1, QK_K)
+#endif
 
 AR_INLINE void q5_K_block(const struct block_q5_K *w, const struct block_q8_K *x, __m512 *acc,
                           int k)
@@ -780,11 +852,14 @@ AR_INLINE void q5_K_block(const struct block_q5_K *w, const struct block_q8_K *x
     (void)k;
     qk45_block(w->d, w->dmin, w->scales, w->qs, w->qh, x, acc);
 }
+#ifdef __AVX512VNNI__
+DEFINE_CGEMM(q5_K, struct block_q5_K, struct block_q8_K, q5_K_cblock, QK_K)
+#else
 DEFINE_GEMM(q5_K, struct block_q5_K, struct block_q8_K, q5_K_block, 1, QK_K)
+#endif
 
 /* Q6_K: sum(sc * (q - 32) * y) = sum(sc * q * y) - 32 * sum(sc * bsum), all in int32. */
-AR_INLINE void q6_K_block(const struct block_q6_K *w, const struct block_q8_K *x, __m512 *acc,
-                          int k)
+AR_INLINE __m512i q6_K_parts(const struct block_q6_K *w, const struct block_q8_K *x)
 {
     const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
     __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(cv128(w->scales)));
@@ -797,7 +872,6 @@ AR_INLINE void q6_K_block(const struct block_q6_K *w, const struct block_q8_K *x
     const __m512i shl = join256(_mm256_set1_epi16(4), _mm256_set1_epi16(2));
     const __m512i shr = join256(_mm256_setzero_si256(), _mm256_set1_epi16(2));
     __m512i isum = _mm512_setzero_si512();
-    (void)k;
     _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++)
     {
         /* ql[64h ..]: bytes 0..31 give elements 0..31 and 64..95, bytes 32..63 elements 32..63
@@ -816,11 +890,27 @@ AR_INLINE void q6_K_block(const struct block_q6_K *w, const struct block_q8_K *x
         isum = add_madd16(isum, _mm512_maddubs_epi16(qb, yb), sb);
     }
     __m256i off = _mm256_madd_epi16(_mm256_loadu_si256(cv256(x->bsums)), sc16);
-    isum = _mm512_sub_epi32(isum, _mm512_zextsi256_si512(_mm256_slli_epi32(off, 5)));
+    return _mm512_sub_epi32(isum, _mm512_zextsi256_si512(_mm256_slli_epi32(off, 5)));
+}
+
+AR_INLINE void q6_K_block(const struct block_q6_K *w, const struct block_q8_K *x, __m512 *acc,
+                          int k)
+{
+    __m512i isum = q6_K_parts(w, x);
     float d = f16_to_f32(w->d) * x->d;
+    (void)k;
     *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(d), *acc);
 }
+
+#ifdef __AVX512VNNI__
+AR_INLINE __m128 q6_K_cblock(const struct block_q6_K *w, const struct block_q8_K *x, __m128 acc)
+{
+    return chain_step(q6_K_parts(w, x), f16_to_f32(w->d) * x->d, acc);
+}
+DEFINE_CGEMM(q6_K, struct block_q6_K, struct block_q8_K, q6_K_cblock, QK_K)
+#else
 DEFINE_GEMM(q6_K, struct block_q6_K, struct block_q8_K, q6_K_block, 1, QK_K)
+#endif
 
 #ifdef __AVX512VNNI__
 /* ---- K-quant gemm over many activation rows: 16 weight rows in the lanes of one vector -------

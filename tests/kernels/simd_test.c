@@ -349,6 +349,78 @@ static void gemm_rows_do_not_depend_on_batch_size_or_row_split(void **state)
     print_message("batch-size independence: %d cases over %d SIMD variant(s)\n", checked, nv);
 }
 
+/* The stronger form, for every variant (the reference included) and weight type: a 40 x 37
+ * product in one call is the reference for the same products computed with the activation
+ * rows in calls of 1, 2, 3, 5, 8, 9, 12, 16 or 17 rows and the weight rows in calls of 1, 3,
+ * 16, 17 or all 40 rows (every combination, so each output falls at many tile and lane
+ * positions), and with vec_dot: all bit-identical. Row lengths are odd in blocks (pairs of
+ * blocks with a single last one) and, for float types, not a multiple of the vector width. */
+static void gemm_outputs_are_bit_identical_for_every_call_split(void **state)
+{
+    const struct kernel_ops *vs[MAX_VARIANTS];
+    int nv = kernels_variants(vs, MAX_VARIANTS), checked = 0;
+    enum { NR = 40, NC = 37 };
+    static const int col_splits[] = {1, 2, 3, 5, 8, 9, 12, 16, 17};
+    static const int row_splits[] = {1, 3, 16, 17, NR};
+    (void)state;
+    for (int v = 0; v < nv; v++) {
+        for (int ti = 0; ti < COUNT(weight_types); ti++) {
+            enum ar_type t = weight_types[ti], at = kernels_vec_dot_type(t);
+            int bs = ar_type_info(t)->block_size;
+            int n = is_float_type(t) ? 8 * 11 + 3 : bs == QK_K ? 3 * bs : 11 * bs;
+            size_t w_row = ar_type_row_size(t, n) + 6, x_row = ar_type_row_size(at, n) + 10;
+            size_t ldy = NR + 3;
+            struct th_rng r = {0xb17b17u + (uint64_t)ti};
+            uint8_t *w = calloc(NR, w_row), *x = calloc(NC, x_row);
+            float *y1 = malloc(sizeof(float) * ldy * NC), *ys = malloc(sizeof(float) * ldy * NC);
+            assert_true(w && x && y1 && ys);
+            for (int i = 0; i < NR; i++)
+                make_weight_row(&r, t, n, w + (size_t)i * w_row);
+            for (int j = 0; j < NC; j++)
+                make_act_row(&r, t, n, x + (size_t)j * x_row);
+            vs[v]->gemm[t](n, NR, NC, w, w_row, x, x_row, y1, ldy);
+            for (int a = 0; a < COUNT(row_splits); a++) {
+                for (int b = 0; b < COUNT(col_splits); b++) {
+                    int rs = row_splits[a], cs = col_splits[b];
+                    for (size_t k = 0; k < ldy * NC; k++)
+                        ys[k] = NAN;
+                    for (int i0 = 0; i0 < NR; i0 += rs)
+                        for (int j0 = 0; j0 < NC; j0 += cs)
+                            vs[v]->gemm[t](n, AR_MIN(rs, NR - i0), AR_MIN(cs, NC - j0),
+                                           w + (size_t)i0 * w_row, w_row, x + (size_t)j0 * x_row,
+                                           x_row, ys + (size_t)j0 * ldy + (size_t)i0, ldy);
+                    for (int j = 0; j < NC; j++)
+                        for (int i = 0; i < NR; i++)
+                            if (memcmp(&ys[(size_t)j * ldy + (size_t)i],
+                                       &y1[(size_t)j * ldy + (size_t)i], sizeof(float)) != 0)
+                                fail_msg("%s %s: output (%d, %d) in calls of %d x %d rows: %.9g, "
+                                         "in one call: %.9g",
+                                         vs[v]->name, ar_type_name(t), i, j, rs, cs,
+                                         (double)ys[(size_t)j * ldy + (size_t)i],
+                                         (double)y1[(size_t)j * ldy + (size_t)i]);
+                    checked++;
+                }
+            }
+            for (int j = 0; j < NC; j++) {
+                for (int i = 0; i < NR; i++) {
+                    float d = NAN;
+                    vs[v]->vec_dot[t](n, &d, w + (size_t)i * w_row, x + (size_t)j * x_row);
+                    if (memcmp(&d, &y1[(size_t)j * ldy + (size_t)i], sizeof(float)) != 0)
+                        fail_msg("%s %s: vec_dot of (%d, %d) %.9g, gemm %.9g", vs[v]->name,
+                                 ar_type_name(t), i, j, (double)d,
+                                 (double)y1[(size_t)j * ldy + (size_t)i]);
+                }
+            }
+            checked++;
+            free(w);
+            free(x);
+            free(y1);
+            free(ys);
+        }
+    }
+    print_message("call-split independence: %d cases over %d variant(s)\n", checked, nv);
+}
+
 /* ---- activation quantizers ---------------------------------------------------------------- */
 
 static const enum ar_type act_types[] = {AR_TYPE_Q8_0, AR_TYPE_Q8_K, AR_TYPE_F16, AR_TYPE_BF16};
@@ -636,6 +708,7 @@ int main(void)
         cmocka_unit_test(gemm_matches_reference_dot_on_batch_shapes),
         cmocka_unit_test(gemm_matches_reference_dot_for_one_activation_row),
         cmocka_unit_test(gemm_rows_do_not_depend_on_batch_size_or_row_split),
+        cmocka_unit_test(gemm_outputs_are_bit_identical_for_every_call_split),
         cmocka_unit_test(attention_ops_match_plain_loops),
         cmocka_unit_test(activation_quantizers_match_reference_bytes),
         cmocka_unit_test(activation_quantizers_round_exact_halves_like_reference),

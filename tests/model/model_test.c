@@ -409,6 +409,68 @@ static void batched_decode_equals_single_sequence_decode(void **state)
     batched_decode_matches("tiny-qwen2-f32");
 }
 
+/* One sequence's decode step gives the same bits alone as in a step of 2..20 rows, its row
+ * among rows of other sequences (at other positions), for every fixture model: the matmul
+ * kernels sum each output the same way whatever the number of activation rows, so a
+ * sequence's tokens cannot depend on what else shares the step. Sequence 0 holds 8 prompt
+ * tokens; the others 2..6; its row sits in the middle of the batch. */
+static void decode_logits_are_bit_identical_in_batches_of_any_size(void **state)
+{
+    char names[64][64];
+    int n_models = list_models(names, 64);
+    enum { MAX_ROWS = 20, A_PROMPT = 8 };
+    (void)state;
+    assert_true(n_models >= 2);
+    for (int k = 0; k < n_models; k++) {
+        struct model *m = load_fixture(names[k]);
+        int nv = model_hparams(m)->n_vocab, n;
+        int32_t *prompt = fixture_prompt(names[k], 2, &n);
+        float *want = malloc(sizeof(float) * (size_t)nv);
+        float *got = malloc(sizeof(float) * (size_t)nv * MAX_ROWS);
+        float *pre = malloc(sizeof(float) * (size_t)nv);
+        assert_true(want && got && pre && n >= A_PROMPT + MAX_ROWS);
+        for (int rows = 1; rows <= MAX_ROWS; rows++) {
+            struct model_ctx *c = NULL;
+            struct kv_cache *kv = make_kv(m, 16, MAX_ROWS + 4, AR_TYPE_F16);
+            struct kv_seq seqs[MAX_ROWS], *sp[MAX_ROWS];
+            int32_t tok[MAX_ROWS], pos[MAX_ROWS], sq[MAX_ROWS];
+            int a_row = rows / 2;
+            assert_int_equal(model_ctx_create(m, MAX_ROWS, NULL, &c), AR_OK);
+            for (int s = 0; s < rows; s++) {
+                int len = s == 0 ? A_PROMPT : 2 + s % 5;
+                kv_seq_init(&seqs[s]);
+                sp[s] = &seqs[s];
+                run_seq(c, kv, &seqs[s], prompt + s, len, 0, false, pre);
+                assert_int_equal(kv_seq_reserve(kv, &seqs[s], len + 1), AR_OK);
+                /* batch row r holds sequence (r + rows - a_row) % rows: sequence 0 at a_row */
+                int r = (s + a_row) % rows;
+                tok[r] = prompt[A_PROMPT + s];
+                pos[r] = len;
+                sq[r] = s;
+            }
+            struct model_batch b = {.n_tokens = rows, .tokens = tok, .pos = pos, .seq = sq,
+                                    .logits = NULL, .n_seqs = rows};
+            uint8_t all[MAX_ROWS];
+            memset(all, 1, sizeof(all));
+            b.logits = all;
+            assert_int_equal(model_forward(c, kv, sp, &b, got), AR_OK);
+            if (rows == 1)
+                memcpy(want, got, sizeof(float) * (size_t)nv);
+            else if (memcmp(want, got + (size_t)a_row * (size_t)nv, sizeof(float) * (size_t)nv))
+                fail_msg("%s: sequence 0's logits differ in a batch of %d rows", names[k], rows);
+            for (int s = 0; s < rows; s++)
+                kv_seq_fini(kv, &seqs[s]);
+            kv_destroy(kv);
+            model_ctx_destroy(c);
+        }
+        model_destroy(m);
+        free(prompt);
+        free(want);
+        free(got);
+        free(pre);
+    }
+}
+
 /* Splitting matmuls by weight rows and attention by (row, head) never changes a sum. */
 static void two_threads_give_bit_identical_logits(void **state)
 {
@@ -857,6 +919,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(every_fixture_model_matches_golden_logits_and_greedy_tokens),
         cmocka_unit_test(batched_decode_equals_single_sequence_decode),
+        cmocka_unit_test(decode_logits_are_bit_identical_in_batches_of_any_size),
         cmocka_unit_test(two_threads_give_bit_identical_logits),
         cmocka_unit_test(decode_steps_are_bit_identical_across_thread_counts),
         cmocka_unit_test(f16_kv_cache_stays_close_to_f32),
