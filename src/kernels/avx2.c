@@ -341,19 +341,27 @@ AR_INLINE __m256 load_f32x8(const float *p)
     return _mm256_loadu_ps(p);
 }
 
+/* Tail elements: rows may start at any byte offset (a row stride need not be a multiple of the
+ * element size), so scalars are read with memcpy like the vector loads above. */
 AR_INLINE float f32_elem(const float *p)
 {
-    return *p;
+    float v;
+    memcpy(&v, p, sizeof(v));
+    return v;
 }
 
 AR_INLINE float bf16_elem(const ar_bf16 *p)
 {
-    return ar_bf16_to_f32(*p);
+    ar_bf16 v;
+    memcpy(&v, p, sizeof(v));
+    return ar_bf16_to_f32(v);
 }
 
 AR_INLINE float f16_elem(const ar_f16 *p)
 {
-    return f16_to_f32(*p);
+    ar_f16 v;
+    memcpy(&v, p, sizeof(v));
+    return f16_to_f32(v);
 }
 
 #define DEFINE_FTILE(NAME, ET, LOAD, ELEM, RW, RX)                                                 \

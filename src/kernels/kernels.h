@@ -33,7 +33,8 @@ struct kernel_ops {
     void (*vec_dot[AR_TYPE_COUNT])(int n, float *s, const void *x, const void *y);
     /* Tile of a matrix product: for i < nr, j < nc:
      *   y[j * ldy + i] = dot(w row i, x row j)
-     * w rows are w_row bytes apart (type t), x rows x_row bytes apart (vec_dot type). */
+     * w rows are w_row bytes apart (type t), x rows x_row bytes apart (vec_dot type); every
+     * row starts 4-byte aligned (GGUF data is 32-byte aligned, activation buffers 64). */
     void (*gemm[AR_TYPE_COUNT])(int n, int nr, int nc, const void *w, size_t w_row,
                                 const void *x, size_t x_row, float *y, size_t ldy);
 

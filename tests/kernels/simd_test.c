@@ -368,7 +368,7 @@ static void gemm_outputs_are_bit_identical_for_every_call_split(void **state)
             enum ar_type t = weight_types[ti], at = kernels_vec_dot_type(t);
             int bs = ar_type_info(t)->block_size;
             int n = is_float_type(t) ? 8 * 11 + 3 : bs == QK_K ? 3 * bs : 11 * bs;
-            size_t w_row = ar_type_row_size(t, n) + 6, x_row = ar_type_row_size(at, n) + 10;
+            size_t w_row = ar_type_row_size(t, n) + 8, x_row = ar_type_row_size(at, n) + 12;
             size_t ldy = NR + 3;
             struct th_rng r = {0xb17b17u + (uint64_t)ti};
             uint8_t *w = calloc(NR, w_row), *x = calloc(NC, x_row);
