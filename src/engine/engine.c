@@ -45,11 +45,11 @@ struct req {
     bool admitted_once;
     bool cancel; /* under e->mu */
 
-    /* generated text: text[0, sent) was passed to on_token; text[sent, text_len) is held
+    /* generated text: text[0, sent) was passed to on_token; text[sent, text.n) is held
      * back (a possible start of a stop string) */
     struct tokenizer_stream ts;
-    char *text; /* owned, NUL-terminated */
-    size_t text_len, text_cap, sent;
+    struct ar_buf text; /* text.s owned, NUL-terminated once anything was appended */
+    size_t sent;
     bool text_cut; /* a stop string ended the text: nothing more is emitted */
 
     /* while running */
@@ -161,7 +161,7 @@ static void req_free(struct req *r)
         ar_free(r->stop[i]);
     ar_free(r->stop);
     ar_free(r->tokens);
-    ar_free(r->text);
+    ar_free(r->text.s);
     ar_free(r);
 }
 
@@ -192,37 +192,24 @@ static void run_remove_locked(struct engine *e, struct req *r)
 
 static enum ar_status text_append(struct req *r, const char *s, size_t n)
 {
-    if (r->text_len + n + 1 > r->text_cap) {
-        size_t cap = r->text_cap ? r->text_cap : 64;
-        char *t;
-        while (cap < r->text_len + n + 1)
-            cap *= 2;
-        t = ar_realloc(r->text, cap);
-        if (!t)
-            return AR_ENOMEM;
-        r->text = t;
-        r->text_cap = cap;
-    }
-    memcpy(r->text + r->text_len, s, n);
-    r->text_len += n;
-    r->text[r->text_len] = '\0';
-    return AR_OK;
+    ar_buf_put(&r->text, s, n);
+    return r->text.oom ? AR_ENOMEM : AR_OK;
 }
 
-/* Decides what of text[sent, text_len) can be sent: everything up to a stop string (which
+/* Decides what of text[sent, text.n) can be sent: everything up to a stop string (which
  * then cuts the text), or all but a tail that may still become one. final: no more text will
  * follow, so nothing is held back. Returns the number of bytes released at text + *from. */
 static size_t text_release(struct req *r, bool final, size_t *from)
 {
-    size_t n = r->text_len - r->sent, out;
+    size_t n = r->text.n - r->sent, out;
     *from = r->sent;
     if (r->n_stop > 0 && n > 0) {
         struct sampler_stop_match m;
-        sampler_stop_find(r->text + r->sent, n, (const char *const *)r->stop, (size_t)r->n_stop,
+        sampler_stop_find(r->text.s + r->sent, n, (const char *const *)r->stop, (size_t)r->n_stop,
                           &m);
         if (m.found) {
-            r->text_len = r->sent + m.pos;
-            r->text[r->text_len] = '\0';
+            r->text.n = r->sent + m.pos;
+            r->text.s[r->text.n] = '\0';
             r->text_cut = true;
             out = m.pos;
         } else {
@@ -259,12 +246,12 @@ static void finish(struct engine *e, struct req *r, enum engine_finish fin, enum
         }
         n = text_release(r, true, &from);
         if (n > 0 && r->on_token)
-            r->on_token(r->user, -1, r->text + from, n);
+            r->on_token(r->user, -1, r->text.s + from, n);
     }
     /* what the client saw is the final text */
-    r->text_len = r->sent;
-    if (r->text)
-        r->text[r->text_len] = '\0';
+    r->text.n = r->sent;
+    if (r->text.s)
+        r->text.s[r->text.n] = '\0';
 
     memset(&res, 0, sizeof(res));
     res.status = status;
@@ -273,8 +260,8 @@ static void finish(struct engine *e, struct req *r, enum engine_finish fin, enum
     res.n_cached = r->n_cached;
     res.n_gen = r->n_tok - r->n_prompt;
     res.tokens = r->tokens + r->n_prompt;
-    res.text = r->text ? r->text : "";
-    res.text_len = r->text_len;
+    res.text = r->text.s ? r->text.s : "";
+    res.text_len = r->text.n;
     res.queue_s = r->admitted_once ? r->t_admit - r->t_submit : t - r->t_submit;
     res.first_token_s = r->t_first > 0 ? r->t_first - r->t_submit : 0;
     res.total_s = t - r->t_submit;
@@ -443,7 +430,7 @@ static bool accept_token(struct engine *e, struct req *r, int32_t t)
     }
     n = text_release(r, false, &from);
     if (r->on_token)
-        r->on_token(r->user, t, r->text + from, n);
+        r->on_token(r->user, t, r->text.s + from, n);
     if (r->text_cut) {
         finish(e, r, ENGINE_FINISH_STOP, AR_OK);
         return true;
