@@ -5,6 +5,19 @@ BUILD=${BUILD:-build}
 # the autoreply binary the CLI and HTTP tests drive (the sanitizer build has its own)
 export AR_BIN=${AR_BIN:-./bin/autoreply}
 export CMOCKA_MESSAGE_OUTPUT=stdout
+# The real servers the backend tests talk to (PostgreSQL, Redis, RabbitMQ), started once on free
+# loopback ports with their data in a temporary folder, stopped by pid at the end. A test that
+# needs one reads its URL from AR_TEST_PG_URL / AR_TEST_REDIS_URL / AR_TEST_AMQP_URL and fails
+# when it is missing; AR_TEST_SERVICES=0 starts none (those tests then fail, never pass empty).
+if [ "${AR_TEST_SERVICES:-1}" != 0 ] && [ -z "${AR_TEST_SVC_DIR:-}" ]; then
+    AR_TEST_SVC_DIR=$(mktemp -d /tmp/autoreply-svc.XXXXXX)
+    export AR_TEST_SVC_DIR
+    trap 'sh deploy/services.sh stop-all "$AR_TEST_SVC_DIR" >/dev/null 2>&1; rm -rf "$AR_TEST_SVC_DIR"' EXIT
+    AR_TEST_PG_URL=$(sh deploy/services.sh start postgres "$AR_TEST_SVC_DIR") || echo "!! PostgreSQL did not start"
+    AR_TEST_REDIS_URL=$(sh deploy/services.sh start redis "$AR_TEST_SVC_DIR") || echo "!! Redis did not start"
+    AR_TEST_AMQP_URL=$(sh deploy/services.sh start rabbitmq "$AR_TEST_SVC_DIR") || echo "!! RabbitMQ did not start"
+    export AR_TEST_PG_URL AR_TEST_REDIS_URL AR_TEST_AMQP_URL
+fi
 passed=0
 failed=0
 log=$(mktemp)
