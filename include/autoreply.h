@@ -22,7 +22,9 @@ enum ar_status {
     AR_EBUSY,    /* a bounded resource is full: retry later */
     AR_ENOTSUP,  /* valid but not supported (tensor type, architecture ...) */
     AR_ERANGE,   /* a value is out of range (prompt longer than the context ...) */
-    AR_ECANCELED /* the operation was cancelled */
+    AR_ECANCELED, /* the operation was cancelled */
+    AR_EUNAVAIL   /* a backend server (database, cache, broker) cannot be reached now: retry
+                     later; the client reconnects by itself */
 };
 
 /* Static string, never NULL. Thread-safe. */

@@ -30,6 +30,8 @@ const char *ar_status_str(enum ar_status st)
         return "out of range";
     case AR_ECANCELED:
         return "cancelled";
+    case AR_EUNAVAIL:
+        return "backend unavailable";
     }
     return "unknown status";
 }
