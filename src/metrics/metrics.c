@@ -16,7 +16,7 @@
 
 /* the edges of earlier releases (so queries on le="0.25" or "2.5" keep working) plus 0.3 and 3 */
 const double metrics_default_buckets[METRICS_DEFAULT_BUCKETS_LEN] = {
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.3,
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,  0.25, 0.3,
     0.5,    1.0,   2.5,    3.0,   5.0,  10.0,  20.0, 30.0, 60.0,
 };
 

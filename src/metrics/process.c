@@ -34,8 +34,8 @@ static bool read_small(const char *path, char *buf, size_t size, size_t *len)
  * and 24 (rss, pages) of /proc/self/stat. The second field is the command name in
  * parentheses and may itself hold spaces and parentheses, so fields are counted from the
  * last ')'. */
-static enum ar_status read_stat(uint64_t *utime, uint64_t *stime, uint64_t *start,
-                                uint64_t *vsize, uint64_t *rss, struct ar_err *err)
+static enum ar_status read_stat(uint64_t *utime, uint64_t *stime, uint64_t *start, uint64_t *vsize,
+                                uint64_t *rss, struct ar_err *err)
 {
     char buf[2048];
     size_t len;
@@ -72,24 +72,26 @@ static enum ar_status read_stat(uint64_t *utime, uint64_t *stime, uint64_t *star
     return AR_OK;
 }
 
-/* The "btime" line of /proc/stat: when the system booted, seconds since the epoch. */
+/* The "btime" line of /proc/stat: when the system booted, seconds since the epoch. Read line by
+ * line: the "intr" line before it is tens of kilobytes on large machines. */
 static enum ar_status read_boot_time(uint64_t *btime, struct ar_err *err)
 {
-    char buf[16384];
-    size_t len;
-    const char *p;
-    if (!read_small("/proc/stat", buf, sizeof(buf), &len))
+    FILE *f = fopen("/proc/stat", "r");
+    char *line = NULL;
+    size_t cap = 0;
+    bool found = false;
+    if (!f)
         return ar_err_set(err, AR_EIO, 0, "cannot read /proc/stat");
-    for (p = buf; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL) {
-        if (!strncmp(p, "btime ", 6)) {
-            char *end;
-            *btime = strtoull(p + 6, &end, 10);
-            if (end == p + 6)
-                break;
-            return AR_OK;
-        }
+    while (!found && getline(&line, &cap, f) > 0) {
+        char *end;
+        if (strncmp(line, "btime ", 6) != 0)
+            continue;
+        *btime = strtoull(line + 6, &end, 10);
+        found = end != line + 6;
     }
-    return ar_err_set(err, AR_EFORMAT, 0, "/proc/stat: no btime line");
+    free(line);
+    fclose(f);
+    return found ? AR_OK : ar_err_set(err, AR_EFORMAT, 0, "/proc/stat: no btime line");
 }
 
 /* Entries of /proc/self/fd, less the one the listing itself holds open. */
@@ -126,7 +128,8 @@ enum ar_status metrics_process_read(struct metrics_process *out, struct ar_err *
     if (ticks <= 0 || page <= 0)
         return ar_err_set(err, AR_EIO, 0, "sysconf: no clock tick or page size");
     if ((st = read_stat(&utime, &stime, &start, &vsize, &rss, err)) != AR_OK ||
-        (st = read_boot_time(&btime, err)) != AR_OK || (st = count_fds(&out->open_fds, err)) != AR_OK)
+        (st = read_boot_time(&btime, err)) != AR_OK ||
+        (st = count_fds(&out->open_fds, err)) != AR_OK)
         return st;
     if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
         return ar_err_set(err, AR_EIO, 0, "getrlimit(RLIMIT_NOFILE) failed");
@@ -140,8 +143,7 @@ enum ar_status metrics_process_read(struct metrics_process *out, struct ar_err *
 
 /* ---- the collector ------------------------------------------------------------------------- */
 
-static void family(struct ar_buf *b, const char *name, const char *type, const char *help,
-                   double v)
+static void family(struct ar_buf *b, const char *name, const char *type, const char *help, double v)
 {
     char num[40];
     metrics_format_double(num, sizeof(num), v);

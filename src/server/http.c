@@ -421,8 +421,8 @@ static struct metrics_child *rejection_of(struct server *s, int status, const cJ
     const cJSON *code;
     if (status != 429 && status != 503)
         return NULL;
-    code = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(body, "error"),
-                                            "code");
+    code =
+        cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(body, "error"), "code");
     if (!cJSON_IsString(code))
         return NULL;
     if (status == 429 && !strcmp(code->valuestring, "rate_limit_exceeded"))
@@ -446,8 +446,8 @@ void server_reply_json(struct server_req *req, int status, cJSON *body)
         status = 500;
     }
     cJSON_Delete(body);
-    if (set_reply(req, status, f == CODEC_MSGPACK ? "application/msgpack" : "application/json",
-                  out, len))
+    if (set_reply(req, status, f == CODEC_MSGPACK ? "application/msgpack" : "application/json", out,
+                  len))
         metrics_inc(rejected, 1);
 }
 

@@ -7,6 +7,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdbool.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
@@ -494,7 +495,6 @@ static void out_of_memory_is_reported_and_leaks_nothing(void **state)
     assert_int_equal(st, AR_OK);
 }
 
-
 /* ---- collectors -------------------------------------------------------------------------- */
 
 struct counting_collector {
@@ -594,8 +594,8 @@ static void process_figures_match_the_kernel(void **state)
 
     /* the descriptor limit is the soft RLIMIT_NOFILE, whatever it is set to */
     assert_int_equal(getrlimit(RLIMIT_NOFILE, &rl), 0);
-    assert_true(a.max_fds == (rl.rlim_cur == RLIM_INFINITY ? (double)INFINITY
-                                                            : (double)rl.rlim_cur));
+    assert_true(a.max_fds ==
+                (rl.rlim_cur == RLIM_INFINITY ? (double)INFINITY : (double)rl.rlim_cur));
     low = rl;
     low.rlim_cur = 200;
     if (rl.rlim_max == RLIM_INFINITY || rl.rlim_max >= 200) {
@@ -627,6 +627,20 @@ static void process_figures_match_the_kernel(void **state)
     if (!(fabs(b.cpu_seconds - cpu1) <= 0.05))
         fail_msg("cpu %.3f s, getrusage %.3f s", b.cpu_seconds, cpu1);
 
+    /* a command name with spaces and parentheses does not shift the fields read after it */
+    {
+        char name[17] = {0};
+        struct metrics_process odd;
+        assert_int_equal(prctl(PR_GET_NAME, name), 0);
+        assert_int_equal(prctl(PR_SET_NAME, "x) 1 2 (y) 3"), 0);
+        odd = process_now();
+        assert_int_equal(prctl(PR_SET_NAME, name), 0);
+        assert_true(odd.open_fds == b.open_fds);
+        assert_true(odd.start_time_s == b.start_time_s);
+        assert_true(odd.cpu_seconds >= b.cpu_seconds && odd.cpu_seconds <= b.cpu_seconds + 0.05);
+        assert_true(fabs(odd.resident_bytes - b.resident_bytes) < 16.0 * MIB);
+    }
+
     /* start: a little before main() began (the boot time is known to the second) */
     if (!(b.start_time_s <= t_main + 1.0 && b.start_time_s >= t_main - 60.0))
         fail_msg("start %.2f, main at %.2f", b.start_time_s, t_main);
@@ -636,9 +650,12 @@ static void process_figures_match_the_kernel(void **state)
 static void process_collector_renders_the_standard_families(void **state)
 {
     static const char *const names[][2] = {
-        {"process_cpu_seconds_total", "counter"},   {"process_resident_memory_bytes", "gauge"},
-        {"process_virtual_memory_bytes", "gauge"},  {"process_open_fds", "gauge"},
-        {"process_max_fds", "gauge"},               {"process_start_time_seconds", "gauge"},
+        {"process_cpu_seconds_total", "counter"},
+        {"process_resident_memory_bytes", "gauge"},
+        {"process_virtual_memory_bytes", "gauge"},
+        {"process_open_fds", "gauge"},
+        {"process_max_fds", "gauge"},
+        {"process_start_time_seconds", "gauge"},
     };
     struct metrics_registry *reg = new_registry();
     struct metrics_process before, after;
@@ -657,8 +674,7 @@ static void process_collector_renders_the_standard_families(void **state)
     }
     assert_true(find(ps, "process_open_fds", NULL, NULL)->value == before.open_fds);
     assert_true(find(ps, "process_max_fds", NULL, NULL)->value == before.max_fds);
-    assert_true(find(ps, "process_start_time_seconds", NULL, NULL)->value ==
-                before.start_time_s);
+    assert_true(find(ps, "process_start_time_seconds", NULL, NULL)->value == before.start_time_s);
     assert_true(find(ps, "process_cpu_seconds_total", NULL, NULL)->value >= before.cpu_seconds);
     assert_true(find(ps, "process_cpu_seconds_total", NULL, NULL)->value <= after.cpu_seconds);
     assert_true(find(ps, "process_resident_memory_bytes", NULL, NULL)->value > 0);

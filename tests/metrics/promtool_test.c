@@ -38,9 +38,12 @@ static void registry_with_every_kind_of_family_passes_promtool(void **state)
     static const char *const reason[] = {"reason", NULL};
     static const double bounds[] = {0.1, 0.3, 0.5, 1.0, 3.0};
     static const char *const process_families[] = {
-        "process_cpu_seconds_total counter",   "process_resident_memory_bytes gauge",
-        "process_virtual_memory_bytes gauge",  "process_open_fds gauge",
-        "process_max_fds gauge",               "process_start_time_seconds gauge",
+        "process_cpu_seconds_total counter",
+        "process_resident_memory_bytes gauge",
+        "process_virtual_memory_bytes gauge",
+        "process_open_fds gauge",
+        "process_max_fds gauge",
+        "process_start_time_seconds gauge",
     };
     struct metrics_registry *reg;
     struct metrics_family *f;
@@ -62,14 +65,14 @@ static void registry_with_every_kind_of_family_passes_promtool(void **state)
     assert_int_equal(metrics_gauge(reg, "t_queue_length", "Waiting.", reason, &f), AR_OK);
     metrics_set(metrics_child(f, (const char *const[]){"bulk"}), 1e300);
     /* histograms: default buckets with labels, explicit buckets, one without observations */
-    assert_int_equal(metrics_histogram(reg, "t_request_duration_seconds", "Latency.",
-                                       method_status, NULL, 0, &f),
+    assert_int_equal(metrics_histogram(reg, "t_request_duration_seconds", "Latency.", method_status,
+                                       NULL, 0, &f),
                      AR_OK);
     for (int i = 0; i < 100; i++)
         metrics_observe(metrics_child(f, (const char *const[]){"POST", "200"}), 0.01 * i);
     metrics_observe(metrics_child(f, (const char *const[]){"GET", "503"}), 120.0);
-    assert_int_equal(
-        metrics_histogram(reg, "t_reply_seconds", "Reply.", NULL, bounds, 5, &f), AR_OK);
+    assert_int_equal(metrics_histogram(reg, "t_reply_seconds", "Reply.", NULL, bounds, 5, &f),
+                     AR_OK);
     metrics_observe(metrics_child(f, NULL), 0.3); /* exactly on an edge */
     assert_int_equal(metrics_histogram(reg, "t_idle_seconds", "Idle.", NULL, NULL, 0, &f), AR_OK);
     assert_int_equal(metrics_process_register(reg), AR_OK);

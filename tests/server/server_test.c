@@ -479,8 +479,8 @@ static void h_refuse(struct server_req *req, void *user)
 {
     const char *what = user;
     if (!strcmp(what, "overloaded") || !strcmp(what, "twice")) {
-        server_reply_json(req, 503,
-                          cJSON_Parse("{\"error\":{\"message\":\"busy\",\"code\":\"overloaded\"}}"));
+        server_reply_json(
+            req, 503, cJSON_Parse("{\"error\":{\"message\":\"busy\",\"code\":\"overloaded\"}}"));
         if (!strcmp(what, "twice")) /* a second reply is ignored, and not counted */
             server_reply_error(req, 503, "server_error", "queue_full", "late");
     } else if (!strcmp(what, "limited")) {
