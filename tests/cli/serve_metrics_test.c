@@ -225,7 +225,7 @@ static int group_teardown(void **state)
     int rc = stop_serve();
     (void)state;
     free(g.metrics);
-    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", g.dir);
+    snprintf(cmd, sizeof(cmd), "/bin/rm -rf '%s'", g.dir);
     if (system(cmd) != 0)
         fprintf(stderr, "could not remove %s\n", g.dir);
     if (rc != 0) {
