@@ -12,10 +12,12 @@
 #include <stdlib.h>
 
 #include "base/base.h"
+#include "metrics_internal.h"
 
+/* the edges of earlier releases (so queries on le="0.25" or "2.5" keep working) plus 0.3 and 3 */
 const double metrics_default_buckets[METRICS_DEFAULT_BUCKETS_LEN] = {
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,  0.25,
-    0.5,    1.0,   2.5,    5.0,   10.0, 20.0,  30.0, 60.0,
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,  0.25, 0.3,
+    0.5,    1.0,   2.5,    3.0,   5.0,  10.0,  20.0, 30.0, 60.0,
 };
 
 #define INDEX_SIZE 2048 /* open-addressing slots, a power of two >= 2 * METRICS_MAX_CHILDREN */
@@ -43,10 +45,17 @@ struct metrics_family {
     struct metrics_child *other; /* owned, labelled families only */
 };
 
+struct metrics_collector {
+    metrics_collect_fn fn;
+    void *user; /* borrowed */
+};
+
 struct metrics_registry {
-    pthread_mutex_t lock;             /* guards families, n_families, cap */
+    pthread_mutex_t lock;             /* guards families, n_families, cap, collectors */
     struct metrics_family **families; /* owned, registration order */
     size_t n_families, cap;
+    struct metrics_collector collectors[METRICS_MAX_COLLECTORS];
+    size_t n_collectors;
 };
 
 /* ---- doubles in atomics ---------------------------------------------------------------- */
@@ -222,7 +231,7 @@ static enum ar_status family_new(enum metrics_type type, const char *name, const
     f->n_labels = n_labels;
     f->n_bounds = n_bounds;
     f->name = ar_strdup(name);
-    f->help = ar_strdup(help ? help : "");
+    f->help = ar_strdup(help);
     f->children = ar_calloc(n_labels ? METRICS_MAX_CHILDREN : 1, sizeof(*f->children));
     if (!f->name || !f->help || !f->children)
         goto fail;
@@ -282,7 +291,7 @@ static enum ar_status registry_add(struct metrics_registry *reg, enum metrics_ty
     size_t n_labels = 0;
     enum ar_status st = AR_OK;
     struct metrics_family *f = NULL;
-    if (!reg || !out || !name_valid(name, true))
+    if (!reg || !out || !name_valid(name, true) || !help || !*help)
         return AR_EINVAL;
     for (; labels && labels[n_labels]; n_labels++) {
         const char *l = labels[n_labels];
@@ -352,6 +361,28 @@ enum ar_status metrics_histogram(struct metrics_registry *reg, const char *name,
     }
     return registry_add(reg, METRICS_TYPE_HISTOGRAM, name, help, label_names, bounds, n_bounds,
                         out);
+}
+
+enum ar_status metrics_collector_add(struct metrics_registry *reg, metrics_collect_fn fn,
+                                     void *user)
+{
+    enum ar_status st = AR_OK;
+    if (!reg || !fn)
+        return AR_EINVAL;
+    pthread_mutex_lock(&reg->lock);
+    for (size_t i = 0; i < reg->n_collectors; i++)
+        if (reg->collectors[i].fn == fn && reg->collectors[i].user == user)
+            goto out;
+    if (reg->n_collectors == METRICS_MAX_COLLECTORS) {
+        st = AR_EINVAL;
+        goto out;
+    }
+    reg->collectors[reg->n_collectors].fn = fn;
+    reg->collectors[reg->n_collectors].user = user;
+    reg->n_collectors++;
+out:
+    pthread_mutex_unlock(&reg->lock);
+    return st;
 }
 
 enum ar_status metrics_registry_create(struct metrics_registry **out)
@@ -479,8 +510,7 @@ static void sb_escaped(struct ar_buf *b, const char *s, bool quote)
     }
 }
 
-/* Shortest of %.15g / %.17g that reads back exactly; Inf and NaN as Prometheus spells them. */
-static void fmt_double(char *buf, size_t size, double v)
+void metrics_format_double(char *buf, size_t size, double v)
 {
     if (isnan(v)) {
         snprintf(buf, size, "NaN");
@@ -496,7 +526,7 @@ static void fmt_double(char *buf, size_t size, double v)
 static void sb_double(struct ar_buf *b, double v)
 {
     char buf[40];
-    fmt_double(buf, sizeof(buf), v);
+    metrics_format_double(buf, sizeof(buf), v);
     ar_buf_puts(b, buf);
 }
 
@@ -545,7 +575,7 @@ static void render_child(struct ar_buf *b, const struct metrics_family *f,
     sum = metrics_value(c);
     for (size_t i = 0; i < f->n_bounds; i++) {
         cum += counts[i];
-        fmt_double(le, sizeof(le), f->bounds[i]);
+        metrics_format_double(le, sizeof(le), f->bounds[i]);
         render_sample(b, f, c, "_bucket", le, (double)cum);
     }
     render_sample(b, f, c, "_bucket", "+Inf", (double)total);
@@ -569,9 +599,13 @@ static const char *type_name(enum metrics_type t)
 enum ar_status metrics_render(struct metrics_registry *reg, char **out, size_t *len)
 {
     struct ar_buf b = {0};
+    struct metrics_collector collectors[METRICS_MAX_COLLECTORS];
+    size_t n_collectors;
     if (!reg || !out || !len)
         return AR_EINVAL;
     pthread_mutex_lock(&reg->lock);
+    n_collectors = reg->n_collectors;
+    memcpy(collectors, reg->collectors, n_collectors * sizeof(collectors[0]));
     for (size_t i = 0; i < reg->n_families; i++) {
         struct metrics_family *f = reg->families[i];
         ar_buf_puts(&b, "# HELP ");
@@ -591,6 +625,8 @@ enum ar_status metrics_render(struct metrics_registry *reg, char **out, size_t *
             render_child(&b, f, f->other);
     }
     pthread_mutex_unlock(&reg->lock);
+    for (size_t i = 0; i < n_collectors; i++)
+        collectors[i].fn(&b, collectors[i].user);
     if (!(*out = ar_buf_take(&b, len)))
         return AR_ENOMEM;
     return AR_OK;

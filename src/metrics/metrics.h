@@ -1,5 +1,6 @@
 /* metrics.h - counters, gauges and histograms with label sets, rendered in the Prometheus
- * text exposition format 0.0.4 (served by the server's /metrics endpoint).
+ * text exposition format 0.0.4 (served by the server's /metrics endpoint), plus collectors
+ * that read their figures at scrape time (the standard process_* metrics, process.c).
  * Hot path: resolve a label set to a child once (metrics_child), cache the pointer, then
  * update it with lock-free atomics from any thread. */
 #ifndef AR_METRICS_H
@@ -15,15 +16,20 @@
 #define METRICS_MAX_CHILDREN 1000
 #define METRICS_MAX_LABELS 8
 #define METRICS_MAX_BUCKETS 64
+#define METRICS_MAX_COLLECTORS 8
 
 enum metrics_type { METRICS_TYPE_COUNTER, METRICS_TYPE_GAUGE, METRICS_TYPE_HISTOGRAM };
 
 struct metrics_registry;
 struct metrics_family;
 struct metrics_child;
+struct ar_buf; /* base/base.h */
 
-/* Default latency buckets in seconds, 0.0005 .. 60 (METRICS_DEFAULT_BUCKETS_LEN values). */
-#define METRICS_DEFAULT_BUCKETS_LEN 17
+/* Default latency buckets in seconds, 0.0005 .. 60 (METRICS_DEFAULT_BUCKETS_LEN values). The
+ * edges include 0.1, 0.3, 0.5, 1 and 3 s, so that latency objectives stated at those values
+ * ("P99 above 1 s", "90 % under 300 ms") are read exactly from the buckets rather than
+ * interpolated inside one. */
+#define METRICS_DEFAULT_BUCKETS_LEN 19
 extern const double metrics_default_buckets[METRICS_DEFAULT_BUCKETS_LEN];
 
 /* Returns a new empty registry; the caller owns it (metrics_registry_destroy, which frees
@@ -33,7 +39,8 @@ void metrics_registry_destroy(struct metrics_registry *reg);
 
 /* Registers a family. name: [a-zA-Z_:][a-zA-Z0-9_:]*; label_names: NULL-terminated array
  * (or NULL for none) of [a-zA-Z_][a-zA-Z0-9_]* not starting with "__" ("le" is also
- * reserved for histograms), at most METRICS_MAX_LABELS, no duplicates. help is any text.
+ * reserved for histograms), at most METRICS_MAX_LABELS, no duplicates. help: what it
+ * counts, in any text but not empty (Prometheus's promtool rejects a family without one).
  * Registering the same name again with the same type, labels (and buckets) returns the
  * existing family; with different ones AR_EINVAL. *out is borrowed from reg.
  * Thread-safe. AR_EINVAL, AR_ENOMEM. */
@@ -76,5 +83,43 @@ double metrics_quantile(const struct metrics_child *c, double q);
  * in creation order) into a new NUL-terminated buffer *out of *len bytes (NUL excluded);
  * the caller owns it (ar_free). Thread-safe. AR_ENOMEM. */
 enum ar_status metrics_render(struct metrics_registry *reg, char **out, size_t *len);
+
+/* ---- collectors -------------------------------------------------------------------------- */
+
+/* A collector appends whole families (# HELP, # TYPE, samples) to out each time the registry
+ * is rendered, after the registered families; for figures read at scrape time from outside
+ * (the kernel's view of the process). It is called from the rendering thread without the
+ * registry's lock, and must not register families or render. */
+typedef void (*metrics_collect_fn)(struct ar_buf *out, void *user);
+
+/* Adds fn(out, user) to the collectors of reg; the same pair again does nothing (AR_OK).
+ * user is borrowed and must outlive reg. Thread-safe. AR_EINVAL: NULL fn, or already
+ * METRICS_MAX_COLLECTORS others. */
+enum ar_status metrics_collector_add(struct metrics_registry *reg, metrics_collect_fn fn,
+                                     void *user);
+
+/* ---- the process collector (process.c) ----------------------------------------------------- */
+
+/* The calling process as the kernel sees it (Linux /proc/self). */
+struct metrics_process {
+    double cpu_seconds;    /* user + system CPU time of all threads */
+    double resident_bytes; /* resident set size */
+    double virtual_bytes;  /* virtual memory size */
+    double open_fds;       /* open file descriptors */
+    double max_fds;        /* soft limit on open file descriptors; +Inf when unlimited */
+    double start_time_s;   /* when the process started, seconds since the Unix epoch */
+};
+
+/* Reads *out now from /proc/self/stat, /proc/stat, /proc/self/fd and the descriptor limit.
+ * AR_EIO when /proc cannot be read (not Linux, /proc not mounted), AR_EFORMAT when a file does
+ * not have the expected form; err (optional) says which. Thread-safe. */
+enum ar_status metrics_process_read(struct metrics_process *out, struct ar_err *err);
+
+/* Adds the collector that renders, at every metrics_render, the standard families Prometheus
+ * client libraries export: process_cpu_seconds_total (counter), process_resident_memory_bytes,
+ * process_virtual_memory_bytes, process_open_fds, process_max_fds, process_start_time_seconds
+ * (gauges), without labels (the instance label comes from the scrape). When /proc cannot be
+ * read they are left out of that rendering. Idempotent. Thread-safe. */
+enum ar_status metrics_process_register(struct metrics_registry *reg);
 
 #endif

@@ -375,15 +375,17 @@ void server_reply_header(struct server_req *req, const char *name, const char *v
     pthread_mutex_unlock(&req->mu);
 }
 
-/* Makes the final reply; takes data (may be NULL when out of memory: 500 without body). */
-static void set_reply(struct server_req *r, int status, const char *type, char *data, size_t len)
+/* Makes the final reply; takes data (may be NULL when out of memory: 500 without body).
+ * Returns whether this reply's status is the one sent (not a later reply, nor an error after a
+ * stream started). */
+static bool set_reply(struct server_req *r, int status, const char *type, char *data, size_t len)
 {
-    bool deact;
+    bool deact, sent = false;
     pthread_mutex_lock(&r->mu);
     if (r->final) {
         pthread_mutex_unlock(&r->mu);
         ar_free(data);
-        return;
+        return false;
     }
     r->final = true;
     if (r->stream && r->stream_queued) {
@@ -399,6 +401,7 @@ static void set_reply(struct server_req *r, int status, const char *type, char *
         }
         r->reply_ready = true;
         r->status = data || !len ? status : 500;
+        sent = r->status == status;
         r->out = data;
         r->out_len = data ? len : 0;
         r->out_type = type;
@@ -408,6 +411,27 @@ static void set_reply(struct server_req *r, int status, const char *type, char *
     pthread_mutex_unlock(&r->mu);
     if (deact)
         deactivate(r);
+    return sent;
+}
+
+/* The autoreply_rejected_total child of a refusal for load, by the error code of a 429 or 503
+ * body (whichever module made it); NULL for any other answer (503 "loading" is no refusal). */
+static struct metrics_child *rejection_of(struct server *s, int status, const cJSON *body)
+{
+    const cJSON *code;
+    if (status != 429 && status != 503)
+        return NULL;
+    code =
+        cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(body, "error"), "code");
+    if (!cJSON_IsString(code))
+        return NULL;
+    if (status == 429 && !strcmp(code->valuestring, "rate_limit_exceeded"))
+        return s->m.rejected_rate;
+    if (status == 503 && !strcmp(code->valuestring, "queue_full"))
+        return s->m.rejected_queue;
+    if (status == 503 && !strcmp(code->valuestring, "overloaded"))
+        return s->m.rejected_overloaded;
+    return NULL;
 }
 
 void server_reply_json(struct server_req *req, int status, cJSON *body)
@@ -415,14 +439,16 @@ void server_reply_json(struct server_req *req, int status, cJSON *body)
     char *out = NULL;
     size_t len = 0;
     enum codec_format f = req->out_fmt;
+    struct metrics_child *rejected = rejection_of(req->srv, status, body);
     if (!body || codec_write(f, body, &out, &len) != AR_OK) {
         out = NULL;
         len = 1; /* marks the failure: 500 */
         status = 500;
     }
     cJSON_Delete(body);
-    set_reply(req, status, f == CODEC_MSGPACK ? "application/msgpack" : "application/json", out,
-              len);
+    if (set_reply(req, status, f == CODEC_MSGPACK ? "application/msgpack" : "application/json", out,
+                  len))
+        metrics_inc(rejected, 1);
 }
 
 static void retry_header(struct server_req *req, double retry_after_s)
@@ -729,7 +755,6 @@ static void admit(struct server *s, struct server_req *r, struct MHD_Connection 
     }
     if (!(rt->flags & (SERVER_ROUTE_PUBLIC | SERVER_ROUTE_METRICS)) &&
         !srv_limiter_request(s->limiter, r->client, ar_time_s(), &retry)) {
-        metrics_inc(s->m.rejected_rate, 1);
         server_reply_error_ex(r, 429, "rate_limit_error", "rate_limit_exceeded", NULL, retry,
                               "too many requests; retry after %.0f s", ceil(retry));
         return;
@@ -1159,7 +1184,7 @@ static enum ar_status register_metrics(struct server *s)
     s->m.running = metrics_child(f, NULL);
     FAM(metrics_gauge(g, "autoreply_kv_blocks_used", "KV cache blocks in use.", NULL, &f));
     s->m.kv_used = metrics_child(f, NULL);
-    FAM(metrics_gauge(g, "autoreply_kv_blocks_total", "KV cache blocks.", NULL, &f));
+    FAM(metrics_gauge(g, "autoreply_kv_blocks_capacity", "KV cache blocks in all.", NULL, &f));
     s->m.kv_total = metrics_child(f, NULL);
     FAM(metrics_counter(g, "autoreply_prefix_cache_queries_total",
                         "Admitted requests that looked up the prefix cache.", NULL, &f));
@@ -1174,10 +1199,15 @@ static enum ar_status register_metrics(struct server *s)
     s->m.prompt_tokens = metrics_child(f, NULL);
     FAM(metrics_counter(g, "autoreply_generation_tokens_total", "Tokens generated.", NULL, &f));
     s->m.generation_tokens = metrics_child(f, NULL);
-    FAM(metrics_counter(g, "autoreply_rejected_total", "Requests refused (429, 503).",
+    FAM(metrics_counter(g, "autoreply_rejected_total",
+                        "Requests refused for load: rate_limit (429, a client over its request or "
+                        "token rate), queue_full (503, engine queue), overloaded (503, review "
+                        "workers or engine busy).",
                         reason_labels, &f));
     s->m.rejected_rate = metrics_child(f, (const char *const[]){"rate_limit"});
     s->m.rejected_queue = metrics_child(f, (const char *const[]){"queue_full"});
+    s->m.rejected_overloaded = metrics_child(f, (const char *const[]){"overloaded"});
+    FAM(metrics_process_register(g));
 #undef FAM
     return AR_OK;
 }

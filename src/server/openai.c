@@ -354,7 +354,6 @@ static void handle_completion(struct server_req *req, enum oai_kind kind)
     if (!server_req_charge_tokens(req, n, true, &retry)) {
         ar_free(ids);
         oai_request_fini(&rq);
-        metrics_inc(srv_metrics_of(s)->rejected_rate, 1);
         server_reply_error_ex(req, 429, "rate_limit_error", "rate_limit_exceeded", NULL, retry,
                               "token rate limit reached; retry after %.0f s", ceil(retry));
         return;
@@ -403,7 +402,6 @@ static void handle_completion(struct server_req *req, enum oai_kind kind)
         return;
     }
     if (st == AR_EBUSY) {
-        metrics_inc(srv_metrics_of(s)->rejected_queue, 1);
         server_reply_error(req, 503, "server_error", "queue_full",
                            "the request queue is full; retry later");
     } else if (st == AR_ERANGE) {

@@ -161,7 +161,9 @@ bool server_req_charge_tokens(struct server_req *req, int64_t n_tokens, bool adm
 
 /* An extra header for the final reply (Retry-After, ...); copied. Before the reply. */
 void server_reply_header(struct server_req *req, const char *name, const char *value);
-/* Takes ownership of body; sends it as JSON or as MessagePack (Accept names msgpack). */
+/* Takes ownership of body; sends it as JSON or as MessagePack (Accept names msgpack). A 429
+ * with error code "rate_limit_exceeded" or a 503 with "queue_full" or "overloaded" counts as
+ * a refusal for load in autoreply_rejected_total{reason} (rate_limit, queue_full, overloaded). */
 void server_reply_json(struct server_req *req, int status, cJSON *body);
 /* {"error": {"message", "type", "code"}} plus the members of extra (owned, may be NULL);
  * 429 and 503 get a Retry-After of retry_after_s (rounded up, >= 1). */

@@ -116,7 +116,8 @@ enum ar_status openai_register(struct server *s);
 struct srv_metrics {
     struct metrics_family *http_duration; /* {method, endpoint, status} */
     struct metrics_child *ttft, *tpot, *queue_time, *e2e;
-    struct metrics_child *rejected_rate, *rejected_queue;
+    /* refusals for load, counted by server_reply_json from the error code of 429/503 answers */
+    struct metrics_child *rejected_rate, *rejected_queue, *rejected_overloaded;
     struct metrics_family *queue_length; /* {priority} */
     struct metrics_child *running, *kv_used, *kv_total;
     struct metrics_child *prefix_queries, *prefix_hit_tokens, *preemptions;

@@ -1,10 +1,16 @@
 /* metrics_test.c - the exposition text parsed back line by line and matched against what
- * was recorded; escaping, validation, bounded children, quantiles, threads, out of memory. */
+ * was recorded; escaping, validation, bounded children, quantiles, threads, out of memory;
+ * collectors, and the process figures checked against the kernel's own answers. */
 #include "harness/harness.h"
 
+#include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdbool.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "base/base.h"
 #include "metrics/metrics.h"
@@ -316,25 +322,27 @@ static void names_are_validated(void **state)
     struct metrics_registry *reg = new_registry();
     struct metrics_family *f, *g;
     (void)state;
-    assert_int_equal(metrics_counter(reg, "1abc", "", NULL, &f), AR_EINVAL);
-    assert_int_equal(metrics_counter(reg, "a-b", "", NULL, &f), AR_EINVAL);
-    assert_int_equal(metrics_counter(reg, "", "", NULL, &f), AR_EINVAL);
-    assert_int_equal(metrics_counter(reg, NULL, "", NULL, &f), AR_EINVAL);
-    assert_int_equal(metrics_counter(reg, "ok", "", bad_label, &f), AR_EINVAL);
-    assert_int_equal(metrics_counter(reg, "ok", "", dup_labels, &f), AR_EINVAL);
-    assert_int_equal(metrics_counter(reg, "ok", "", digit_label, &f), AR_EINVAL);
-    assert_int_equal(metrics_counter(reg, "ok", "", colon_label, &f), AR_EINVAL);
-    assert_int_equal(metrics_histogram(reg, "h", "", le_label, NULL, 0, &f), AR_EINVAL);
-    assert_int_equal(metrics_histogram(reg, "h", "", NULL, unordered, 2, &f), AR_EINVAL);
-    assert_int_equal(metrics_histogram(reg, "h", "", NULL, inf_bound, 2, &f), AR_EINVAL);
-    assert_int_equal(metrics_counter(reg, "_ok:name_2", "", le_label, &f), AR_OK);
+    assert_int_equal(metrics_counter(reg, "1abc", "H.", NULL, &f), AR_EINVAL);
+    assert_int_equal(metrics_counter(reg, "a-b", "H.", NULL, &f), AR_EINVAL);
+    assert_int_equal(metrics_counter(reg, "", "H.", NULL, &f), AR_EINVAL);
+    assert_int_equal(metrics_counter(reg, NULL, "H.", NULL, &f), AR_EINVAL);
+    assert_int_equal(metrics_counter(reg, "ok", "H.", bad_label, &f), AR_EINVAL);
+    assert_int_equal(metrics_counter(reg, "ok", "H.", dup_labels, &f), AR_EINVAL);
+    assert_int_equal(metrics_counter(reg, "ok", "H.", digit_label, &f), AR_EINVAL);
+    assert_int_equal(metrics_counter(reg, "ok", "H.", colon_label, &f), AR_EINVAL);
+    assert_int_equal(metrics_histogram(reg, "h", "H.", le_label, NULL, 0, &f), AR_EINVAL);
+    assert_int_equal(metrics_histogram(reg, "h", "H.", NULL, unordered, 2, &f), AR_EINVAL);
+    assert_int_equal(metrics_histogram(reg, "h", "H.", NULL, inf_bound, 2, &f), AR_EINVAL);
+    assert_int_equal(metrics_counter(reg, "ok", "", NULL, &f), AR_EINVAL); /* promtool: no help */
+    assert_int_equal(metrics_gauge(reg, "ok", NULL, NULL, &f), AR_EINVAL);
+    assert_int_equal(metrics_counter(reg, "_ok:name_2", "H.", le_label, &f), AR_OK);
 
     /* same registration again: same family; conflicting: rejected */
-    assert_int_equal(metrics_counter(reg, "x_total", "", ab, &f), AR_OK);
-    assert_int_equal(metrics_counter(reg, "x_total", "", ab, &g), AR_OK);
+    assert_int_equal(metrics_counter(reg, "x_total", "H.", ab, &f), AR_OK);
+    assert_int_equal(metrics_counter(reg, "x_total", "H.", ab, &g), AR_OK);
     assert_ptr_equal(f, g);
-    assert_int_equal(metrics_counter(reg, "x_total", "", ba, &g), AR_EINVAL);
-    assert_int_equal(metrics_gauge(reg, "x_total", "", ab, &g), AR_EINVAL);
+    assert_int_equal(metrics_counter(reg, "x_total", "H.", ba, &g), AR_EINVAL);
+    assert_int_equal(metrics_gauge(reg, "x_total", "H.", ab, &g), AR_EINVAL);
     metrics_registry_destroy(reg);
 }
 
@@ -349,7 +357,7 @@ static void children_are_bounded_and_extra_label_sets_share_other(void **state)
     struct parsed *ps;
     const struct sample *s;
     (void)state;
-    assert_int_equal(metrics_counter(reg, "replies_total", "", names, &f), AR_OK);
+    assert_int_equal(metrics_counter(reg, "replies_total", "H.", names, &f), AR_OK);
     ps = render_parse(reg, NULL);
     assert_int_equal(count_named(ps, "replies_total"), 0); /* unused "other" not shown */
 
@@ -386,7 +394,7 @@ static void quantile_interpolates_within_the_bucket(void **state)
     struct metrics_family *f;
     struct metrics_child *c;
     (void)state;
-    assert_int_equal(metrics_histogram(reg, "q_seconds", "", NULL, bounds, 3, &f), AR_OK);
+    assert_int_equal(metrics_histogram(reg, "q_seconds", "H.", NULL, bounds, 3, &f), AR_OK);
     c = metrics_child(f, NULL);
     assert_true(isnan(metrics_quantile(c, 0.5)));
     for (int i = 0; i < 10; i++)
@@ -437,8 +445,8 @@ static void concurrent_increments_sum_exactly(void **state)
     pthread_t t[THREADS];
     struct parsed *ps;
     (void)state;
-    assert_int_equal(metrics_counter(reg, "c_total", "", names, &w.counter), AR_OK);
-    assert_int_equal(metrics_histogram(reg, "h_seconds", "", NULL, NULL, 0, &w.hist), AR_OK);
+    assert_int_equal(metrics_counter(reg, "c_total", "H.", names, &w.counter), AR_OK);
+    assert_int_equal(metrics_histogram(reg, "h_seconds", "H.", NULL, NULL, 0, &w.hist), AR_OK);
     w.n = N;
     for (int i = 0; i < THREADS; i++)
         assert_int_equal(pthread_create(&t[i], NULL, work, &w), 0);
@@ -487,8 +495,198 @@ static void out_of_memory_is_reported_and_leaks_nothing(void **state)
     assert_int_equal(st, AR_OK);
 }
 
+/* ---- collectors -------------------------------------------------------------------------- */
+
+struct counting_collector {
+    const char *name;
+    int calls;
+};
+
+static void collect_counting(struct ar_buf *b, void *user)
+{
+    struct counting_collector *c = user;
+    char line[160];
+    c->calls++;
+    snprintf(line, sizeof(line), "# HELP %s Renders so far.\n# TYPE %s gauge\n%s %d\n", c->name,
+             c->name, c->name, c->calls);
+    ar_buf_puts(b, line);
+}
+
+static void collectors_render_after_the_families_once_per_pair(void **state)
+{
+    struct counting_collector a = {"coll_a", 0}, b = {"coll_b", 0};
+    struct counting_collector more[METRICS_MAX_COLLECTORS];
+    struct metrics_registry *reg = new_registry();
+    struct metrics_family *f;
+    struct parsed *ps;
+    char *text;
+    (void)state;
+    assert_int_equal(metrics_collector_add(reg, NULL, &a), AR_EINVAL);
+    assert_int_equal(metrics_collector_add(reg, collect_counting, &a), AR_OK);
+    assert_int_equal(metrics_collector_add(reg, collect_counting, &a), AR_OK); /* again: once */
+    assert_int_equal(metrics_collector_add(reg, collect_counting, &b), AR_OK);
+    /* a family registered after the collectors still renders before them */
+    assert_int_equal(metrics_counter(reg, "fam_total", "F.", NULL, &f), AR_OK);
+    metrics_inc(metrics_child(f, NULL), 4);
+    ps = render_parse(reg, &text);
+    assert_true(find(ps, "coll_a", NULL, NULL)->value == 1.0);
+    assert_true(find(ps, "coll_b", NULL, NULL)->value == 1.0);
+    assert_true(strstr(text, "fam_total 4\n") < strstr(text, "# HELP coll_a"));
+    assert_true(strstr(text, "# HELP coll_a") < strstr(text, "# HELP coll_b"));
+    ar_free(text);
+    ps = render_parse(reg, NULL); /* called at every rendering */
+    assert_true(find(ps, "coll_a", NULL, NULL)->value == 2.0);
+    assert_int_equal(a.calls, 2);
+    assert_int_equal(b.calls, 2);
+    /* bounded: two in, METRICS_MAX_COLLECTORS - 2 more fit, the next does not */
+    for (int i = 0; i < METRICS_MAX_COLLECTORS; i++) {
+        more[i].name = "coll_more";
+        more[i].calls = 0;
+        assert_int_equal(metrics_collector_add(reg, collect_counting, &more[i]),
+                         i < METRICS_MAX_COLLECTORS - 2 ? AR_OK : AR_EINVAL);
+    }
+    metrics_registry_destroy(reg);
+}
+
+/* ---- the process collector ----------------------------------------------------------------- */
+
+static double t_main; /* wall clock when main() began */
+
+static double cpu_of_rusage(void)
+{
+    struct rusage ru;
+    assert_int_equal(getrusage(RUSAGE_SELF, &ru), 0);
+    return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec * 1e-6 +
+           (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec * 1e-6;
+}
+
+static struct metrics_process process_now(void)
+{
+    struct metrics_process p;
+    struct ar_err err = {0};
+    if (metrics_process_read(&p, &err) != AR_OK)
+        fail_msg("metrics_process_read: %s", err.msg);
+    return p;
+}
+
+static void process_figures_match_the_kernel(void **state)
+{
+    enum { N_FDS = 7, MIB = 1 << 20 };
+    struct metrics_process a, b;
+    struct rlimit rl, low;
+    int fds[N_FDS];
+    volatile double sink = 0;
+    double cpu0, cpu1;
+    char *mem;
+    (void)state;
+    assert_int_equal(metrics_process_read(NULL, NULL), AR_EINVAL);
+
+    /* descriptors: exactly the ones opened here come and go */
+    a = process_now();
+    for (int i = 0; i < N_FDS; i++)
+        assert_true((fds[i] = open("/dev/null", O_RDONLY)) >= 0);
+    b = process_now();
+    assert_true(b.open_fds == a.open_fds + N_FDS);
+    for (int i = 0; i < N_FDS; i++)
+        close(fds[i]);
+    assert_true(process_now().open_fds == a.open_fds);
+    assert_true(a.open_fds >= 3); /* stdin, stdout, stderr at least */
+
+    /* the descriptor limit is the soft RLIMIT_NOFILE, whatever it is set to */
+    assert_int_equal(getrlimit(RLIMIT_NOFILE, &rl), 0);
+    assert_true(a.max_fds ==
+                (rl.rlim_cur == RLIM_INFINITY ? (double)INFINITY : (double)rl.rlim_cur));
+    low = rl;
+    low.rlim_cur = 200;
+    if (rl.rlim_max == RLIM_INFINITY || rl.rlim_max >= 200) {
+        assert_int_equal(setrlimit(RLIMIT_NOFILE, &low), 0);
+        assert_true(process_now().max_fds == 200.0);
+        assert_int_equal(setrlimit(RLIMIT_NOFILE, &rl), 0);
+    }
+
+    /* memory: 64 MiB written shows in the resident size */
+    a = process_now();
+    mem = malloc(64 * MIB);
+    assert_non_null(mem);
+    memset(mem, 1, 64 * MIB);
+    b = process_now();
+    assert_true(b.resident_bytes - a.resident_bytes >= 60.0 * MIB);
+    assert_true(b.virtual_bytes >= b.resident_bytes);
+    assert_true(b.virtual_bytes - a.virtual_bytes >= 60.0 * MIB);
+    sink += mem[12345];
+    free(mem);
+
+    /* CPU: what getrusage says, to the kernel's clock tick, after burning 0.2 s */
+    cpu0 = cpu_of_rusage();
+    while (cpu_of_rusage() - cpu0 < 0.2)
+        for (int i = 0; i < 100000; i++)
+            sink += i * 0.5;
+    b = process_now();
+    cpu1 = cpu_of_rusage();
+    assert_true(b.cpu_seconds >= cpu0 + 0.15);
+    if (!(fabs(b.cpu_seconds - cpu1) <= 0.05))
+        fail_msg("cpu %.3f s, getrusage %.3f s", b.cpu_seconds, cpu1);
+
+    /* a command name with spaces and parentheses does not shift the fields read after it */
+    {
+        char name[17] = {0};
+        struct metrics_process odd;
+        assert_int_equal(prctl(PR_GET_NAME, name), 0);
+        assert_int_equal(prctl(PR_SET_NAME, "x) 1 2 (y) 3"), 0);
+        odd = process_now();
+        assert_int_equal(prctl(PR_SET_NAME, name), 0);
+        assert_true(odd.open_fds == b.open_fds);
+        assert_true(odd.start_time_s == b.start_time_s);
+        assert_true(odd.cpu_seconds >= b.cpu_seconds && odd.cpu_seconds <= b.cpu_seconds + 0.05);
+        assert_true(fabs(odd.resident_bytes - b.resident_bytes) < 16.0 * MIB);
+    }
+
+    /* start: a little before main() began (the boot time is known to the second) */
+    if (!(b.start_time_s <= t_main + 1.0 && b.start_time_s >= t_main - 60.0))
+        fail_msg("start %.2f, main at %.2f", b.start_time_s, t_main);
+    (void)sink;
+}
+
+static void process_collector_renders_the_standard_families(void **state)
+{
+    static const char *const names[][2] = {
+        {"process_cpu_seconds_total", "counter"},
+        {"process_resident_memory_bytes", "gauge"},
+        {"process_virtual_memory_bytes", "gauge"},
+        {"process_open_fds", "gauge"},
+        {"process_max_fds", "gauge"},
+        {"process_start_time_seconds", "gauge"},
+    };
+    struct metrics_registry *reg = new_registry();
+    struct metrics_process before, after;
+    struct parsed *ps;
+    (void)state;
+    assert_int_equal(metrics_process_register(reg), AR_OK);
+    assert_int_equal(metrics_process_register(reg), AR_OK); /* idempotent */
+    before = process_now();
+    ps = render_parse(reg, NULL);
+    after = process_now();
+    assert_int_equal(ps->n, 6); /* one sample each, rendered once, no labels */
+    for (size_t i = 0; i < AR_ARRAY_LEN(names); i++) {
+        const struct sample *s = find(ps, names[i][0], NULL, NULL);
+        assert_int_equal(s->n_labels, 0);
+        assert_string_equal(type_of(ps, names[i][0]), names[i][1]);
+    }
+    assert_true(find(ps, "process_open_fds", NULL, NULL)->value == before.open_fds);
+    assert_true(find(ps, "process_max_fds", NULL, NULL)->value == before.max_fds);
+    assert_true(find(ps, "process_start_time_seconds", NULL, NULL)->value == before.start_time_s);
+    assert_true(find(ps, "process_cpu_seconds_total", NULL, NULL)->value >= before.cpu_seconds);
+    assert_true(find(ps, "process_cpu_seconds_total", NULL, NULL)->value <= after.cpu_seconds);
+    assert_true(find(ps, "process_resident_memory_bytes", NULL, NULL)->value > 0);
+    metrics_registry_destroy(reg);
+}
+
 int main(void)
 {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    t_main = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(counters_and_gauges_render_their_values),
         cmocka_unit_test(histogram_buckets_sum_and_count_match_observations),
@@ -498,6 +696,9 @@ int main(void)
         cmocka_unit_test(quantile_interpolates_within_the_bucket),
         cmocka_unit_test(concurrent_increments_sum_exactly),
         cmocka_unit_test(out_of_memory_is_reported_and_leaks_nothing),
+        cmocka_unit_test(collectors_render_after_the_families_once_per_pair),
+        cmocka_unit_test(process_figures_match_the_kernel),
+        cmocka_unit_test(process_collector_renders_the_standard_families),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -469,6 +469,65 @@ static void rate_limits_answer_429_with_retry_after(void **state)
     assert_int_equal(status, 429);
     assert_string_equal(jstr(j, "error.code"), "rate_limit_exceeded");
     cJSON_Delete(j);
+    assert_true(metric(port, "autoreply_rejected_total{reason=\"rate_limit\"}") == 1);
+    server_destroy(s);
+}
+
+/* Handlers that refuse in the ways other modules do (the review routes answer 503 "overloaded"
+ * through server_reply_json), and 503s that are no refusal for load. */
+static void h_refuse(struct server_req *req, void *user)
+{
+    const char *what = user;
+    if (!strcmp(what, "overloaded") || !strcmp(what, "twice")) {
+        server_reply_json(
+            req, 503, cJSON_Parse("{\"error\":{\"message\":\"busy\",\"code\":\"overloaded\"}}"));
+        if (!strcmp(what, "twice")) /* a second reply is ignored, and not counted */
+            server_reply_error(req, 503, "server_error", "queue_full", "late");
+    } else if (!strcmp(what, "limited")) {
+        server_reply_error_ex(req, 429, "rate_limit_error", "rate_limit_exceeded", NULL, 2,
+                              "slow down");
+    } else if (!strcmp(what, "loading")) {
+        server_reply_error(req, 503, "server_error", "loading", "the model is loading");
+    } else {
+        server_reply_error(req, 503, "server_error", "internal_error", "store busy");
+    }
+}
+
+static void refusals_for_load_are_counted_by_reason(void **state)
+{
+    static const char *const kinds[] = {"overloaded", "twice", "limited", "loading", "other"};
+    static const int want[] = {503, 503, 429, 503, 503};
+    struct server_params sp = server_default_params();
+    struct server *s = NULL;
+    struct ar_err err = {0};
+    struct resp r;
+    char path[64];
+    (void)state;
+    sp.host = "127.0.0.1";
+    sp.port = 0;
+    assert_int_equal(server_create(&sp, &s, &err), AR_OK);
+    for (size_t i = 0; i < AR_ARRAY_LEN(kinds); i++) {
+        struct server_route rt = {0};
+        snprintf(path, sizeof(path), "/t/%s", kinds[i]);
+        rt.method = "GET";
+        rt.path = path;
+        rt.fn = h_refuse;
+        rt.user = (void *)(uintptr_t)kinds[i];
+        assert_int_equal(server_add_route(s, &rt), AR_OK);
+    }
+    assert_int_equal(server_start(s, &err), AR_OK);
+    for (size_t i = 0; i < AR_ARRAY_LEN(kinds); i++) {
+        snprintf(path, sizeof(path), "/t/%s", kinds[i]);
+        http(server_port(s), "GET", path, NULL, NULL, 0, &r);
+        assert_int_equal(r.status, want[i]);
+        resp_free(&r);
+    }
+    assert_true(metric(server_port(s), "autoreply_rejected_total{reason=\"overloaded\"}") == 2);
+    assert_true(metric(server_port(s), "autoreply_rejected_total{reason=\"rate_limit\"}") == 1);
+    assert_true(metric(server_port(s), "autoreply_rejected_total{reason=\"queue_full\"}") == 0);
+    /* every answer is in the request histogram all the same */
+    assert_true(metric(server_port(s), "autoreply_http_request_duration_seconds_count{method="
+                                       "\"GET\",endpoint=\"/t/loading\",status=\"503\"}") == 1);
     server_destroy(s);
 }
 
@@ -725,6 +784,7 @@ int main(void)
         cmocka_unit_test(client_leaving_mid_stream_frees_its_kv),
         cmocka_unit_test(overload_answers_503_with_retry_after),
         cmocka_unit_test(rate_limits_answer_429_with_retry_after),
+        cmocka_unit_test(refusals_for_load_are_counted_by_reason),
         cmocka_unit_test(api_keys_guard_everything_but_health_and_metrics),
         cmocka_unit_test(prefix_cache_hits_show_and_keep_outputs),
         cmocka_unit_test(json_and_msgpack_give_the_same_answer),
