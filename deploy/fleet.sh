@@ -105,6 +105,14 @@ live_pid() { # live_pid PIDFILE MARK
     echo "$pid"
 }
 
+gone() { # gone PID SECONDS: waits up to SECONDS for PID to end; fails if it still runs
+    n=$(( $2 * 20 ))
+    while alive "$1"; do
+        [ $n -gt 0 ] || return 1
+        sleep 0.05; n=$((n - 1))
+    done
+}
+
 health() { # health URL: GET URL/health answers 200
     [ "$(curl -s -o /dev/null -m 3 -w '%{http_code}' "$1/health" 2>/dev/null || true)" = 200 ]
 }
@@ -175,7 +183,7 @@ stop_instances() { # stop_instances GRACE NAME...: SIGTERM to all, SIGKILL after
         if alive "$pid"; then
             say "pid $pid did not stop within ${grace} s of SIGTERM: SIGKILL"
             kill -KILL "$pid" 2>/dev/null || true
-            while alive "$pid"; do sleep 0.05; done
+            gone "$pid" 5 || { say "pid $pid survives SIGKILL (another user's?)"; stuck=1; }
         fi
     done
     for name in "$@"; do rm -f "$dir/$name.pid"; done
@@ -248,8 +256,9 @@ stop_nginx() {
         kill -QUIT "$pid" 2>/dev/null || true # graceful: finishes requests in progress
         n=100
         while [ $n -gt 0 ] && alive "$pid"; do sleep 0.1; n=$((n - 1)); done
-        if alive "$pid"; then kill -TERM "$pid" 2>/dev/null || true; sleep 1; fi
+        if alive "$pid"; then kill -TERM "$pid" 2>/dev/null || true; gone "$pid" 2 || true; fi
         if alive "$pid"; then kill -KILL "$pid" 2>/dev/null || true; fi
+        gone "$pid" 5 || { say "nginx (pid $pid) survives SIGKILL (another user's?)"; stuck=1; }
     fi
     rm -f "$dir/nginx/nginx.pid"
 }
@@ -263,13 +272,15 @@ all_instances() {
 
 do_down() {
     grace=${1:-15}
+    stuck=0
     stop_nginx
     # shellcheck disable=SC2046
     stop_instances "$grace" $(all_instances)
     if [ -e "$dir/postgres.pid" ] || [ -e "$dir/redis.pid" ] || [ -e "$dir/rabbitmq.pid" ] ||
        [ -e "$dir/postgres/postmaster.pid" ]; then
-        sh "$services" stop-all "$dir" >&2 || say "services.sh stop-all reported a failure"
+        sh "$services" stop-all "$dir" >&2 || { say "services.sh stop-all reported a failure"; stuck=1; }
     fi
+    return $stuck
 }
 
 anything_runs() {
@@ -326,8 +337,8 @@ BACKENDS=$BACKENDS
 WAIT=$WAIT
 EOF
     # from here on a failure stops whatever was started
-    trap 'say "stopping what was started"; do_down 5; exit 1' INT TERM
-    fail() { say "$*"; say "stopping what was started"; do_down 5; exit 1; }
+    trap 'say "stopping what was started"; do_down 5 || true; exit 1' INT TERM
+    fail() { say "$*"; say "stopping what was started"; do_down 5 || true; exit 1; }
 
     taken=" $PORT"
     store="" cache="" queue=""
@@ -383,7 +394,7 @@ cmd_kill() {
     pid=$(live_pid "$dir/$name.pid" "$(inst_mark "$name")")
     [ -n "$pid" ] || { say "$name is not running"; return 0; }
     kill -KILL "$pid" 2>/dev/null || true
-    while alive "$pid"; do sleep 0.05; done
+    gone "$pid" 5 || die "$name (pid $pid) survives SIGKILL (another user's?)"
     rm -f "$dir/$name.pid"
     echo "$name pid $pid killed"
 }
