@@ -199,7 +199,7 @@ static int free_port(void)
     return port;
 }
 
-/* ---- a small reader of nginx configuration ---------------------------------------------------- */
+/* ---- a small reader of nginx configuration --------------------------------------------------- */
 
 /* One directive: its words (args[0] the name) and, for a block, what the block holds. */
 struct ngx {
@@ -330,10 +330,17 @@ static long long ngx_size(const char *s)
     char *end;
     long long v = strtoll(s, &end, 10);
     switch (*end) {
-    case 'k': case 'K': return v << 10;
-    case 'm': case 'M': return v << 20;
-    case 'g': case 'G': return v << 30;
-    default: return v;
+    case 'k':
+    case 'K':
+        return v << 10;
+    case 'm':
+    case 'M':
+        return v << 20;
+    case 'g':
+    case 'G':
+        return v << 30;
+    default:
+        return v;
     }
 }
 static long long ngx_seconds(const char *s)
@@ -372,7 +379,7 @@ static long long serve_default(const char *help, const char *flag)
     return strtoll(open + 1, NULL, 10);
 }
 
-/* ---- the shipped nginx config ----------------------------------------------------------------- */
+/* ---- the shipped nginx config ---------------------------------------------------------------- */
 
 /* A main config in dir that keeps every path (pid, logs, temporary files) inside dir and
  * includes conf. */
@@ -530,7 +537,7 @@ static void shipped_nginx_config_has_what_the_fleet_needs(void **state)
     ngx_free(&root);
 }
 
-/* ---- the fleet -------------------------------------------------------------------------------- */
+/* ---- the fleet ------------------------------------------------------------------------------- */
 
 static char fleet_dir[256]; /* the fleet of the running test, for teardown */
 
@@ -562,8 +569,7 @@ static int parse_procs(const char *out, struct proc *p, int max)
     for (const char *line = out; *line;) {
         const char *eol = strchr(line, '\n');
         char buf[512];
-        snprintf(buf, sizeof(buf), "%.*s", (int)(eol ? eol - line : (ptrdiff_t)strlen(line)),
-                 line);
+        snprintf(buf, sizeof(buf), "%.*s", (int)(eol ? eol - line : (ptrdiff_t)strlen(line)), line);
         if (n == max || sscanf(buf, "%31s pid %d %255s", p[n].name, &p[n].pid, p[n].url) != 3)
             fail_msg("unexpected line from fleet.sh: '%s'", buf);
         p[n].port = 0;
@@ -679,8 +685,8 @@ static void fleet_balances_survives_a_killed_instance_and_stops_everything(void 
         const char *body = "{\"messages\":[{\"role\":\"user\",\"content\":\"Rating: 5 stars\\n"
                            "Review: great\"}],\"stream\":true,\"max_tokens\":8}";
         char ct[128], xab[32];
-        http(nginx_port, "POST", "/v1/chat/completions", "Content-Type: application/json\r\n",
-             body, strlen(body), &s);
+        http(nginx_port, "POST", "/v1/chat/completions", "Content-Type: application/json\r\n", body,
+             strlen(body), &s);
         assert_int_equal(s.status, 200);
         assert_non_null(resp_header(&s, "Content-Type", ct, sizeof(ct)));
         assert_non_null(strstr(ct, "text/event-stream"));
@@ -895,8 +901,7 @@ int main(void)
         cmocka_unit_test(shipped_nginx_config_passes_nginx_t),
         cmocka_unit_test(shipped_nginx_config_has_what_the_fleet_needs),
         cmocka_unit_test(fleet_commands_reject_bad_input),
-        cmocka_unit_test_teardown(fleet_kill_and_start_reject_an_unknown_instance,
-                                  fleet_teardown),
+        cmocka_unit_test_teardown(fleet_kill_and_start_reject_an_unknown_instance, fleet_teardown),
         cmocka_unit_test_teardown(fleet_up_refuses_a_port_in_use, fleet_teardown),
         cmocka_unit_test_teardown(fleet_up_fails_clearly_when_an_instance_cannot_start,
                                   fleet_teardown),
