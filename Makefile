@@ -28,8 +28,9 @@ FLAGS_avx512_vnni := $(FLAGS_avx512) -mavx512vnni
 
 # Modules in layer order (ARCHITECTURE.md) and what each may use.
 MODULES := base gguf kernels kv tokenizer sampler model metrics store engine reply server
-# tests/cli/ drive bin/autoreply as a user would; they link only base.
-TEST_ONLY_MODULES := cli fleet
+# tests/cli/ drive bin/autoreply as a user would, tests/deploy/ the deploy/ scripts and nginx,
+# tests/fleet/ a whole fleet on the real servers; they link only base.
+TEST_ONLY_MODULES := cli deploy fleet
 DEPS_base      :=
 DEPS_gguf      := base
 DEPS_kernels   := base
@@ -43,6 +44,7 @@ DEPS_engine    := model tokenizer sampler gguf kernels kv base
 DEPS_reply     := engine store metrics model tokenizer sampler gguf kernels kv base
 DEPS_server    := reply engine store metrics model tokenizer sampler gguf kernels kv base
 DEPS_cli       := base
+DEPS_deploy    := base
 DEPS_fleet     := base
 
 srcs_of = $(wildcard src/$(1)/*.c)

@@ -47,6 +47,8 @@ wait_for() { # wait_for SECONDS COMMAND...
         "$@" >/dev/null 2>&1 && return 0
         sleep 0.1; n=$((n - 1))
     done
+    # stop-all finds the broker by this file, which the broker itself writes
+    wait_for 20 test -s "$dir/rabbitmq.pid" || die "RabbitMQ wrote no pid file: see $r/out.log"
     return 1
 }
 
@@ -55,8 +57,9 @@ pg_bin() {
     echo ""
 }
 
-# the folder must be reachable by the servers' users
-open_dir() { mkdir -p "$1"; chmod 755 "$1"; }
+# the folder must be reachable by the servers' users (a+rx, not 755: that would take the sticky
+# bit and group write from a shared folder given as DIR)
+open_dir() { mkdir -p "$1"; chmod a+rx "$1"; }
 
 start_postgres() {
     dir=$1; port=$2
@@ -112,9 +115,16 @@ start_rabbitmq() {
     env=$(rmq_env "$dir" "$port")
     # shellcheck disable=SC2086
     $run env $env /usr/lib/rabbitmq/bin/rabbitmq-server >"$r/out.log" 2>&1 &
-    # the broker is up when its AMQP port takes connections
-    wait_for 60 sh -c "ss -Htln 'sport = :$port' | grep -q ." ||
-        die "RabbitMQ did not start: see $r/out.log"
+    bg=$! # the start script (under runuser when root): it lives as long as the broker
+    # the broker is up when its AMQP port takes connections; one that exits is not waited for
+    n=600
+    until ss -Htln "sport = :$port" 2>/dev/null | grep -q .; do
+        kill -0 "$bg" 2>/dev/null || die "RabbitMQ exited: see $r/out.log and $r/log/"
+        [ $n -gt 0 ] || die "RabbitMQ did not start in 60 s: see $r/out.log"
+        sleep 0.1; n=$((n - 1))
+    done
+    # stop-all finds the broker by this file, which the broker itself writes
+    wait_for 20 test -s "$dir/rabbitmq.pid" || die "RabbitMQ wrote no pid file: see $r/out.log"
     echo "$port" >"$dir/rabbitmq.port"
     echo "amqp://guest:guest@127.0.0.1:$port/"
 }
@@ -143,10 +153,11 @@ stop_kind() {
     redis) stop_pid "$dir/redis.pid" 5 ;;
     rabbitmq)
         stop_pid "$dir/rabbitmq.pid" 15
-        # the node's own port mapper daemon
+        # the node's own port mapper daemon, found by its port (it runs as plain "epmd -daemon",
+        # so no command line tells one node's epmd from another's)
         if [ -s "$dir/rabbitmq.port" ]; then
             ep=$(( $(cat "$dir/rabbitmq.port") + 2 ))
-            pkill -f "epmd.*-port $ep" 2>/dev/null || ERL_EPMD_PORT=$ep epmd -kill >/dev/null 2>&1 || true
+            ERL_EPMD_PORT=$ep epmd -kill >/dev/null 2>&1 || true
         fi ;;
     *) die "unknown kind '$kind'" ;;
     esac
@@ -162,6 +173,8 @@ start)
         cat "$dir/$kind.url"; exit 0
     fi
     port=${4:-$(free_port)}
+    # a given port must be free: a server that cannot bind it would look started
+    ! ss -Htln "sport = :$port" 2>/dev/null | grep -q . || die "port $port is in use"
     case $kind in
     postgres) url=$(start_postgres "$dir" "$port") ;;
     redis) url=$(start_redis "$dir" "$port") ;;
