@@ -170,6 +170,10 @@ int server_port(const struct server *s)
 {
     return s->port;
 }
+double srv_retry_after_s(const struct server *s)
+{
+    return s->p.retry_after_s;
+}
 struct srv_metrics *srv_metrics_of(struct server *s)
 {
     return &s->m;

@@ -1,7 +1,9 @@
 /* server.h - the HTTP face of the serving engine: an OpenAI-compatible API (chat and text
  * completions with SSE streaming, tokenize/detokenize, models, health, Prometheus metrics) over
  * libmicrohttpd, JSON or MessagePack bodies, API keys, per-key rate limits, body and
- * connection limits. Endpoints live in a route table so other modules (reply/) add theirs.
+ * connection limits, and the review-reply product's endpoints (reviews.c: /v1/reviews/...,
+ * /v1/jobs), whose errors (enum reply_error) it maps to HTTP statuses. Endpoints live in a
+ * route table.
  *
  * Threads: libmicrohttpd's event-loop thread (epoll) reads requests and calls handlers. A
  * handler that needs time (a generation) returns without replying: its connection is
@@ -20,6 +22,7 @@
 #include "../base/base.h"
 #include "../engine/engine.h"
 #include "../metrics/metrics.h"
+#include "../reply/reply.h"
 
 struct server_params {
     const char *host;         /* numeric address or name to listen on ("127.0.0.1") */
@@ -81,7 +84,6 @@ const char *server_model_name(const struct server *s);
 int server_n_ctx(const struct server *s);
 /* The registry the server's metrics live in (borrowed). */
 struct metrics_registry *server_metrics(const struct server *s);
-
 /* ---- routes ------------------------------------------------------------------------------- */
 
 enum server_route_flags {
@@ -122,6 +124,44 @@ struct server_route {
 /* Adds a route; before server_start only. The same method, path and kind (exact or prefix)
  * twice: AR_EINVAL. */
 enum ar_status server_add_route(struct server *s, const struct server_route *r);
+
+/* ---- review-reply endpoints (reviews.c) -----------------------------------------------------
+ * The product's routes over a reply service:
+ *   POST /v1/reviews/reply   a review object (reply_review_from_json: shop_id required, "id"
+ *                            for review_id); the result, or its error with the status below
+ *   POST /v1/reviews/batch   {"reviews": [...], "shop_id"?} or a bare JSON array of review
+ *                            objects (1..REPLY_BATCH_MAX); 200 {"results": [...]} in order,
+ *                            each item answered on its own (an error item carries "status")
+ *   POST /v1/jobs            {"reviews": [...]} or {"jsonl": "..."} (+ "shop_id"?), a bare JSON
+ *                            array, or raw JSONL text (any content type); 202 {id, status, total}
+ *   GET  /v1/jobs/{id}       the job (reply_job_info_to_json); 404 for an unknown id
+ *   GET  /v1/jobs/{id}/results   its lines as JSONL (application/x-ndjson)
+ * Reviews and batches answer 503 "loading" until server_set_engine; jobs are stored and read
+ * without the engine. Each request's generations are charged to the client's token bucket
+ * (rate_tpm) through a reply_call, which the abort hook cancels when the client goes away
+ * (499, nothing stored). Work runs on the service's workers (reply_service_submit); a full
+ * queue answers 503. 429 and 503 answers carry Retry-After. */
+
+/* The HTTP status of a reply error: OK 200, EINVAL 400, EDUPLICATE 409, ECONFLICT 409,
+ * ELIMITED 429, ECANCELLED 499 (the client closed first, as nginx counts it), EBUSY 503,
+ * EUNAVAIL 503, ENOTFOUND 404, EINTERNAL (and a value out of range) 500. */
+int server_status_of_reply_error(enum reply_error e);
+/* One review's answer as the review endpoints send it: reply_result_to_json for an answer;
+ * {review_id?, error: {message, type, code}, status} for an error (type "rate_limit_error"
+ * for 429, "invalid_request_error" below 500, else "server_error"; code reply_error_code;
+ * status server_status_of_reply_error). NULL when out of memory. Thread-safe. */
+cJSON *server_review_result_json(const struct reply_result *r, const char *review_id);
+
+struct server_reviews_params {
+    size_t max_job_body; /* POST /v1/jobs body limit in bytes; 0: 64 MiB */
+};
+struct server_reviews_params server_reviews_default_params(void);
+/* Adds the routes above to s (before server_start) over svc, which is borrowed: it must
+ * outlive every request the server answers (server_stop before reply_service_destroy). p may
+ * be NULL (the defaults). Nothing to undo: the routes go with the server. AR_EINVAL when a
+ * route is taken already, AR_ENOMEM; routes added before the failure stay (over svc). */
+enum ar_status server_reviews_attach(struct server *s, struct reply_service *svc,
+                                     const struct server_reviews_params *p);
 
 /* ---- inside a handler --------------------------------------------------------------------- */
 /* Every function below is thread-safe. Pointers returned are borrowed from req and valid until
