@@ -582,6 +582,7 @@ static void h_health(struct server_req *req, void *user)
     bool ready = server_engine(s) != NULL;
     (void)user;
     cJSON_AddStringToObject(o, "status", ready ? "ok" : "loading");
+    cJSON_AddStringToObject(o, "instance", server_instance_name(s));
     if (!ready)
         server_reply_header(req, "Retry-After", "1");
     server_reply_json(req, ready ? 200 : 503, o);

@@ -3,7 +3,8 @@
  * libmicrohttpd, JSON or MessagePack bodies, API keys, per-key rate limits, body and
  * connection limits, and the review-reply product's endpoints (reviews.c: /v1/reviews/...,
  * /v1/jobs), whose errors (enum reply_error) it maps to HTTP statuses. Endpoints live in a
- * route table.
+ * route table. Every response names the instance that made it (X-Autoreply-Instance), so a
+ * fleet behind a proxy can be told apart.
  *
  * Threads: libmicrohttpd's event-loop thread (epoll) reads requests and calls handlers. A
  * handler that needs time (a generation) returns without replying: its connection is
@@ -43,7 +44,14 @@ struct server_params {
     int n_ctx;                /* per-request context (prompt + generation); 0 or more than
                                  the engine's: engine_n_ctx */
     struct metrics_registry *metrics; /* borrowed; NULL: the server owns one */
+    const char *instance_name;        /* this instance in the X-Autoreply-Instance header of every
+                                         response and in /health (copied; printable ASCII, at most
+                                         SERVER_INSTANCE_NAME_MAX bytes); NULL: "<host name>:<port>"
+                                         (the bound port), or "autoreply" without a host name */
 };
+
+#define SERVER_INSTANCE_NAME_MAX 255
+#define SERVER_INSTANCE_HEADER "X-Autoreply-Instance"
 
 /* The defaults noted above. Thread-safe. */
 struct server_params server_default_params(void);
@@ -84,6 +92,10 @@ const char *server_model_name(const struct server *s);
 int server_n_ctx(const struct server *s);
 /* The registry the server's metrics live in (borrowed). */
 struct metrics_registry *server_metrics(const struct server *s);
+/* The instance name (server_params.instance_name, or the default once server_start has bound
+ * the port; "autoreply" before). Borrowed, lives as long as s. */
+const char *server_instance_name(const struct server *s);
+
 /* ---- routes ------------------------------------------------------------------------------- */
 
 enum server_route_flags {

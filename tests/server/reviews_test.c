@@ -2,7 +2,7 @@
  * service whose generator is scripted (the demo model only drives the OpenAI routes and the
  * server's readiness): the endpoints below HTTP (bodies, paths, jobs, a caller's budget), the
  * one mapping from reply errors to HTTP statuses and codes, what clients see of those errors
- * over real HTTP. */
+ * over real HTTP, and the X-Autoreply-Instance header on every kind of response. */
 #include "harness/harness.h"
 
 #include <pthread.h>
@@ -20,6 +20,8 @@
 #include "reply/reply.h"
 #include "server/server_internal.h"
 #include "tokenizer/tokenizer.h"
+
+#define INSTANCE "review-test-1"
 
 /* ---- a scripted generator -------------------------------------------------------------- */
 
@@ -79,7 +81,7 @@ struct fx {
     struct metrics_registry *metrics;
     struct reply_service *svc;
     struct fake gen;
-    struct server *srv; /* review routes, engine set */
+    struct server *srv; /* INSTANCE, review routes, engine set */
     int port;
 };
 
@@ -113,10 +115,10 @@ static int group_teardown(void **state)
     return 0;
 }
 
-/* A started server on an ephemeral port with the review routes over x's service; metrics
- * NULL: its own registry. */
-static struct server *start_server(struct fx *x, bool engine, struct metrics_registry *metrics,
-                                   int *port)
+/* A started server on an ephemeral port with the review routes over x's service; instance
+ * NULL: the default name; metrics NULL: its own registry. */
+static struct server *start_server(struct fx *x, const char *instance, bool engine,
+                                   struct metrics_registry *metrics, int *port)
 {
     struct server_params sp = server_default_params();
     struct server *s = NULL;
@@ -125,6 +127,7 @@ static struct server *start_server(struct fx *x, bool engine, struct metrics_reg
     sp.port = 0;
     sp.model_name = "demo";
     sp.metrics = metrics;
+    sp.instance_name = instance;
     if (server_create(&sp, &s, &err) != AR_OK)
         fail_msg("server_create: %s", err.msg);
     assert_int_equal(server_reviews_attach(s, x->svc, NULL), AR_OK);
@@ -159,7 +162,7 @@ static int setup(void **state)
     p.gen = &x->gen.base;
     p.n_workers = 4;
     assert_int_equal(reply_service_create(&p, &x->svc), AR_OK);
-    x->srv = start_server(x, true, x->metrics, &x->port);
+    x->srv = start_server(x, INSTANCE, true, x->metrics, &x->port);
     *state = x;
     return 0;
 }
@@ -498,6 +501,33 @@ static void every_reply_error_maps_to_one_status_and_code(void **state)
 
 /* ---- over HTTP ------------------------------------------------------------------------------ */
 
+/* How many times the head carries the instance header, and its (last) value in buf. */
+static int instance_headers(const struct resp *r, char *buf, size_t size)
+{
+    const char *name = "\r\n" SERVER_INSTANCE_HEADER ":";
+    int n = 0;
+    buf[0] = '\0';
+    for (const char *p = strcasestr(r->head, name); p; p = strcasestr(p + 2, name)) {
+        const char *v = p + strlen(name), *e;
+        while (*v == ' ')
+            v++;
+        e = strstr(v, "\r\n");
+        snprintf(buf, size, "%.*s", (int)(e ? e - v : (ptrdiff_t)strlen(v)), v);
+        n++;
+    }
+    return n;
+}
+
+/* The answer carries the instance header exactly once, naming want. */
+static void expect_instance(const struct resp *r, const char *want, const char *what)
+{
+    char v[300];
+    int n = instance_headers(r, v, sizeof(v));
+    if (n != 1 || strcmp(v, want) != 0)
+        fail_msg("%s (status %d): %d instance headers, last \"%s\", want \"%s\"", what, r->status,
+                 n, v, want);
+}
+
 /* A JSON request; the answer parsed (NULL when its body is not JSON), r kept for its head. */
 static cJSON *request(int port, const char *method, const char *path, const char *json,
                       struct resp *r)
@@ -572,6 +602,157 @@ static void review_errors_reach_clients_with_their_status_and_code(void **state)
     assert_int_equal(atomic_load(&x->gen.calls), 2); /* e1 and b1; errors never reach the model */
 }
 
+static void every_response_names_the_instance(void **state)
+{
+    struct fx *x = *state;
+    struct resp r;
+    cJSON *j;
+    char path[96], ct[64];
+    const char *stream_body = "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],"
+                              "\"max_tokens\":2,\"stream\":true}";
+    /* a normal answer */
+    j = request(x->port, "POST", "/v1/reviews/reply",
+                "{\"shop_id\":\"s1\",\"review_id\":\"i1\",\"text\":\"Nice\",\"rating\":5}", &r);
+    assert_int_equal(r.status, 200);
+    expect_instance(&r, INSTANCE, "review answer");
+    cJSON_Delete(j);
+    resp_free(&r);
+    /* an error of the product and errors of the HTTP core */
+    j = request(x->port, "POST", "/v1/reviews/reply", "{\"shop_id\":\"s1\",\"rating\":5}", &r);
+    assert_int_equal(r.status, 400);
+    expect_instance(&r, INSTANCE, "bad review");
+    cJSON_Delete(j);
+    resp_free(&r);
+    http(x->port, "GET", "/no/such/route", NULL, NULL, 0, &r);
+    assert_int_equal(r.status, 404);
+    expect_instance(&r, INSTANCE, "404");
+    resp_free(&r);
+    http(x->port, "DELETE", "/v1/reviews/reply", NULL, NULL, 0, &r);
+    assert_int_equal(r.status, 405);
+    expect_instance(&r, INSTANCE, "405");
+    resp_free(&r);
+    {
+        /* answered from the headers, before the body is read */
+        size_t big = (2u << 20);
+        char *body = malloc(big);
+        memset(body, ' ', big);
+        http(x->port, "POST", "/v1/reviews/reply", "Content-Type: application/json\r\n", body, big,
+             &r);
+        free(body);
+        assert_int_equal(r.status, 413);
+        expect_instance(&r, INSTANCE, "413");
+        resp_free(&r);
+    }
+    /* text answers: metrics, a job's JSONL */
+    http(x->port, "GET", "/metrics", NULL, NULL, 0, &r);
+    assert_int_equal(r.status, 200);
+    expect_instance(&r, INSTANCE, "metrics");
+    resp_free(&r);
+    {
+        const char *line =
+            "{\"shop_id\":\"s1\",\"review_id\":\"j1\",\"text\":\"好\",\"rating\":5}\n";
+        http(x->port, "POST", "/v1/jobs", "Content-Type: application/x-ndjson\r\n", line,
+             strlen(line), &r);
+    }
+    assert_int_equal(r.status, 202);
+    expect_instance(&r, INSTANCE, "job created");
+    j = cJSON_Parse(r.body);
+    snprintf(path, sizeof(path), "/v1/jobs/%s/results", cJSON_GetObjectItem(j, "id")->valuestring);
+    cJSON_Delete(j);
+    resp_free(&r);
+    http(x->port, "GET", path, NULL, NULL, 0, &r);
+    assert_int_equal(r.status, 200);
+    assert_string_equal(resp_header(&r, "Content-Type", ct, sizeof(ct)), "application/x-ndjson");
+    expect_instance(&r, INSTANCE, "job results");
+    resp_free(&r);
+    /* a stream */
+    http(x->port, "POST", "/v1/chat/completions", "Content-Type: application/json\r\n", stream_body,
+         strlen(stream_body), &r);
+    assert_int_equal(r.status, 200);
+    assert_string_equal(resp_header(&r, "Content-Type", ct, sizeof(ct)), "text/event-stream");
+    assert_non_null(strstr(r.body, "data: [DONE]"));
+    expect_instance(&r, INSTANCE, "stream");
+    resp_free(&r);
+    /* 503s of a server still loading (its own name) */
+    {
+        int port;
+        struct server *s = start_server(x, "loading-2", false, NULL, &port);
+        char v[16];
+        http(port, "GET", "/health", NULL, NULL, 0, &r);
+        assert_int_equal(r.status, 503);
+        assert_non_null(resp_header(&r, "Retry-After", v, sizeof(v)));
+        expect_instance(&r, "loading-2", "health while loading");
+        resp_free(&r);
+        j = request(port, "POST", "/v1/reviews/reply",
+                    "{\"shop_id\":\"s1\",\"review_id\":\"i2\",\"text\":\"Nice\",\"rating\":5}", &r);
+        assert_int_equal(r.status, 503);
+        assert_string_equal(error_code(j), "loading");
+        expect_instance(&r, "loading-2", "review while loading");
+        cJSON_Delete(j);
+        resp_free(&r);
+        server_stop(s, 1);
+        server_destroy(s);
+    }
+}
+
+static void default_instance_name_is_the_host_and_port(void **state)
+{
+    struct fx *x = *state;
+    char host[256], want[300];
+    struct resp r;
+    cJSON *j;
+    int port;
+    struct server *s = start_server(x, NULL, false, NULL, &port);
+    assert_int_equal(gethostname(host, sizeof(host)), 0);
+    host[sizeof(host) - 1] = '\0';
+    snprintf(want, sizeof(want), "%s:%d", host, port);
+    assert_string_equal(server_instance_name(s), want);
+    http(port, "GET", "/health", NULL, NULL, 0, &r);
+    expect_instance(&r, want, "default name");
+    j = cJSON_Parse(r.body);
+    assert_string_equal(cJSON_GetObjectItem(j, "instance")->valuestring, want);
+    cJSON_Delete(j);
+    resp_free(&r);
+    server_stop(s, 1);
+    server_destroy(s);
+    /* a named one is named before it starts, the default only once the port is bound */
+    assert_string_equal(server_instance_name(x->srv), INSTANCE);
+}
+
+static void bad_instance_names_are_refused(void **state)
+{
+    char longest[SERVER_INSTANCE_NAME_MAX + 1], too_long[SERVER_INSTANCE_NAME_MAX + 2];
+    const char *bad[] = {"",          " lead",       "trail ", "a\r\nX-Evil: 1",
+                         "tab\there", "caf\xc3\xa9", too_long};
+    struct server_params sp = server_default_params();
+    struct server *s;
+    struct ar_err err = {0};
+    struct resp r;
+    (void)state;
+    memset(longest, 'n', sizeof(longest) - 1);
+    longest[sizeof(longest) - 1] = '\0';
+    memset(too_long, 'n', sizeof(too_long) - 1);
+    too_long[sizeof(too_long) - 1] = '\0';
+    sp.port = 0;
+    for (size_t i = 0; i < AR_ARRAY_LEN(bad); i++) {
+        s = (struct server *)1;
+        sp.instance_name = bad[i];
+        assert_int_equal(server_create(&sp, &s, &err), AR_EINVAL);
+        assert_null(s);
+        assert_non_null(strstr(err.msg, "instance name"));
+    }
+    /* the longest allowed, with inner spaces and punctuation, goes out as given */
+    longest[3] = ' ';
+    longest[4] = '#';
+    sp.instance_name = longest;
+    assert_int_equal(server_create(&sp, &s, &err), AR_OK);
+    assert_int_equal(server_start(s, &err), AR_OK);
+    http(server_port(s), "GET", "/health", NULL, NULL, 0, &r);
+    expect_instance(&r, longest, "longest name");
+    resp_free(&r);
+    server_destroy(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -580,6 +761,9 @@ int main(void)
         T(rate_limited_review_over_the_handler_is_a_429),
         cmocka_unit_test(every_reply_error_maps_to_one_status_and_code),
         T(review_errors_reach_clients_with_their_status_and_code),
+        T(every_response_names_the_instance),
+        T(default_instance_name_is_the_host_and_port),
+        cmocka_unit_test(bad_instance_names_are_refused),
 #undef T
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
