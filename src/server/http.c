@@ -1,7 +1,7 @@
 /* http.c - the HTTP core over libmicrohttpd: route table, body intake with limits, auth and
  * request-rate limits, content negotiation, replies from any thread via suspend/resume, SSE
- * streams, the instance header on every response, the watchdog (slow senders, vanished
- * clients) and graceful stop.
+ * streams, the instance header on every response, health checks of backends, the watchdog
+ * (slow senders, vanished clients) and graceful stop.
  *
  * A request (struct server_req) is reference counted: one reference for the HTTP connection
  * (dropped when libmicrohttpd reports it complete), one while a handler owes its final reply,
@@ -96,6 +96,12 @@ struct server_req {
     void *abort_user;
 };
 
+struct health_check {
+    char name[64];
+    int (*fn)(void *user);
+    void *user;
+};
+
 struct server {
     struct server_params p;
     char *host, *model_name; /* owned copies */
@@ -103,6 +109,9 @@ struct server {
      * server_start, which holds inst_mu until it is set so that no response goes out before */
     _Atomic(char *) instance;
     pthread_mutex_t inst_mu;
+    pthread_mutex_t health_mu;
+    struct health_check *checks; /* owned, (n_checks), under health_mu */
+    int n_checks;
     struct MHD_Daemon *mhd;
     int port;
     struct route *routes; /* owned, (n_routes) */
@@ -1238,6 +1247,7 @@ enum ar_status server_create(const struct server_params *p, struct server **out,
     pthread_mutex_init(&s->conn_mu, NULL);
     pthread_cond_init(&s->conn_cv, NULL);
     pthread_mutex_init(&s->inst_mu, NULL);
+    pthread_mutex_init(&s->health_mu, NULL);
     if (p->instance_name && !instance_name_ok(p->instance_name)) {
         st = ar_err_set(err, AR_EINVAL, 0,
                         "bad instance name: 1 to %d printable ASCII characters, no surrounding "
@@ -1315,6 +1325,77 @@ enum ar_status server_add_route(struct server *s, const struct server_route *r)
     nr->max_body = r->max_body ? r->max_body : s->p.max_body;
     s->n_routes++;
     return AR_OK;
+}
+
+/* ---- health checks ---------------------------------------------------------------------- */
+
+const char *server_health_str(int h)
+{
+    return h == SERVER_HEALTH_OK ? "ok" : h == SERVER_HEALTH_DEGRADED ? "degraded" : "down";
+}
+
+enum ar_status server_add_health_check(struct server *s, const char *name, int (*check)(void *user),
+                                       void *user)
+{
+    struct health_check *nc;
+    size_t len = name ? strlen(name) : 0;
+    enum ar_status st = AR_OK;
+    if (!s || !check || len == 0 || len >= sizeof(nc->name))
+        return AR_EINVAL;
+    for (size_t i = 0; i < len; i++) {
+        char c = name[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '_' || c == '.' || c == '-'))
+            return AR_EINVAL;
+    }
+    pthread_mutex_lock(&s->health_mu);
+    for (int i = 0; i < s->n_checks && st == AR_OK; i++)
+        if (!strcmp(s->checks[i].name, name))
+            st = AR_EINVAL;
+    if (st == AR_OK) {
+        nc = ar_realloc(s->checks, (size_t)(s->n_checks + 1) * sizeof(*nc));
+        if (!nc) {
+            st = AR_ENOMEM;
+        } else {
+            s->checks = nc;
+            nc = &s->checks[s->n_checks++];
+            memcpy(nc->name, name, len + 1);
+            nc->fn = check;
+            nc->user = user;
+        }
+    }
+    pthread_mutex_unlock(&s->health_mu);
+    return st;
+}
+
+int srv_health_run(struct server *s, cJSON *backends, int *n)
+{
+    struct health_check *copy = NULL;
+    int n_copy, worst = SERVER_HEALTH_OK;
+    /* the checks run outside the lock (a check may take a moment) on a copy of the list */
+    pthread_mutex_lock(&s->health_mu);
+    n_copy = s->n_checks;
+    if (n_copy && (copy = ar_malloc((size_t)n_copy * sizeof(*copy))))
+        memcpy(copy, s->checks, (size_t)n_copy * sizeof(*copy));
+    pthread_mutex_unlock(&s->health_mu);
+    if (n_copy && !copy) { /* out of memory: we cannot tell, so we do not claim ok */
+        if (n)
+            *n = n_copy;
+        return SERVER_HEALTH_DEGRADED;
+    }
+    for (int i = 0; i < n_copy; i++) {
+        int h = copy[i].fn(copy[i].user);
+        if (h != SERVER_HEALTH_OK && h != SERVER_HEALTH_DEGRADED)
+            h = SERVER_HEALTH_DOWN;
+        if (h > worst)
+            worst = h;
+        if (backends)
+            cJSON_AddStringToObject(backends, copy[i].name, server_health_str(h));
+    }
+    ar_free(copy);
+    if (n)
+        *n = n_copy;
+    return worst;
 }
 
 enum ar_status server_start(struct server *s, struct ar_err *err)
@@ -1476,6 +1557,8 @@ void server_destroy(struct server *s)
     pthread_cond_destroy(&s->conn_cv);
     pthread_mutex_destroy(&s->conn_mu);
     pthread_mutex_destroy(&s->inst_mu);
+    pthread_mutex_destroy(&s->health_mu);
+    ar_free(s->checks);
     ar_free(atomic_load(&s->instance));
     ar_free(s->host);
     ar_free(s->model_name);

@@ -96,6 +96,30 @@ struct metrics_registry *server_metrics(const struct server *s);
  * the port; "autoreply" before). Borrowed, lives as long as s. */
 const char *server_instance_name(const struct server *s);
 
+/* ---- health ------------------------------------------------------------------------------- */
+
+/* What a health check reports about its backend. */
+enum server_health {
+    SERVER_HEALTH_OK = 0,
+    SERVER_HEALTH_DEGRADED, /* reachable but impaired (slow, reconnecting, a replica down) */
+    SERVER_HEALTH_DOWN      /* cannot be reached now */
+};
+const char *server_health_str(int h); /* "ok", "degraded", "down" (any other value: "down") */
+
+/* Adds a backend to /health: check(user) is called for every GET /health, on the event-loop
+ * thread, so it must be quick (report a state the backend keeps, e.g. whether its connection
+ * is up; never wait on the network) and thread-safe; it returns an enum server_health (any
+ * other value counts as down). /health then answers
+ *   503 {"status": "loading", "instance", "backends"?}   before server_set_engine;
+ *   200 {"status": "ok", "instance", "backends"?}         when every check says ok;
+ *   200 {"status": "degraded", "instance", "backends"}    when any says degraded or down: the
+ *       instance still serves (a proxy keeps sending to it), clients of that backend get 503s;
+ * "backends" maps each name to "ok" / "degraded" / "down" (absent without checks). name is
+ * copied (1..63 bytes of [A-Za-z0-9_.-]); a name twice, or a bad name: AR_EINVAL. Any time,
+ * from any thread; user must outlive the server. */
+enum ar_status server_add_health_check(struct server *s, const char *name, int (*check)(void *user),
+                                       void *user);
+
 /* ---- routes ------------------------------------------------------------------------------- */
 
 enum server_route_flags {

@@ -130,6 +130,10 @@ struct srv_metrics *srv_metrics_of(struct server *s);
 bool srv_stopping(const struct server *s);
 /* server_params.retry_after_s (>= 1). */
 double srv_retry_after_s(const struct server *s);
+/* Runs every health check (server_add_health_check); adds {name: "ok"|"degraded"|"down"} to
+ * backends (may be NULL) and returns the worst state (SERVER_HEALTH_OK without checks); *n
+ * (may be NULL) receives the number of checks. */
+int srv_health_run(struct server *s, cJSON *backends, int *n);
 
 /* ---- reviews.c: the review endpoints below HTTP -------------------------------------------
  * What a review route does, apart from libmicrohttpd: the body's shape, the job path, the work

@@ -2,7 +2,8 @@
  * service whose generator is scripted (the demo model only drives the OpenAI routes and the
  * server's readiness): the endpoints below HTTP (bodies, paths, jobs, a caller's budget), the
  * one mapping from reply errors to HTTP statuses and codes, what clients see of those errors
- * over real HTTP, and the X-Autoreply-Instance header on every kind of response. */
+ * over real HTTP, the X-Autoreply-Instance header on every kind of response, and /health with
+ * backend checks. */
 #include "harness/harness.h"
 
 #include <pthread.h>
@@ -753,6 +754,128 @@ static void bad_instance_names_are_refused(void **state)
     server_destroy(s);
 }
 
+/* ---- health --------------------------------------------------------------------------------- */
+
+struct fake_backend {
+    atomic_int state; /* what the check says */
+    atomic_int calls;
+};
+
+static int fake_check(void *user)
+{
+    struct fake_backend *b = user;
+    atomic_fetch_add(&b->calls, 1);
+    return atomic_load(&b->state);
+}
+
+/* GET /health: the status code, body["status"] into st, body["backends"][name] into be (""
+ * when absent); returns the number of members of "backends" (-1 without it). */
+static int health(int port, int *code, char *st, const char *name, char *be)
+{
+    struct resp r;
+    cJSON *j, *b, *v;
+    int n;
+    http(port, "GET", "/health", NULL, NULL, 0, &r);
+    *code = r.status;
+    j = cJSON_Parse(r.body);
+    assert_non_null(j);
+    snprintf(st, 32, "%s", cJSON_GetObjectItem(j, "status")->valuestring);
+    b = cJSON_GetObjectItem(j, "backends");
+    v = name ? cJSON_GetObjectItem(b, name) : NULL;
+    snprintf(be, 32, "%s", cJSON_IsString(v) ? v->valuestring : "");
+    n = b ? cJSON_GetArraySize(b) : -1;
+    assert_true(cJSON_IsString(cJSON_GetObjectItem(j, "instance")));
+    cJSON_Delete(j);
+    resp_free(&r);
+    return n;
+}
+
+static void health_reports_backends_and_stays_in_rotation(void **state)
+{
+    struct fx *x = *state;
+    struct fake_backend redis = {SERVER_HEALTH_OK, 0}, pg = {SERVER_HEALTH_OK, 0};
+    char st[32], be[32], longest[64];
+    int code, n;
+    /* no checks: today's answer */
+    n = health(x->port, &code, st, NULL, be);
+    assert_int_equal(code, 200);
+    assert_string_equal(st, "ok");
+    assert_int_equal(n, -1);
+    assert_int_equal(server_add_health_check(x->srv, "redis", fake_check, &redis), AR_OK);
+    assert_int_equal(server_add_health_check(x->srv, "postgres", fake_check, &pg), AR_OK);
+    n = health(x->port, &code, st, "redis", be);
+    assert_int_equal(code, 200);
+    assert_string_equal(st, "ok");
+    assert_string_equal(be, "ok");
+    assert_int_equal(n, 2);
+    assert_int_equal(atomic_load(&redis.calls), 1); /* asked on each request, once */
+    assert_int_equal(atomic_load(&pg.calls), 1);
+    /* one backend down: degraded, still 200, and the instance still answers */
+    atomic_store(&redis.state, SERVER_HEALTH_DOWN);
+    n = health(x->port, &code, st, "redis", be);
+    assert_int_equal(code, 200);
+    assert_string_equal(st, "degraded");
+    assert_string_equal(be, "down");
+    health(x->port, &code, st, "postgres", be);
+    assert_string_equal(be, "ok");
+    {
+        struct resp r;
+        cJSON *j =
+            request(x->port, "POST", "/v1/reviews/reply",
+                    "{\"shop_id\":\"s1\",\"review_id\":\"h1\",\"text\":\"Nice\",\"rating\":5}", &r);
+        assert_int_equal(r.status, 200);
+        cJSON_Delete(j);
+        resp_free(&r);
+    }
+    atomic_store(&redis.state, SERVER_HEALTH_DEGRADED);
+    health(x->port, &code, st, "redis", be);
+    assert_int_equal(code, 200);
+    assert_string_equal(st, "degraded");
+    assert_string_equal(be, "degraded");
+    atomic_store(&redis.state, 42); /* not a state: counted as down */
+    health(x->port, &code, st, "redis", be);
+    assert_string_equal(st, "degraded");
+    assert_string_equal(be, "down");
+    atomic_store(&redis.state, SERVER_HEALTH_OK);
+    health(x->port, &code, st, "redis", be);
+    assert_int_equal(code, 200);
+    assert_string_equal(st, "ok");
+    assert_string_equal(be, "ok");
+    /* names: unique, 1..63 of [A-Za-z0-9_.-]; a check function is required */
+    assert_int_equal(server_add_health_check(x->srv, "redis", fake_check, &redis), AR_EINVAL);
+    assert_int_equal(server_add_health_check(x->srv, "", fake_check, &redis), AR_EINVAL);
+    assert_int_equal(server_add_health_check(x->srv, NULL, fake_check, &redis), AR_EINVAL);
+    assert_int_equal(server_add_health_check(x->srv, "two words", fake_check, &redis), AR_EINVAL);
+    assert_int_equal(server_add_health_check(x->srv, "q\"uote", fake_check, &redis), AR_EINVAL);
+    assert_int_equal(server_add_health_check(x->srv, "amqp", NULL, &redis), AR_EINVAL);
+    memset(longest, 'b', 63);
+    longest[63] = '\0';
+    assert_int_equal(server_add_health_check(x->srv, longest, fake_check, &pg), AR_OK);
+    {
+        char too_long[65];
+        memset(too_long, 'c', 64);
+        too_long[64] = '\0';
+        assert_int_equal(server_add_health_check(x->srv, too_long, fake_check, &pg), AR_EINVAL);
+    }
+    n = health(x->port, &code, st, longest, be);
+    assert_int_equal(n, 3);
+    assert_string_equal(be, "ok");
+    /* still loading: 503 "loading" whatever the backends say, and they are shown */
+    {
+        int port;
+        struct server *s = start_server(x, "loading-3", false, NULL, &port);
+        atomic_store(&redis.state, SERVER_HEALTH_DOWN);
+        assert_int_equal(server_add_health_check(s, "redis", fake_check, &redis), AR_OK);
+        n = health(port, &code, st, "redis", be);
+        assert_int_equal(code, 503);
+        assert_string_equal(st, "loading");
+        assert_string_equal(be, "down");
+        assert_int_equal(n, 1);
+        server_stop(s, 1);
+        server_destroy(s);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -764,6 +887,7 @@ int main(void)
         T(every_response_names_the_instance),
         T(default_instance_name_is_the_host_and_port),
         cmocka_unit_test(bad_instance_names_are_refused),
+        T(health_reports_backends_and_stays_in_rotation),
 #undef T
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
