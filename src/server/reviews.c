@@ -104,11 +104,14 @@ struct task {
     void *ctx;
 };
 
-/* A backend failed reading or writing a job: 503 when it may work again soon. The code stays
+/* A backend failed reading or writing a job: 503 when it may work again soon (busy, out of
+ * reach), else 500 (the client did not go away: never 499 here). The code stays
  * "internal_error" for a busy store, as before backends could be out of reach. */
 static void fail_backend(struct task *t, enum ar_status st, const char *msg)
 {
     enum reply_error e = reply_error_of_backend(st);
+    if (e != REPLY_EBUSY && e != REPLY_EUNAVAIL)
+        e = REPLY_EINTERNAL;
     fail(t->done, t->ctx, e, e == REPLY_EUNAVAIL ? NULL : "internal_error",
          msg && *msg ? msg : ar_status_str(st));
 }
@@ -260,7 +263,8 @@ static void do_job_create(struct task *t)
         st = ar_err_set(&err, AR_EINVAL, 0, "no body");
     }
     if (st == AR_EINVAL) {
-        fail(t->done, t->ctx, REPLY_EINVAL, "invalid_request", err.msg);
+        fail(t->done, t->ctx, REPLY_EINVAL, "invalid_request",
+             err.msg[0] ? err.msg : ar_status_str(st));
         return;
     }
     if (st != AR_OK) {
