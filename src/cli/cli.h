@@ -19,10 +19,11 @@ int cmd_serve(int argc, char **argv);
 int cmd_reply(int argc, char **argv);
 int cmd_batch(int argc, char **argv);
 
-/* The review-reply service on a server (cmd_reply.c): attach before server_start (it adds
- * the /v1/reviews/... and /v1/jobs routes), give it the engine once the model is loaded (this
- * starts the job runner and resumes unfinished jobs), detach after server_stop and before
- * engine_destroy and server_destroy. */
+/* The review-reply service on a server (cmd_reply.c wires it: profiles, store, cache, service;
+ * the server's review routes, server_reviews_attach, answer over it): attach before
+ * server_start, give it the engine once the model is loaded (this starts the job runner and
+ * resumes unfinished jobs), detach after server_stop and before engine_destroy and
+ * server_destroy. */
 struct server;
 struct engine;
 struct tokenizer;

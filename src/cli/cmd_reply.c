@@ -1,10 +1,10 @@
 /* cmd_reply.c - the review-reply product on the command line: `autoreply reply` answers one
  * review, `autoreply batch` answers a JSONL file as a resumable bulk job (the store's job
- * tables, keyed by the input file's path, size and mtime), and the glue that puts the
- * product's endpoints on the HTTP server (`autoreply serve`). */
+ * tables, keyed by the input file's path, size and mtime), and the wiring of the product for
+ * `autoreply serve` (profiles, store, cache, service and generator; the HTTP endpoints are the
+ * server's, src/server/reviews.c). */
 #include <errno.h>
 #include <limits.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,7 +24,6 @@
 
 #define DEFAULT_DATA_DIR "./var"
 #define DEFAULT_SHOP "default"
-#define DEFAULT_MAX_JOB_BODY ((size_t)64 << 20)
 
 /* ---- shared setup -------------------------------------------------------------------------- */
 
@@ -284,14 +283,15 @@ int cmd_reply(int argc, char **argv)
     rv.lang = lang;
     reply_service_answer(p.svc, &rv, ENGINE_PRIO_INTERACTIVE, &res);
     if (json) {
-        cJSON *j = reply_result_to_json(&res, review_id);
+        /* the same JSON as POST /v1/reviews/reply answers */
+        cJSON *j = server_review_result_json(&res, review_id);
         char *s = j ? cJSON_Print(j) : NULL;
         if (s)
             printf("%s\n", s);
         cJSON_free(s);
         cJSON_Delete(j);
-        rc = res.status == 200 ? 0 : 1;
-    } else if (res.status == 200) {
+        rc = res.err == REPLY_OK ? 0 : 1;
+    } else if (res.err == REPLY_OK) {
         printf("%s\n", res.reply);
         fprintf(stderr,
                 "autoreply: %s, sentiment %s, needs_human %s, action %s, %.0f ms (review %s/%s)\n",
@@ -301,7 +301,7 @@ int cmd_reply(int argc, char **argv)
         rc = 0;
     } else {
         cli_error("reply: %s", res.error);
-        rc = res.status == 400 ? 2 : 1;
+        rc = res.err == REPLY_EINVAL ? 2 : 1;
     }
     reply_result_fini(&res);
     product_close(&p);
@@ -507,120 +507,21 @@ done:
     return rc;
 }
 
-/* ---- serve glue ------------------------------------------------------------------------- */
+/* ---- serve wiring ------------------------------------------------------------------------ */
 
 struct cli_reply {
     struct product p; /* profiles, store, cache, svc (model and engine belong to serve) */
     struct reply_generator *gen;
-    struct route_ctx {
-        struct cli_reply *cr;
-        enum reply_endpoint ep;
-    } ctx[REPLY_EP_COUNT + 4];
 };
-
-/* MessagePack bodies are only ever read parsed (never as JSONL text). */
-static bool is_msgpack(struct server_req *req)
-{
-    const char *ct = server_req_header(req, "Content-Type");
-    return ct && strstr(ct, "msgpack");
-}
-
-/* One product request on the server: its reply_call charges the generations to the client's
- * token bucket (--rate-tpm) and is cancelled by the server's abort hook when the client goes
- * away. Lives in the request's memory (server_req_alloc), so it outlives the abort hook and
- * the answer. */
-struct http_call {
-    struct server_req *req;
-    struct reply_call *call; /* NULL when out of memory: no budget, no cancel */
-};
-
-static void http_call_cleanup(void *p)
-{
-    struct http_call *hc = p;
-    reply_call_destroy(hc->call);
-}
-
-static bool http_charge(void *user, int64_t n_tokens, bool admission, double *retry_after_s)
-{
-    return server_req_charge_tokens(user, n_tokens, admission, retry_after_s);
-}
-
-static void http_abort(struct server_req *req, void *user)
-{
-    (void)req;
-    reply_call_cancel(user);
-}
-
-static void http_done(void *c, int status, cJSON *json, const char *text, size_t len,
-                      const char *ctype)
-{
-    struct http_call *hc = c;
-    struct server_req *req = hc->req;
-    if (json) {
-        if (status == 503)
-            server_reply_header(req, "Retry-After", "1");
-        if (status == 429) {
-            char v[32];
-            double wait = ceil(reply_call_retry_after(hc->call));
-            snprintf(v, sizeof(v), "%.0f", wait < 1 ? 1.0 : wait);
-            server_reply_header(req, "Retry-After", v);
-        }
-        server_reply_json(req, status, json);
-    } else if (text) {
-        server_reply_text(req, status, ctype ? ctype : "text/plain", text, len);
-    } else {
-        server_reply_error(req, 500, "server_error", "internal_error", "out of memory");
-    }
-}
-
-static void http_route(struct server_req *req, void *user)
-{
-    struct route_ctx *rc = user;
-    const cJSON *body = server_req_body(req);
-    size_t raw_len = 0;
-    const char *raw = server_req_raw_body(req, &raw_len);
-    struct http_call *hc = server_req_alloc(req, sizeof(*hc), http_call_cleanup);
-    if (!hc) {
-        server_reply_error(req, 503, "server_error", "out_of_memory", "out of memory");
-        return;
-    }
-    hc->req = req;
-    if (reply_call_create(http_charge, req, &hc->call) != AR_OK)
-        hc->call = NULL;
-    else
-        server_req_on_abort(req, http_abort, hc->call);
-    if (raw && body && is_msgpack(req))
-        raw = NULL;
-    reply_handle_call(rc->cr->p.svc, rc->ep, server_req_path(req), body, raw, raw_len, hc->call,
-                      http_done, hc);
-}
-
-/* What the server does around each product route. Answers that need the model wait for it
- * (503 "loading" before); jobs are stored and read without it (the runner starts with the
- * model and picks up what was queued). */
-static unsigned route_flags(const struct reply_route *rt)
-{
-    unsigned f = rt->prefix ? SERVER_ROUTE_PREFIX : 0;
-    switch (rt->ep) {
-    case REPLY_EP_REPLY:
-        return f | SERVER_ROUTE_ENGINE | SERVER_ROUTE_BODY;
-    case REPLY_EP_BATCH: /* {"reviews": [...]} or the bare array */
-        return f | SERVER_ROUTE_ENGINE | SERVER_ROUTE_BODY | SERVER_ROUTE_ARRAY;
-    case REPLY_EP_JOB_CREATE: /* JSON object or array, MessagePack, or JSONL text */
-        return f | SERVER_ROUTE_BODY | SERVER_ROUTE_RAW;
-    default:
-        return f | (rt->json_body ? SERVER_ROUTE_BODY : 0);
-    }
-}
 
 int cli_reply_attach(struct server *srv, const struct cli_reply_opts *opts, struct cli_reply **out)
 {
     struct product_opts o = product_opts_default;
     struct reply_cache_params cp = reply_cache_default_params();
     struct reply_service_params sp = reply_service_default_params();
+    struct server_reviews_params rp = server_reviews_default_params();
     struct cli_reply *cr = calloc(1, sizeof(*cr));
-    const struct reply_route *routes;
-    size_t n_routes;
+    enum ar_status st;
     if (!cr)
         return 1;
     o.shops = opts->shops_file;
@@ -641,23 +542,11 @@ int cli_reply_attach(struct server *srv, const struct cli_reply_opts *opts, stru
         cli_error("serve: cannot start the reply service");
         goto fail;
     }
-    routes = reply_routes(&n_routes);
-    for (size_t i = 0; i < n_routes && i < AR_ARRAY_LEN(cr->ctx); i++) {
-        struct server_route r;
-        memset(&r, 0, sizeof(r));
-        cr->ctx[i].cr = cr;
-        cr->ctx[i].ep = routes[i].ep;
-        r.method = routes[i].method;
-        r.path = routes[i].path;
-        r.fn = http_route;
-        r.user = &cr->ctx[i];
-        r.flags = route_flags(&routes[i]);
-        if (routes[i].ep == REPLY_EP_JOB_CREATE)
-            r.max_body = opts->max_job_body ? opts->max_job_body : DEFAULT_MAX_JOB_BODY;
-        if (server_add_route(srv, &r) != AR_OK) {
-            cli_error("serve: cannot add route %s %s", r.method, r.path);
-            goto fail;
-        }
+    if (opts->max_job_body)
+        rp.max_job_body = opts->max_job_body;
+    if ((st = server_reviews_attach(srv, cr->p.svc, &rp)) != AR_OK) {
+        cli_error("serve: cannot add the review routes: %s", ar_status_str(st));
+        goto fail;
     }
     *out = cr;
     return 0;

@@ -42,6 +42,8 @@ static void serve_usage(FILE *out)
             "  --timeout S           a request must arrive within S seconds (30)\n"
             "  --max-conns N         open connections (512)\n"
             "  --model-name NAME     model id in the API (file name without .gguf)\n"
+            "  --instance-name NAME  this instance in every X-Autoreply-Instance header and "
+            "/health (host:port)\n"
             "review replies (/v1/reviews/reply, /v1/reviews/batch, /v1/jobs):\n"
             "  --shops FILE          shop profiles (JSON, see src/reply/reply.h); built-in "
             "default\n"
@@ -156,6 +158,9 @@ int cmd_serve(int argc, char **argv)
             VALUE();
             sp.model_name = v;
             named = true;
+        } else if (!strcmp(a, "--instance-name")) {
+            VALUE();
+            sp.instance_name = v;
         } else {
             cli_error("serve: unknown option '%s' (autoreply serve --help)", a);
             return 2;

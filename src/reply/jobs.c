@@ -238,7 +238,7 @@ static enum ar_status run_chunk(struct reply_service *svc, const char *job_id, c
         if (bad[i]) {
             st = store_job_item_error(svc->p.store, job_id, items[i].line, msg[i], err);
             metrics_inc(svc->m.job_items_error, 1);
-        } else if (res[i].status == 200) {
+        } else if (res[i].err == REPLY_OK) {
             char *js = result_line_json(items[i].line, &res[i], rv[i].review_id);
             if (!js)
                 st = ar_err_set(err, AR_ENOMEM, 0, "out of memory");
@@ -246,11 +246,11 @@ static enum ar_status run_chunk(struct reply_service *svc, const char *job_id, c
                 st = store_job_item_done(svc->p.store, job_id, items[i].line, js, err);
             ar_free(js);
             metrics_inc(svc->m.job_items_done, 1);
-        } else if (res[i].status != 503) {
+        } else if (res[i].err != REPLY_EBUSY && res[i].err != REPLY_EUNAVAIL) {
             st = store_job_item_error(svc->p.store, job_id, items[i].line, res[i].error, err);
             metrics_inc(svc->m.job_items_error, 1);
         } else {
-            busy = true; /* 503: left pending, retried on the next pass */
+            busy = true; /* busy or unreachable: left pending, retried on the next pass */
         }
     }
     for (size_t i = 0; i < n; i++) {

@@ -366,35 +366,15 @@ void reply_result_fini(struct reply_result *r)
     memset(r, 0, sizeof(*r));
 }
 
-static void set_error(struct reply_result *r, int status, const char *fmt, ...) AR_PRINTF(3, 4);
-static void set_error(struct reply_result *r, int status, const char *fmt, ...)
+static void set_error(struct reply_result *r, enum reply_error e, const char *fmt, ...)
+    AR_PRINTF(3, 4);
+static void set_error(struct reply_result *r, enum reply_error e, const char *fmt, ...)
 {
     va_list ap;
-    r->status = status;
+    r->err = e;
     va_start(ap, fmt);
     vsnprintf(r->error, sizeof(r->error), fmt, ap);
     va_end(ap);
-}
-
-static const char *error_code(const struct reply_result *r)
-{
-    if (r->code)
-        return r->code;
-    switch (r->status) {
-    case 400: return "invalid_review";
-    case 409: return "duplicate_review_id";
-    case 429: return "rate_limit_exceeded";
-    case 499: return "cancelled";
-    case 503: return "overloaded";
-    default: return "internal_error";
-    }
-}
-
-static const char *error_type(int status)
-{
-    return status == 429 ? "rate_limit_error"
-           : status < 500 ? "invalid_request_error"
-                          : "server_error";
 }
 
 cJSON *reply_result_to_json(const struct reply_result *r, const char *review_id)
@@ -403,12 +383,10 @@ cJSON *reply_result_to_json(const struct reply_result *r, const char *review_id)
     bool ok = j != NULL;
     if (ok && review_id)
         ok = cJSON_AddStringToObject(j, "review_id", review_id) != NULL;
-    if (ok && r->status != 200) {
+    if (ok && r->err != REPLY_OK) {
         cJSON *e = cJSON_AddObjectToObject(j, "error");
         ok = e && cJSON_AddStringToObject(e, "message", r->error) &&
-             cJSON_AddStringToObject(e, "type", error_type(r->status)) &&
-             cJSON_AddStringToObject(e, "code", error_code(r)) &&
-             cJSON_AddNumberToObject(j, "status", r->status);
+             cJSON_AddStringToObject(e, "code", reply_error_code(r->err));
     } else if (ok) {
         ok = cJSON_AddStringToObject(j, "reply", r->reply ? r->reply : "") &&
              cJSON_AddBoolToObject(j, "cached", r->cached) &&
@@ -449,8 +427,8 @@ static enum reply_action decide_action(const struct reply_profile *p, int rating
 }
 
 /* Generates until a reply passes the guardrails; *text is new. Returns the source (MODEL or
- * FALLBACK), or -1 with r->status set when the model cannot be reached, the caller's token
- * budget is spent (429) or the caller went away (499). */
+ * FALLBACK), or -1 with r->err set when the model cannot be reached, the caller's token
+ * budget is spent (REPLY_ELIMITED) or the caller went away (REPLY_ECANCELLED). */
 static int generate(struct reply_service *svc, const struct reply_profile *prof,
                     const struct reply_review *rv, const char *review_lang,
                     const char *reply_lang, bool negative, enum engine_priority prio,
@@ -465,12 +443,12 @@ static int generate(struct reply_service *svc, const struct reply_profile *prof,
     gen = svc->gen;
     pthread_mutex_unlock(&svc->mu);
     if (!gen) {
-        set_error(r, 503, "the model is not loaded yet");
+        set_error(r, REPLY_EBUSY, "the model is not loaded yet");
         return -1;
     }
     snprintf(r->model, sizeof(r->model), "%s", gen->model_name ? gen->model_name : "");
     if (reply_user_message(rv->text, rv->text_len, rv->rating, review_lang, &user) != AR_OK) {
-        set_error(r, 500, "out of memory");
+        set_error(r, REPLY_EINTERNAL, "out of memory");
         return -1;
     }
     memset(&gr, 0, sizeof(gr));
@@ -500,21 +478,22 @@ static int generate(struct reply_service *svc, const struct reply_profile *prof,
             /* never a fallback reply for a caller that left: nothing is stored */
             ar_free(out);
             ar_free(user);
-            r->code = "cancelled";
-            set_error(r, 499, "the client went away; the generation was cancelled");
+            set_error(r, REPLY_ECANCELLED, "the client went away; the generation was cancelled");
             return -1;
         }
         if (st == AR_EBUSY && usage.limited) {
             ar_free(user);
-            r->code = "rate_limit_exceeded";
             r->retry_after_s = usage.retry_after_s;
-            set_error(r, 429, "token rate limit reached; retry after %.0f s",
+            set_error(r, REPLY_ELIMITED, "token rate limit reached; retry after %.0f s",
                       ceil(usage.retry_after_s));
             return -1;
         }
         if (st == AR_EBUSY || (st != AR_OK && attempt == 0)) {
             ar_free(user);
-            set_error(r, st == AR_EBUSY ? 503 : st == AR_ERANGE ? 400 : 500,
+            set_error(r,
+                      st == AR_EBUSY    ? REPLY_EBUSY
+                      : st == AR_ERANGE ? REPLY_EINVAL
+                                        : REPLY_EINTERNAL,
                       "generation failed: %s", st == AR_ERANGE ? "the review does not fit the "
                       "model's context" : ar_status_str(st));
             return -1;
@@ -535,7 +514,7 @@ static int generate(struct reply_service *svc, const struct reply_profile *prof,
     ar_free(user);
     *text = ar_strdup(reply_fallback_text(reply_lang, negative));
     if (!*text) {
-        set_error(r, 500, "out of memory");
+        set_error(r, REPLY_EINTERNAL, "out of memory");
         return -1;
     }
     return REPLY_SOURCE_FALLBACK;
@@ -583,15 +562,14 @@ static bool same_text(const char *a, size_t a_len, const char *b, size_t b_len)
 }
 
 /* The answer of a review already stored: the stored record exactly (reply, needs_human,
- * sentiment, lang, model), the action decided from the stored rating; 409 when the review
- * asked now is another text under the same id. */
+ * sentiment, lang, model), the action decided from the stored rating; REPLY_ECONFLICT when
+ * the review asked now is another text under the same id. */
 static void answer_from_row(const struct reply_profile *prof, const struct reply_review *rv,
                             const struct store_reply *row, struct reply_result *r)
 {
     const char *stored = row->text ? row->text : "";
     if (!same_text(rv->text, rv->text_len, stored, strlen(stored))) {
-        r->code = "review_id_conflict";
-        set_error(r, 409,
+        set_error(r, REPLY_ECONFLICT,
                   "review_id %.60s of shop %.60s was answered for another text; a review id "
                   "stands for one review (use a new id for a new review)",
                   rv->review_id, rv->shop_id);
@@ -600,7 +578,7 @@ static void answer_from_row(const struct reply_profile *prof, const struct reply
     ar_free(r->reply);
     r->reply = ar_strdup(row->reply ? row->reply : "");
     if (!r->reply) {
-        set_error(r, 500, "out of memory");
+        set_error(r, REPLY_EINTERNAL, "out of memory");
         return;
     }
     r->needs_human = row->needs_human;
@@ -611,7 +589,7 @@ static void answer_from_row(const struct reply_profile *prof, const struct reply
     r->cached = true;
     r->source = REPLY_SOURCE_STORE;
     r->action = decide_action(prof, row->rating, row->needs_human);
-    r->status = 200;
+    r->err = REPLY_OK;
 }
 
 static void answer(struct reply_service *svc, const struct reply_review *rv,
@@ -629,7 +607,7 @@ static void answer(struct reply_service *svc, const struct reply_review *rv,
 
     memset(&stored, 0, sizeof(stored));
     if (!review_ok(rv, r->error, sizeof(r->error))) {
-        r->status = 400;
+        r->err = REPLY_EINVAL;
         return;
     }
     prof = reply_profiles_get(svc->p.profiles, rv->shop_id);
@@ -637,7 +615,7 @@ static void answer(struct reply_service *svc, const struct reply_review *rv,
     /* 1. idempotency: an answered review is answered as stored, without the model */
     st = store_reply_get(svc->p.store, rv->shop_id, rv->review_id, &stored, &found, &err);
     if (st != AR_OK) {
-        set_error(r, st == AR_EBUSY ? 503 : 500, "store: %s", err.msg);
+        set_error(r, reply_error_of_backend(st), "store: %s", err.msg);
         return;
     }
     if (found) {
@@ -660,7 +638,7 @@ static void answer(struct reply_service *svc, const struct reply_review *rv,
     if (prof->mode == REPLY_MODE_OFF) {
         r->reply = ar_strdup("");
         r->source = REPLY_SOURCE_OFF;
-        r->status = r->reply ? 200 : 500;
+        r->err = r->reply ? REPLY_OK : REPLY_EINTERNAL;
         return;
     }
 
@@ -700,7 +678,7 @@ have_text:
         char *final = finish_text(prof, text);
         ar_free(text);
         if (!final) {
-            set_error(r, 500, "out of memory");
+            set_error(r, REPLY_EINTERNAL, "out of memory");
             return;
         }
         r->reply = final;
@@ -723,14 +701,13 @@ have_text:
         bool existed = false;
         st = store_reply_put(svc->p.store, &row, &stored, &existed, &err);
         if (st != AR_OK) {
-            set_error(r, st == AR_EBUSY ? 503 : 500, "store: %s", err.msg);
+            set_error(r, reply_error_of_backend(st), "store: %s", err.msg);
             return;
         }
         if (existed)
             answer_from_row(prof, rv, &stored, r);
         store_reply_fini(&stored);
     }
-    r->status = r->status ? r->status : 200;
 }
 
 void reply_service_answer_call(struct reply_service *svc, const struct reply_review *rv,
@@ -741,7 +718,7 @@ void reply_service_answer_call(struct reply_service *svc, const struct reply_rev
     memset(out, 0, sizeof(*out));
     answer(svc, rv, prio, call, out);
     out->latency_ms = (ar_time_s() - t0) * 1000.0;
-    if (out->status == 200) {
+    if (out->err == REPLY_OK) {
         metrics_inc(svc->m.src[out->source], 1);
         if (out->needs_human)
             metrics_inc(svc->m.needs_human, 1);
@@ -829,7 +806,7 @@ void reply_service_answer_many_call(struct reply_service *svc, const struct repl
     memset(out, 0, sizeof(*out) * n);
     if (!first || !second) {
         for (size_t i = 0; i < n; i++)
-            set_error(&out[i], 500, "out of memory");
+            set_error(&out[i], REPLY_EINTERNAL, "out of memory");
         ar_free(first);
         ar_free(second);
         return;
@@ -844,7 +821,7 @@ void reply_service_answer_many_call(struct reply_service *svc, const struct repl
         else if (dup == REPLY_DUP_SAME)
             second[n_second++] = i;
         else
-            set_error(&out[i], 409, "review_id %.150s appears earlier in this batch",
+            set_error(&out[i], REPLY_EDUPLICATE, "review_id %.150s appears earlier in this batch",
                       rv[i].review_id);
     }
     run_many(svc, rv, out, first, n_first, prio, call);

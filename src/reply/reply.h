@@ -1,13 +1,14 @@
 /* reply.h - the review-reply product: shop profiles, sentiment, prompt building, guardrails,
- * the reply service (store -> cache -> model -> guardrails -> cache + store), bulk jobs and
- * transport-neutral request handlers that the HTTP server and the CLI plug in.
+ * the reply service (store -> cache -> model -> guardrails -> cache + store) and bulk jobs.
+ * It knows no HTTP: a failed review carries an enum reply_error, and the front end (the HTTP
+ * server's review endpoints, src/server/reviews.c; the CLI) decides what its client sees.
  *
  * The path of one review (reply_service_answer):
  *   1. validate (text 1..REPLY_TEXT_MAX bytes of valid UTF-8, rating 1..5, ids)
  *   2. the store already has (shop_id, review_id): return that row exactly as stored (reply,
  *      needs_human, sentiment, lang, model; the action from the stored rating and needs_human),
  *      no model call. A request whose text (normalized, normalize.h) differs from the stored
- *      review's text is a different review under a used id: 409, code "review_id_conflict"
+ *      review's text is a different review under a used id: REPLY_ECONFLICT
  * *   3. profile of the shop; review language; sentiment; needs_human
  *   4. reply cache (key: normalize.h, includes the shop): a hit never touches the model
  *   5. generate: system prompt of the shop + "评分：N星\n评价：..." user turn; the reply is
@@ -38,15 +39,47 @@
 #include "../tokenizer/tokenizer.h"
 #include "cache.h"
 
-#define REPLY_TEXT_MAX 4096     /* review text limit in bytes; longer: 400 */
+#define REPLY_TEXT_MAX 4096     /* review text limit in bytes; longer: REPLY_EINVAL */
 #define REPLY_PRODUCT_MAX 256   /* product name limit in bytes */
-#define REPLY_BATCH_MAX 256     /* reviews in one /v1/reviews/batch request */
+#define REPLY_BATCH_MAX 256     /* reviews a front end takes in one batch request */
 #define REPLY_JOB_LINES_MAX 100000
 #define REPLY_WORDS_MAX 256     /* banned or sensitive words of one profile */
 
 /* The demo model's default system prompt (models/MODEL_CARD.md), used verbatim. */
 #define REPLY_DEFAULT_SYSTEM_PROMPT                                                              \
     "你是一家网店的客服，负责回复顾客的商品评价。回复要礼貌、真诚、简洁，使用与顾客相同的语言。"
+
+/* ---- errors -------------------------------------------------------------------------------
+ * Why a review (or a request of a front end) was not answered, in the product's own terms. The
+ * front end decides what its client sees: the HTTP server maps each to a status
+ * (server_status_of_reply_error, server.h). */
+
+enum reply_error {
+    REPLY_OK = 0,
+    REPLY_EINVAL,     /* bad input: a field missing, malformed or out of range, or a review that
+                         does not fit the model's context */
+    REPLY_EDUPLICATE, /* the review id appears earlier in the same batch */
+    REPLY_ECONFLICT,  /* the review id was answered before for another text */
+    REPLY_ELIMITED,   /* the caller's token budget is spent (reply_result.retry_after_s) */
+    REPLY_ECANCELLED, /* the caller went away; nothing was stored */
+    REPLY_EBUSY,      /* the model is overloaded or not loaded yet, or the worker queue is full */
+    REPLY_EUNAVAIL,   /* a backend (store, cache, queue) cannot be reached now (AR_EUNAVAIL) */
+    REPLY_ENOTFOUND,  /* no such job */
+    REPLY_EINTERNAL,  /* out of memory, or a backend failed in another way */
+    REPLY_ERROR_COUNT
+};
+/* A short description ("the review id appears earlier in the same batch"). Static, never
+ * NULL (a value out of range: "unknown error"). */
+const char *reply_error_str(enum reply_error e);
+/* The stable code clients see in error bodies: "ok", "invalid_review", "duplicate_review_id",
+ * "review_id_conflict", "rate_limit_exceeded", "cancelled", "overloaded", "backend_unavailable",
+ * "not_found", "internal_error" (also for a value out of range). Static, never NULL. */
+const char *reply_error_code(enum reply_error e);
+/* The error of a failed backend call (store, cache, queue): AR_OK -> REPLY_OK, AR_EBUSY ->
+ * REPLY_EBUSY, AR_EUNAVAIL -> REPLY_EUNAVAIL, AR_ECANCELED -> REPLY_ECANCELLED, any other
+ * status -> REPLY_EINTERNAL (a backend refusing our own arguments is our fault, not the
+ * client's). */
+enum reply_error reply_error_of_backend(enum ar_status st);
 
 /* ---- shop profiles ---------------------------------------------------------------------- */
 
@@ -176,15 +209,15 @@ enum reply_guard reply_guard_check(const struct reply_profile *p, const char *la
 const char *reply_fallback_text(const char *lang, bool negative);
 
 /* ---- one request's control: token budget and cancellation -------------------------------
- * A front end makes one reply_call per request (the HTTP glue: per HTTP request) and passes it
- * to reply_handle_call / reply_service_answer_call. Generators use it to charge the tokens they
- * process to the caller and to register how to stop an engine request when the caller goes
- * away. Every function is thread-safe and accepts a NULL call (no budget, never cancelled). */
+ * A front end makes one reply_call per request (the HTTP server: per HTTP request) and passes
+ * it to reply_service_answer_call / reply_service_answer_many_call. Generators use it to charge the
+ * tokens they process to the caller and to register how to stop an engine request when the caller
+ * goes away. Every function is thread-safe and accepts a NULL call (no budget, never cancelled). */
 
 /* Charges n_tokens to the caller. admission true: refuse (return false, *retry_after_s set)
  * when the caller's budget cannot take the tokens now, charging nothing; admission false:
- * always charge (the budget may go into debt) and return true. The HTTP glue passes
- * server_req_charge_tokens. */
+ * always charge (the budget may go into debt) and return true. The HTTP server passes its
+ * per-client token bucket (server_req_charge_tokens). */
 typedef bool (*reply_charge_fn)(void *user, int64_t n_tokens, bool admission,
                                 double *retry_after_s);
 
@@ -195,7 +228,7 @@ enum ar_status reply_call_create(reply_charge_fn charge, void *user, struct repl
 void reply_call_destroy(struct reply_call *c);
 /* The caller went away: every generation in flight for the call is stopped through its hook
  * (engine_cancel: its KV is freed) and later ones are not started; the request ends with
- * status 499, code "cancelled", and stores nothing. Quick; idempotent; callable from any
+ * REPLY_ECANCELLED and stores nothing. Quick; idempotent; callable from any
  * thread (e.g. the server's abort hook). */
 void reply_call_cancel(struct reply_call *c);
 bool reply_call_cancelled(struct reply_call *c);
@@ -247,8 +280,8 @@ struct reply_gen_request {
 };
 
 /* Produces a reply for a chat prompt. Blocking; called from many threads at once. *text is
- * new (ar_free). AR_EBUSY when the model is overloaded (the caller answers 503) or the
- * caller's token budget refused the prompt (usage->limited; the caller answers 429);
+ * new (ar_free). AR_EBUSY when the model is overloaded (the review ends with REPLY_EBUSY) or
+ * the caller's token budget refused the prompt (usage->limited; REPLY_ELIMITED);
  * AR_ECANCELED when r->call was cancelled (checked before starting, and a generation in
  * flight is stopped through a reply_call_hook). A generator charges the prompt tokens before
  * it runs (r->admission: asking) and the generated tokens after. */
@@ -283,7 +316,8 @@ struct reply_service_params {
     struct store *store;                   /* borrowed, required */
     struct reply_cache *cache;             /* borrowed; NULL: no reply cache */
     struct metrics_registry *metrics;      /* borrowed; NULL: no metrics */
-    struct reply_generator *gen;           /* borrowed; NULL: set later (until then 503) */
+    struct reply_generator *gen;           /* borrowed; NULL: set later (until then
+                                              REPLY_EBUSY) */
     int max_retries;         /* regenerations after a failed check (2) */
     float temperature;       /* first attempt (0: greedy, the model card's advice) */
     float retry_temperature; /* retries sample with another seed (0.7) */
@@ -291,7 +325,8 @@ struct reply_service_params {
     int max_tokens;          /* 160 */
     double timeout_s;        /* per generation (60) */
     int n_workers;           /* threads for batches, jobs and async requests (8) */
-    int queue_max;           /* async requests waiting for a worker (256); beyond: 503 */
+    int queue_max;           /* tasks waiting for a worker (256); beyond: reply_service_submit
+                                says AR_EBUSY */
 };
 struct reply_service_params reply_service_default_params(void);
 
@@ -335,13 +370,9 @@ enum reply_action { REPLY_ACTION_NONE = 0, REPLY_ACTION_SUGGEST, REPLY_ACTION_SE
 const char *reply_action_str(enum reply_action a);
 
 struct reply_result {
-    int status;        /* 200, or 400 bad input, 409 (code "duplicate_review_id": the id
-                          appears earlier in the same batch; "review_id_conflict": the id was
-                          answered for another text), 429 the caller's token budget is spent,
-                          499 the caller went away (cancelled), 503 busy, 500 */
-    char error[200];   /* status != 200 */
-    const char *code;  /* status != 200: the error code (static); NULL: from the status */
-    double retry_after_s; /* 429: when the budget can take the review */
+    enum reply_error err; /* REPLY_OK, or why the review was not answered */
+    char error[200];      /* err != REPLY_OK: what went wrong, for people */
+    double retry_after_s; /* REPLY_ELIMITED: when the budget can take the review (seconds) */
     char *reply;       /* owned (ar_free); "" in mode off */
     bool cached;       /* came from the reply cache or the store, not the model */
     enum reply_source source;
@@ -357,14 +388,15 @@ struct reply_result {
 };
 void reply_result_fini(struct reply_result *r);
 /* {review_id?, reply, cached, needs_human, sentiment, lang, model, latency_ms, source, action,
- *  sentiment_score} or {review_id?, error: {message, type, code}, status}. NULL when out of
- * memory. action: "none" (mode off: no reply), "suggest" (for a person to review and send),
- * "send" (mode auto, rating >= auto_min_rating and not held because needs_human). A stored
- * answer (source "store") carries the stored fields; its action is decided from the stored
- * rating and needs_human under the shop's profile now. */
+ *  sentiment_score} or {review_id?, error: {message, code}} (code: reply_error_code; the HTTP
+ * server shapes its error items itself, server_review_result_json). NULL when out of memory.
+ * action: "none" (mode off: no reply), "suggest" (for a person to review and send), "send" (mode
+ * auto, rating >= auto_min_rating and not held because needs_human). A stored answer (source
+ * "store") carries the stored fields; its action is decided from the stored rating and needs_human
+ * under the shop's profile now. */
 cJSON *reply_result_to_json(const struct reply_result *r, const char *review_id);
 
-/* Answers one review (blocking). Never fails as a call: errors are in out->status. */
+/* Answers one review (blocking). Never fails as a call: errors are in out->err. */
 void reply_service_answer(struct reply_service *svc, const struct reply_review *rv,
                           enum engine_priority prio, struct reply_result *out);
 /* The same on behalf of a caller (call may be NULL). */
@@ -373,8 +405,8 @@ void reply_service_answer_call(struct reply_service *svc, const struct reply_rev
                                struct reply_result *out);
 
 /* What a later review with the same (shop_id, review_id) as an earlier one of the same call
- * gets: REPLY_DUP_ERROR: status 409 (the batch endpoint); REPLY_DUP_SAME: the stored reply,
- * answered after the first one finished (jobs; 409 "review_id_conflict" when its text
+ * gets: REPLY_DUP_ERROR: REPLY_EDUPLICATE (the batch endpoint); REPLY_DUP_SAME: the stored
+ * reply, answered after the first one finished (jobs; REPLY_ECONFLICT when its text
  * differs). */
 enum reply_dup_policy { REPLY_DUP_ERROR, REPLY_DUP_SAME };
 /* Answers n reviews concurrently (up to n_workers at once, so the engine batches them);
@@ -383,7 +415,8 @@ void reply_service_answer_many(struct reply_service *svc, const struct reply_rev
                                size_t n, enum engine_priority prio, enum reply_dup_policy dup,
                                struct reply_result *out);
 /* The same on behalf of a caller (call may be NULL): once it is cancelled, the reviews that
- * still need the model end with 499 at once (stored and cached ones are still answered). */
+ * still need the model end with REPLY_ECANCELLED at once (stored and cached ones are still
+ * answered). */
 void reply_service_answer_many_call(struct reply_service *svc, const struct reply_review *rv,
                                     size_t n, enum engine_priority prio,
                                     enum reply_dup_policy dup, struct reply_call *call,
@@ -425,56 +458,20 @@ enum ar_status reply_jobs_start(struct reply_service *svc);
 /* {id, status, total, done, failed, pending, created, updated, shop_id}. */
 cJSON *reply_job_info_to_json(const struct store_job_info *info);
 /* All lines as JSONL in line order: a done line's result object (it carries "line"), an error
- * {"line", "error"}, a pending one {"line", "status": "pending"}. *out new (ar_free). */
+ * {"line", "error"}, a pending one {"line", "status": "pending"}. *out new (ar_free). AR_EINVAL
+ * for an unknown job. */
 enum ar_status reply_job_results_jsonl(struct reply_service *svc, const char *job_id,
                                        char **out, size_t *len, struct ar_err *err);
 
-/* ---- transport-neutral endpoints ----------------------------------------------------------
- * The HTTP server (or any front end) maps routes to these. Each calls done exactly once, from
- * a service worker thread (or from the calling thread when the answer is immediate): either a
- * JSON body (owned by the callee of done) or a text body (JSONL, borrowed for the call). */
+/* ---- for front ends ------------------------------------------------------------------------ */
 
-enum reply_endpoint {
-    REPLY_EP_REPLY = 0,  /* POST /v1/reviews/reply   body: review object (reply_review_from_json:
-                                                     shop_id required, "id" for review_id) */
-    REPLY_EP_BATCH,      /* POST /v1/reviews/batch   body: {"reviews": [...], "shop_id"?} or a
-                                                     bare JSON array of review objects; 200
-                                                     with {"results": [...]} in order, each
-                                                     item answered on its own (its own status) */
-    REPLY_EP_JOB_CREATE, /* POST /v1/jobs            body: {"reviews": [...]} or
-                                                     {"jsonl": "..."} (+ "shop_id"?), a bare
-                                                     JSON array, or raw JSONL text (any content
-                                                     type); 202 {id, status, total} */
-    REPLY_EP_JOB_GET,    /* GET  /v1/jobs/{id} */
-    REPLY_EP_JOB_RESULTS, /* GET /v1/jobs/{id}/results  (JSONL) */
-    REPLY_EP_COUNT
-};
-
-struct reply_route {
-    const char *method;
-    const char *path;   /* exact, or a prefix when prefix is true ("/v1/jobs/") */
-    bool prefix;
-    bool json_body;     /* the body is a JSON/MessagePack object */
-    enum reply_endpoint ep;
-};
-/* The routes above; *n receives their count. Static. */
-const struct reply_route *reply_routes(size_t *n);
-
-typedef void (*reply_done_fn)(void *ctx, int status, cJSON *json, const char *text,
-                              size_t text_len, const char *content_type);
-/* Handles one request: path is the request path (for the job id), body the parsed object
- * (JSON endpoints, borrowed until done) or NULL, raw/raw_len the raw body text or NULL.
- * Work that needs the model runs on a worker; a full worker queue answers 503. A single
- * review answers with the result's status (429 when the caller's token budget is spent, 499
- * after reply_call_cancel); a batch answers 200 with per-item statuses. */
-void reply_handle(struct reply_service *svc, enum reply_endpoint ep, const char *path,
-                  const cJSON *body, const char *raw, size_t raw_len, reply_done_fn done,
-                  void *ctx);
-/* The same on behalf of a caller: call (may be NULL; must outlive done) carries the token
- * budget and cancellation of the reviews the request answers; *retry_after_s of a 429 answer
- * is in reply_call_retry_after. */
-void reply_handle_call(struct reply_service *svc, enum reply_endpoint ep, const char *path,
-                       const cJSON *body, const char *raw, size_t raw_len,
-                       struct reply_call *call, reply_done_fn done, void *ctx);
+/* Queues fn(arg) on the service's worker pool (n_workers threads), so that a front end's own
+ * thread (an HTTP event loop) is never blocked by the model or the database. AR_EBUSY when
+ * queue_max tasks wait already or the service is stopping, AR_ENOMEM; fn is then not
+ * called. */
+enum ar_status reply_service_submit(struct reply_service *svc, void (*fn)(void *arg), void *arg);
+/* A job's state. *found false (and AR_OK) for an unknown job; a backend error otherwise. */
+enum ar_status reply_job_get(struct reply_service *svc, const char *job_id,
+                             struct store_job_info *info, bool *found, struct ar_err *err);
 
 #endif

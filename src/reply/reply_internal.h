@@ -14,7 +14,7 @@
 
 bool rp_is_cjk(uint32_t cp);
 
-/* ---- service internals (pipeline.c, jobs.c, handlers.c) ---------------------------------- */
+/* ---- service internals (pipeline.c, jobs.c, frontend.c) ---------------------------------- */
 
 struct rp_task {
     void (*fn)(void *arg);

@@ -1,6 +1,7 @@
 /* http.c - the HTTP core over libmicrohttpd: route table, body intake with limits, auth and
  * request-rate limits, content negotiation, replies from any thread via suspend/resume, SSE
- * streams, the watchdog (slow senders, vanished clients) and graceful stop.
+ * streams, the instance header on every response, health checks of backends, the watchdog
+ * (slow senders, vanished clients) and graceful stop.
  *
  * A request (struct server_req) is reference counted: one reference for the HTTP connection
  * (dropped when libmicrohttpd reports it complete), one while a handler owes its final reply,
@@ -95,9 +96,22 @@ struct server_req {
     void *abort_user;
 };
 
+struct health_check {
+    char name[64];
+    int (*fn)(void *user);
+    void *user;
+};
+
 struct server {
     struct server_params p;
     char *host, *model_name; /* owned copies */
+    /* the X-Autoreply-Instance value (owned): set by server_create when named, else by
+     * server_start, which holds inst_mu until it is set so that no response goes out before */
+    _Atomic(char *) instance;
+    pthread_mutex_t inst_mu;
+    pthread_mutex_t health_mu;
+    struct health_check *checks; /* owned, (n_checks), under health_mu */
+    int n_checks;
     struct MHD_Daemon *mhd;
     int port;
     struct route *routes; /* owned, (n_routes) */
@@ -169,6 +183,15 @@ struct metrics_registry *server_metrics(const struct server *s)
 int server_port(const struct server *s)
 {
     return s->port;
+}
+const char *server_instance_name(const struct server *s)
+{
+    const char *n = atomic_load(&s->instance);
+    return n ? n : "autoreply";
+}
+double srv_retry_after_s(const struct server *s)
+{
+    return s->p.retry_after_s;
 }
 struct srv_metrics *srv_metrics_of(struct server *s)
 {
@@ -627,6 +650,11 @@ static enum MHD_Result queue_reply(struct server_req *r, bool stream)
     }
     if (!resp)
         return MHD_NO;
+    if (!atomic_load(&r->srv->instance)) { /* server_start is naming it right now */
+        pthread_mutex_lock(&r->srv->inst_mu);
+        pthread_mutex_unlock(&r->srv->inst_mu);
+    }
+    MHD_add_response_header(resp, SERVER_INSTANCE_HEADER, server_instance_name(r->srv));
     for (int i = 0; i < r->n_hdrs; i++)
         MHD_add_response_header(resp, r->hdrs[i][0], r->hdrs[i][1]);
     ok = MHD_queue_response(r->conn, (unsigned)r->status, resp);
@@ -1212,6 +1240,29 @@ static enum ar_status register_metrics(struct server *s)
     return AR_OK;
 }
 
+/* A header value we can send as is: printable ASCII, no surrounding spaces. */
+static bool instance_name_ok(const char *n)
+{
+    size_t len = strlen(n);
+    if (len == 0 || len > SERVER_INSTANCE_NAME_MAX || n[0] == ' ' || n[len - 1] == ' ')
+        return false;
+    for (size_t i = 0; i < len; i++)
+        if (n[i] < 0x20 || n[i] > 0x7e)
+            return false;
+    return true;
+}
+
+/* "<host name>:<port>", or "autoreply" when the host has no usable name. */
+static char *default_instance_name(int port)
+{
+    char host[256], name[sizeof(host) + 16]; /* too long for a name: "autoreply" */
+    if (gethostname(host, sizeof(host)) != 0)
+        host[0] = '\0';
+    host[sizeof(host) - 1] = '\0';
+    snprintf(name, sizeof(name), "%s:%d", host, port);
+    return ar_strdup(host[0] && instance_name_ok(name) ? name : "autoreply");
+}
+
 enum ar_status server_create(const struct server_params *p, struct server **out, struct ar_err *err)
 {
     struct server *s;
@@ -1225,14 +1276,32 @@ enum ar_status server_create(const struct server_params *p, struct server **out,
     s->p = *p;
     pthread_mutex_init(&s->conn_mu, NULL);
     pthread_cond_init(&s->conn_cv, NULL);
+    pthread_mutex_init(&s->inst_mu, NULL);
+    pthread_mutex_init(&s->health_mu, NULL);
+    if (p->instance_name && !instance_name_ok(p->instance_name)) {
+        st = ar_err_set(err, AR_EINVAL, 0,
+                        "bad instance name: 1 to %d printable ASCII characters, no surrounding "
+                        "spaces",
+                        SERVER_INSTANCE_NAME_MAX);
+        goto fail;
+    }
     s->host = ar_strdup(p->host ? p->host : "127.0.0.1");
     s->model_name = ar_strdup(p->model_name ? p->model_name : "autoreply");
     if (!s->host || !s->model_name) {
         st = AR_ENOMEM;
         goto fail;
     }
+    if (p->instance_name) {
+        char *n = ar_strdup(p->instance_name);
+        if (!n) {
+            st = AR_ENOMEM;
+            goto fail;
+        }
+        atomic_store(&s->instance, n);
+    }
     s->p.host = s->host;
     s->p.model_name = s->model_name;
+    s->p.instance_name = NULL; /* see s->instance */
     s->p.api_key_file = NULL;
     if (s->p.retry_after_s < 1)
         s->p.retry_after_s = 1;
@@ -1288,6 +1357,77 @@ enum ar_status server_add_route(struct server *s, const struct server_route *r)
     return AR_OK;
 }
 
+/* ---- health checks ---------------------------------------------------------------------- */
+
+const char *server_health_str(int h)
+{
+    return h == SERVER_HEALTH_OK ? "ok" : h == SERVER_HEALTH_DEGRADED ? "degraded" : "down";
+}
+
+enum ar_status server_add_health_check(struct server *s, const char *name, int (*check)(void *user),
+                                       void *user)
+{
+    struct health_check *nc;
+    size_t len = name ? strlen(name) : 0;
+    enum ar_status st = AR_OK;
+    if (!s || !check || len == 0 || len >= sizeof(nc->name))
+        return AR_EINVAL;
+    for (size_t i = 0; i < len; i++) {
+        char c = name[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '_' || c == '.' || c == '-'))
+            return AR_EINVAL;
+    }
+    pthread_mutex_lock(&s->health_mu);
+    for (int i = 0; i < s->n_checks && st == AR_OK; i++)
+        if (!strcmp(s->checks[i].name, name))
+            st = AR_EINVAL;
+    if (st == AR_OK) {
+        nc = ar_realloc(s->checks, (size_t)(s->n_checks + 1) * sizeof(*nc));
+        if (!nc) {
+            st = AR_ENOMEM;
+        } else {
+            s->checks = nc;
+            nc = &s->checks[s->n_checks++];
+            memcpy(nc->name, name, len + 1);
+            nc->fn = check;
+            nc->user = user;
+        }
+    }
+    pthread_mutex_unlock(&s->health_mu);
+    return st;
+}
+
+int srv_health_run(struct server *s, cJSON *backends, int *n)
+{
+    struct health_check *copy = NULL;
+    int n_copy, worst = SERVER_HEALTH_OK;
+    /* the checks run outside the lock (a check may take a moment) on a copy of the list */
+    pthread_mutex_lock(&s->health_mu);
+    n_copy = s->n_checks;
+    if (n_copy && (copy = ar_malloc((size_t)n_copy * sizeof(*copy))))
+        memcpy(copy, s->checks, (size_t)n_copy * sizeof(*copy));
+    pthread_mutex_unlock(&s->health_mu);
+    if (n_copy && !copy) { /* out of memory: we cannot tell, so we do not claim ok */
+        if (n)
+            *n = n_copy;
+        return SERVER_HEALTH_DEGRADED;
+    }
+    for (int i = 0; i < n_copy; i++) {
+        int h = copy[i].fn(copy[i].user);
+        if (h != SERVER_HEALTH_OK && h != SERVER_HEALTH_DEGRADED)
+            h = SERVER_HEALTH_DOWN;
+        if (h > worst)
+            worst = h;
+        if (backends)
+            cJSON_AddStringToObject(backends, copy[i].name, server_health_str(h));
+    }
+    ar_free(copy);
+    if (n)
+        *n = n_copy;
+    return worst;
+}
+
 enum ar_status server_start(struct server *s, struct ar_err *err)
 {
     struct addrinfo hints = {0}, *ai = NULL;
@@ -1304,6 +1444,7 @@ enum ar_status server_start(struct server *s, struct ar_err *err)
         return ar_err_set(err, AR_EIO, 0, "cannot resolve %s: %s", s->host, gai_strerror(rc));
     if (ai->ai_family == AF_INET6)
         flags |= MHD_USE_IPv6;
+    pthread_mutex_lock(&s->inst_mu); /* no response goes out before the instance is named */
     s->mhd = MHD_start_daemon(
         flags, (uint16_t)s->p.port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)ceil(s->p.timeout_s), MHD_OPTION_CONNECTION_LIMIT,
@@ -1313,11 +1454,17 @@ enum ar_status server_start(struct server *s, struct ar_err *err)
         MHD_OPTION_THREAD_POOL_SIZE, (unsigned)(s->p.http_threads > 1 ? s->p.http_threads : 0),
         MHD_OPTION_END);
     freeaddrinfo(ai);
-    if (!s->mhd)
+    if (!s->mhd) {
+        int e = errno;
+        pthread_mutex_unlock(&s->inst_mu);
         return ar_err_set(err, AR_EIO, 0, "cannot listen on %s:%d (%s)", s->host, s->p.port,
-                          strerror(errno));
+                          strerror(e));
+    }
     di = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_BIND_PORT);
     s->port = di ? di->port : s->p.port;
+    if (!atomic_load(&s->instance))
+        atomic_store(&s->instance, default_instance_name(s->port)); /* NULL: "autoreply" */
+    pthread_mutex_unlock(&s->inst_mu);
     s->wd_run = true;
     if (pthread_create(&s->wd, NULL, watchdog_main, s) != 0) {
         MHD_stop_daemon(s->mhd);
@@ -1439,6 +1586,10 @@ void server_destroy(struct server *s)
         metrics_registry_destroy(s->metrics);
     pthread_cond_destroy(&s->conn_cv);
     pthread_mutex_destroy(&s->conn_mu);
+    pthread_mutex_destroy(&s->inst_mu);
+    pthread_mutex_destroy(&s->health_mu);
+    ar_free(s->checks);
+    ar_free(atomic_load(&s->instance));
     ar_free(s->host);
     ar_free(s->model_name);
     ar_free(s);

@@ -573,13 +573,25 @@ static void h_detokenize(struct server_req *req, void *user)
 
 /* ---- health and metrics ------------------------------------------------------------------ */
 
+/* 503 "loading" until the engine is set; then 200, "ok" or "degraded" when a backend is not
+ * (the instance still serves what it can, so a proxy keeps it in rotation). */
 static void h_health(struct server_req *req, void *user)
 {
     struct server *s = server_req_server(req);
-    cJSON *o = cJSON_CreateObject();
+    cJSON *o = cJSON_CreateObject(), *backends = cJSON_CreateObject();
     bool ready = server_engine(s) != NULL;
+    int n = 0, worst = srv_health_run(s, backends, &n);
     (void)user;
-    cJSON_AddStringToObject(o, "status", ready ? "ok" : "loading");
+    cJSON_AddStringToObject(o, "status",
+                            !ready                      ? "loading"
+                            : worst == SERVER_HEALTH_OK ? "ok"
+                                                        : "degraded");
+    cJSON_AddStringToObject(o, "instance", server_instance_name(s));
+    if (n > 0 && o && backends) {
+        cJSON_AddItemToObject(o, "backends", backends);
+        backends = NULL;
+    }
+    cJSON_Delete(backends);
     if (!ready)
         server_reply_header(req, "Retry-After", "1");
     server_reply_json(req, ready ? 200 : 503, o);

@@ -1,7 +1,10 @@
 /* server.h - the HTTP face of the serving engine: an OpenAI-compatible API (chat and text
  * completions with SSE streaming, tokenize/detokenize, models, health, Prometheus metrics) over
  * libmicrohttpd, JSON or MessagePack bodies, API keys, per-key rate limits, body and
- * connection limits. Endpoints live in a route table so other modules (reply/) add theirs.
+ * connection limits, and the review-reply product's endpoints (reviews.c: /v1/reviews/...,
+ * /v1/jobs), whose errors (enum reply_error) it maps to HTTP statuses. Endpoints live in a
+ * route table. Every response names the instance that made it (X-Autoreply-Instance), so a
+ * fleet behind a proxy can be told apart.
  *
  * Threads: libmicrohttpd's event-loop thread (epoll) reads requests and calls handlers. A
  * handler that needs time (a generation) returns without replying: its connection is
@@ -20,6 +23,7 @@
 #include "../base/base.h"
 #include "../engine/engine.h"
 #include "../metrics/metrics.h"
+#include "../reply/reply.h"
 
 struct server_params {
     const char *host;         /* numeric address or name to listen on ("127.0.0.1") */
@@ -40,7 +44,14 @@ struct server_params {
     int n_ctx;                /* per-request context (prompt + generation); 0 or more than
                                  the engine's: engine_n_ctx */
     struct metrics_registry *metrics; /* borrowed; NULL: the server owns one */
+    const char *instance_name;        /* this instance in the X-Autoreply-Instance header of every
+                                         response and in /health (copied; printable ASCII, at most
+                                         SERVER_INSTANCE_NAME_MAX bytes); NULL: "<host name>:<port>"
+                                         (the bound port), or "autoreply" without a host name */
 };
+
+#define SERVER_INSTANCE_NAME_MAX 255
+#define SERVER_INSTANCE_HEADER "X-Autoreply-Instance"
 
 /* The defaults noted above. Thread-safe. */
 struct server_params server_default_params(void);
@@ -81,6 +92,33 @@ const char *server_model_name(const struct server *s);
 int server_n_ctx(const struct server *s);
 /* The registry the server's metrics live in (borrowed). */
 struct metrics_registry *server_metrics(const struct server *s);
+/* The instance name (server_params.instance_name, or the default once server_start has bound
+ * the port; "autoreply" before). Borrowed, lives as long as s. */
+const char *server_instance_name(const struct server *s);
+
+/* ---- health ------------------------------------------------------------------------------- */
+
+/* What a health check reports about its backend. */
+enum server_health {
+    SERVER_HEALTH_OK = 0,
+    SERVER_HEALTH_DEGRADED, /* reachable but impaired (slow, reconnecting, a replica down) */
+    SERVER_HEALTH_DOWN      /* cannot be reached now */
+};
+const char *server_health_str(int h); /* "ok", "degraded", "down" (any other value: "down") */
+
+/* Adds a backend to /health: check(user) is called for every GET /health, on the event-loop
+ * thread, so it must be quick (report a state the backend keeps, e.g. whether its connection
+ * is up; never wait on the network) and thread-safe; it returns an enum server_health (any
+ * other value counts as down). /health then answers
+ *   503 {"status": "loading", "instance", "backends"?}   before server_set_engine;
+ *   200 {"status": "ok", "instance", "backends"?}         when every check says ok;
+ *   200 {"status": "degraded", "instance", "backends"}    when any says degraded or down: the
+ *       instance still serves (a proxy keeps sending to it), clients of that backend get 503s;
+ * "backends" maps each name to "ok" / "degraded" / "down" (absent without checks). name is
+ * copied (1..63 bytes of [A-Za-z0-9_.-]); a name twice, or a bad name: AR_EINVAL. Any time,
+ * from any thread; user must outlive the server. */
+enum ar_status server_add_health_check(struct server *s, const char *name, int (*check)(void *user),
+                                       void *user);
 
 /* ---- routes ------------------------------------------------------------------------------- */
 
@@ -122,6 +160,44 @@ struct server_route {
 /* Adds a route; before server_start only. The same method, path and kind (exact or prefix)
  * twice: AR_EINVAL. */
 enum ar_status server_add_route(struct server *s, const struct server_route *r);
+
+/* ---- review-reply endpoints (reviews.c) -----------------------------------------------------
+ * The product's routes over a reply service:
+ *   POST /v1/reviews/reply   a review object (reply_review_from_json: shop_id required, "id"
+ *                            for review_id); the result, or its error with the status below
+ *   POST /v1/reviews/batch   {"reviews": [...], "shop_id"?} or a bare JSON array of review
+ *                            objects (1..REPLY_BATCH_MAX); 200 {"results": [...]} in order,
+ *                            each item answered on its own (an error item carries "status")
+ *   POST /v1/jobs            {"reviews": [...]} or {"jsonl": "..."} (+ "shop_id"?), a bare JSON
+ *                            array, or raw JSONL text (any content type); 202 {id, status, total}
+ *   GET  /v1/jobs/{id}       the job (reply_job_info_to_json); 404 for an unknown id
+ *   GET  /v1/jobs/{id}/results   its lines as JSONL (application/x-ndjson)
+ * Reviews and batches answer 503 "loading" until server_set_engine; jobs are stored and read
+ * without the engine. Each request's generations are charged to the client's token bucket
+ * (rate_tpm) through a reply_call, which the abort hook cancels when the client goes away
+ * (499, nothing stored). Work runs on the service's workers (reply_service_submit); a full
+ * queue answers 503. 429 and 503 answers carry Retry-After. */
+
+/* The HTTP status of a reply error: OK 200, EINVAL 400, EDUPLICATE 409, ECONFLICT 409,
+ * ELIMITED 429, ECANCELLED 499 (the client closed first, as nginx counts it), EBUSY 503,
+ * EUNAVAIL 503, ENOTFOUND 404, EINTERNAL (and a value out of range) 500. */
+int server_status_of_reply_error(enum reply_error e);
+/* One review's answer as the review endpoints send it: reply_result_to_json for an answer;
+ * {review_id?, error: {message, type, code}, status} for an error (type "rate_limit_error"
+ * for 429, "invalid_request_error" below 500, else "server_error"; code reply_error_code;
+ * status server_status_of_reply_error). NULL when out of memory. Thread-safe. */
+cJSON *server_review_result_json(const struct reply_result *r, const char *review_id);
+
+struct server_reviews_params {
+    size_t max_job_body; /* POST /v1/jobs body limit in bytes; 0: 64 MiB */
+};
+struct server_reviews_params server_reviews_default_params(void);
+/* Adds the routes above to s (before server_start) over svc, which is borrowed: it must
+ * outlive every request the server answers (server_stop before reply_service_destroy). p may
+ * be NULL (the defaults). Nothing to undo: the routes go with the server. AR_EINVAL when a
+ * route is taken already, AR_ENOMEM; routes added before the failure stay (over svc). */
+enum ar_status server_reviews_attach(struct server *s, struct reply_service *svc,
+                                     const struct server_reviews_params *p);
 
 /* ---- inside a handler --------------------------------------------------------------------- */
 /* Every function below is thread-safe. Pointers returned are borrowed from req and valid until

@@ -1,6 +1,7 @@
 /* server_internal.h - shared by the files of src/server/: the body codec (codec.c), the
- * OpenAI request validator (request.c), API keys and token buckets (limits.c), and the hooks
- * between the HTTP core (http.c) and the OpenAI handlers (openai.c). Not part of the API. */
+ * OpenAI request validator (request.c), API keys and token buckets (limits.c), the review
+ * endpoints without the HTTP core (reviews.c), and the hooks between the HTTP core (http.c) and
+ * the handlers (openai.c, reviews.c). Not part of the API. */
 #ifndef AR_SERVER_INTERNAL_H
 #define AR_SERVER_INTERNAL_H
 
@@ -128,5 +129,38 @@ struct srv_metrics {
 struct srv_metrics *srv_metrics_of(struct server *s);
 /* Whether the server is stopping (engine cancellations then answer 503). */
 bool srv_stopping(const struct server *s);
+/* server_params.retry_after_s (>= 1). */
+double srv_retry_after_s(const struct server *s);
+/* Runs every health check (server_add_health_check); adds {name: "ok"|"degraded"|"down"} to
+ * backends (may be NULL) and returns the worst state (SERVER_HEALTH_OK without checks); *n
+ * (may be NULL) receives the number of checks. */
+int srv_health_run(struct server *s, cJSON *backends, int *n);
+
+/* ---- reviews.c: the review endpoints below HTTP -------------------------------------------
+ * What a review route does, apart from libmicrohttpd: the body's shape, the job path, the work
+ * on a service worker, the answer's status (server_status_of_reply_error) and JSON. The HTTP
+ * glue in reviews.c (and the tests) drive it. */
+
+enum srv_review_ep {
+    SRV_REVIEW_REPLY = 0,   /* POST /v1/reviews/reply */
+    SRV_REVIEW_BATCH,       /* POST /v1/reviews/batch */
+    SRV_REVIEW_JOB_CREATE,  /* POST /v1/jobs */
+    SRV_REVIEW_JOB_GET,     /* GET /v1/jobs/{id} */
+    SRV_REVIEW_JOB_RESULTS, /* GET /v1/jobs/{id}/results */
+    SRV_REVIEW_COUNT
+};
+
+/* The answer: a JSON body (owned by the callee) or a text body (borrowed for the call, with
+ * its content type). */
+typedef void (*srv_review_done_fn)(void *ctx, int status, cJSON *json, const char *text,
+                                   size_t text_len, const char *content_type);
+/* Handles one request; done is called exactly once, from a service worker (or from the
+ * calling thread when the answer is immediate: a bad body or path, a full queue). path is the
+ * request path (SRV_REVIEW_JOB_GET also serves ".../results" and sets the endpoint from it);
+ * body the parsed object or array (borrowed until done) or NULL; raw/raw_len the body text or
+ * NULL; call (may be NULL; must outlive done) the request's budget and cancellation. */
+void srv_review_handle(struct reply_service *svc, enum srv_review_ep ep, const char *path,
+                       const cJSON *body, const char *raw, size_t raw_len, struct reply_call *call,
+                       srv_review_done_fn done, void *ctx);
 
 #endif

@@ -214,8 +214,8 @@ static void fifty_reviews_get_replies_in_their_language(void **state)
     reply_service_answer_many(x->svc, rv, (size_t)n, ENGINE_PRIO_INTERACTIVE, REPLY_DUP_ERROR,
                               res);
     for (int i = 0; i < n; i++) {
-        if (res[i].status != 200)
-            fail_msg("review %s: %d %s", s[i].id, res[i].status, res[i].error);
+        if (res[i].err != REPLY_OK)
+            fail_msg("review %s: %s %s", s[i].id, reply_error_code(res[i].err), res[i].error);
         assert_true(strlen(res[i].reply) > 0);
         assert_string_equal(res[i].lang, s[i].lang);
         if (!reply_lang_ok(res[i].reply, strlen(res[i].reply), s[i].lang))
@@ -237,7 +237,7 @@ static void fifty_reviews_get_replies_in_their_language(void **state)
         struct reply_review r2 = rv[0];
         r2.review_id = "repeat-of-0";
         reply_service_answer(x->svc, &r2, ENGINE_PRIO_INTERACTIVE, &again);
-        assert_int_equal(again.status, 200);
+        assert_int_equal(again.err, REPLY_OK);
         assert_int_equal(again.source, REPLY_SOURCE_CACHE);
         assert_string_equal(again.reply, res[0].reply);
         reply_result_fini(&again);
@@ -271,7 +271,7 @@ static void banned_word_the_model_likes_never_appears(void **state)
     reply_service_answer_many(x->svc, rv, (size_t)n, ENGINE_PRIO_INTERACTIVE, REPLY_DUP_ERROR,
                               res);
     for (int i = 0; i < n; i++) {
-        assert_int_equal(res[i].status, 200);
+        assert_int_equal(res[i].err, REPLY_OK);
         assert_null(strstr(res[i].reply, "谢谢"));
         assert_true(reply_lang_ok(res[i].reply, strlen(res[i].reply), "zh"));
         n_model += res[i].source == REPLY_SOURCE_MODEL;

@@ -3,8 +3,8 @@
  * model, driven by a small socket client. Checks the answers against the review data (language,
  * needs_human, banned words), the reply cache and idempotency through the server's own
  * counters, per-item batch answers, jobs with a malformed line, bad input, auth and rate limits
- * on the product routes, and a job that survives kill -9 of the server (one reply per review,
- * counted in the SQLite file itself). */
+ * on the product routes, a job that survives kill -9 of the server (one reply per review,
+ * counted in the SQLite file itself), and the instance name on every response. */
 #include "harness/harness.h"
 
 #include <arpa/inet.h>
@@ -1399,6 +1399,56 @@ static void client_leaving_mid_generation_cancels_it_and_frees_the_kv(void **sta
     assert_int_equal(server_stop(&c, SIGTERM), 0);
 }
 
+/* The instance header as a proxy in front of a fleet sees it: the name given to serve, else
+ * "<host name>:<port>"; a name that cannot be a header value stops serve with one clear line. */
+static void serve_names_its_instance_in_every_response(void **state)
+{
+    struct child c;
+    char dir[300], host[256], want[300], v[300], cmd[1024];
+    struct resp r;
+    FILE *p;
+    size_t n;
+    int st;
+    (void)state;
+    /* the main server runs with no name: host and port */
+    assert_int_equal(gethostname(host, sizeof(host)), 0);
+    host[sizeof(host) - 1] = '\0';
+    snprintf(want, sizeof(want), "%s:%d", host, g_srv.port);
+    http(g_srv.port, "GET", "/health", NULL, NULL, 0, &r);
+    assert_string_equal(resp_header(&r, "X-Autoreply-Instance", v, sizeof(v)), want);
+    resp_free(&r);
+    /* a named one: its health, a review and an error */
+    snprintf(dir, sizeof(dir), "%s/named", g_tmp);
+    server_start(&c, dir, (const char *const[]){"--instance-name", "fleet-a", NULL});
+    http(c.port, "GET", "/health", NULL, NULL, 0, &r);
+    assert_string_equal(resp_header(&r, "X-Autoreply-Instance", v, sizeof(v)), "fleet-a");
+    assert_non_null(strstr(r.body, "\"instance\":\"fleet-a\""));
+    resp_free(&r);
+    {
+        const char *body = "{\"shop_id\":\"named\",\"review_id\":\"n1\",\"text\":\"很好\",\"rating\":5}";
+        http(c.port, "POST", "/v1/reviews/reply", "Content-Type: application/json\r\n", body,
+             strlen(body), &r);
+        assert_int_equal(r.status, 200);
+        assert_string_equal(resp_header(&r, "X-Autoreply-Instance", v, sizeof(v)), "fleet-a");
+        resp_free(&r);
+    }
+    http(c.port, "GET", "/v1/jobs/nope", NULL, NULL, 0, &r);
+    assert_int_equal(r.status, 404);
+    assert_string_equal(resp_header(&r, "X-Autoreply-Instance", v, sizeof(v)), "fleet-a");
+    resp_free(&r);
+    assert_int_equal(server_stop(&c, SIGTERM), 0);
+    /* a name with a line break is refused before anything listens */
+    snprintf(cmd, sizeof(cmd), "%s serve -m %s --port 0 --data-dir %s/bad --instance-name 'a\nb' 2>&1",
+             bin_path(), g_model, g_tmp);
+    assert_non_null(p = popen(cmd, "r"));
+    n = fread(v, 1, sizeof(v) - 1, p);
+    v[n] = '\0';
+    st = pclose(p);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) != 0);
+    if (!strstr(v, "instance name"))
+        fail_msg("serve with a bad instance name said: %s", v);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1417,6 +1467,7 @@ int main(void)
         cmocka_unit_test(reply_modes_and_needs_human_decide_the_action),
         cmocka_unit_test(generated_replies_are_charged_to_the_token_rate_limit),
         cmocka_unit_test(client_leaving_mid_generation_cancels_it_and_frees_the_kv),
+        cmocka_unit_test(serve_names_its_instance_in_every_response),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
