@@ -103,11 +103,11 @@ static void metrics_setup(struct reply_service *svc)
 /* Counts evictions by the difference of the cache's own counter since the last look. */
 static void note_evictions(struct reply_service *svc)
 {
-    struct reply_cache_stats cs;
+    struct cache_stats cs;
     uint64_t delta = 0;
     if (!svc->p.cache)
         return;
-    reply_cache_stats(svc->p.cache, &cs);
+    cache_stats(svc->p.cache, &cs);
     pthread_mutex_lock(&svc->mu);
     if (cs.evictions > svc->evictions_seen) {
         delta = cs.evictions - svc->evictions_seen;
@@ -668,7 +668,7 @@ static void answer(struct reply_service *svc, const struct reply_review *rv,
     if (svc->p.cache && reply_normalize_key(rv->shop_id, rv->rating, review_lang, rv->text,
                                             rv->text_len, &key, &key_len) == AR_OK) {
         char *hit = NULL;
-        if (reply_cache_get(svc->p.cache, key, key_len, &hit, NULL)) {
+        if (cache_get(svc->p.cache, key, key_len, &hit, NULL)) {
             metrics_inc(svc->m.cache_hits, 1);
             text = hit;
             src = REPLY_SOURCE_CACHE;
@@ -690,7 +690,7 @@ static void answer(struct reply_service *svc, const struct reply_review *rv,
     }
     if (src == REPLY_SOURCE_MODEL && key) {
         /* the cache holds the checked reply without the signature */
-        if (reply_cache_put(svc->p.cache, key, key_len, text, strlen(text)) == AR_OK)
+        if (cache_put(svc->p.cache, key, key_len, text, strlen(text)) == AR_OK)
             note_evictions(svc);
     }
 

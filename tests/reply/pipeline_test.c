@@ -140,7 +140,7 @@ struct fx {
     char db[128];
     struct store *store;
     struct reply_profiles *profiles;
-    struct reply_cache *cache;
+    struct cache *cache;
     struct metrics_registry *metrics;
     struct reply_service *svc;
     struct fake gen;
@@ -169,14 +169,14 @@ static void fx_open_service(struct fx *x)
 static int setup(void **state)
 {
     struct fx *x = calloc(1, sizeof(*x));
-    struct reply_cache_params cp = reply_cache_default_params();
+    struct cache_memory_params cp = cache_memory_default_params();
     snprintf(x->dir, sizeof(x->dir), "/tmp/ar_reply_XXXXXX");
     assert_non_null(mkdtemp(x->dir));
     snprintf(x->db, sizeof(x->db), "%s/replies.db", x->dir);
     assert_int_equal(store_open(x->db, &x->store, NULL), AR_OK);
     assert_int_equal(reply_profiles_parse(shops, strlen(shops), &x->profiles, NULL), AR_OK);
     cp.max_bytes = 1 << 20;
-    assert_int_equal(reply_cache_create(&cp, &x->cache), AR_OK);
+    assert_int_equal(cache_memory_create(&cp, &x->cache), AR_OK);
     assert_int_equal(metrics_registry_create(&x->metrics), AR_OK);
     fake_init(&x->gen);
     fx_open_service(x);
@@ -190,7 +190,7 @@ static int teardown(void **state)
     char cmd[160];
     reply_service_destroy(x->svc);
     metrics_registry_destroy(x->metrics);
-    reply_cache_destroy(x->cache);
+    cache_destroy(x->cache);
     reply_profiles_destroy(x->profiles);
     store_close(x->store);
     snprintf(cmd, sizeof(cmd), "rm -rf %s", x->dir);

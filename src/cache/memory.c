@@ -1,4 +1,4 @@
-/* cache.c - the in-process reply cache behind struct reply_cache_ops: a keyed hash
+/* memory.c - the in-process reply cache behind struct cache_ops: a keyed hash
  * (SipHash-2-4, random key per cache, so crafted reviews cannot flood one chain) picks a
  * shard; each shard is a chained hash table plus an LRU list under one mutex. */
 #include "cache.h"
@@ -97,12 +97,12 @@ struct shard {
 };
 
 struct mem_cache {
-    struct reply_cache base; /* first: the handle callers hold */
+    struct cache base; /* first: the handle callers hold */
     struct shard *shards;    /* owned, aligned, (n_shards) */
     int n_shards;
     size_t shard_budget;
     double ttl_s;
-    reply_cache_clock_fn clock;
+    cache_clock_fn clock;
     void *clock_user;
     uint64_t k0, k1; /* hash key */
     _Atomic uint64_t hits, misses, evictions, expired;
@@ -110,7 +110,7 @@ struct mem_cache {
 
 #define INITIAL_BUCKETS 16
 
-size_t reply_cache_entry_size(size_t key_len, size_t value_len)
+size_t cache_entry_size(size_t key_len, size_t value_len)
 {
     /* header, the NUL, and two bucket slots (the table is at most twice the entries) */
     return sizeof(struct entry) + 1 + 2 * sizeof(struct entry *) + key_len + value_len;
@@ -211,7 +211,7 @@ static struct shard *shard_for(struct mem_cache *mc, uint64_t hash)
     return &mc->shards[(hash >> 32) % (uint64_t)mc->n_shards];
 }
 
-static bool mem_get(struct reply_cache *c, const char *key, size_t key_len, char **value_out,
+static bool mem_get(struct cache *c, const char *key, size_t key_len, char **value_out,
                     size_t *value_len)
 {
     struct mem_cache *mc = (struct mem_cache *)c;
@@ -254,7 +254,7 @@ static bool mem_get(struct reply_cache *c, const char *key, size_t key_len, char
     return hit;
 }
 
-static enum ar_status mem_put(struct reply_cache *c, const char *key, size_t key_len,
+static enum ar_status mem_put(struct cache *c, const char *key, size_t key_len,
                               const char *value, size_t value_len)
 {
     struct mem_cache *mc = (struct mem_cache *)c;
@@ -267,7 +267,7 @@ static enum ar_status mem_put(struct reply_cache *c, const char *key, size_t key
         return AR_EINVAL;
     if (key_len > SIZE_MAX / 4 || value_len > SIZE_MAX / 4)
         return AR_ERANGE;
-    size = reply_cache_entry_size(key_len, value_len);
+    size = cache_entry_size(key_len, value_len);
     hash = siphash24(mc->k0, mc->k1, key, key_len);
     now = mc->clock(mc->clock_user);
     if (size <= mc->shard_budget) {
@@ -308,7 +308,7 @@ static enum ar_status mem_put(struct reply_cache *c, const char *key, size_t key
     return e ? AR_OK : AR_ERANGE;
 }
 
-static void mem_stats(struct reply_cache *c, struct reply_cache_stats *out)
+static void mem_stats(struct cache *c, struct cache_stats *out)
 {
     struct mem_cache *mc = (struct mem_cache *)c;
     memset(out, 0, sizeof(*out));
@@ -325,7 +325,7 @@ static void mem_stats(struct reply_cache *c, struct reply_cache_stats *out)
     }
 }
 
-static void mem_destroy(struct reply_cache *c)
+static void mem_destroy(struct cache *c)
 {
     struct mem_cache *mc = (struct mem_cache *)c;
     if (!mc)
@@ -343,7 +343,7 @@ static void mem_destroy(struct reply_cache *c)
     ar_free(mc);
 }
 
-static const struct reply_cache_ops mem_ops = {
+static const struct cache_ops mem_ops = {
     .name = "memory",
     .get = mem_get,
     .put = mem_put,
@@ -351,16 +351,16 @@ static const struct reply_cache_ops mem_ops = {
     .destroy = mem_destroy,
 };
 
-struct reply_cache_params reply_cache_default_params(void)
+struct cache_memory_params cache_memory_default_params(void)
 {
-    struct reply_cache_params p = {0};
+    struct cache_memory_params p = {0};
     p.max_bytes = (size_t)64 << 20;
     p.ttl_s = 3600.0;
     p.n_shards = 16;
     return p;
 }
 
-enum ar_status reply_cache_create(const struct reply_cache_params *p, struct reply_cache **out)
+enum ar_status cache_memory_create(const struct cache_memory_params *p, struct cache **out)
 {
     struct mem_cache *mc;
     if (!out)
@@ -408,7 +408,7 @@ fail:
 
 /* ---- the interface ------------------------------------------------------------------ */
 
-bool reply_cache_get(struct reply_cache *c, const char *key, size_t key_len, char **value_out,
+bool cache_get(struct cache *c, const char *key, size_t key_len, char **value_out,
                      size_t *value_len)
 {
     if (!c) {
@@ -421,7 +421,7 @@ bool reply_cache_get(struct reply_cache *c, const char *key, size_t key_len, cha
     return c->ops->get(c, key, key_len, value_out, value_len);
 }
 
-enum ar_status reply_cache_put(struct reply_cache *c, const char *key, size_t key_len,
+enum ar_status cache_put(struct cache *c, const char *key, size_t key_len,
                                const char *value, size_t value_len)
 {
     if (!c)
@@ -429,7 +429,7 @@ enum ar_status reply_cache_put(struct reply_cache *c, const char *key, size_t ke
     return c->ops->put(c, key, key_len, value, value_len);
 }
 
-void reply_cache_stats(struct reply_cache *c, struct reply_cache_stats *out)
+void cache_stats(struct cache *c, struct cache_stats *out)
 {
     if (!out)
         return;
@@ -440,7 +440,7 @@ void reply_cache_stats(struct reply_cache *c, struct reply_cache_stats *out)
     c->ops->stats(c, out);
 }
 
-void reply_cache_destroy(struct reply_cache *c)
+void cache_destroy(struct cache *c)
 {
     if (c)
         c->ops->destroy(c);
