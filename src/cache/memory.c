@@ -97,8 +97,8 @@ struct shard {
 };
 
 struct mem_cache {
-    struct cache base; /* first: the handle callers hold */
-    struct shard *shards;    /* owned, aligned, (n_shards) */
+    struct cache base;    /* first: the handle callers hold */
+    struct shard *shards; /* owned, aligned, (n_shards) */
     int n_shards;
     size_t shard_budget;
     double ttl_s;
@@ -211,8 +211,8 @@ static struct shard *shard_for(struct mem_cache *mc, uint64_t hash)
     return &mc->shards[(hash >> 32) % (uint64_t)mc->n_shards];
 }
 
-static bool mem_get(struct cache *c, const char *key, size_t key_len, char **value_out,
-                    size_t *value_len)
+static int mem_get(struct cache *c, const char *key, size_t key_len, char **value_out,
+                   size_t *value_len)
 {
     struct mem_cache *mc = (struct mem_cache *)c;
     struct shard *s;
@@ -225,7 +225,7 @@ static bool mem_get(struct cache *c, const char *key, size_t key_len, char **val
     if (value_len)
         *value_len = 0;
     if (!key && key_len)
-        return false;
+        return 0;
     hash = siphash24(mc->k0, mc->k1, key, key_len);
     now = mc->clock(mc->clock_user);
     s = shard_for(mc, hash);
@@ -251,11 +251,11 @@ static bool mem_get(struct cache *c, const char *key, size_t key_len, char **val
     }
     pthread_mutex_unlock(&s->mu);
     atomic_fetch_add_explicit(hit ? &mc->hits : &mc->misses, 1, memory_order_relaxed);
-    return hit;
+    return hit ? 1 : 0;
 }
 
-static enum ar_status mem_put(struct cache *c, const char *key, size_t key_len,
-                              const char *value, size_t value_len)
+static enum ar_status mem_put(struct cache *c, const char *key, size_t key_len, const char *value,
+                              size_t value_len)
 {
     struct mem_cache *mc = (struct mem_cache *)c;
     size_t size;
@@ -348,6 +348,7 @@ static const struct cache_ops mem_ops = {
     .get = mem_get,
     .put = mem_put,
     .stats = mem_stats,
+    .healthy = NULL,
     .destroy = mem_destroy,
 };
 
@@ -404,44 +405,4 @@ enum ar_status cache_memory_create(const struct cache_memory_params *p, struct c
 fail:
     mem_destroy(&mc->base);
     return AR_ENOMEM;
-}
-
-/* ---- the interface ------------------------------------------------------------------ */
-
-bool cache_get(struct cache *c, const char *key, size_t key_len, char **value_out,
-                     size_t *value_len)
-{
-    if (!c) {
-        if (value_out)
-            *value_out = NULL;
-        if (value_len)
-            *value_len = 0;
-        return false;
-    }
-    return c->ops->get(c, key, key_len, value_out, value_len);
-}
-
-enum ar_status cache_put(struct cache *c, const char *key, size_t key_len,
-                               const char *value, size_t value_len)
-{
-    if (!c)
-        return AR_EINVAL;
-    return c->ops->put(c, key, key_len, value, value_len);
-}
-
-void cache_stats(struct cache *c, struct cache_stats *out)
-{
-    if (!out)
-        return;
-    if (!c) {
-        memset(out, 0, sizeof(*out));
-        return;
-    }
-    c->ops->stats(c, out);
-}
-
-void cache_destroy(struct cache *c)
-{
-    if (c)
-        c->ops->destroy(c);
 }

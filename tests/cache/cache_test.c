@@ -20,7 +20,7 @@ static double fake_now(void *user)
 }
 
 static struct cache *make_cache(size_t max_bytes, double ttl_s, int n_shards,
-                                      struct fake_clock *clk)
+                                struct fake_clock *clk)
 {
     struct cache_memory_params p = cache_memory_default_params();
     struct cache *c = NULL;
@@ -101,8 +101,7 @@ static void get_returns_a_copy_of_what_put_stored(void **state)
     assert_int_equal(s.evictions, 0);
     assert_int_equal(s.expired, 0);
     assert_int_equal(s.n_entries, 2);
-    assert_int_equal(s.n_bytes,
-                     cache_entry_size(2, 8) + cache_entry_size(3, sizeof(value)));
+    assert_int_equal(s.n_bytes, cache_entry_size(2, 8) + cache_entry_size(3, sizeof(value)));
     cache_destroy(c);
 }
 
@@ -398,18 +397,18 @@ struct fake_cache {
     int n_get, n_put, n_stats;
 };
 
-static bool fake_get(struct cache *c, const char *key, size_t key_len, char **value_out,
-                     size_t *value_len)
+static int fake_get(struct cache *c, const char *key, size_t key_len, char **value_out,
+                    size_t *value_len)
 {
     (void)key, (void)key_len;
     ((struct fake_cache *)c)->n_get++;
     *value_out = ar_strdup("from fake");
     *value_len = 9;
-    return true;
+    return 3; /* any level: passed through as is */
 }
 
-static enum ar_status fake_put(struct cache *c, const char *key, size_t key_len,
-                               const char *value, size_t value_len)
+static enum ar_status fake_put(struct cache *c, const char *key, size_t key_len, const char *value,
+                               size_t value_len)
 {
     (void)key, (void)key_len, (void)value, (void)value_len;
     ((struct fake_cache *)c)->n_put++;
@@ -423,6 +422,12 @@ static void fake_stats(struct cache *c, struct cache_stats *out)
     ((struct fake_cache *)c)->n_stats++;
 }
 
+static bool fake_healthy(struct cache *c)
+{
+    (void)c;
+    return false;
+}
+
 static void fake_destroy(struct cache *c)
 {
     ((struct fake_cache *)c)->n_get = -1;
@@ -430,14 +435,14 @@ static void fake_destroy(struct cache *c)
 
 static void calls_dispatch_through_the_ops_table(void **state)
 {
-    static const struct cache_ops ops = {"fake", fake_get, fake_put, fake_stats,
-                                               fake_destroy};
+    static const struct cache_ops ops = {"fake",     fake_get,     fake_put,
+                                         fake_stats, fake_healthy, fake_destroy};
     struct fake_cache f = {{&ops}, 0, 0, 0};
     struct cache_stats s;
     char *v;
     size_t n;
     (void)state;
-    assert_true(cache_get(&f.base, "k", 1, &v, &n));
+    assert_int_equal(cache_get(&f.base, "k", 1, &v, &n), 3);
     assert_string_equal(v, "from fake");
     ar_free(v);
     assert_int_equal(cache_put(&f.base, "k", 1, "v", 1), AR_EBUSY);
@@ -445,8 +450,109 @@ static void calls_dispatch_through_the_ops_table(void **state)
     assert_int_equal(s.hits, 1);
     assert_int_equal(f.n_put, 1);
     assert_int_equal(f.n_stats, 1);
+    assert_false(cache_redis_healthy(&f.base));
     cache_destroy(&f.base);
     assert_int_equal(f.n_get, -1);
+    /* the in-process cache has no server to lose, nor has no cache at all */
+    {
+        struct cache *c = make_cache(1 << 16, 0, 1, NULL);
+        assert_true(cache_redis_healthy(c));
+        assert_true(cache_redis_healthy(NULL));
+        cache_destroy(c);
+    }
+}
+
+/* ---- two levels (tiered.c) over two in-process caches ----------------------------------- */
+
+static void tiered_get_tries_l1_then_l2_and_copies_l2_hits_into_l1(void **state)
+{
+    struct cache *l1 = make_cache(1 << 20, 0, 4, NULL), *l2 = make_cache(1 << 20, 0, 4, NULL);
+    struct cache *t = NULL;
+    struct cache_stats s;
+    char *v = NULL;
+    size_t n = 0;
+    (void)state;
+    assert_int_equal(cache_tiered_create(l1, l2, &t), AR_OK);
+    assert_string_equal(t->ops->name, "tiered");
+    /* another instance put it: only L2 has it */
+    put_str(l2, "k", "from another instance");
+    assert_false(cache_get(l1, "k", 1, NULL, NULL));
+    assert_int_equal(cache_get(t, "k", 1, &v, &n), 2);
+    assert_string_equal(v, "from another instance");
+    assert_int_equal(n, strlen(v));
+    ar_free(v);
+    /* now copied into L1: the next get stays in process */
+    assert_int_equal(cache_get(l1, "k", 1, NULL, NULL), 1);
+    assert_int_equal(cache_get(t, "k", 1, &v, NULL), 1);
+    assert_string_equal(v, "from another instance");
+    ar_free(v);
+    assert_int_equal(cache_get(t, "nope", 4, &v, &n), 0);
+    assert_null(v);
+    assert_int_equal(n, 0);
+    /* a put reaches both levels */
+    assert_int_equal(cache_put(t, "p", 1, "both", 4), AR_OK);
+    assert_int_equal(cache_get(l1, "p", 1, NULL, NULL), 1);
+    assert_int_equal(cache_get(l2, "p", 1, NULL, NULL), 1);
+    cache_stats(t, &s);
+    assert_int_equal(s.hits, 2);
+    assert_int_equal(s.l2_hits, 1);
+    assert_int_equal(s.misses, 1);
+    assert_int_equal(s.errors, 0);
+    assert_int_equal(s.n_entries, 2); /* L1's: k and p */
+    assert_true(cache_redis_healthy(t));
+    cache_destroy(t); /* and both levels (ASan: nothing leaks) */
+}
+
+static void tiered_put_reports_the_first_level_that_failed(void **state)
+{
+    /* L1 holds entries up to ~600 bytes, L2 much more */
+    size_t e = cache_entry_size(1, 600);
+    struct cache *l1 = make_cache(e, 0, 1, NULL), *l2 = make_cache(1 << 20, 0, 4, NULL);
+    struct cache *t = NULL;
+    char big[2000];
+    (void)state;
+    memset(big, 'b', sizeof(big));
+    assert_int_equal(cache_tiered_create(l1, l2, &t), AR_OK);
+    assert_int_equal(cache_put(t, "k", 1, big, sizeof(big)), AR_ERANGE);
+    /* L2 still took it: every get is an L2 hit that L1 cannot keep */
+    assert_int_equal(cache_get(t, "k", 1, NULL, NULL), 2);
+    assert_int_equal(cache_get(t, "k", 1, NULL, NULL), 2);
+    assert_false(cache_get(l1, "k", 1, NULL, NULL));
+    cache_destroy(t);
+}
+
+static void tiered_create_takes_its_levels_even_when_it_fails(void **state)
+{
+    struct cache *t = (struct cache *)1;
+    (void)state;
+    /* on failure the levels are destroyed too: ASan reports a leak otherwise */
+    assert_int_equal(cache_tiered_create(make_cache(1 << 16, 0, 1, NULL), NULL, &t), AR_EINVAL);
+    assert_null(t);
+    assert_int_equal(cache_tiered_create(NULL, make_cache(1 << 16, 0, 1, NULL), &t), AR_EINVAL);
+    {
+        struct cache *c = make_cache(1 << 16, 0, 1, NULL);
+        assert_int_equal(cache_tiered_create(c, c, &t), AR_EINVAL); /* one level twice */
+    }
+    {
+        struct cache *a = make_cache(1 << 16, 0, 1, NULL), *b = make_cache(1 << 16, 0, 1, NULL);
+        ar_alloc_fail_after(1); /* the tiered handle itself */
+        assert_int_equal(cache_tiered_create(a, b, &t), AR_ENOMEM);
+        ar_alloc_fail_after(0);
+        assert_null(t);
+    }
+}
+
+static void tiered_is_unhealthy_when_a_level_is(void **state)
+{
+    static const struct cache_ops ops = {"fake",     fake_get,     fake_put,
+                                         fake_stats, fake_healthy, fake_destroy};
+    struct fake_cache f = {{&ops}, 0, 0, 0};
+    struct cache *t = NULL;
+    (void)state;
+    assert_int_equal(cache_tiered_create(make_cache(1 << 16, 0, 1, NULL), &f.base, &t), AR_OK);
+    assert_false(cache_redis_healthy(t));
+    cache_destroy(t);
+    assert_int_equal(f.n_get, -1); /* the fake level was destroyed with it */
 }
 
 /* ---- threads ------------------------------------------------------------------------ */
@@ -541,6 +647,10 @@ int main(void)
         cmocka_unit_test(bad_arguments_are_rejected),
         cmocka_unit_test(allocation_failures_are_errors_without_leaks),
         cmocka_unit_test(calls_dispatch_through_the_ops_table),
+        cmocka_unit_test(tiered_get_tries_l1_then_l2_and_copies_l2_hits_into_l1),
+        cmocka_unit_test(tiered_put_reports_the_first_level_that_failed),
+        cmocka_unit_test(tiered_create_takes_its_levels_even_when_it_fails),
+        cmocka_unit_test(tiered_is_unhealthy_when_a_level_is),
         cmocka_unit_test(four_threads_share_the_cache_consistently),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
