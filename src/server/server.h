@@ -35,6 +35,9 @@ struct server_params {
     double rate_rps;          /* requests per second per key (per client IP without keys); 0 off */
     double rate_burst;        /* request bucket size; 0: max(1, rate_rps) */
     double rate_tpm;          /* tokens per minute per key/IP (prompt + generated); 0 off */
+    const char *rate_redis_url; /* redis://host:port/db: the buckets above live there, shared
+                                   by every instance (a call Redis cannot answer is decided by
+                                   this instance's own buckets); NULL: in this process only */
     const char *model_name;   /* model id in /v1/models and replies ("autoreply") */
     double retry_after_s;     /* Retry-After of 503 answers (queue full, loading), >= 1 (1) */
     int n_ctx;                /* per-request context (prompt + generation); 0 or more than
@@ -139,6 +142,9 @@ const char *server_req_method(const struct server_req *req);
 const char *server_req_path(const struct server_req *req);
 /* A request header (case-insensitive name) or NULL. Only while the handler runs. */
 const char *server_req_header(struct server_req *req, const char *name);
+/* False while the Redis of rate_redis_url cannot be reached (the last contact failed): the
+ * instance limits on its own buckets meanwhile. True without rate_redis_url. Thread-safe. */
+bool server_rate_limit_healthy(const struct server *s);
 /* Identity used for rate limits: "key:<index>" with API keys, else the client's address. */
 const char *server_req_client(const struct server_req *req);
 /* Zeroed memory that lives as long as req; cleanup (may be NULL) runs on it when req is freed,
