@@ -108,7 +108,7 @@ asan:
 	    SAN="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" test
 
 # ThreadSanitizer over the tests that exercise threads: pool, engine, server, metrics, store,
-# reply cache.
+# in-process reply cache.
 TSAN_TESTS := base/base_test engine/engine_test server/server_test metrics/metrics_test \
               store/store_test cache/cache_test
 tsan:

@@ -147,6 +147,17 @@ bool cache_redis_healthy(struct cache *c);
  * of l1. AR_EINVAL for NULL levels, AR_ENOMEM. */
 enum ar_status cache_tiered_create(struct cache *l1, struct cache *l2, struct cache **out);
 
+/* ---- by URL (cache.c) ------------------------------------------------------------------ */
+
+/* The reply cache a server runs with, by URL: NULL, "" or "memory": in process only;
+ * "redis://host:port/db": the in-process cache as L1 over Redis as L2 (cache_tiered_create,
+ * Redis entries living l1->ttl_s too, the other Redis settings their defaults). l1: the
+ * in-process cache's parameters (NULL: cache_memory_default_params). The caller owns *out
+ * (cache_destroy). AR_EINVAL with a message for another scheme or a bad Redis URL; Redis need
+ * not be up (see cache_redis_create). */
+enum ar_status cache_open(const char *url, const struct cache_memory_params *l1, struct cache **out,
+                          struct ar_err *err);
+
 /* ---- Redis connections (redis_pool.c), shared with the server's rate limits --------------- */
 
 /* A few connections to one Redis server, each used by one thread at a time, with a circuit

@@ -319,6 +319,45 @@ static void a_reply_put_by_one_instance_is_an_l2_then_l1_hit_on_another(void **s
     cache_destroy(b);
 }
 
+/* ---- cache_open --------------------------------------------------------------------------- */
+
+static void cache_open_picks_the_implementation_by_url(void **state)
+{
+    const char *url = th_env_url("AR_TEST_REDIS_URL");
+    struct cache_memory_params mp = cache_memory_default_params();
+    struct ar_err err = {AR_OK, 0, {0}};
+    struct cache *c = (struct cache *)1;
+    redisContext *rc = direct(url);
+    redisReply *r;
+    char key[64];
+    (void)state;
+    assert_int_equal(cache_open(NULL, NULL, &c, &err), AR_OK);
+    assert_string_equal(c->ops->name, "memory");
+    cache_destroy(c);
+    assert_int_equal(cache_open("memory", &mp, &c, &err), AR_OK);
+    assert_string_equal(c->ops->name, "memory");
+    cache_destroy(c);
+    assert_int_equal(cache_open("rediss://127.0.0.1:6379/0", NULL, &c, &err), AR_EINVAL);
+    assert_null(c);
+    assert_non_null(strstr(err.msg, "redis://host:port/db"));
+    assert_int_equal(cache_open("redis://127.0.0.1:0/0", NULL, &c, &err), AR_EINVAL);
+    assert_non_null(strstr(err.msg, "port"));
+    /* Redis: a tiered cache whose Redis entries live as long as the in-process ones */
+    mp.ttl_s = 5;
+    assert_int_equal(cache_open(url, &mp, &c, &err), AR_OK);
+    assert_string_equal(c->ops->name, "tiered");
+    snprintf(key, sizeof(key), "open-%d", (int)getpid());
+    assert_int_equal(cache_put(c, key, strlen(key), "v", 1), AR_OK);
+    r = redisCommand(rc, "PTTL ar:rc:%s", key);
+    assert_int_equal(r->type, REDIS_REPLY_INTEGER);
+    assert_true(r->integer > 4000 && r->integer <= 5000);
+    freeReplyObject(r);
+    freeReplyObject(redisCommand(rc, "DEL ar:rc:%s", key));
+    assert_true(cache_redis_healthy(c));
+    redisFree(rc);
+    cache_destroy(c);
+}
+
 /* ---- failures ----------------------------------------------------------------------------- */
 
 struct timing {
@@ -572,6 +611,7 @@ int main(void)
         cmocka_unit_test(entries_expire_after_their_ttl),
         cmocka_unit_test(caches_with_other_prefixes_do_not_see_each_other),
         cmocka_unit_test(a_reply_put_by_one_instance_is_an_l2_then_l1_hit_on_another),
+        cmocka_unit_test(cache_open_picks_the_implementation_by_url),
         cmocka_unit_test_teardown(redis_down_means_fast_misses_then_recovery_by_itself,
                                   teardown_private),
         cmocka_unit_test_teardown(a_cache_created_while_redis_is_down_connects_later,
