@@ -67,6 +67,9 @@ void server_set_engine(struct server *s, struct engine *e, const struct model *m
                        const struct tokenizer *tok);
 /* The bound port (after server_start), else 0. */
 int server_port(const struct server *s);
+/* False while the Redis of rate_redis_url cannot be reached (the last contact failed): the
+ * instance limits on its own buckets meanwhile. True without rate_redis_url. Thread-safe. */
+bool server_rate_limit_healthy(const struct server *s);
 /* Graceful stop: stops accepting, lets requests in progress finish for up to grace_s
  * seconds, then aborts the rest (engine_cancel through their on_abort) and closes every
  * connection. Idempotent. Must not be called from a handler or engine callback. */
@@ -142,9 +145,6 @@ const char *server_req_method(const struct server_req *req);
 const char *server_req_path(const struct server_req *req);
 /* A request header (case-insensitive name) or NULL. Only while the handler runs. */
 const char *server_req_header(struct server_req *req, const char *name);
-/* False while the Redis of rate_redis_url cannot be reached (the last contact failed): the
- * instance limits on its own buckets meanwhile. True without rate_redis_url. Thread-safe. */
-bool server_rate_limit_healthy(const struct server *s);
 /* Identity used for rate limits: "key:<index>" with API keys, else the client's address. */
 const char *server_req_client(const struct server_req *req);
 /* Zeroed memory that lives as long as req; cleanup (may be NULL) runs on it when req is freed,
