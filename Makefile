@@ -27,7 +27,7 @@ FLAGS_avx512      := -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx51
 FLAGS_avx512_vnni := $(FLAGS_avx512) -mavx512vnni
 
 # Modules in layer order (ARCHITECTURE.md) and what each may use.
-MODULES := base gguf kernels kv tokenizer sampler model metrics store engine reply server
+MODULES := base gguf kernels kv tokenizer sampler model metrics store cache engine reply server
 # tests/cli/ drive bin/autoreply as a user would, tests/deploy/ the deploy/ scripts and nginx,
 # tests/fleet/ a whole fleet on the real servers; they link only base.
 TEST_ONLY_MODULES := cli deploy fleet
@@ -40,9 +40,10 @@ DEPS_sampler   := base
 DEPS_model     := gguf kernels kv base
 DEPS_metrics   := base
 DEPS_store     := base
+DEPS_cache     := base
 DEPS_engine    := model tokenizer sampler gguf kernels kv base
-DEPS_reply     := engine store metrics model tokenizer sampler gguf kernels kv base
-DEPS_server    := reply engine store metrics model tokenizer sampler gguf kernels kv base
+DEPS_reply     := engine store cache metrics model tokenizer sampler gguf kernels kv base
+DEPS_server    := reply engine store cache metrics model tokenizer sampler gguf kernels kv base
 DEPS_cli       := base
 DEPS_deploy    := base
 DEPS_fleet     := base
@@ -110,9 +111,9 @@ asan:
 	    SAN="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" test
 
 # ThreadSanitizer over the tests that exercise threads: pool, engine, server, metrics, store,
-# reply cache.
+# in-process reply cache.
 TSAN_TESTS := base/base_test engine/engine_test server/server_test metrics/metrics_test \
-              store/store_test reply/cache_test
+              store/store_test cache/cache_test
 tsan:
 	$(MAKE) BUILD=build-tsan OPT=-O1 SAN="-fsanitize=thread" \
 	    $(addprefix build-tsan/tests/,$(TSAN_TESTS))

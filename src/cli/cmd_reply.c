@@ -30,7 +30,7 @@
 struct product {
     struct reply_profiles *profiles;
     struct store *store;
-    struct reply_cache *cache;
+    struct cache *cache;
     struct model *model;
     struct tokenizer *tok;
     struct engine *engine;
@@ -99,7 +99,7 @@ static bool product_open(const struct product_opts *o, struct product *p)
 {
     struct ar_err err = {AR_OK, 0, {0}};
     struct engine_params ep = engine_default_params();
-    struct reply_cache_params cp = reply_cache_default_params();
+    struct cache_memory_params cp = cache_memory_default_params();
     struct reply_service_params sp = reply_service_default_params();
     char path[PATH_MAX];
     const char *model = o->model;
@@ -116,7 +116,7 @@ static bool product_open(const struct product_opts *o, struct product *p)
     }
     if (!open_profiles_store(o, p))
         return false;
-    if (reply_cache_create(&cp, &p->cache) != AR_OK) {
+    if (cache_memory_create(&cp, &p->cache) != AR_OK) {
         cli_error("out of memory");
         return false;
     }
@@ -158,7 +158,7 @@ static void product_close(struct product *p)
     engine_destroy(p->engine);
     tokenizer_destroy(p->tok);
     model_destroy(p->model);
-    reply_cache_destroy(p->cache);
+    cache_destroy(p->cache);
     store_close(p->store);
     reply_profiles_destroy(p->profiles);
 }
@@ -517,7 +517,7 @@ struct cli_reply {
 int cli_reply_attach(struct server *srv, const struct cli_reply_opts *opts, struct cli_reply **out)
 {
     struct product_opts o = product_opts_default;
-    struct reply_cache_params cp = reply_cache_default_params();
+    struct cache_memory_params cp = cache_memory_default_params();
     struct reply_service_params sp = reply_service_default_params();
     struct server_reviews_params rp = server_reviews_default_params();
     struct cli_reply *cr = calloc(1, sizeof(*cr));
@@ -529,7 +529,7 @@ int cli_reply_attach(struct server *srv, const struct cli_reply_opts *opts, stru
         o.data_dir = opts->data_dir;
     if (!open_profiles_store(&o, &cr->p))
         goto fail;
-    if (opts->reply_cache && reply_cache_create(&cp, &cr->p.cache) != AR_OK) {
+    if (opts->reply_cache && cache_memory_create(&cp, &cr->p.cache) != AR_OK) {
         cli_error("serve: cannot create the reply cache");
         goto fail;
     }
@@ -573,7 +573,7 @@ void cli_reply_detach(struct cli_reply *cr)
         return;
     reply_service_destroy(cr->p.svc);
     reply_generator_destroy(cr->gen);
-    reply_cache_destroy(cr->p.cache);
+    cache_destroy(cr->p.cache);
     store_close(cr->p.store);
     reply_profiles_destroy(cr->p.profiles);
     free(cr);

@@ -69,12 +69,19 @@ static void metrics_setup(struct reply_service *svc)
     m->errors = counter(reg, "autoreply_reply_errors_total",
                         "Review requests answered with an error (bad input, busy, failure)",
                         NULL, NULL);
-    m->cache_hits = counter(reg, "autoreply_reply_cache_hits_total",
-                            "Reply cache lookups that found a reply", NULL, NULL);
+    for (int l = 0; l < 2; l++)
+        m->cache_hits[l] = counter(reg, "autoreply_reply_cache_hits_total",
+                                   "Reply cache lookups that found a reply, by the cache level "
+                                   "that answered (l1: in process, l2: shared)",
+                                   "level", l ? "l2" : "l1");
     m->cache_misses = counter(reg, "autoreply_reply_cache_misses_total",
                               "Reply cache lookups that found nothing", NULL, NULL);
     m->cache_evictions = counter(reg, "autoreply_reply_cache_evictions_total",
                                  "Reply cache entries pushed out by the byte budget", NULL, NULL);
+    m->cache_errors = counter(reg, "autoreply_cache_backend_errors_total",
+                              "Reply cache calls its backend server failed (unreachable, error "
+                              "reply)",
+                              "backend", "redis");
     m->needs_human = counter(reg, "autoreply_reply_needs_human_total",
                              "Replies routed to a person (low rating, negative, sensitive)",
                              NULL, NULL);
@@ -100,22 +107,29 @@ static void metrics_setup(struct reply_service *svc)
                                  "status", "error");
 }
 
-/* Counts evictions by the difference of the cache's own counter since the last look. */
-static void note_evictions(struct reply_service *svc)
+/* Counts evictions and backend errors by the difference of the cache's own counters since
+ * the last look. */
+static void note_cache_counters(struct reply_service *svc)
 {
-    struct reply_cache_stats cs;
-    uint64_t delta = 0;
+    struct cache_stats cs;
+    uint64_t delta = 0, errors = 0;
     if (!svc->p.cache)
         return;
-    reply_cache_stats(svc->p.cache, &cs);
+    cache_stats(svc->p.cache, &cs);
     pthread_mutex_lock(&svc->mu);
     if (cs.evictions > svc->evictions_seen) {
         delta = cs.evictions - svc->evictions_seen;
         svc->evictions_seen = cs.evictions;
     }
+    if (cs.errors > svc->errors_seen) {
+        errors = cs.errors - svc->errors_seen;
+        svc->errors_seen = cs.errors;
+    }
     pthread_mutex_unlock(&svc->mu);
     if (delta)
         metrics_inc(svc->m.cache_evictions, (double)delta);
+    if (errors)
+        metrics_inc(svc->m.cache_errors, (double)errors);
 }
 
 /* ---- worker pool ------------------------------------------------------------------------- */
@@ -646,8 +660,9 @@ static void answer(struct reply_service *svc, const struct reply_review *rv,
     if (svc->p.cache && reply_normalize_key(rv->shop_id, rv->rating, review_lang, rv->text,
                                             rv->text_len, &key, &key_len) == AR_OK) {
         char *hit = NULL;
-        if (reply_cache_get(svc->p.cache, key, key_len, &hit, NULL)) {
-            metrics_inc(svc->m.cache_hits, 1);
+        int level = cache_get(svc->p.cache, key, key_len, &hit, NULL);
+        if (level) {
+            metrics_inc(svc->m.cache_hits[level > 1], 1);
             text = hit;
             src = REPLY_SOURCE_CACHE;
             r->cached = true;
@@ -658,6 +673,7 @@ static void answer(struct reply_service *svc, const struct reply_review *rv,
             goto have_text;
         }
         metrics_inc(svc->m.cache_misses, 1);
+        note_cache_counters(svc);
     }
 
     /* 3. the model, behind the guardrails */
@@ -668,8 +684,8 @@ static void answer(struct reply_service *svc, const struct reply_review *rv,
     }
     if (src == REPLY_SOURCE_MODEL && key) {
         /* the cache holds the checked reply without the signature */
-        if (reply_cache_put(svc->p.cache, key, key_len, text, strlen(text)) == AR_OK)
-            note_evictions(svc);
+        (void)cache_put(svc->p.cache, key, key_len, text, strlen(text));
+        note_cache_counters(svc);
     }
 
 have_text:

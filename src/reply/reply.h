@@ -37,7 +37,7 @@
 #include "../metrics/metrics.h"
 #include "../store/store.h"
 #include "../tokenizer/tokenizer.h"
-#include "cache.h"
+#include "../cache/cache.h"
 
 #define REPLY_TEXT_MAX 4096     /* review text limit in bytes; longer: REPLY_EINVAL */
 #define REPLY_PRODUCT_MAX 256   /* product name limit in bytes */
@@ -314,7 +314,7 @@ enum ar_status reply_prompt_tokens(const struct tokenizer *tok, const char *syst
 struct reply_service_params {
     const struct reply_profiles *profiles; /* borrowed, required */
     struct store *store;                   /* borrowed, required */
-    struct reply_cache *cache;             /* borrowed; NULL: no reply cache */
+    struct cache *cache;                   /* borrowed; NULL: no reply cache */
     struct metrics_registry *metrics;      /* borrowed; NULL: no metrics */
     struct reply_generator *gen;           /* borrowed; NULL: set later (until then
                                               REPLY_EBUSY) */

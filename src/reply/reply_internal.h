@@ -25,7 +25,8 @@ struct rp_task {
 struct reply_metrics {
     struct metrics_child *src[5];         /* replies by source */
     struct metrics_child *errors;         /* requests answered with an error status */
-    struct metrics_child *cache_hits, *cache_misses, *cache_evictions;
+    struct metrics_child *cache_hits[2];  /* {level="l1"}, {level="l2"} */
+    struct metrics_child *cache_misses, *cache_evictions, *cache_errors;
     struct metrics_child *needs_human;
     struct metrics_child *retries[REPLY_GUARD_COUNT];
     struct metrics_child *latency[2];     /* {cached="false"}, {cached="true"} */
@@ -38,6 +39,7 @@ struct reply_service {
     struct reply_generator *gen; /* under mu */
     struct reply_metrics m;
     uint64_t evictions_seen; /* under mu */
+    uint64_t errors_seen;    /* under mu: cache backend errors already counted */
     /* worker pool: async requests and answer_many */
     pthread_mutex_t q_mu;
     pthread_cond_t q_cv;

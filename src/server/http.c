@@ -154,6 +154,11 @@ struct server_params server_default_params(void)
     return p;
 }
 
+bool server_rate_limit_healthy(const struct server *s)
+{
+    return srv_limiter_backend_healthy(s->limiter);
+}
+
 struct engine *server_engine(const struct server *s)
 {
     return atomic_load(&s->engine);
@@ -1303,6 +1308,7 @@ enum ar_status server_create(const struct server_params *p, struct server **out,
     s->p.model_name = s->model_name;
     s->p.instance_name = NULL; /* see s->instance */
     s->p.api_key_file = NULL;
+    s->p.rate_redis_url = NULL; /* used below, not kept */
     if (s->p.retry_after_s < 1)
         s->p.retry_after_s = 1;
     if (p->api_key_file && (st = srv_keys_load(p->api_key_file, &s->keys, err)) != AR_OK)
@@ -1316,6 +1322,9 @@ enum ar_status server_create(const struct server_params *p, struct server **out,
             goto fail;
         s->own_metrics = true;
     }
+    if (p->rate_redis_url &&
+        (st = srv_limiter_use_redis(s->limiter, p->rate_redis_url, s->metrics, err)) != AR_OK)
+        goto fail;
     if ((st = register_metrics(s)) != AR_OK || (st = openai_register(s)) != AR_OK) {
         ar_err_set(err, st, 0, "cannot register the server's metrics and routes");
         goto fail;

@@ -1,6 +1,7 @@
 /* limits.c - who may call the server and how often: the API key list (--api-key-file) and
  * per-client token buckets for requests per second and tokens per minute. Buckets refill
- * continuously; the table is bounded (idle full buckets are swept when it fills). */
+ * continuously; the table is bounded (idle full buckets are swept when it fills). With
+ * rate_redis_url the buckets live in Redis (limits_redis.c) and these are the fallback. */
 #include <ctype.h>
 #include <math.h>
 #include <pthread.h>
@@ -129,6 +130,7 @@ struct srv_limiter {
     double rps, burst, tpm;
     struct client *slots[LIMITER_SLOTS];
     int n_clients;
+    struct srv_rlimit *redis; /* owned; NULL: the buckets live in this process only */
 };
 
 enum ar_status srv_limiter_create(double rps, double burst, double tpm, struct srv_limiter **out)
@@ -157,8 +159,20 @@ void srv_limiter_destroy(struct srv_limiter *l)
             c = n;
         }
     }
+    srv_rlimit_destroy(l->redis);
     pthread_mutex_destroy(&l->mu);
     ar_free(l);
+}
+
+enum ar_status srv_limiter_use_redis(struct srv_limiter *l, const char *url,
+                                     struct metrics_registry *reg, struct ar_err *err)
+{
+    return srv_rlimit_create(url, reg, &l->redis, err);
+}
+
+bool srv_limiter_backend_healthy(const struct srv_limiter *l)
+{
+    return !l || !l->redis || srv_rlimit_healthy(l->redis);
 }
 
 static void refill(struct client *c, double now)
@@ -226,6 +240,9 @@ bool srv_limiter_request(struct srv_limiter *l, const char *client, double now, 
     bool ok = true;
     if (!l || l->rps <= 0)
         return true;
+    if (l->redis && srv_rlimit_request(l->redis, client, l->rps, l->burst, l->tpm, &ok,
+                                       retry_s) == AR_OK)
+        return ok;
     pthread_mutex_lock(&l->mu);
     c = find(l, client, now);
     if (!c) { /* table full of busy clients: refuse rather than grow */
@@ -248,6 +265,9 @@ bool srv_limiter_tokens(struct srv_limiter *l, const char *client, int64_t n, bo
     bool ok = true;
     if (!l || l->tpm <= 0 || n <= 0)
         return true;
+    if (l->redis && srv_rlimit_tokens(l->redis, client, l->rps, l->burst, l->tpm, n, admission,
+                                      &ok, retry_s) == AR_OK)
+        return ok;
     pthread_mutex_lock(&l->mu);
     c = find(l, client, now);
     if (!c) {

@@ -39,6 +39,9 @@ struct server_params {
     double rate_rps;          /* requests per second per key (per client IP without keys); 0 off */
     double rate_burst;        /* request bucket size; 0: max(1, rate_rps) */
     double rate_tpm;          /* tokens per minute per key/IP (prompt + generated); 0 off */
+    const char *rate_redis_url; /* redis://host:port/db: the buckets above live there, shared
+                                   by every instance (a call Redis cannot answer is decided by
+                                   this instance's own buckets); NULL: in this process only */
     const char *model_name;   /* model id in /v1/models and replies ("autoreply") */
     double retry_after_s;     /* Retry-After of 503 answers (queue full, loading), >= 1 (1) */
     int n_ctx;                /* per-request context (prompt + generation); 0 or more than
@@ -75,6 +78,9 @@ void server_set_engine(struct server *s, struct engine *e, const struct model *m
                        const struct tokenizer *tok);
 /* The bound port (after server_start), else 0. */
 int server_port(const struct server *s);
+/* False while the Redis of rate_redis_url cannot be reached (the last contact failed): the
+ * instance limits on its own buckets meanwhile. True without rate_redis_url. Thread-safe. */
+bool server_rate_limit_healthy(const struct server *s);
 /* Graceful stop: stops accepting, lets requests in progress finish for up to grace_s
  * seconds, then aborts the rest (engine_cancel through their on_abort) and closes every
  * connection. Idempotent. Must not be called from a handler or engine callback. */

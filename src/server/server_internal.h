@@ -107,6 +107,33 @@ bool srv_limiter_request(struct srv_limiter *l, const char *client, double now, 
 /* See server_req_charge_tokens. Thread-safe. */
 bool srv_limiter_tokens(struct srv_limiter *l, const char *client, int64_t n, bool admission,
                         double now, double *retry_s);
+/* Keeps the buckets in the Redis at url from now on (limits_redis.c), shared by every
+ * instance that does the same; a call Redis cannot answer falls back to this process's
+ * buckets. Checks the URL (AR_EINVAL); Redis need not be up. reg (may be NULL) gets
+ * autoreply_rate_limit_backend_errors_total{backend="redis"}. Before any other call. */
+enum ar_status srv_limiter_use_redis(struct srv_limiter *l, const char *url,
+                                     struct metrics_registry *reg, struct ar_err *err);
+/* False while the limiter's Redis cannot be reached (its last contact failed). */
+bool srv_limiter_backend_healthy(const struct srv_limiter *l);
+
+/* ---- limits_redis.c: the same buckets in Redis ------------------------------------------- */
+
+/* The arithmetic of srv_limiter_request/srv_limiter_tokens on a hash per client in Redis,
+ * done atomically by a Lua script on Redis's clock (so `now` is not an argument). AR_OK: *ok
+ * and, when refused, *retry_s. Anything else (AR_EUNAVAIL, AR_EIO for an odd answer): the
+ * caller decides in process; the failure is counted. Thread-safe. */
+struct srv_rlimit;
+enum ar_status srv_rlimit_create(const char *url, struct metrics_registry *reg,
+                                 struct srv_rlimit **out, struct ar_err *err);
+void srv_rlimit_destroy(struct srv_rlimit *rl);
+enum ar_status srv_rlimit_request(struct srv_rlimit *rl, const char *client, double rps,
+                                  double burst, double tpm, bool *ok, double *retry_s);
+enum ar_status srv_rlimit_tokens(struct srv_rlimit *rl, const char *client, double rps,
+                                 double burst, double tpm, int64_t n, bool admission, bool *ok,
+                                 double *retry_s);
+bool srv_rlimit_healthy(const struct srv_rlimit *rl);
+/* Failed calls to Redis since creation. */
+uint64_t srv_rlimit_errors(const struct srv_rlimit *rl);
 
 /* ---- openai.c ---------------------------------------------------------------------------- */
 

@@ -20,7 +20,7 @@ struct e2e {
     struct reply_generator *gen;
     struct store *store;
     struct reply_profiles *profiles;
-    struct reply_cache *cache;
+    struct cache *cache;
     struct reply_service *svc;
 };
 
@@ -31,7 +31,7 @@ static int setup(void **state)
     struct ar_err err = {0};
     struct engine_params ep = engine_default_params();
     struct reply_service_params sp = reply_service_default_params();
-    struct reply_cache_params cp = reply_cache_default_params();
+    struct cache_memory_params cp = cache_memory_default_params();
     const char *shops = "{\"shops\": {\"ban\": {\"banned_words\": [\"谢谢\"]}}}";
     th_shared_path(path, sizeof(path), "models/autoreply-demo-q8_0.gguf");
     if (model_load(path, &x->model, &err) != AR_OK)
@@ -49,7 +49,7 @@ static int setup(void **state)
     snprintf(db, sizeof(db), "%s/replies.db", x->dir);
     assert_int_equal(store_open(db, &x->store, NULL), AR_OK);
     assert_int_equal(reply_profiles_parse(shops, strlen(shops), &x->profiles, NULL), AR_OK);
-    assert_int_equal(reply_cache_create(&cp, &x->cache), AR_OK);
+    assert_int_equal(cache_memory_create(&cp, &x->cache), AR_OK);
     sp.profiles = x->profiles;
     sp.store = x->store;
     sp.cache = x->cache;
@@ -65,7 +65,7 @@ static int teardown(void **state)
     struct e2e *x = *state;
     char cmd[128];
     reply_service_destroy(x->svc);
-    reply_cache_destroy(x->cache);
+    cache_destroy(x->cache);
     reply_profiles_destroy(x->profiles);
     store_close(x->store);
     reply_generator_destroy(x->gen);

@@ -141,7 +141,7 @@ struct fx {
     char db[128];
     struct store *store;
     struct reply_profiles *profiles;
-    struct reply_cache *cache;
+    struct cache *cache;
     struct metrics_registry *metrics;
     struct reply_service *svc;
     struct fake gen;
@@ -170,14 +170,14 @@ static void fx_open_service(struct fx *x)
 static int setup(void **state)
 {
     struct fx *x = calloc(1, sizeof(*x));
-    struct reply_cache_params cp = reply_cache_default_params();
+    struct cache_memory_params cp = cache_memory_default_params();
     snprintf(x->dir, sizeof(x->dir), "/tmp/ar_reply_XXXXXX");
     assert_non_null(mkdtemp(x->dir));
     snprintf(x->db, sizeof(x->db), "%s/replies.db", x->dir);
     assert_int_equal(store_open(x->db, &x->store, NULL), AR_OK);
     assert_int_equal(reply_profiles_parse(shops, strlen(shops), &x->profiles, NULL), AR_OK);
     cp.max_bytes = 1 << 20;
-    assert_int_equal(reply_cache_create(&cp, &x->cache), AR_OK);
+    assert_int_equal(cache_memory_create(&cp, &x->cache), AR_OK);
     assert_int_equal(metrics_registry_create(&x->metrics), AR_OK);
     fake_init(&x->gen);
     fx_open_service(x);
@@ -191,7 +191,7 @@ static int teardown(void **state)
     char cmd[160];
     reply_service_destroy(x->svc);
     metrics_registry_destroy(x->metrics);
-    reply_cache_destroy(x->cache);
+    cache_destroy(x->cache);
     reply_profiles_destroy(x->profiles);
     store_close(x->store);
     snprintf(cmd, sizeof(cmd), "rm -rf %s", x->dir);
@@ -248,7 +248,8 @@ static void repeated_review_text_is_a_cache_hit_with_the_same_reply(void **state
     assert_true(b.cached);
     assert_string_equal(b.reply, a.reply);
     assert_int_equal(atomic_load(&x->gen.calls), 1); /* never touched the model */
-    assert_true(metric(x, "autoreply_reply_cache_hits_total") == 1.0);
+    assert_true(metric(x, "autoreply_reply_cache_hits_total{level=\"l1\"}") == 1.0);
+    assert_true(metric(x, "autoreply_reply_cache_hits_total{level=\"l2\"}") == 0.0);
     assert_true(metric(x, "autoreply_reply_cache_misses_total") == 1.0);
     /* one latency histogram, labelled by whether the answer was cached */
     assert_true(metric(x, "autoreply_reply_latency_seconds_count{cached=\"false\"}") == 1.0);
@@ -261,6 +262,116 @@ static void repeated_review_text_is_a_cache_hit_with_the_same_reply(void **state
     assert_int_equal(a.source, REPLY_SOURCE_MODEL);
     assert_int_equal(atomic_load(&x->gen.calls), 2);
     reply_result_fini(&a);
+}
+
+/* A level that forwards to a cache it does not own (so that two instances' tiered caches can
+ * share one L2, as they share Redis) and reports backend errors on demand. */
+struct shared_l2 {
+    struct cache base;
+    struct cache *target; /* borrowed */
+    uint64_t errors;
+};
+
+static int shared_get(struct cache *c, const char *key, size_t key_len, char **v, size_t *n)
+{
+    return cache_get(((struct shared_l2 *)c)->target, key, key_len, v, n);
+}
+
+static enum ar_status shared_put(struct cache *c, const char *key, size_t key_len,
+                                 const char *value, size_t value_len)
+{
+    return cache_put(((struct shared_l2 *)c)->target, key, key_len, value, value_len);
+}
+
+static void shared_stats(struct cache *c, struct cache_stats *out)
+{
+    cache_stats(((struct shared_l2 *)c)->target, out);
+    out->errors = ((struct shared_l2 *)c)->errors;
+}
+
+static void shared_destroy(struct cache *c)
+{
+    (void)c;
+}
+
+static const struct cache_ops shared_ops = {"shared", shared_get,   shared_put,
+                                            shared_stats, NULL,     shared_destroy};
+
+static struct cache *instance_cache(struct shared_l2 *l2)
+{
+    struct cache_memory_params cp = cache_memory_default_params();
+    struct cache *l1 = NULL, *t = NULL;
+    cp.max_bytes = 1 << 20;
+    assert_int_equal(cache_memory_create(&cp, &l1), AR_OK);
+    assert_int_equal(cache_tiered_create(l1, &l2->base, &t), AR_OK);
+    return t;
+}
+
+static void another_instance_finds_the_reply_in_l2_and_hits_are_counted_by_level(void **state)
+{
+    struct fx *x = *state; /* instance b: x's store, generator and metrics */
+    struct cache_memory_params cp = cache_memory_default_params();
+    struct cache *shared = NULL, *ca, *cb;
+    struct shared_l2 la = {{&shared_ops}, NULL, 0}, lb = {{&shared_ops}, NULL, 0};
+    struct metrics_registry *ma = NULL;
+    struct reply_service *sa = NULL;
+    struct reply_service_params p = reply_service_default_params();
+    struct reply_result r;
+    const char *text = "物流很快，包装也好！";
+    assert_int_equal(cache_memory_create(&cp, &shared), AR_OK);
+    la.target = lb.target = shared;
+    ca = instance_cache(&la);
+    cb = instance_cache(&lb);
+    /* instance a: its own service, metrics and L1 over the shared L2, the same store */
+    assert_int_equal(metrics_registry_create(&ma), AR_OK);
+    p.profiles = x->profiles;
+    p.store = x->store;
+    p.cache = ca;
+    p.metrics = ma;
+    p.gen = &x->gen.base;
+    assert_int_equal(reply_service_create(&p, &sa), AR_OK);
+    reply_service_destroy(x->svc); /* instance b: x's service, now over cb */
+    cache_destroy(x->cache);
+    x->cache = cb;
+    fx_open_service(x);
+
+    {
+        struct reply_review rv = review("s1", "a1", text, 5);
+        reply_service_answer(sa, &rv, ENGINE_PRIO_INTERACTIVE, &r);
+        assert_int_equal(r.source, REPLY_SOURCE_MODEL);
+        reply_result_fini(&r);
+    }
+    /* b never saw this text: its L1 misses, the shared L2 answers */
+    ask(x, review("s1", "b1", text, 5), &r);
+    assert_int_equal(r.source, REPLY_SOURCE_CACHE);
+    reply_result_fini(&r);
+    assert_int_equal(atomic_load(&x->gen.calls), 1);
+    assert_true(metric(x, "autoreply_reply_cache_hits_total{level=\"l2\"}") == 1.0);
+    assert_true(metric(x, "autoreply_reply_cache_hits_total{level=\"l1\"}") == 0.0);
+    /* copied into b's L1: the next one stays in process */
+    ask(x, review("s1", "b2", text, 5), &r);
+    assert_int_equal(r.source, REPLY_SOURCE_CACHE);
+    reply_result_fini(&r);
+    assert_true(metric(x, "autoreply_reply_cache_hits_total{level=\"l1\"}") == 1.0);
+    assert_true(metric(x, "autoreply_reply_cache_hits_total{level=\"l2\"}") == 1.0);
+    assert_true(metric(x, "autoreply_reply_cache_misses_total") == 0.0);
+    /* the backend's errors show up as they grow (here: on the next miss) */
+    assert_true(metric(x, "autoreply_cache_backend_errors_total{backend=\"redis\"}") == 0.0);
+    lb.errors = 3;
+    ask(x, review("s1", "b3", "完全不一样的评价", 5), &r);
+    assert_int_equal(r.source, REPLY_SOURCE_MODEL);
+    reply_result_fini(&r);
+    assert_true(metric(x, "autoreply_reply_cache_misses_total") == 1.0);
+    assert_true(metric(x, "autoreply_cache_backend_errors_total{backend=\"redis\"}") == 3.0);
+    reply_service_destroy(sa);
+    metrics_registry_destroy(ma);
+    cache_destroy(ca);
+    /* before la, lb and shared go: teardown then finds nothing left to destroy */
+    reply_service_destroy(x->svc);
+    x->svc = NULL;
+    cache_destroy(cb);
+    x->cache = NULL;
+    cache_destroy(shared);
 }
 
 static void same_review_id_returns_the_stored_reply(void **state)
@@ -750,7 +861,7 @@ static void cancelled_call_stops_its_generations_and_stores_nothing(void **state
         reply_result_fini(&m.res[i]);
     }
     assert_true(metric(x, "autoreply_reply_errors_total") - err0 == 6.0);
-    assert_true(metric(x, "autoreply_reply_cache_hits_total") <= 0); /* nothing was cached */
+    assert_true(metric(x, "autoreply_reply_cache_hits_total{level=\"l1\"}") <= 0); /* none */
     /* a call cancelled before it starts never reaches the generator */
     {
         int calls = atomic_load(&x->gen.calls);
@@ -902,6 +1013,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
 #define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
         T(repeated_review_text_is_a_cache_hit_with_the_same_reply),
+        T(another_instance_finds_the_reply_in_l2_and_hits_are_counted_by_level),
         T(same_review_id_returns_the_stored_reply),
         T(stored_answer_keeps_the_action_of_the_stored_rating),
         T(banned_word_output_is_regenerated_then_replaced),

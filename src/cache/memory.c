@@ -1,4 +1,4 @@
-/* cache.c - the in-process reply cache behind struct reply_cache_ops: a keyed hash
+/* memory.c - the in-process reply cache behind struct cache_ops: a keyed hash
  * (SipHash-2-4, random key per cache, so crafted reviews cannot flood one chain) picks a
  * shard; each shard is a chained hash table plus an LRU list under one mutex. */
 #include "cache.h"
@@ -97,12 +97,12 @@ struct shard {
 };
 
 struct mem_cache {
-    struct reply_cache base; /* first: the handle callers hold */
-    struct shard *shards;    /* owned, aligned, (n_shards) */
+    struct cache base;    /* first: the handle callers hold */
+    struct shard *shards; /* owned, aligned, (n_shards) */
     int n_shards;
     size_t shard_budget;
     double ttl_s;
-    reply_cache_clock_fn clock;
+    cache_clock_fn clock;
     void *clock_user;
     uint64_t k0, k1; /* hash key */
     _Atomic uint64_t hits, misses, evictions, expired;
@@ -110,7 +110,7 @@ struct mem_cache {
 
 #define INITIAL_BUCKETS 16
 
-size_t reply_cache_entry_size(size_t key_len, size_t value_len)
+size_t cache_entry_size(size_t key_len, size_t value_len)
 {
     /* header, the NUL, and two bucket slots (the table is at most twice the entries) */
     return sizeof(struct entry) + 1 + 2 * sizeof(struct entry *) + key_len + value_len;
@@ -211,8 +211,8 @@ static struct shard *shard_for(struct mem_cache *mc, uint64_t hash)
     return &mc->shards[(hash >> 32) % (uint64_t)mc->n_shards];
 }
 
-static bool mem_get(struct reply_cache *c, const char *key, size_t key_len, char **value_out,
-                    size_t *value_len)
+static int mem_get(struct cache *c, const char *key, size_t key_len, char **value_out,
+                   size_t *value_len)
 {
     struct mem_cache *mc = (struct mem_cache *)c;
     struct shard *s;
@@ -225,7 +225,7 @@ static bool mem_get(struct reply_cache *c, const char *key, size_t key_len, char
     if (value_len)
         *value_len = 0;
     if (!key && key_len)
-        return false;
+        return 0;
     hash = siphash24(mc->k0, mc->k1, key, key_len);
     now = mc->clock(mc->clock_user);
     s = shard_for(mc, hash);
@@ -251,11 +251,11 @@ static bool mem_get(struct reply_cache *c, const char *key, size_t key_len, char
     }
     pthread_mutex_unlock(&s->mu);
     atomic_fetch_add_explicit(hit ? &mc->hits : &mc->misses, 1, memory_order_relaxed);
-    return hit;
+    return hit ? 1 : 0;
 }
 
-static enum ar_status mem_put(struct reply_cache *c, const char *key, size_t key_len,
-                              const char *value, size_t value_len)
+static enum ar_status mem_put(struct cache *c, const char *key, size_t key_len, const char *value,
+                              size_t value_len)
 {
     struct mem_cache *mc = (struct mem_cache *)c;
     size_t size;
@@ -267,7 +267,7 @@ static enum ar_status mem_put(struct reply_cache *c, const char *key, size_t key
         return AR_EINVAL;
     if (key_len > SIZE_MAX / 4 || value_len > SIZE_MAX / 4)
         return AR_ERANGE;
-    size = reply_cache_entry_size(key_len, value_len);
+    size = cache_entry_size(key_len, value_len);
     hash = siphash24(mc->k0, mc->k1, key, key_len);
     now = mc->clock(mc->clock_user);
     if (size <= mc->shard_budget) {
@@ -308,7 +308,7 @@ static enum ar_status mem_put(struct reply_cache *c, const char *key, size_t key
     return e ? AR_OK : AR_ERANGE;
 }
 
-static void mem_stats(struct reply_cache *c, struct reply_cache_stats *out)
+static void mem_stats(struct cache *c, struct cache_stats *out)
 {
     struct mem_cache *mc = (struct mem_cache *)c;
     memset(out, 0, sizeof(*out));
@@ -325,7 +325,7 @@ static void mem_stats(struct reply_cache *c, struct reply_cache_stats *out)
     }
 }
 
-static void mem_destroy(struct reply_cache *c)
+static void mem_destroy(struct cache *c)
 {
     struct mem_cache *mc = (struct mem_cache *)c;
     if (!mc)
@@ -343,24 +343,25 @@ static void mem_destroy(struct reply_cache *c)
     ar_free(mc);
 }
 
-static const struct reply_cache_ops mem_ops = {
+static const struct cache_ops mem_ops = {
     .name = "memory",
     .get = mem_get,
     .put = mem_put,
     .stats = mem_stats,
+    .healthy = NULL,
     .destroy = mem_destroy,
 };
 
-struct reply_cache_params reply_cache_default_params(void)
+struct cache_memory_params cache_memory_default_params(void)
 {
-    struct reply_cache_params p = {0};
+    struct cache_memory_params p = {0};
     p.max_bytes = (size_t)64 << 20;
     p.ttl_s = 3600.0;
     p.n_shards = 16;
     return p;
 }
 
-enum ar_status reply_cache_create(const struct reply_cache_params *p, struct reply_cache **out)
+enum ar_status cache_memory_create(const struct cache_memory_params *p, struct cache **out)
 {
     struct mem_cache *mc;
     if (!out)
@@ -404,44 +405,4 @@ enum ar_status reply_cache_create(const struct reply_cache_params *p, struct rep
 fail:
     mem_destroy(&mc->base);
     return AR_ENOMEM;
-}
-
-/* ---- the interface ------------------------------------------------------------------ */
-
-bool reply_cache_get(struct reply_cache *c, const char *key, size_t key_len, char **value_out,
-                     size_t *value_len)
-{
-    if (!c) {
-        if (value_out)
-            *value_out = NULL;
-        if (value_len)
-            *value_len = 0;
-        return false;
-    }
-    return c->ops->get(c, key, key_len, value_out, value_len);
-}
-
-enum ar_status reply_cache_put(struct reply_cache *c, const char *key, size_t key_len,
-                               const char *value, size_t value_len)
-{
-    if (!c)
-        return AR_EINVAL;
-    return c->ops->put(c, key, key_len, value, value_len);
-}
-
-void reply_cache_stats(struct reply_cache *c, struct reply_cache_stats *out)
-{
-    if (!out)
-        return;
-    if (!c) {
-        memset(out, 0, sizeof(*out));
-        return;
-    }
-    c->ops->stats(c, out);
-}
-
-void reply_cache_destroy(struct reply_cache *c)
-{
-    if (c)
-        c->ops->destroy(c);
 }
