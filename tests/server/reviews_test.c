@@ -78,7 +78,7 @@ struct fx {
     char db[128];
     struct store *store;
     struct reply_profiles *profiles;
-    struct reply_cache *cache;
+    struct cache *cache;
     struct metrics_registry *metrics;
     struct reply_service *svc;
     struct fake gen;
@@ -144,7 +144,7 @@ static struct server *start_server(struct fx *x, const char *instance, bool engi
 static int setup(void **state)
 {
     struct fx *x = calloc(1, sizeof(*x));
-    struct reply_cache_params cp = reply_cache_default_params();
+    struct cache_memory_params cp = cache_memory_default_params();
     struct reply_service_params p = reply_service_default_params();
     snprintf(x->dir, sizeof(x->dir), "/tmp/ar_reviews_XXXXXX");
     assert_non_null(mkdtemp(x->dir));
@@ -152,7 +152,7 @@ static int setup(void **state)
     assert_int_equal(store_open(x->db, &x->store, NULL), AR_OK);
     assert_int_equal(reply_profiles_default(&x->profiles), AR_OK);
     cp.max_bytes = 1 << 20;
-    assert_int_equal(reply_cache_create(&cp, &x->cache), AR_OK);
+    assert_int_equal(cache_memory_create(&cp, &x->cache), AR_OK);
     assert_int_equal(metrics_registry_create(&x->metrics), AR_OK);
     x->gen.base.generate = fake_generate;
     x->gen.base.model_name = "fake";
@@ -176,7 +176,7 @@ static int teardown(void **state)
     reply_service_destroy(x->svc);
     server_destroy(x->srv);
     metrics_registry_destroy(x->metrics);
-    reply_cache_destroy(x->cache);
+    cache_destroy(x->cache);
     reply_profiles_destroy(x->profiles);
     store_close(x->store);
     snprintf(cmd, sizeof(cmd), "rm -rf %s", x->dir);
