@@ -34,6 +34,9 @@ struct cli_reply_opts {
                                NULL: ./var */
     bool reply_cache;       /* false: every review not yet stored goes to the model */
     size_t max_job_body;    /* POST /v1/jobs body limit, bytes; 0: 64 MiB */
+    const char *store_url;  /* postgres://... or a SQLite file; NULL: <data_dir>/replies.db */
+    const char *cache_url;  /* redis://... (L2 behind the in-process cache); NULL: in process */
+    const char *queue_url;  /* amqp://... (job items); NULL: in process */
 };
 /* Returns 0, or 1 after printing why it failed. */
 int cli_reply_attach(struct server *srv, const struct cli_reply_opts *o, struct cli_reply **out);

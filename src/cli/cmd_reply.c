@@ -512,10 +512,20 @@ done:
 struct cli_reply {
     struct product p; /* profiles, store, cache, svc (model and engine belong to serve) */
     struct reply_generator *gen;
+    struct server *srv; /* borrowed */
 };
+
+/* /health's "redis": the shared reply cache and the rate-limit buckets both reach it */
+static int redis_health(void *user)
+{
+    struct cli_reply *cr = user;
+    bool cache_ok = cache_redis_healthy(cr->p.cache), rate_ok = server_rate_limit_healthy(cr->srv);
+    return cache_ok && rate_ok ? SERVER_HEALTH_OK : SERVER_HEALTH_DOWN;
+}
 
 int cli_reply_attach(struct server *srv, const struct cli_reply_opts *opts, struct cli_reply **out)
 {
+    struct ar_err err = {AR_OK, 0, {0}};
     struct product_opts o = product_opts_default;
     struct cache_memory_params cp = cache_memory_default_params();
     struct reply_service_params sp = reply_service_default_params();
@@ -524,13 +534,19 @@ int cli_reply_attach(struct server *srv, const struct cli_reply_opts *opts, stru
     enum ar_status st;
     if (!cr)
         return 1;
+    cr->srv = srv;
     o.shops = opts->shops_file;
     if (opts->data_dir)
         o.data_dir = opts->data_dir;
     if (!open_profiles_store(&o, &cr->p))
         goto fail;
-    if (opts->reply_cache && cache_memory_create(&cp, &cr->p.cache) != AR_OK) {
-        cli_error("serve: cannot create the reply cache");
+    if (opts->reply_cache && cache_open(opts->cache_url, &cp, &cr->p.cache, &err) != AR_OK) {
+        cli_error("serve: --cache: %s", err.msg[0] ? err.msg : "cannot create the reply cache");
+        goto fail;
+    }
+    if (opts->cache_url &&
+        server_add_health_check(srv, "redis", redis_health, cr) != AR_OK) {
+        cli_error("serve: out of memory");
         goto fail;
     }
     sp.profiles = cr->p.profiles;

@@ -30,7 +30,7 @@ static void serve_usage(FILE *out)
             "  --parallel N          sequences generated at once (16)\n"
             "  --kv-size TOKENS      KV cache capacity in tokens (8192)\n"
             "  --ctx-size N          context per request (model's, capped by the KV cache)\n"
-            "  --queue N             waiting requests before 503 (256)\n"
+            "  --max-queue N         waiting requests before 503 (256; also --queue N)\n"
             "  --no-prefix-cache     do not reuse KV of shared prompt prefixes\n"
             "  --api-key-file FILE   require Authorization: Bearer <key> (one key per line)\n"
             "  --metrics-auth        /metrics needs a key too\n"
@@ -48,7 +48,14 @@ static void serve_usage(FILE *out)
             "  --shops FILE          shop profiles (JSON, see src/reply/reply.h); built-in "
             "default\n"
             "  --data-dir DIR        replies.db (replies, jobs) lives here (./var; created)\n"
-            "  --no-reply-cache      every review not answered before goes to the model\n",
+            "  --no-reply-cache      every review not answered before goes to the model\n"
+            "a fleet (several instances sharing backends; see README \"Run a fleet\"):\n"
+            "  --store URL           replies and jobs in PostgreSQL (postgres://user@host:port/db)\n"
+            "                        or in a SQLite file (default <data-dir>/replies.db)\n"
+            "  --cache URL           Redis (redis://host:port/db) as the shared second-level\n"
+            "                        reply cache and the home of the rate-limit buckets\n"
+            "  --queue URL           RabbitMQ (amqp://user:pass@host:port/vhost) carries job\n"
+            "                        items to every instance (default: in process)\n",
             CLI_DEFAULT_MODEL);
 }
 
@@ -58,7 +65,7 @@ int cmd_serve(int argc, char **argv)
     struct engine_params ep = engine_default_params();
     const char *model_path = NULL;
     char default_model[4096];
-    struct cli_reply_opts ro = {NULL, "./var", true, 0};
+    struct cli_reply_opts ro = {.data_dir = "./var", .reply_cache = true};
     struct cli_reply *cr = NULL;
     struct server *srv = NULL;
     struct model *m = NULL;
@@ -116,8 +123,25 @@ int cmd_serve(int argc, char **argv)
             INT(2, (int64_t)1 << 30);
             sp.n_ctx = (int)n;
         } else if (!strcmp(a, "--queue")) {
+            /* a broker URL, or (the older meaning) the engine's waiting-request bound */
+            VALUE();
+            if (strstr(v, "://")) {
+                ro.queue_url = v;
+            } else {
+                if (!cli_parse_i64(a, v, 1, 1 << 24, &n))
+                    return 2;
+                ep.queue_max = (int)n;
+            }
+        } else if (!strcmp(a, "--max-queue")) {
             INT(1, 1 << 24);
             ep.queue_max = (int)n;
+        } else if (!strcmp(a, "--store")) {
+            VALUE();
+            ro.store_url = v;
+        } else if (!strcmp(a, "--cache")) {
+            VALUE();
+            ro.cache_url = v;
+            sp.rate_redis_url = v; /* the rate-limit buckets live beside the shared cache */
         } else if (!strcmp(a, "--no-prefix-cache")) {
             ep.prefix_cache = false;
         } else if (!strcmp(a, "--api-key-file")) {
