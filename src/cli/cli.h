@@ -37,6 +37,8 @@ struct cli_reply_opts {
     const char *store_url;  /* postgres://... or a SQLite file; NULL: <data_dir>/replies.db */
     const char *cache_url;  /* redis://... (L2 behind the in-process cache); NULL: in process */
     const char *queue_url;  /* amqp://... (job items); NULL: in process */
+    int64_t l1_mb;          /* in-process reply cache budget in MiB; 0: none (with cache_url:
+                               Redis alone); < 0: the default (64) */
 };
 /* Returns 0, or 1 after printing why it failed. */
 int cli_reply_attach(struct server *srv, const struct cli_reply_opts *o, struct cli_reply **out);

@@ -49,6 +49,8 @@ static void serve_usage(FILE *out)
             "default\n"
             "  --data-dir DIR        replies.db (replies, jobs) lives here (./var; created)\n"
             "  --no-reply-cache      every review not answered before goes to the model\n"
+            "  --reply-cache-mb N    in-process reply cache budget (64); 0: none (with --cache:\n"
+            "                        Redis alone)\n"
             "a fleet (several instances sharing backends; see README \"Run a fleet\"):\n"
             "  --store URL           replies and jobs in PostgreSQL (postgres://user@host:port/db)\n"
             "                        or in a SQLite file (default <data-dir>/replies.db)\n"
@@ -65,7 +67,7 @@ int cmd_serve(int argc, char **argv)
     struct engine_params ep = engine_default_params();
     const char *model_path = NULL;
     char default_model[4096];
-    struct cli_reply_opts ro = {.data_dir = "./var", .reply_cache = true};
+    struct cli_reply_opts ro = {.data_dir = "./var", .reply_cache = true, .l1_mb = -1};
     struct cli_reply *cr = NULL;
     struct server *srv = NULL;
     struct model *m = NULL;
@@ -170,6 +172,9 @@ int cmd_serve(int argc, char **argv)
         } else if (!strcmp(a, "--data-dir")) {
             VALUE();
             ro.data_dir = v;
+        } else if (!strcmp(a, "--reply-cache-mb")) {
+            INT(0, (int64_t)1 << 20);
+            ro.l1_mb = n;
         } else if (!strcmp(a, "--no-reply-cache")) {
             ro.reply_cache = false;
         } else if (!strcmp(a, "--timeout")) {
