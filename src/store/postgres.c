@@ -83,6 +83,7 @@ enum pg_stmt {
     P_REPLY_PUT,
     P_CLAIM_TAKE,
     P_CLAIM_DROP,
+    P_CLAIM_RELEASE,
     P_JOB_INSERT,
     P_ITEMS_INSERT,
     P_ITEM_PENDING,
@@ -120,6 +121,7 @@ static const char *const stmt_sql[P_COUNT] = {
                      "RETURNING owner",
     [P_CLAIM_DROP] = "DELETE FROM reply_claims WHERE shop_id = $1 AND review_id = $2 "
                      "AND owner = $3",
+    [P_CLAIM_RELEASE] = "DELETE FROM reply_claims WHERE left(owner, length($1)) = $1",
     [P_JOB_INSERT] = "INSERT INTO jobs (id, status, shop_id, n_total, created_s, updated_s, "
                      "published) VALUES ($1, 'queued', $2, $3, $4, $4, false)",
     [P_ITEMS_INSERT] = "INSERT INTO job_items (job_id, line, input, status) "
@@ -151,7 +153,7 @@ static const char *const stmt_sql[P_COUNT] = {
 };
 
 static const int stmt_n_params[P_COUNT] = {
-    [P_REPLY_GET] = 2,    [P_REPLY_PUT] = 11,  [P_CLAIM_TAKE] = 4,         [P_CLAIM_DROP] = 3,
+    [P_REPLY_GET] = 2,    [P_REPLY_PUT] = 11,  [P_CLAIM_TAKE] = 4,         [P_CLAIM_DROP] = 3, [P_CLAIM_RELEASE] = 1,
     [P_JOB_INSERT] = 4,   [P_ITEMS_INSERT] = 3, [P_ITEM_PENDING] = 3,      [P_ITEM_FINISH] = 7,
     [P_ITEM_STATUS] = 2,  [P_ITEM_GET] = 2,    [P_JOB_SET_STATUS] = 3,    [P_JOB_SET_PUBLISHED] = 1,
     [P_JOB_GET] = 1,      [P_JOB_ITEMS] = 3,   [P_JOBS_UNFINISHED] = 0,
@@ -867,6 +869,24 @@ static enum ar_status pg_reply_unclaim(struct store *base, const char *shop_id,
     return s;
 }
 
+static enum ar_status pg_reply_claims_release(struct store *base, const char *owner_prefix,
+                                              int64_t *n_out, struct ar_err *err)
+{
+    struct pg_store *ps = (struct pg_store *)base;
+    const char *v[1] = {owner_prefix};
+    struct pg_conn *pc;
+    PGresult *r = NULL;
+    enum ar_status s = pool_get(ps, &pc, err);
+    if (s != AR_OK)
+        return s;
+    s = pg_exec(ps, pc, P_CLAIM_RELEASE, v, &r, err);
+    pool_put(ps, pc);
+    if (s == AR_OK)
+        *n_out = strtoll(PQcmdTuples(r), NULL, 10);
+    PQclear(r);
+    return s;
+}
+
 /* ---- jobs --------------------------------------------------------------------------- */
 
 /* Appends s as one element of an array literal: in double quotes, with " and \ escaped. */
@@ -1180,6 +1200,7 @@ static const struct store_ops pg_ops = {
     .reply_put = pg_reply_put,
     .reply_claim = pg_reply_claim,
     .reply_unclaim = pg_reply_unclaim,
+    .reply_claims_release = pg_reply_claims_release,
     .job_create = pg_job_create,
     .job_next_pending = pg_job_next_pending,
     .job_item_finish = pg_job_item_finish,

@@ -73,6 +73,7 @@ enum stmt_id {
     S_CLAIM_TAKE,
     S_CLAIM_END,
     S_CLAIM_DROP,
+    S_CLAIM_RELEASE,
     S_JOB_INSERT,
     S_ITEM_INSERT,
     S_ITEM_PENDING,
@@ -113,6 +114,7 @@ static const char *const stmt_sql[S_COUNT] = {
     [S_CLAIM_END] = "DELETE FROM reply_claims WHERE shop_id = ?1 AND review_id = ?2",
     [S_CLAIM_DROP] = "DELETE FROM reply_claims WHERE shop_id = ?1 AND review_id = ?2 "
                      "AND owner = ?3",
+    [S_CLAIM_RELEASE] = "DELETE FROM reply_claims WHERE substr(owner, 1, length(?1)) = ?1",
     [S_JOB_INSERT] = "INSERT INTO jobs (id, status, shop_id, n_total, created_s, updated_s, "
                      "published) VALUES (?1, 'queued', ?2, ?3, ?4, ?4, 0)",
     [S_ITEM_INSERT] = "INSERT INTO job_items (job_id, line, input, status) "
@@ -715,6 +717,27 @@ static enum ar_status sq_reply_unclaim(struct store *base, const char *shop_id,
     return res;
 }
 
+static enum ar_status sq_reply_claims_release(struct store *base, const char *owner_prefix,
+                                              int64_t *n_out, struct ar_err *err)
+{
+    struct sqlite_store *st = (struct sqlite_store *)base;
+    enum ar_status res = AR_OK;
+    sqlite3_stmt *s;
+    int rc;
+    pthread_mutex_lock(&st->mu);
+    s = st->stmt[S_CLAIM_RELEASE];
+    rc = bind_str(s, 1, owner_prefix);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_step(s);
+    if (rc == SQLITE_DONE)
+        *n_out = sqlite3_changes(st->db);
+    else
+        res = db_fail(st, rc, err, "claims release");
+    stmt_done(s);
+    pthread_mutex_unlock(&st->mu);
+    return res;
+}
+
 /* ---- jobs --------------------------------------------------------------------------- */
 
 static void job_from_row(sqlite3_stmt *s, struct store_job_info *info)
@@ -1082,6 +1105,7 @@ static const struct store_ops sqlite_ops = {
     .reply_put = sq_reply_put,
     .reply_claim = sq_reply_claim,
     .reply_unclaim = sq_reply_unclaim,
+    .reply_claims_release = sq_reply_claims_release,
     .job_create = sq_job_create,
     .job_next_pending = sq_job_next_pending,
     .job_item_finish = sq_job_item_finish,

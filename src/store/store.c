@@ -277,6 +277,23 @@ enum ar_status store_reply_unclaim(struct store *st, const char *shop_id, const 
     return st->ops->reply_unclaim(st, shop_id, review_id, owner, err);
 }
 
+enum ar_status store_reply_claims_release(struct store *st, const char *owner_prefix,
+                                          int64_t *n_out, struct ar_err *err)
+{
+    int64_t n = 0;
+    enum ar_status res;
+    if (n_out)
+        *n_out = 0;
+    if (!st)
+        return bad_arg(err, "NULL argument");
+    if (!id_ok(owner_prefix))
+        return bad_arg(err, "an owner prefix must be 1 to 256 bytes");
+    res = st->ops->reply_claims_release(st, owner_prefix, &n, err);
+    if (res == AR_OK && n_out)
+        *n_out = n;
+    return res;
+}
+
 /* ---- jobs ---------------------------------------------------------------------------- */
 
 enum ar_status store_job_create(struct store *st, const char *shop_id,

@@ -130,6 +130,12 @@ enum ar_status store_reply_claim(struct store *st, const char *shop_id, const ch
 enum ar_status store_reply_unclaim(struct store *st, const char *shop_id, const char *review_id,
                                    const char *owner, struct ar_err *err);
 
+/* Ends every claim whose owner starts with owner_prefix (1 to STORE_ID_MAX bytes): what an
+ * instance restarting under its name does with the claims its previous run left when it died,
+ * so that nobody waits for their leases. *n_out (may be NULL) receives how many ended. */
+enum ar_status store_reply_claims_release(struct store *st, const char *owner_prefix,
+                                          int64_t *n_out, struct ar_err *err);
+
 /* ---- bulk jobs ----------------------------------------------------------------------- */
 
 enum store_job_status {

@@ -24,6 +24,8 @@ struct store_ops {
                                   struct store_reply *row, struct ar_err *err);
     enum ar_status (*reply_unclaim)(struct store *st, const char *shop_id, const char *review_id,
                                     const char *owner, struct ar_err *err);
+    enum ar_status (*reply_claims_release)(struct store *st, const char *owner_prefix,
+                                           int64_t *n_out, struct ar_err *err);
     /* job_id: a fresh id from store.c */
     enum ar_status (*job_create)(struct store *st, const char *job_id, const char *shop_id,
                                  const struct store_item_in *items, size_t n, struct ar_err *err);

@@ -1019,6 +1019,39 @@ static void claims_are_owned_held_renewed_and_ended(void **state)
     store_close(st);
 }
 
+/* A restarted instance ends the claims of its previous run by owner prefix, and no others. */
+static void claims_are_released_by_owner_prefix(void **state)
+{
+    struct fixture *f = *state;
+    struct store *st = open_store(f->url);
+    static const char *const owners[] = {"host/p1/1", "host/p1/2", "host/p2/9", "hostx/p1/1",
+                                         "other/host/1"};
+    struct store_reply row;
+    enum store_claim c;
+    int64_t n = -1;
+    char review[16];
+    for (int i = 0; i < 5; i++) {
+        snprintf(review, sizeof(review), "r-%d", i);
+        assert_int_equal(store_reply_claim(st, "shop-p", review, owners[i], 600, &c, &row, NULL),
+                         AR_OK);
+        assert_int_equal(c, STORE_CLAIM_OWNED);
+    }
+    assert_int_equal(store_reply_claims_release(st, "host/", &n, NULL), AR_OK);
+    assert_int_equal(n, 3);
+    for (int i = 0; i < 5; i++) {
+        snprintf(review, sizeof(review), "r-%d", i);
+        assert_int_equal(store_reply_claim(st, "shop-p", review, "new", 600, &c, &row, NULL),
+                         AR_OK);
+        assert_int_equal(c, i < 3 ? STORE_CLAIM_OWNED : STORE_CLAIM_HELD);
+    }
+    /* a prefix with LIKE's wildcards means just those characters */
+    assert_int_equal(store_reply_claims_release(st, "h%", &n, NULL), AR_OK);
+    assert_int_equal(n, 0);
+    assert_int_equal(store_reply_claims_release(st, "", &n, NULL), AR_EINVAL);
+    assert_int_equal(store_reply_claims_release(NULL, "host/", &n, NULL), AR_EINVAL);
+    store_close(st);
+}
+
 /* An owner that died (never puts, never unclaims) holds the review only for its lease. */
 static void an_expired_lease_is_taken_over(void **state)
 {
@@ -1523,6 +1556,7 @@ int main(void)
         BOTH(kill_mid_job_then_resume_finishes_each_line_once),
         BOTH(threads_sharing_handles_insert_each_key_once),
         BOTH(claims_are_owned_held_renewed_and_ended),
+        BOTH(claims_are_released_by_owner_prefix),
         BOTH(an_expired_lease_is_taken_over),
         BOTH(two_instances_racing_on_a_review_generate_once),
         BOTH(item_done_twice_across_handles_counts_once),
