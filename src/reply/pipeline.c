@@ -181,7 +181,8 @@ enum ar_status reply_service_create(const struct reply_service_params *p,
 {
     struct reply_service *svc;
     if (!p || !p->profiles || !p->store || p->max_retries < 0 || p->max_tokens < 1 ||
-        p->n_workers < 1 || p->queue_max < 1 || !(p->claim_lease_s > 0 && p->claim_lease_s <= 86400))
+        p->n_workers < 1 || p->queue_max < 1 ||
+        !(p->claim_lease_s > 0 && p->claim_lease_s <= 86400))
         return AR_EINVAL;
     svc = ar_calloc(1, sizeof(*svc));
     if (!svc)
@@ -666,8 +667,8 @@ static void release_old_claims(const struct reply_service_params *p)
     snprintf(prefix, sizeof(prefix), "%.200s/", instance_name(p));
     st = store_reply_claims_release(p->store, prefix, &n, &err);
     if (st != AR_OK)
-        AR_WARN("reply: ending the claims of %s's previous run: %s: %s", prefix,
-                ar_status_str(st), err.msg);
+        AR_WARN("reply: ending the claims of %s's previous run: %s: %s", prefix, ar_status_str(st),
+                err.msg);
     else if (n > 0)
         AR_INFO("reply: ended %lld claims left by %s's previous run", (long long)n, prefix);
 }
@@ -752,8 +753,8 @@ static void answer(struct reply_service *svc, const struct reply_review *rv,
     answer_new(svc, prof, rv, prio, call, r, &put);
     /* nothing stored (an error, or a reply mode that stores nothing): the next request need
      * not wait for the lease */
-    if (!put && (st = store_reply_unclaim(svc->p.store, rv->shop_id, rv->review_id, owner,
-                                          &err)) != AR_OK)
+    if (!put &&
+        (st = store_reply_unclaim(svc->p.store, rv->shop_id, rv->review_id, owner, &err)) != AR_OK)
         AR_WARN("reply: giving up the claim on %s/%s: %s: %s", rv->shop_id, rv->review_id,
                 ar_status_str(st), err.msg);
 }

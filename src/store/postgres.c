@@ -106,11 +106,12 @@ enum pg_stmt {
 static const char *const stmt_sql[P_COUNT] = {
     [P_REPLY_GET] = "SELECT " REPLY_COLS " FROM replies WHERE shop_id = $1 AND review_id = $2",
     /* one statement, so one transaction: the claim ends with the insert */
-    [P_REPLY_PUT] = "WITH ended AS (DELETE FROM reply_claims WHERE shop_id = $1 AND review_id = $2),"
-                    " ins AS (INSERT INTO replies (" REPLY_COLS ") "
-                    "  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) "
-                    "  ON CONFLICT (shop_id, review_id) DO NOTHING RETURNING 1) "
-                    "SELECT count(*) FROM ins",
+    [P_REPLY_PUT] =
+        "WITH ended AS (DELETE FROM reply_claims WHERE shop_id = $1 AND review_id = $2),"
+        " ins AS (INSERT INTO replies (" REPLY_COLS ") "
+        "  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) "
+        "  ON CONFLICT (shop_id, review_id) DO NOTHING RETURNING 1) "
+        "SELECT count(*) FROM ins",
     /* a new claim, one whose lease expired, or the owner's own: a row back means taken. The
      * lease runs on the database's clock. */
     [P_CLAIM_TAKE] = "INSERT INTO reply_claims AS c (shop_id, review_id, owner, expires_at) "
@@ -153,23 +154,23 @@ static const char *const stmt_sql[P_COUNT] = {
 };
 
 static const int stmt_n_params[P_COUNT] = {
-    [P_REPLY_GET] = 2,    [P_REPLY_PUT] = 11,  [P_CLAIM_TAKE] = 4,         [P_CLAIM_DROP] = 3, [P_CLAIM_RELEASE] = 1,
-    [P_JOB_INSERT] = 4,   [P_ITEMS_INSERT] = 3, [P_ITEM_PENDING] = 3,      [P_ITEM_FINISH] = 7,
-    [P_ITEM_STATUS] = 2,  [P_ITEM_GET] = 2,    [P_JOB_SET_STATUS] = 3,    [P_JOB_SET_PUBLISHED] = 1,
-    [P_JOB_GET] = 1,      [P_JOB_ITEMS] = 3,   [P_JOBS_UNFINISHED] = 0,
+    [P_REPLY_GET] = 2,         [P_REPLY_PUT] = 11,  [P_CLAIM_TAKE] = 4,   [P_CLAIM_DROP] = 3,
+    [P_CLAIM_RELEASE] = 1,     [P_JOB_INSERT] = 4,  [P_ITEMS_INSERT] = 3, [P_ITEM_PENDING] = 3,
+    [P_ITEM_FINISH] = 7,       [P_ITEM_STATUS] = 2, [P_ITEM_GET] = 2,     [P_JOB_SET_STATUS] = 3,
+    [P_JOB_SET_PUBLISHED] = 1, [P_JOB_GET] = 1,     [P_JOB_ITEMS] = 3,    [P_JOBS_UNFINISHED] = 0,
 };
 
 /* ---- the pool ----------------------------------------------------------------------- */
 
 struct pg_conn {
     PGconn *c;
-    uint32_t prepared;   /* bit i: statement i is prepared on this connection */
-    uint64_t epoch;      /* the pool's epoch when it connected */
-    bool reused;         /* taken from the idle list (it may have gone stale there) */
-    bool broken;         /* must not go back to the pool */
-    int n_ok;            /* statements that succeeded since it was taken */
+    uint32_t prepared;     /* bit i: statement i is prepared on this connection */
+    uint64_t epoch;        /* the pool's epoch when it connected */
+    bool reused;           /* taken from the idle list (it may have gone stale there) */
+    bool broken;           /* must not go back to the pool */
+    int n_ok;              /* statements that succeeded since it was taken */
     double stmt_timeout_s; /* the session's statement_timeout */
-    struct pg_conn *next; /* idle list */
+    struct pg_conn *next;  /* idle list */
 };
 
 struct pg_store {
@@ -178,13 +179,13 @@ struct pg_store {
     pthread_mutex_t mu; /* guards the fields below */
     pthread_cond_t cv;  /* a connection went back, or a slot freed */
     struct pg_conn *idle;
-    int n_open;          /* connections open, in use or idle, or being opened */
-    uint64_t epoch;      /* bumped when a connection broke: older idle ones are dropped */
-    double retry_at;     /* monotonic seconds: no connection attempt before */
-    double backoff_s;    /* the pause after the next failed attempt */
-    char down_msg[160];  /* why the last attempt failed */
-    double wait_s;       /* the client's deadline for one answer, and for a free connection
-                            (set at open from the first connection's statement timeout) */
+    int n_open;         /* connections open, in use or idle, or being opened */
+    uint64_t epoch;     /* bumped when a connection broke: older idle ones are dropped */
+    double retry_at;    /* monotonic seconds: no connection attempt before */
+    double backoff_s;   /* the pause after the next failed attempt */
+    char down_msg[160]; /* why the last attempt failed */
+    double wait_s;      /* the client's deadline for one answer, and for a free connection
+                           (set at open from the first connection's statement timeout) */
 };
 
 static void pg_close(struct store *base);
@@ -243,8 +244,7 @@ static enum ar_status wait_results(struct pg_store *ps, struct pg_conn *pc, cons
                 PQclear(bad);
                 pc->broken = true;
                 return ar_err_set(err, AR_EUNAVAIL, 0,
-                                  "store: postgres: %s: no answer within %.1f s", what,
-                                  ps->wait_s);
+                                  "store: postgres: %s: no answer within %.1f s", what, ps->wait_s);
             }
             if (p.fd < 0) {
                 PQclear(keep);
@@ -326,11 +326,16 @@ static enum ar_status conn_connect(struct pg_store *ps, PGconn **out, double *st
                                    struct ar_err *err)
 {
     char connect_timeout[16];
-    const char *kw[] = {"connect_timeout", "application_name", "keepalives", "keepalives_idle",
-                        "keepalives_interval", "keepalives_count", "tcp_user_timeout", "dbname",
+    const char *kw[] = {"connect_timeout",
+                        "application_name",
+                        "keepalives",
+                        "keepalives_idle",
+                        "keepalives_interval",
+                        "keepalives_count",
+                        "tcp_user_timeout",
+                        "dbname",
                         NULL};
-    const char *val[] = {connect_timeout, "autoreply", "1", "10", "5", "3", "15000", ps->url,
-                         NULL};
+    const char *val[] = {connect_timeout, "autoreply", "1", "10", "5", "3", "15000", ps->url, NULL};
     struct pg_conn tmp = {0};
     PGresult *r = NULL;
     enum ar_status s;
@@ -352,16 +357,24 @@ static enum ar_status conn_connect(struct pg_store *ps, PGconn **out, double *st
         return ar_err_set(err, AR_EUNAVAIL, 0, "store: postgres: cannot connect: %s", line);
     }
     PQsetNoticeProcessor(tmp.c, notice_ignore, NULL);
-    s = run_sql(ps, &tmp,
-                "SELECT set_config('statement_timeout', '" PG_STR(STORE_PG_STATEMENT_TIMEOUT_MS)
-                "', false) WHERE current_setting('statement_timeout') = '0';"
-                "SELECT set_config('lock_timeout', '" PG_STR(STORE_PG_STATEMENT_TIMEOUT_MS)
-                "', false) WHERE current_setting('lock_timeout') = '0';"
-                "SELECT set_config('idle_in_transaction_session_timeout', '" PG_STR(
-                    STORE_PG_STATEMENT_TIMEOUT_MS) "', false) "
-                "WHERE current_setting('idle_in_transaction_session_timeout') = '0';"
-                "SELECT setting FROM pg_settings WHERE name = 'statement_timeout'",
-                &r, err);
+    s = run_sql(
+        ps, &tmp,
+        "SELECT set_config('statement_timeout', '" PG_STR(
+            STORE_PG_STATEMENT_TIMEOUT_MS) "', false) WHERE current_setting('statement_timeout') = "
+                                           "'0';"
+                                           "SELECT set_config('lock_timeout', '" PG_STR(
+                                               STORE_PG_STATEMENT_TIMEOUT_MS) "', false) WHERE "
+                                                                              "current_setting('"
+                                                                              "lock_timeout') = "
+                                                                              "'0';"
+                                                                              "SELECT "
+                                                                              "set_config('idle_in_"
+                                                                              "transaction_session_"
+                                                                              "timeout', '" PG_STR(
+                                                                                  STORE_PG_STATEMENT_TIMEOUT_MS) "', false) "
+                                                                                                                 "WHERE current_setting('idle_in_transaction_session_timeout') = '0';"
+                                                                                                                 "SELECT setting FROM pg_settings WHERE name = 'statement_timeout'",
+        &r, err);
     if (s == AR_OK && PQntuples(r) == 1) {
         double ms = strtod(PQgetvalue(r, 0, 0), NULL);
         if (ms > 0)
@@ -395,8 +408,8 @@ static enum ar_status conn_open(struct pg_store *ps, struct pg_conn *pc, struct 
     s = conn_connect(ps, &c, &pc->stmt_timeout_s, err);
     pthread_mutex_lock(&ps->mu);
     if (s == AR_EUNAVAIL) {
-        ps->backoff_s = ps->backoff_s > 0 ? AR_MIN(ps->backoff_s * 2, PG_BACKOFF_LAST_S)
-                                          : PG_BACKOFF_FIRST_S;
+        ps->backoff_s =
+            ps->backoff_s > 0 ? AR_MIN(ps->backoff_s * 2, PG_BACKOFF_LAST_S) : PG_BACKOFF_FIRST_S;
         ps->retry_at = ar_time_s() + ps->backoff_s;
         snprintf(ps->down_msg, sizeof(ps->down_msg), "%.*s", (int)sizeof(ps->down_msg) - 1,
                  err ? err->msg : "cannot connect");
@@ -594,15 +607,14 @@ static enum ar_status migrate(struct pg_store *ps, struct pg_conn *pc, struct ar
                      "  applied_at timestamptz NOT NULL DEFAULT now())",
                      NULL, err)) != AR_OK)
         goto fail;
-    if ((s = run_sql(ps, pc, "SELECT coalesce(max(version), 0) FROM schema_migrations", &r,
-                     err)) != AR_OK)
+    if ((s = run_sql(ps, pc, "SELECT coalesce(max(version), 0) FROM schema_migrations", &r, err)) !=
+        AR_OK)
         goto fail;
     version = PQntuples(r) == 1 ? strtol(PQgetvalue(r, 0, 0), NULL, 10) : -1;
     PQclear(r);
     if (version < 0 || version > PG_SCHEMA_VERSION) {
-        s = ar_err_set(err, AR_EFORMAT, 0,
-                       "store: postgres: schema version %ld is not %d or older", version,
-                       PG_SCHEMA_VERSION);
+        s = ar_err_set(err, AR_EFORMAT, 0, "store: postgres: schema version %ld is not %d or older",
+                       version, PG_SCHEMA_VERSION);
         goto fail;
     }
     for (long v = version; v < PG_SCHEMA_VERSION; v++) {
@@ -714,9 +726,8 @@ static enum ar_status reply_from_res(const PGresult *res, int row, struct store_
 
 static void job_from_res(const PGresult *r, int row, struct store_job_info *info)
 {
-    int status = store_status_from_name(store_job_status_names,
-                                        AR_ARRAY_LEN(store_job_status_names),
-                                        PQgetvalue(r, row, 1));
+    int status = store_status_from_name(
+        store_job_status_names, AR_ARRAY_LEN(store_job_status_names), PQgetvalue(r, row, 1));
     memset(info, 0, sizeof(*info));
     snprintf(info->id, sizeof(info->id), "%s", PQgetvalue(r, row, 0));
     /* the CHECK constraint admits only known names */
@@ -732,9 +743,8 @@ static void job_from_res(const PGresult *r, int row, struct store_job_info *info
 
 static enum store_item_status item_status_at(const PGresult *r, int row, int col)
 {
-    int status = store_status_from_name(store_item_status_names,
-                                        AR_ARRAY_LEN(store_item_status_names),
-                                        PQgetvalue(r, row, col));
+    int status = store_status_from_name(
+        store_item_status_names, AR_ARRAY_LEN(store_item_status_names), PQgetvalue(r, row, col));
     return status < 0 ? STORE_ITEM_ERROR : (enum store_item_status)status;
 }
 
@@ -769,9 +779,8 @@ static enum ar_status pg_reply_get(struct store *base, const char *shop_id, cons
     return s;
 }
 
-static enum ar_status pg_reply_put(struct store *base, const struct store_reply *r,
-                                   int64_t created, struct store_reply *out, bool *existed,
-                                   struct ar_err *err)
+static enum ar_status pg_reply_put(struct store *base, const struct store_reply *r, int64_t created,
+                                   struct store_reply *out, bool *existed, struct ar_err *err)
 {
     struct pg_store *ps = (struct pg_store *)base;
     char rating[8], sentiment[40], created_s[24];
@@ -812,10 +821,9 @@ static enum ar_status pg_reply_put(struct store *base, const struct store_reply 
     return s;
 }
 
-static enum ar_status pg_reply_claim(struct store *base, const char *shop_id,
-                                     const char *review_id, const char *owner, double lease_s,
-                                     enum store_claim *out, struct store_reply *row,
-                                     struct ar_err *err)
+static enum ar_status pg_reply_claim(struct store *base, const char *shop_id, const char *review_id,
+                                     const char *owner, double lease_s, enum store_claim *out,
+                                     struct store_reply *row, struct ar_err *err)
 {
     struct pg_store *ps = (struct pg_store *)base;
     char lease[40];
@@ -855,8 +863,7 @@ out:
 }
 
 static enum ar_status pg_reply_unclaim(struct store *base, const char *shop_id,
-                                       const char *review_id, const char *owner,
-                                       struct ar_err *err)
+                                       const char *review_id, const char *owner, struct ar_err *err)
 {
     struct pg_store *ps = (struct pg_store *)base;
     const char *v[3] = {shop_id, review_id, owner};
@@ -907,8 +914,7 @@ static void array_put_text(struct ar_buf *b, const char *s)
 }
 
 static enum ar_status pg_job_create(struct store *base, const char *job_id, const char *shop_id,
-                                    const struct store_item_in *items, size_t n,
-                                    struct ar_err *err)
+                                    const struct store_item_in *items, size_t n, struct ar_err *err)
 {
     struct pg_store *ps = (struct pg_store *)base;
     char total[24], now[24];
@@ -1013,9 +1019,13 @@ static enum ar_status pg_job_item_finish(struct store *base, const char *job_id,
 {
     struct pg_store *ps = (struct pg_store *)base;
     char ln[24], now[24];
-    const char *v[7] = {job_id, ln, store_item_status_names[status], text,
+    const char *v[7] = {job_id,
+                        ln,
+                        store_item_status_names[status],
+                        text,
                         status == STORE_ITEM_DONE ? "1" : "0",
-                        status == STORE_ITEM_ERROR ? "1" : "0", now};
+                        status == STORE_ITEM_ERROR ? "1" : "0",
+                        now};
     struct pg_conn *pc;
     PGresult *r = NULL;
     enum ar_status s;

@@ -105,12 +105,12 @@ static const char *const stmt_sql[S_COUNT] = {
                        "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11) "
                        "ON CONFLICT (shop_id, review_id) DO NOTHING",
     /* a new claim, or one that expired, or the owner's own: changes() says whether taken */
-    [S_CLAIM_TAKE] = "INSERT INTO reply_claims (shop_id, review_id, owner, expires_at) "
-                     "VALUES (?1, ?2, ?3, " NOW_S " + ?4) "
-                     "ON CONFLICT (shop_id, review_id) DO UPDATE "
-                     "SET owner = excluded.owner, expires_at = excluded.expires_at "
-                     "WHERE reply_claims.expires_at <= " NOW_S
-                     " OR reply_claims.owner = excluded.owner",
+    [S_CLAIM_TAKE] =
+        "INSERT INTO reply_claims (shop_id, review_id, owner, expires_at) "
+        "VALUES (?1, ?2, ?3, " NOW_S " + ?4) "
+        "ON CONFLICT (shop_id, review_id) DO UPDATE "
+        "SET owner = excluded.owner, expires_at = excluded.expires_at "
+        "WHERE reply_claims.expires_at <= " NOW_S " OR reply_claims.owner = excluded.owner",
     [S_CLAIM_END] = "DELETE FROM reply_claims WHERE shop_id = ?1 AND review_id = ?2",
     [S_CLAIM_DROP] = "DELETE FROM reply_claims WHERE shop_id = ?1 AND review_id = ?2 "
                      "AND owner = ?3",
@@ -255,8 +255,8 @@ static void tx_rollback(struct sqlite_store *st)
 
 /* Runs one PRAGMA (or any statement) with no bound values; *text receives the first column
  * of the first row when asked. Only constant SQL from this file comes here. */
-static enum ar_status exec_const(struct sqlite_store *st, const char *sql, char *text, size_t text_size,
-                                 int64_t *num, struct ar_err *err)
+static enum ar_status exec_const(struct sqlite_store *st, const char *sql, char *text,
+                                 size_t text_size, int64_t *num, struct ar_err *err)
 {
     sqlite3_stmt *s = NULL;
     int rc = sqlite3_prepare_v2(st->db, sql, -1, &s, NULL);
@@ -368,8 +368,7 @@ static void *checkpointer_main(void *arg)
         pthread_mutex_unlock(&st->ck_mu);
         /* the bulk of the work (page copies, the WAL's and the database's fsyncs) runs
          * beside the requests */
-        rc = sqlite3_wal_checkpoint_v2(st->ck_db, NULL, SQLITE_CHECKPOINT_PASSIVE, &n_log,
-                                       &n_ckpt);
+        rc = sqlite3_wal_checkpoint_v2(st->ck_db, NULL, SQLITE_CHECKPOINT_PASSIVE, &n_log, &n_ckpt);
         if (rc == SQLITE_OK && n_log > n_ckpt && (n_log >= STORE_CKPT_RESET_PAGES || idle)) {
             /* the tail, with no request in the way, so that the WAL starts over */
             pthread_mutex_lock(&st->mu);
@@ -535,8 +534,8 @@ static enum ar_status reply_from_row(sqlite3_stmt *s, struct store_reply *out)
 
 /* Looks up a reply with the mutex held. */
 static enum ar_status reply_get_locked(struct sqlite_store *st, const char *shop_id,
-                                       const char *review_id, struct store_reply *out,
-                                       bool *found, struct ar_err *err)
+                                       const char *review_id, struct store_reply *out, bool *found,
+                                       struct ar_err *err)
 {
     sqlite3_stmt *s = st->stmt[S_REPLY_GET];
     enum ar_status r = AR_OK;
@@ -586,9 +585,8 @@ static enum ar_status exec_key(struct sqlite_store *st, enum stmt_id id, const c
     return AR_OK;
 }
 
-static enum ar_status sq_reply_put(struct store *base, const struct store_reply *r,
-                                   int64_t created, struct store_reply *out, bool *existed,
-                                   struct ar_err *err)
+static enum ar_status sq_reply_put(struct store *base, const struct store_reply *r, int64_t created,
+                                   struct store_reply *out, bool *existed, struct ar_err *err)
 {
     struct sqlite_store *st = (struct sqlite_store *)base;
     sqlite3_stmt *s;
@@ -649,10 +647,9 @@ out:
     return res;
 }
 
-static enum ar_status sq_reply_claim(struct store *base, const char *shop_id,
-                                     const char *review_id, const char *owner, double lease_s,
-                                     enum store_claim *out, struct store_reply *row,
-                                     struct ar_err *err)
+static enum ar_status sq_reply_claim(struct store *base, const char *shop_id, const char *review_id,
+                                     const char *owner, double lease_s, enum store_claim *out,
+                                     struct store_reply *row, struct ar_err *err)
 {
     struct sqlite_store *st = (struct sqlite_store *)base;
     sqlite3_stmt *s;
@@ -706,8 +703,7 @@ out:
 }
 
 static enum ar_status sq_reply_unclaim(struct store *base, const char *shop_id,
-                                       const char *review_id, const char *owner,
-                                       struct ar_err *err)
+                                       const char *review_id, const char *owner, struct ar_err *err)
 {
     struct sqlite_store *st = (struct sqlite_store *)base;
     enum ar_status res;
@@ -760,8 +756,7 @@ static void job_from_row(sqlite3_stmt *s, struct store_job_info *info)
 }
 
 static enum ar_status sq_job_create(struct store *base, const char *id, const char *shop_id,
-                                    const struct store_item_in *items, size_t n,
-                                    struct ar_err *err)
+                                    const struct store_item_in *items, size_t n, struct ar_err *err)
 {
     struct sqlite_store *st = (struct sqlite_store *)base;
     enum ar_status res;
@@ -984,9 +979,9 @@ static enum ar_status sq_job_item_get(struct store *base, const char *job_id, in
     if (rc == SQLITE_OK)
         rc = sqlite3_step(s);
     if (rc == SQLITE_ROW) {
-        int status = status_from_name(store_item_status_names,
-                                      AR_ARRAY_LEN(store_item_status_names),
-                                      sqlite3_column_text(s, 1));
+        int status =
+            status_from_name(store_item_status_names, AR_ARRAY_LEN(store_item_status_names),
+                             sqlite3_column_text(s, 1));
         res = store_item_copy(out, sqlite3_column_int64(s, 0),
                               status < 0 ? STORE_ITEM_ERROR : (enum store_item_status)status,
                               (const char *)sqlite3_column_text(s, 2),
@@ -1049,9 +1044,9 @@ static enum ar_status sq_job_results(struct store *base, const char *job_id, sto
     rc = bind_str(s, 1, job_id);
     while (rc == SQLITE_OK && (rc = sqlite3_step(s)) == SQLITE_ROW) {
         struct store_item it;
-        int status = status_from_name(store_item_status_names,
-                                      AR_ARRAY_LEN(store_item_status_names),
-                                      sqlite3_column_text(s, 1));
+        int status =
+            status_from_name(store_item_status_names, AR_ARRAY_LEN(store_item_status_names),
+                             sqlite3_column_text(s, 1));
         it.line = sqlite3_column_int64(s, 0);
         it.status = status < 0 ? STORE_ITEM_ERROR : (enum store_item_status)status;
         it.input = (const char *)sqlite3_column_text(s, 2);

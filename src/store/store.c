@@ -11,8 +11,7 @@
 
 /* ---- shared helpers ------------------------------------------------------------------ */
 
-const char *const store_job_status_names[5] = {"queued", "running", "done", "failed",
-                                               "cancelled"};
+const char *const store_job_status_names[5] = {"queued", "running", "done", "failed", "cancelled"};
 const char *const store_item_status_names[3] = {"pending", "done", "error"};
 
 const char *store_job_status_str(enum store_job_status s)

@@ -48,8 +48,8 @@
 
 #define STORE_SCHEMA_VERSION 3    /* SQLite's user_version */
 #define STORE_PG_SCHEMA_VERSION 1 /* PostgreSQL's max(schema_migrations.version) */
-#define STORE_ID_MAX 256    /* longest shop or review id, bytes */
-#define STORE_JOB_ID_LEN 32 /* hex digits of a job id (128 random bits) */
+#define STORE_ID_MAX 256          /* longest shop or review id, bytes */
+#define STORE_JOB_ID_LEN 32       /* hex digits of a job id (128 random bits) */
 #define STORE_BUSY_TIMEOUT_MS 5000
 /* PostgreSQL: connections per handle; seconds a connection attempt may take (libpq's
  * connect_timeout, unless the URL sets one); a statement's time limit (statement_timeout and

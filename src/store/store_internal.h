@@ -40,8 +40,7 @@ struct store_ops {
                                    struct store_item *out, bool *found, struct ar_err *err);
     enum ar_status (*job_set_status)(struct store *st, const char *job_id,
                                      enum store_job_status status, struct ar_err *err);
-    enum ar_status (*job_set_published)(struct store *st, const char *job_id,
-                                        struct ar_err *err);
+    enum ar_status (*job_set_published)(struct store *st, const char *job_id, struct ar_err *err);
     enum ar_status (*job_get)(struct store *st, const char *job_id, struct store_job_info *info,
                               bool *found, struct ar_err *err);
     enum ar_status (*job_results)(struct store *st, const char *job_id, store_item_fn fn,

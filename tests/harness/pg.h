@@ -12,8 +12,8 @@
 #include <unistd.h>
 
 struct th_pg_db {
-    char name[48];  /* the database's name */
-    char url[512];  /* its URL: AR_TEST_PG_URL with the database replaced */
+    char name[48];   /* the database's name */
+    char url[512];   /* its URL: AR_TEST_PG_URL with the database replaced */
     char admin[512]; /* the server's URL as given */
 };
 

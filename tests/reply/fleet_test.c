@@ -25,8 +25,7 @@ struct counting_gen {
 };
 
 static enum ar_status counting_generate(struct reply_generator *g,
-                                        const struct reply_gen_request *r, char **text,
-                                        size_t *len)
+                                        const struct reply_gen_request *r, char **text, size_t *len)
 {
     struct counting_gen *c = (struct counting_gen *)g;
     int k = atomic_fetch_add(&c->calls, 1);
@@ -318,14 +317,17 @@ static void a_restarted_instance_ends_the_claims_of_its_previous_run(void **stat
     assert_int_equal(c.res.source, REPLY_SOURCE_MODEL);
     assert_true(c.took_s < 2.0);
     reply_result_fini(&c.res);
-    assert_int_equal(store_reply_claim(x->store[1], "fleet-shop", "r-other", "someone", 600,
-                                       &claim, &row, NULL),
-                     AR_OK);
+    assert_int_equal(
+        store_reply_claim(x->store[1], "fleet-shop", "r-other", "someone", 600, &claim, &row, NULL),
+        AR_OK);
     assert_int_equal(claim, STORE_CLAIM_HELD);
 }
 
 #define BOTH(f)                                                                                    \
-    {"sqlite/" #f, f, setup_sqlite, teardown, NULL}, { "postgres/" #f, f, setup_pg, teardown, NULL }
+    {"sqlite/" #f, f, setup_sqlite, teardown, NULL},                                               \
+    {                                                                                              \
+        "postgres/" #f, f, setup_pg, teardown, NULL                                                \
+    }
 
 int main(void)
 {

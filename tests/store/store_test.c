@@ -12,8 +12,8 @@
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
-#include <stdatomic.h>
 #include <sqlite3.h>
+#include <stdatomic.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -21,11 +21,11 @@
 #include "store/store.h"
 
 struct fixture {
-    bool pg;             /* the test runs on PostgreSQL */
-    char dir[64];        /* a fresh folder (both backends) */
-    char path[128];      /* the SQLite file */
-    char url[512];       /* what the test opens: path, or the PostgreSQL database's URL */
-    struct th_pg_db db;  /* PostgreSQL: the fresh database */
+    bool pg;            /* the test runs on PostgreSQL */
+    char dir[64];       /* a fresh folder (both backends) */
+    char path[128];     /* the SQLite file */
+    char url[512];      /* what the test opens: path, or the PostgreSQL database's URL */
+    struct th_pg_db db; /* PostgreSQL: the fresh database */
 };
 
 static int setup_with(void **state, bool pg)
@@ -687,8 +687,7 @@ static void reopen_keeps_replies_and_jobs(void **state)
         assert_int_equal(th_pg_scalar(&f->db, "SELECT count(*) FROM schema_migrations"),
                          STORE_PG_SCHEMA_VERSION);
     } else {
-        assert_int_equal(pragma_int(f->path, "PRAGMA user_version", NULL, 0),
-                         STORE_SCHEMA_VERSION);
+        assert_int_equal(pragma_int(f->path, "PRAGMA user_version", NULL, 0), STORE_SCHEMA_VERSION);
         pragma_int(f->path, "PRAGMA journal_mode", mode, sizeof(mode));
         assert_string_equal(mode, "wal");
     }
@@ -781,9 +780,10 @@ static void version_one_database_is_migrated(void **state)
  * line 9 and dies by SIGKILL before committing it. The store handle is never closed. */
 static void crash_child(const struct fixture *f, const char *id)
 {
-    static const char lost[] = "BEGIN;"
-                               "UPDATE job_items SET status = 'done', result = 'lost' WHERE line = 9;"
-                               "UPDATE jobs SET n_done = n_done + 1;";
+    static const char lost[] =
+        "BEGIN;"
+        "UPDATE job_items SET status = 'done', result = 'lost' WHERE line = 9;"
+        "UPDATE jobs SET n_done = n_done + 1;";
     struct store *st = NULL;
     sqlite3 *db = NULL;
     char res[64];
@@ -958,6 +958,73 @@ static void threads_sharing_handles_insert_each_key_once(void **state)
     store_close(st[1]);
 }
 
+/* A job of more lines than one insert takes, with inputs that need quoting anywhere (quotes,
+ * backslashes, braces, commas, the word NULL, an empty line), reads back byte for byte. */
+static void large_job_with_awkward_inputs_reads_back_exactly(void **state)
+{
+    struct fixture *f = *state;
+    struct store *st = open_store(f->url);
+    enum { N = 1234 };
+    static const char *const awkward[] = {
+        "{\"text\":\"say \\\"hi\\\" \\\\ there\"}",
+        "NULL",
+        "",
+        "a,b,{c},\"d\"",
+        "  spaced  ",
+        "\\",
+        "\"",
+        "物流很快，\t包装完好\n第二行",
+        "{}",
+        "null",
+    };
+    struct store_item_in *in = calloc(N, sizeof(*in));
+    char(*inputs)[96] = calloc(N, sizeof(*inputs));
+    char id[STORE_JOB_ID_LEN + 1];
+    struct store_item *items = NULL;
+    struct collected col = {0};
+    struct store_job_info info;
+    size_t n = 0;
+    bool found = false;
+    assert_non_null(in);
+    assert_non_null(inputs);
+    for (int i = 0; i < N; i++) {
+        snprintf(inputs[i], sizeof(inputs[i]), "%s#%d", awkward[i % 10], i);
+        if (i % 10 == 2)
+            inputs[i][0] = '\0'; /* an empty input */
+        in[i].line = 3 * i + 1;
+        in[i].input = inputs[i];
+    }
+    assert_int_equal(store_job_create(st, "shop-big", in, N, id, NULL), AR_OK);
+    assert_int_equal(store_job_get(st, id, &info, &found, NULL), AR_OK);
+    assert_int_equal(info.n_total, N);
+    for (int64_t after = 0, k = 0;;) {
+        assert_int_equal(store_job_next_pending(st, id, after, 300, &items, &n, NULL), AR_OK);
+        if (n == 0)
+            break;
+        for (size_t i = 0; i < n; i++, k++) {
+            assert_int_equal(items[i].line, 3 * k + 1);
+            assert_string_equal(items[i].input, inputs[k]);
+            after = items[i].line;
+        }
+        store_items_free(items, n);
+    }
+    assert_int_equal(store_job_item_done(st, id, 3 * 700 + 1, inputs[5], NULL), AR_OK);
+    col.stop_after = 0;
+    assert_int_equal(store_job_results(st, id, collect_item, &col, NULL), AR_OK);
+    assert_int_equal(col.n, N);
+    assert_int_equal(col.lines[63], 3 * 63 + 1);
+    {
+        struct store_item it;
+        assert_int_equal(store_job_item_get(st, id, 3 * 700 + 1, &it, &found, NULL), AR_OK);
+        assert_true(found);
+        assert_string_equal(it.input, inputs[700]);
+        assert_string_equal(it.result, inputs[5]);
+        store_item_fini(&it);
+    }
+    free(in);
+    free(inputs);
+    store_close(st);
+}
 
 /* ---- claims --------------------------------------------------------------------------- */
 
@@ -1096,8 +1163,8 @@ static void *race_run(void *arg)
     for (int tries = 0; tries < 1000; tries++) {
         struct store_reply row;
         enum store_claim c;
-        enum ar_status s = store_reply_claim(w->st, "shop-race", "r-42", w->owner, 30, &c, &row,
-                                             NULL);
+        enum ar_status s =
+            store_reply_claim(w->st, "shop-race", "r-42", w->owner, 30, &c, &row, NULL);
         if (s != AR_OK) {
             w->fail = s;
             return NULL;
@@ -1313,9 +1380,8 @@ static void pg_newer_schema_and_bad_urls_are_refused(void **state)
     assert_null(st);
     assert_true(strlen(err.msg) > 0);
     /* nobody listening: unavailable, at once */
-    assert_int_equal(th_pg_url_with(url, sizeof(url), "postgres://postgres@127.0.0.1:1/x", "x",
-                                    NULL),
-                     0);
+    assert_int_equal(
+        th_pg_url_with(url, sizeof(url), "postgres://postgres@127.0.0.1:1/x", "x", NULL), 0);
     t0 = now_s();
     assert_int_equal(store_open_url(url, &st, &err), AR_EUNAVAIL);
     assert_true(now_s() - t0 < STORE_PG_CONNECT_TIMEOUT_S + 1.0);
@@ -1359,9 +1425,9 @@ static void pooled_calls_run_in_parallel_and_waits_are_bounded(void **state)
     double t0;
 
     /* a lock timeout of 1.5 s from the URL's options, which the store keeps */
-    assert_int_equal(th_pg_url_with(url, sizeof(url), f->db.url, f->db.name,
-                                    "options=-c%20lock_timeout%3D1500"),
-                     0);
+    assert_int_equal(
+        th_pg_url_with(url, sizeof(url), f->db.url, f->db.name, "options=-c%20lock_timeout%3D1500"),
+        0);
     st = open_store(url);
     make_job(st, id);
     holder = PQconnectdb(f->db.url);
@@ -1534,9 +1600,18 @@ static void stopped_server_fails_fast_then_recovers(void **state)
 
 /* Each test on both backends, named after the backend. */
 #define BOTH(f)                                                                                    \
-    {"sqlite/" #f, f, setup, teardown, NULL}, { "postgres/" #f, f, setup_pg, teardown, NULL }
-#define SQLITE(f) {"sqlite/" #f, f, setup, teardown, NULL}
-#define PG(f) {"postgres/" #f, f, setup_pg, teardown, NULL}
+    {"sqlite/" #f, f, setup, teardown, NULL},                                                      \
+    {                                                                                              \
+        "postgres/" #f, f, setup_pg, teardown, NULL                                                \
+    }
+#define SQLITE(f)                                                                                  \
+    {                                                                                              \
+        "sqlite/" #f, f, setup, teardown, NULL                                                     \
+    }
+#define PG(f)                                                                                      \
+    {                                                                                              \
+        "postgres/" #f, f, setup_pg, teardown, NULL                                                \
+    }
 
 int main(void)
 {
@@ -1555,6 +1630,7 @@ int main(void)
         SQLITE(open_rejects_non_database_and_newer_schema),
         BOTH(kill_mid_job_then_resume_finishes_each_line_once),
         BOTH(threads_sharing_handles_insert_each_key_once),
+        BOTH(large_job_with_awkward_inputs_reads_back_exactly),
         BOTH(claims_are_owned_held_renewed_and_ended),
         BOTH(claims_are_released_by_owner_prefix),
         BOTH(an_expired_lease_is_taken_over),
