@@ -153,6 +153,26 @@ static const char *const stmt_sql[P_COUNT] = {
                           "WHERE status IN ('queued', 'running') ORDER BY created_s, seq",
 };
 
+/* what each statement is called in messages */
+static const char *const stmt_what[P_COUNT] = {
+    [P_REPLY_GET] = "reply lookup",
+    [P_REPLY_PUT] = "reply insert",
+    [P_CLAIM_TAKE] = "reply claim",
+    [P_CLAIM_DROP] = "reply unclaim",
+    [P_CLAIM_RELEASE] = "claims release",
+    [P_JOB_INSERT] = "job insert",
+    [P_ITEMS_INSERT] = "job lines insert",
+    [P_ITEM_PENDING] = "pending lines",
+    [P_ITEM_FINISH] = "line update",
+    [P_ITEM_STATUS] = "line lookup",
+    [P_ITEM_GET] = "line lookup",
+    [P_JOB_SET_STATUS] = "job status",
+    [P_JOB_SET_PUBLISHED] = "job published",
+    [P_JOB_GET] = "job lookup",
+    [P_JOB_ITEMS] = "job lines",
+    [P_JOBS_UNFINISHED] = "unfinished jobs",
+};
+
 static const int stmt_n_params[P_COUNT] = {
     [P_REPLY_GET] = 2,         [P_REPLY_PUT] = 11,  [P_CLAIM_TAKE] = 4,   [P_CLAIM_DROP] = 3,
     [P_CLAIM_RELEASE] = 1,     [P_JOB_INSERT] = 4,  [P_ITEMS_INSERT] = 3, [P_ITEM_PENDING] = 3,
@@ -293,15 +313,16 @@ static enum ar_status wait_results(struct pg_store *ps, struct pg_conn *pc, cons
     return AR_OK;
 }
 
-/* Runs constant SQL (possibly several statements) through the simple protocol. */
+/* Runs constant SQL (possibly several statements) through the simple protocol; what names it
+ * in messages. */
 static enum ar_status run_sql(struct pg_store *ps, struct pg_conn *pc, const char *sql,
-                              PGresult **out, struct ar_err *err)
+                              const char *what, PGresult **out, struct ar_err *err)
 {
     if (out)
         *out = NULL;
     if (!PQsendQuery(pc->c, sql))
-        return conn_error(pc, pg_status_of(pc->c, NULL), err, "send", PQerrorMessage(pc->c));
-    return wait_results(ps, pc, sql, out, err);
+        return conn_error(pc, pg_status_of(pc->c, NULL), err, what, PQerrorMessage(pc->c));
+    return wait_results(ps, pc, what, out, err);
 }
 
 /* The server's notices (e.g. "already exists, skipping") are not for the user: libpq's own
@@ -319,6 +340,18 @@ static void conn_free(struct pg_conn *pc)
     PQfinish(pc->c);
     ar_free(pc);
 }
+
+/* The session's limits, where the URL's options leave them at 0 (none), and the statement
+ * timeout in effect. */
+#define PG_LIMIT_MS PG_STR(STORE_PG_STATEMENT_TIMEOUT_MS)
+static const char session_sql[] =
+    "SELECT set_config('statement_timeout', '" PG_LIMIT_MS "', false) "
+    "WHERE current_setting('statement_timeout') = '0';"
+    "SELECT set_config('lock_timeout', '" PG_LIMIT_MS "', false) "
+    "WHERE current_setting('lock_timeout') = '0';"
+    "SELECT set_config('idle_in_transaction_session_timeout', '" PG_LIMIT_MS "', false) "
+    "WHERE current_setting('idle_in_transaction_session_timeout') = '0';"
+    "SELECT setting FROM pg_settings WHERE name = 'statement_timeout'";
 
 /* Connects and sets the session's limits (those the URL's options leave at 0), learning the
  * statement timeout the client's deadline follows. */
@@ -357,24 +390,7 @@ static enum ar_status conn_connect(struct pg_store *ps, PGconn **out, double *st
         return ar_err_set(err, AR_EUNAVAIL, 0, "store: postgres: cannot connect: %s", line);
     }
     PQsetNoticeProcessor(tmp.c, notice_ignore, NULL);
-    s = run_sql(
-        ps, &tmp,
-        "SELECT set_config('statement_timeout', '" PG_STR(
-            STORE_PG_STATEMENT_TIMEOUT_MS) "', false) WHERE current_setting('statement_timeout') = "
-                                           "'0';"
-                                           "SELECT set_config('lock_timeout', '" PG_STR(
-                                               STORE_PG_STATEMENT_TIMEOUT_MS) "', false) WHERE "
-                                                                              "current_setting('"
-                                                                              "lock_timeout') = "
-                                                                              "'0';"
-                                                                              "SELECT "
-                                                                              "set_config('idle_in_"
-                                                                              "transaction_session_"
-                                                                              "timeout', '" PG_STR(
-                                                                                  STORE_PG_STATEMENT_TIMEOUT_MS) "', false) "
-                                                                                                                 "WHERE current_setting('idle_in_transaction_session_timeout') = '0';"
-                                                                                                                 "SELECT setting FROM pg_settings WHERE name = 'statement_timeout'",
-        &r, err);
+    s = run_sql(ps, &tmp, session_sql, "session setup", &r, err);
     if (s == AR_OK && PQntuples(r) == 1) {
         double ms = strtod(PQgetvalue(r, 0, 0), NULL);
         if (ms > 0)
@@ -499,7 +515,7 @@ static void pool_put(struct pg_store *ps, struct pg_conn *pc)
         return;
     keep = !pc->broken && pc->c && PQstatus(pc->c) == CONNECTION_OK;
     if (keep && PQtransactionStatus(pc->c) != PQTRANS_IDLE)
-        keep = run_sql(ps, pc, "ROLLBACK", NULL, NULL) == AR_OK &&
+        keep = run_sql(ps, pc, "ROLLBACK", "rollback", NULL, NULL) == AR_OK &&
                PQtransactionStatus(pc->c) == PQTRANS_IDLE;
     pthread_mutex_lock(&ps->mu);
     if (keep) {
@@ -535,7 +551,7 @@ static enum ar_status pg_exec(struct pg_store *ps, struct pg_conn *pc, enum pg_s
                 s = conn_error(pc, pg_status_of(pc->c, NULL), err, "prepare",
                                PQerrorMessage(pc->c));
             else
-                s = wait_results(ps, pc, stmt_sql[id], NULL, err);
+                s = wait_results(ps, pc, stmt_what[id], NULL, err);
             if (s == AR_OK)
                 pc->prepared |= 1u << id;
         }
@@ -543,7 +559,7 @@ static enum ar_status pg_exec(struct pg_store *ps, struct pg_conn *pc, enum pg_s
             if (!PQsendQueryPrepared(pc->c, name, stmt_n_params[id], vals, NULL, NULL, 0))
                 s = conn_error(pc, pg_status_of(pc->c, NULL), err, "send", PQerrorMessage(pc->c));
             else
-                s = wait_results(ps, pc, stmt_sql[id], out, err);
+                s = wait_results(ps, pc, stmt_what[id], out, err);
         }
         if (s == AR_OK) {
             pc->n_ok++;
@@ -569,7 +585,7 @@ static enum ar_status tx_begin(struct pg_store *ps, struct pg_conn *pc, struct a
     enum ar_status s = AR_OK;
     /* BEGIN is the first statement, so a stale pooled connection is replaced here */
     for (int attempt = 0; attempt < 2; attempt++) {
-        s = run_sql(ps, pc, "BEGIN", NULL, err);
+        s = run_sql(ps, pc, "BEGIN", "begin", NULL, err);
         if (s == AR_OK || !pc->broken || !pc->reused || attempt > 0)
             break;
         PQfinish(pc->c);
@@ -595,20 +611,20 @@ static enum ar_status migrate(struct pg_store *ps, struct pg_conn *pc, struct ar
     enum ar_status s;
     long version;
     char sql[96];
-    if ((s = run_sql(ps, pc, "BEGIN", NULL, err)) != AR_OK)
+    if ((s = run_sql(ps, pc, "BEGIN", "begin", NULL, err)) != AR_OK)
         return s;
     /* instances starting at once wait here for each other; the first one migrates */
     snprintf(sql, sizeof(sql), "SELECT pg_advisory_xact_lock(%lld)", (long long)PG_MIGRATION_LOCK);
-    if ((s = run_sql(ps, pc, sql, NULL, err)) != AR_OK)
+    if ((s = run_sql(ps, pc, sql, "schema migration", NULL, err)) != AR_OK)
         goto fail;
     if ((s = run_sql(ps, pc,
                      "CREATE TABLE IF NOT EXISTS schema_migrations ("
                      "  version integer PRIMARY KEY,"
                      "  applied_at timestamptz NOT NULL DEFAULT now())",
-                     NULL, err)) != AR_OK)
+                     "schema migration", NULL, err)) != AR_OK)
         goto fail;
-    if ((s = run_sql(ps, pc, "SELECT coalesce(max(version), 0) FROM schema_migrations", &r, err)) !=
-        AR_OK)
+    if ((s = run_sql(ps, pc, "SELECT coalesce(max(version), 0) FROM schema_migrations",
+                     "schema version", &r, err)) != AR_OK)
         goto fail;
     version = PQntuples(r) == 1 ? strtol(PQgetvalue(r, 0, 0), NULL, 10) : -1;
     PQclear(r);
@@ -618,18 +634,18 @@ static enum ar_status migrate(struct pg_store *ps, struct pg_conn *pc, struct ar
         goto fail;
     }
     for (long v = version; v < PG_SCHEMA_VERSION; v++) {
-        if ((s = run_sql(ps, pc, migrations[v], NULL, err)) != AR_OK)
+        if ((s = run_sql(ps, pc, migrations[v], "schema migration", NULL, err)) != AR_OK)
             goto fail;
         /* our own constant, not input */
         snprintf(sql, sizeof(sql), "INSERT INTO schema_migrations (version) VALUES (%ld)", v + 1);
-        if ((s = run_sql(ps, pc, sql, NULL, err)) != AR_OK)
+        if ((s = run_sql(ps, pc, sql, "schema migration", NULL, err)) != AR_OK)
             goto fail;
     }
-    if ((s = run_sql(ps, pc, "COMMIT", NULL, err)) == AR_OK)
+    if ((s = run_sql(ps, pc, "COMMIT", "commit", NULL, err)) == AR_OK)
         return AR_OK;
 fail:
     if (pc->c && PQtransactionStatus(pc->c) != PQTRANS_IDLE)
-        run_sql(ps, pc, "ROLLBACK", NULL, NULL);
+        run_sql(ps, pc, "ROLLBACK", "rollback", NULL, NULL);
     return s;
 }
 
@@ -964,7 +980,7 @@ static enum ar_status pg_job_create(struct store *base, const char *job_id, cons
         ar_free(input_arr);
     }
     if (s == AR_OK)
-        s = run_sql(ps, pc, "COMMIT", NULL, err);
+        s = run_sql(ps, pc, "COMMIT", "commit", NULL, err);
 out:
     pool_put(ps, pc); /* rolls back what did not commit */
     return s;
