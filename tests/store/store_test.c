@@ -1476,6 +1476,38 @@ static void pooled_calls_run_in_parallel_and_waits_are_bounded(void **state)
     store_close(st);
 }
 
+/* The server drops every connection of the handle (as a restart does between two calls): the
+ * next calls find their pooled connections gone and succeed on new ones, with no error. */
+static void dropped_connections_are_replaced_without_an_error(void **state)
+{
+    struct fixture *f = *state;
+    struct store *st = open_store(f->url);
+    struct store_reply r = sample_reply("shop-x", "r-1", "谢谢"), out;
+    char id[STORE_JOB_ID_LEN + 1], sql[256];
+    struct store_job_info info;
+    bool found = false;
+    make_job(st, id);
+    assert_int_equal(store_reply_put(st, &r, NULL, NULL, NULL), AR_OK);
+    for (int round = 0; round < 3; round++) {
+        snprintf(sql, sizeof(sql),
+                 "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                 "WHERE datname = '%s' AND pid <> pg_backend_pid()",
+                 f->db.name);
+        assert_true(th_pg_scalar(&f->db, sql) >= 1);
+        sleep_ms(100); /* the backends are gone */
+        assert_int_equal(store_reply_get(st, "shop-x", "r-1", &out, &found, NULL), AR_OK);
+        assert_true(found);
+        assert_string_equal(out.reply, "谢谢");
+        store_reply_fini(&out);
+        assert_int_equal(store_job_get(st, id, &info, &found, NULL), AR_OK);
+        assert_true(found);
+        assert_int_equal(store_job_item_done(st, id, job_line_numbers[round], "{}", NULL), AR_OK);
+    }
+    assert_int_equal(store_job_get(st, id, &info, &found, NULL), AR_OK);
+    assert_int_equal(info.n_done, 3);
+    store_close(st);
+}
+
 /* Runs deploy/services.sh with args; its stdout (the URL, for start) goes to out. */
 static int services(const char *args, char *out, size_t out_size)
 {
@@ -1639,6 +1671,7 @@ int main(void)
         PG(concurrent_opens_migrate_once),
         PG(pg_newer_schema_and_bad_urls_are_refused),
         PG(pooled_calls_run_in_parallel_and_waits_are_bounded),
+        PG(dropped_connections_are_replaced_without_an_error),
         PG(stopped_server_fails_fast_then_recovers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
