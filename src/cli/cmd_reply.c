@@ -43,6 +43,7 @@ struct product_opts {
     const char *shops;
     const char *data_dir;
     const char *shop; /* the review's shop (reply), or that of lines without shop_id (batch) */
+    const char *store_url; /* postgres://... or a SQLite file; NULL: <data_dir>/replies.db */
     int threads;
 };
 
@@ -88,8 +89,8 @@ static bool open_profiles_store(const struct product_opts *o, struct product *p)
     if (!make_dir(o->data_dir))
         return false;
     snprintf(db, sizeof(db), "%s/replies.db", o->data_dir);
-    if (store_open(db, &p->store, &err) != AR_OK) {
-        cli_error("%s: %s", db, err.msg);
+    if (store_open_url(o->store_url ? o->store_url : db, &p->store, &err) != AR_OK) {
+        cli_error("%s: %s", o->store_url ? "--store" : db, err.msg);
         return false;
     }
     return true;
@@ -536,6 +537,7 @@ int cli_reply_attach(struct server *srv, const struct cli_reply_opts *opts, stru
         return 1;
     cr->srv = srv;
     o.shops = opts->shops_file;
+    o.store_url = opts->store_url;
     if (opts->data_dir)
         o.data_dir = opts->data_dir;
     if (!open_profiles_store(&o, &cr->p))
@@ -566,6 +568,7 @@ int cli_reply_attach(struct server *srv, const struct cli_reply_opts *opts, stru
     sp.cache = cr->p.cache;
     sp.metrics = server_metrics(srv);
     sp.n_workers = 32; /* mostly waiting on the engine */
+    sp.instance = server_instance_name(srv); /* the owner of this instance's claims */
     if (reply_service_create(&sp, &cr->p.svc) != AR_OK) {
         cli_error("serve: cannot start the reply service");
         goto fail;

@@ -327,6 +327,13 @@ struct reply_service_params {
     int n_workers;           /* threads for batches, jobs and async requests (8) */
     int queue_max;           /* tasks waiting for a worker (256); beyond: reply_service_submit
                                 says AR_EBUSY */
+    /* A new review is claimed in the store before it is generated, so that of the requests
+     * for it (on this instance or any other sharing the store) one generates and the others
+     * wait (up to timeout_s) for its stored reply. Instances sharing a store need distinct,
+     * stable names: reply_service_create ends the claims that a previous run under the same
+     * name left (a crash), so that their reviews need not wait for the leases. */
+    const char *instance;    /* borrowed; this instance's name in claims (NULL: the host's) */
+    double claim_lease_s;    /* a claim outlives a dead owner this long (120) */
 };
 struct reply_service_params reply_service_default_params(void);
 
