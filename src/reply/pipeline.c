@@ -90,6 +90,10 @@ static void metrics_setup(struct reply_service *svc)
     m->needs_human = counter(reg, "autoreply_reply_needs_human_total",
                              "Replies routed to a person (low rating, negative, sensitive)",
                              NULL, NULL);
+    m->model_calls = counter(reg, "autoreply_reply_model_calls_total",
+                             "Reviews this instance sent to the model (each once, whatever its "
+                             "regenerations): the generations a fleet pays for",
+                             NULL, NULL);
     for (int g = 1; g < REPLY_GUARD_COUNT; g++)
         m->retries[g] = counter(reg, "autoreply_reply_guard_rejections_total",
                                 "Generated replies rejected by a guardrail, by reason", "reason",
@@ -801,6 +805,7 @@ static void answer_new(struct reply_service *svc, const struct reply_profile *pr
     }
 
     /* 3. the model, behind the guardrails */
+    metrics_inc(svc->m.model_calls, 1);
     src = generate(svc, prof, rv, review_lang, reply_lang, negative, prio, call, r, &text);
     if (src < 0) {
         ar_free(key);

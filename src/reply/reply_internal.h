@@ -28,6 +28,8 @@ struct reply_metrics {
     struct metrics_child *cache_hits[2];  /* {level="l1"}, {level="l2"} */
     struct metrics_child *cache_misses, *cache_evictions, *cache_errors;
     struct metrics_child *needs_human;
+    struct metrics_child *model_calls;    /* reviews sent to the model (once each, retries
+                                             included in the one) */
     struct metrics_child *retries[REPLY_GUARD_COUNT];
     struct metrics_child *latency[2];     /* {cached="false"}, {cached="true"} */
     struct metrics_child *job_items_done, *job_items_error; /* autoreply_jobs_items_total */
