@@ -27,7 +27,7 @@ FLAGS_avx512      := -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx51
 FLAGS_avx512_vnni := $(FLAGS_avx512) -mavx512vnni
 
 # Modules in layer order (ARCHITECTURE.md) and what each may use.
-MODULES := base gguf kernels kv tokenizer sampler model metrics store engine reply server
+MODULES := base gguf kernels kv tokenizer sampler model metrics store queue engine reply server
 # tests/cli/ drive bin/autoreply as a user would; they link only base.
 TEST_ONLY_MODULES := cli
 DEPS_base      :=
@@ -39,6 +39,7 @@ DEPS_sampler   := base
 DEPS_model     := gguf kernels kv base
 DEPS_metrics   := base
 DEPS_store     := base
+DEPS_queue     := base
 DEPS_engine    := model tokenizer sampler gguf kernels kv base
 DEPS_reply     := engine store metrics model tokenizer sampler gguf kernels kv base
 DEPS_server    := reply engine store metrics model tokenizer sampler gguf kernels kv base
