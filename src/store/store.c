@@ -48,6 +48,9 @@ static const char *const migrations[STORE_SCHEMA_VERSION] = {
     "  PRIMARY KEY (job_id, line)"
     ") WITHOUT ROWID;"
     "CREATE INDEX job_items_by_status ON job_items (job_id, status, line);",
+    /* 1 -> 2: a job is published once its lines were handed to a queue; jobs from before
+     * count as unpublished, so that a consumer that resumes unpublished jobs picks them up */
+    "ALTER TABLE jobs ADD COLUMN published INTEGER NOT NULL DEFAULT 0;",
 };
 
 /* ---- statements --------------------------------------------------------------------- */
@@ -63,7 +66,9 @@ enum stmt_id {
     S_ITEM_PENDING,
     S_ITEM_FINISH,
     S_ITEM_STATUS,
+    S_ITEM_GET,
     S_JOB_COUNT,
+    S_JOB_SET_PUBLISHED,
     S_JOB_SET_STATUS,
     S_JOB_GET,
     S_JOB_ITEMS,
@@ -74,7 +79,7 @@ enum stmt_id {
 #define REPLY_COLS                                                                                 \
     "shop_id, review_id, review_text, rating, lang, reply, needs_human, sentiment, cached, "       \
     "model, created_s"
-#define JOB_COLS "id, status, n_total, n_done, n_failed, created_s, updated_s, shop_id"
+#define JOB_COLS "id, status, n_total, n_done, n_failed, created_s, updated_s, shop_id, published"
 
 static const char *const stmt_sql[S_COUNT] = {
     [S_BEGIN] = "BEGIN IMMEDIATE",
@@ -84,8 +89,8 @@ static const char *const stmt_sql[S_COUNT] = {
     [S_REPLY_INSERT] = "INSERT INTO replies (" REPLY_COLS ") "
                        "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11) "
                        "ON CONFLICT (shop_id, review_id) DO NOTHING",
-    [S_JOB_INSERT] = "INSERT INTO jobs (id, status, shop_id, n_total, created_s, updated_s) "
-                     "VALUES (?1, 'queued', ?2, ?3, ?4, ?4)",
+    [S_JOB_INSERT] = "INSERT INTO jobs (id, status, shop_id, n_total, created_s, updated_s, "
+                     "published) VALUES (?1, 'queued', ?2, ?3, ?4, ?4, 0)",
     [S_ITEM_INSERT] = "INSERT INTO job_items (job_id, line, input, status) "
                       "VALUES (?1, ?2, ?3, 'pending')",
     [S_ITEM_PENDING] = "SELECT line, input FROM job_items "
@@ -94,6 +99,8 @@ static const char *const stmt_sql[S_COUNT] = {
     [S_ITEM_FINISH] = "UPDATE job_items SET status = ?3, result = ?4 "
                       "WHERE job_id = ?1 AND line = ?2 AND status = 'pending'",
     [S_ITEM_STATUS] = "SELECT status FROM job_items WHERE job_id = ?1 AND line = ?2",
+    [S_ITEM_GET] = "SELECT line, status, input, result FROM job_items "
+                   "WHERE job_id = ?1 AND line = ?2",
     /* every right-hand side sees the old row */
     [S_JOB_COUNT] = "UPDATE jobs SET n_done = n_done + ?2, n_failed = n_failed + ?3, "
                     "updated_s = ?4, status = CASE "
@@ -102,6 +109,7 @@ static const char *const stmt_sql[S_COUNT] = {
                     "  ELSE 'running' END "
                     "WHERE id = ?1",
     [S_JOB_SET_STATUS] = "UPDATE jobs SET status = ?2, updated_s = ?3 WHERE id = ?1",
+    [S_JOB_SET_PUBLISHED] = "UPDATE jobs SET published = 1 WHERE id = ?1",
     [S_JOB_GET] = "SELECT " JOB_COLS " FROM jobs WHERE id = ?1",
     [S_JOB_ITEMS] = "SELECT line, status, input, result FROM job_items "
                     "WHERE job_id = ?1 ORDER BY line",
@@ -721,6 +729,14 @@ void store_items_free(struct store_item *items, size_t n)
     ar_free(items);
 }
 
+void store_item_fini(struct store_item *it)
+{
+    if (!it)
+        return;
+    ar_free(it->storage);
+    memset(it, 0, sizeof(*it));
+}
+
 static void job_from_row(sqlite3_stmt *s, struct store_job_info *info)
 {
     const unsigned char *id = sqlite3_column_text(s, 0);
@@ -737,6 +753,7 @@ static void job_from_row(sqlite3_stmt *s, struct store_job_info *info)
     info->created_s = sqlite3_column_int64(s, 5);
     info->updated_s = sqlite3_column_int64(s, 6);
     snprintf(info->shop_id, sizeof(info->shop_id), "%s", shop ? (const char *)shop : "");
+    info->published = sqlite3_column_int(s, 8) != 0;
 }
 
 static void random_job_id(char id[STORE_JOB_ID_LEN + 1])
@@ -1006,6 +1023,63 @@ enum ar_status store_job_set_status(struct store *st, const char *job_id,
         res = db_fail(st, rc, err, "job status");
     else if (sqlite3_changes(st->db) == 0)
         res = ar_err_set(err, AR_EINVAL, 0, "store: no job %s", job_id);
+    stmt_done(s);
+    pthread_mutex_unlock(&st->mu);
+    return res;
+}
+
+enum ar_status store_job_set_published(struct store *st, const char *job_id, struct ar_err *err)
+{
+    enum ar_status res = AR_OK;
+    sqlite3_stmt *s;
+    int rc;
+    if (!st)
+        return bad_arg(err, "NULL argument");
+    if (!job_id_ok(job_id))
+        return bad_arg(err, "malformed job id");
+    pthread_mutex_lock(&st->mu);
+    s = st->stmt[S_JOB_SET_PUBLISHED];
+    rc = bind_str(s, 1, job_id);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_step(s);
+    if (rc != SQLITE_DONE)
+        res = db_fail(st, rc, err, "job published");
+    else if (sqlite3_changes(st->db) == 0)
+        res = ar_err_set(err, AR_EINVAL, 0, "store: no job %s", job_id);
+    stmt_done(s);
+    pthread_mutex_unlock(&st->mu);
+    return res;
+}
+
+enum ar_status store_job_item_get(struct store *st, const char *job_id, int64_t line,
+                                  struct store_item *out, bool *found, struct ar_err *err)
+{
+    enum ar_status res = AR_OK;
+    sqlite3_stmt *s;
+    int rc;
+    if (!st || !out || !found)
+        return bad_arg(err, "NULL argument");
+    *found = false;
+    memset(out, 0, sizeof(*out));
+    if (!job_id_ok(job_id))
+        return bad_arg(err, "malformed job id");
+    pthread_mutex_lock(&st->mu);
+    s = st->stmt[S_ITEM_GET];
+    rc = bind_str(s, 1, job_id);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_bind_int64(s, 2, line);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_step(s);
+    if (rc == SQLITE_ROW) {
+        int status = status_from_name(item_status_names, AR_ARRAY_LEN(item_status_names),
+                                      sqlite3_column_text(s, 1));
+        res = item_copy(out, sqlite3_column_int64(s, 0),
+                        status < 0 ? STORE_ITEM_ERROR : (enum store_item_status)status,
+                        sqlite3_column_text(s, 2), sqlite3_column_text(s, 3));
+        *found = res == AR_OK;
+    } else if (rc != SQLITE_DONE) {
+        res = db_fail(st, rc, err, "line lookup");
+    }
     stmt_done(s);
     pthread_mutex_unlock(&st->mu);
     return res;

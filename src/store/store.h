@@ -31,7 +31,7 @@
 
 #include "../base/base.h"
 
-#define STORE_SCHEMA_VERSION 1
+#define STORE_SCHEMA_VERSION 2
 #define STORE_ID_MAX 256    /* longest shop or review id, bytes */
 #define STORE_JOB_ID_LEN 32 /* hex digits of a job id (128 random bits) */
 #define STORE_BUSY_TIMEOUT_MS 5000
@@ -105,6 +105,7 @@ struct store_job_info {
     int64_t n_failed;               /* lines finished with an error */
     int64_t created_s, updated_s;   /* unix seconds */
     char shop_id[STORE_ID_MAX + 1]; /* the job's shop (default for its lines) */
+    bool published;                 /* its lines were handed to a queue (store_job_set_published) */
 };
 
 /* One input line of a job, as given to store_job_create (strings borrowed). */
@@ -125,6 +126,9 @@ struct store_item {
 };
 
 void store_items_free(struct store_item *items, size_t n);
+/* Releases one item's storage and zeroes it, for an item in the caller's own memory (as
+ * store_job_item_get fills); NULL or a zeroed item does nothing. */
+void store_item_fini(struct store_item *it);
 
 /* Creates a queued job holding n >= 1 lines, all pending, in one transaction (all or
  * nothing). job_id receives the new id, STORE_JOB_ID_LEN hex digits and a NUL. */
@@ -152,6 +156,17 @@ enum ar_status store_job_item_error(struct store *st, const char *job_id, int64_
 /* Sets a job's status (e.g. STORE_JOB_CANCELLED). */
 enum ar_status store_job_set_status(struct store *st, const char *job_id,
                                     enum store_job_status status, struct ar_err *err);
+
+/* Marks a job as published: every line was handed to a queue, so that a restart need not
+ * hand them over again. New jobs are created unpublished. An unknown job gives AR_EINVAL. */
+enum ar_status store_job_set_published(struct store *st, const char *job_id, struct ar_err *err);
+
+/* Reads one line of a job (its status, input and result), so that a queue consumer can skip
+ * a line finished already before doing any work. *found says whether the job has that line;
+ * when it does, *out is filled and owns its storage: store_item_fini(out) for an item in the
+ * caller's memory, store_items_free(out, 1) only when out itself came from ar_malloc. */
+enum ar_status store_job_item_get(struct store *st, const char *job_id, int64_t line,
+                                  struct store_item *out, bool *found, struct ar_err *err);
 
 /* *found says whether the job exists; when it does, *info is filled. */
 enum ar_status store_job_get(struct store *st, const char *job_id, struct store_job_info *info,

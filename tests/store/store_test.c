@@ -423,11 +423,89 @@ static void job_progresses_from_queued_to_done(void **state)
     store_close(st);
 }
 
+/* A queue consumer reads one line before working on it: status, input and result, for
+ * pending, done and failed lines; and a job is published once, after its creation. */
+static void job_lines_are_read_one_by_one_and_jobs_get_published(void **state)
+{
+    struct fixture *f = *state;
+    struct store *st = open_store(f->path);
+    char id[STORE_JOB_ID_LEN + 1];
+    const char *missing = "0123456789abcdef0123456789abcdef";
+    struct store_job_info info;
+    struct store_item it = {0}, *heap;
+    struct ar_err err = {0};
+    bool found = false;
+
+    make_job(st, id);
+    assert_int_equal(store_job_get(st, id, &info, &found, NULL), AR_OK);
+    assert_true(found);
+    assert_false(info.published);
+
+    assert_int_equal(store_job_item_get(st, id, 4, &it, &found, NULL), AR_OK);
+    assert_true(found);
+    assert_int_equal(it.line, 4);
+    assert_int_equal(it.status, STORE_ITEM_PENDING);
+    assert_string_equal(it.input, job_lines[2]);
+    assert_null(it.result);
+    store_item_fini(&it);
+    assert_null(it.storage);
+
+    assert_int_equal(store_job_item_done(st, id, 4, "{\"reply\":\"好\"}", NULL), AR_OK);
+    assert_int_equal(store_job_item_error(st, id, 9, "bad line", NULL), AR_OK);
+    assert_int_equal(store_job_item_get(st, id, 4, &it, &found, NULL), AR_OK);
+    assert_true(found);
+    assert_int_equal(it.status, STORE_ITEM_DONE);
+    assert_string_equal(it.input, job_lines[2]);
+    assert_string_equal(it.result, "{\"reply\":\"好\"}");
+    store_item_fini(&it);
+    /* a heap item is released with store_items_free(out, 1) */
+    heap = ar_calloc(1, sizeof(*heap));
+    assert_non_null(heap);
+    assert_int_equal(store_job_item_get(st, id, 9, heap, &found, NULL), AR_OK);
+    assert_true(found);
+    assert_int_equal(heap->status, STORE_ITEM_ERROR);
+    assert_string_equal(heap->result, "bad line");
+    assert_string_equal(heap->input, job_lines[4]);
+    store_items_free(heap, 1);
+
+    /* no such line, no such job, bad ids */
+    assert_int_equal(store_job_item_get(st, id, 3, &it, &found, NULL), AR_OK);
+    assert_false(found);
+    assert_null(it.storage);
+    assert_int_equal(store_job_item_get(st, missing, 1, &it, &found, NULL), AR_OK);
+    assert_false(found);
+    assert_int_equal(store_job_item_get(st, "nope", 1, &it, &found, NULL), AR_EINVAL);
+    assert_int_equal(store_job_item_get(st, id, 1, NULL, &found, NULL), AR_EINVAL);
+    assert_int_equal(store_job_item_get(st, id, 1, &it, NULL, NULL), AR_EINVAL);
+
+    assert_int_equal(store_job_set_published(st, id, NULL), AR_OK);
+    assert_int_equal(store_job_get(st, id, &info, &found, NULL), AR_OK);
+    assert_true(info.published);
+    /* publishing changes nothing else */
+    assert_int_equal(info.status, STORE_JOB_RUNNING);
+    assert_int_equal(info.n_done, 1);
+    assert_int_equal(info.n_failed, 1);
+    assert_int_equal(store_job_set_published(st, id, NULL), AR_OK); /* again: still published */
+    assert_int_equal(store_job_set_published(st, missing, &err), AR_EINVAL);
+    assert_non_null(strstr(err.msg, missing));
+    assert_int_equal(store_job_set_published(st, "xyz", NULL), AR_EINVAL);
+    store_close(st);
+}
+
 static bool count_job(const struct store_job_info *info, void *user)
 {
     struct collected *c = user;
     if (c->n < 64)
         snprintf(c->input[c->n], sizeof(c->input[0]), "%s", info->id);
+    c->n++;
+    return true;
+}
+
+static bool collect_published(const struct store_job_info *info, void *user)
+{
+    struct collected *c = user;
+    if (c->n < 64)
+        snprintf(c->input[c->n], sizeof(c->input[0]), "%s:%d", info->id, info->published);
     c->n++;
     return true;
 }
@@ -451,6 +529,16 @@ static void cancelled_and_finished_jobs_are_not_unfinished(void **state)
     assert_int_equal(store_jobs_unfinished(st, count_job, &col, NULL), AR_OK);
     assert_int_equal(col.n, 1);
     assert_string_equal(col.input[0], a);
+    /* unfinished jobs say whether they were published */
+    {
+        struct collected pub = {0};
+        char want[STORE_JOB_ID_LEN + 3];
+        assert_int_equal(store_job_set_published(st, a, NULL), AR_OK);
+        assert_int_equal(store_jobs_unfinished(st, collect_published, &pub, NULL), AR_OK);
+        assert_int_equal(pub.n, 1);
+        snprintf(want, sizeof(want), "%s:1", a);
+        assert_string_equal(pub.input[0], want);
+    }
 
     /* a line finished after cancelling is recorded but the job stays cancelled */
     assert_int_equal(store_job_item_done(st, b, 1, "{}", NULL), AR_OK);
@@ -595,6 +683,40 @@ static void open_rejects_non_database_and_newer_schema(void **state)
     assert_int_equal(store_open(newer, &st, &err), AR_EFORMAT);
     assert_null(st);
     assert_non_null(strstr(err.msg, "99"));
+}
+
+/* A version-1 database (no published column) is migrated at open: its jobs read back as
+ * unpublished, and can be published. */
+static void version_one_database_is_migrated(void **state)
+{
+    struct fixture *f = *state;
+    struct store *st = open_store(f->path);
+    char id[STORE_JOB_ID_LEN + 1];
+    struct store_job_info info;
+    bool found = false;
+    sqlite3 *db = NULL;
+    make_job(st, id);
+    assert_int_equal(store_job_set_published(st, id, NULL), AR_OK);
+    store_close(st);
+    /* back to version 1 as it was: the column did not exist */
+    assert_int_equal(sqlite3_open(f->path, &db), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(db,
+                                  "ALTER TABLE jobs DROP COLUMN published;"
+                                  "PRAGMA user_version = 1;",
+                                  NULL, NULL, NULL),
+                     SQLITE_OK);
+    sqlite3_close(db);
+
+    st = open_store(f->path);
+    assert_int_equal(pragma_int(f->path, "PRAGMA user_version", NULL, 0), STORE_SCHEMA_VERSION);
+    assert_int_equal(store_job_get(st, id, &info, &found, NULL), AR_OK);
+    assert_true(found);
+    assert_false(info.published);
+    assert_int_equal(info.n_total, 5);
+    assert_int_equal(store_job_set_published(st, id, NULL), AR_OK);
+    assert_int_equal(store_job_get(st, id, &info, &found, NULL), AR_OK);
+    assert_true(info.published);
+    store_close(st);
 }
 
 #define CRASH_LINES 20
@@ -788,6 +910,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(cancelled_and_finished_jobs_are_not_unfinished, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(invalid_job_arguments_are_rejected, setup, teardown),
+        cmocka_unit_test_setup_teardown(job_lines_are_read_one_by_one_and_jobs_get_published,
+                                        setup, teardown),
+        cmocka_unit_test_setup_teardown(version_one_database_is_migrated, setup, teardown),
         cmocka_unit_test_setup_teardown(reopen_keeps_replies_and_jobs, setup, teardown),
         cmocka_unit_test_setup_teardown(open_rejects_non_database_and_newer_schema, setup,
                                         teardown),
