@@ -41,8 +41,8 @@ DEPS_metrics   := base
 DEPS_store     := base
 DEPS_queue     := base
 DEPS_engine    := model tokenizer sampler gguf kernels kv base
-DEPS_reply     := engine store metrics model tokenizer sampler gguf kernels kv base
-DEPS_server    := reply engine store metrics model tokenizer sampler gguf kernels kv base
+DEPS_reply     := engine store queue metrics model tokenizer sampler gguf kernels kv base
+DEPS_server    := reply engine store queue metrics model tokenizer sampler gguf kernels kv base
 DEPS_cli       := base
 
 srcs_of = $(wildcard src/$(1)/*.c)
