@@ -87,9 +87,11 @@ enum ar_status queue_amqp_create(const char *url, const char *name, struct queue
                                  struct ar_err *err);
 
 /* Returns once the queue holds the message durably: for RabbitMQ, a persistent message to a
- * durable queue, confirmed by the broker (publisher confirms). While the broker is down it
- * fails fast with AR_EUNAVAIL (at most one connection attempt per backoff period). len may be
- * 0; at most QUEUE_BODY_MAX. */
+ * durable queue, confirmed by the broker (publisher confirms; no confirm within 10 s:
+ * AR_EUNAVAIL). While the broker is down it fails fast with AR_EUNAVAIL (at most one connection
+ * attempt per backoff period). A broker that blocks publishers (its memory or disk alarm) makes
+ * it fail after that timeout, or wait longer when a large batch fills the socket first. len may
+ * be 0; at most QUEUE_BODY_MAX. */
 enum ar_status queue_publish(struct queue *q, const void *body, size_t len, struct ar_err *err);
 /* The same for n bodies, confirmed together (much faster than n calls). On failure some of
  * them may have been queued already: consumers must take duplicates. */
@@ -99,7 +101,8 @@ enum ar_status queue_publish_many(struct queue *q, const struct queue_body *b, s
 /* Waits up to timeout_s (>= 0) for one message. AR_OK: *out filled (the caller owns it:
  * queue_msg_fini; it must then ack or nack out->tag). AR_EBUSY: none came in time, or this
  * consumer already holds its prefetch of unacked messages; AR_EUNAVAIL: the broker was
- * unreachable the whole time (returned after the timeout, reconnecting meanwhile). */
+ * unreachable the whole time (returned after the timeout, reconnecting meanwhile; a connection
+ * attempt under way may add up to its own 2 s limit). */
 enum ar_status queue_get(struct queue *q, double timeout_s, struct queue_msg *out,
                          struct ar_err *err);
 /* Removes a delivered message for good. A tag from a connection that has since been lost
