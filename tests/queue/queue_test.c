@@ -434,7 +434,7 @@ static void unreachable_broker_fails_fast_and_create_still_works(void **state)
     for (int i = 0; i < 20; i++) {
         t0 = ar_time_s();
         assert_int_equal(queue_publish(q, "x", 1, &err), AR_EUNAVAIL);
-        assert_true(ar_time_s() - t0 < 0.5);
+        assert_true(ar_time_s() - t0 < 1.0); /* no connect or confirm wait */
         assert_non_null(strstr(err.msg, "127.0.0.1:1"));
     }
     t0 = ar_time_s();
@@ -576,9 +576,35 @@ static int services(const char *args, char *out, size_t out_size)
     return rc;
 }
 
+/* The private broker's folder; teardown stops whatever it runs and removes it, also after a
+ * failed check. */
+static int broker_setup(void **state)
+{
+    char *dir = strdup("/tmp/ar_queue_broker_XXXXXX");
+    if (!dir || !mkdtemp(dir)) {
+        free(dir);
+        return -1;
+    }
+    *state = dir;
+    return 0;
+}
+
+static int broker_teardown(void **state)
+{
+    char *dir = *state, args[256];
+    snprintf(args, sizeof(args), "stop-all %s", dir);
+    services(args, NULL, 0);
+    snprintf(args, sizeof(args), "rm -rf %s", dir);
+    if (system(args) != 0)
+        return -1;
+    free(dir);
+    return 0;
+}
+
 static void broker_restart_keeps_messages_and_consumption_resumes(void **state)
 {
-    char dir[] = "/tmp/ar_queue_broker_XXXXXX", args[256], url[256], port[16] = "";
+    const char *dir = *state;
+    char args[256], url[256], port[16] = "";
     char name[128];
     struct queue *q;
     struct queue_msg m;
@@ -586,8 +612,6 @@ static void broker_restart_keeps_messages_and_consumption_resumes(void **state)
     uint64_t stale_tag = 0;
     double t0;
     FILE *f;
-    (void)state;
-    assert_non_null(mkdtemp(dir));
     snprintf(args, sizeof(args), "start rabbitmq %s", dir);
     if (services(args, url, sizeof(url)) != 0 || strncmp(url, "amqp://", 7) != 0)
         fail_msg("cannot start a private RabbitMQ in %s", dir);
@@ -618,7 +642,7 @@ static void broker_restart_keeps_messages_and_consumption_resumes(void **state)
     for (int i = 0; i < 10; i++) {
         t0 = ar_time_s();
         assert_int_equal(queue_publish(q, "x", 1, &err), AR_EUNAVAIL);
-        assert_true(ar_time_s() - t0 < 0.5);
+        assert_true(ar_time_s() - t0 < 1.0); /* no connect or confirm wait */
     }
     {
         /* a delivery the broker pushed before it stopped (prefetch 1) may still sit in the
@@ -676,11 +700,6 @@ static void broker_restart_keeps_messages_and_consumption_resumes(void **state)
     assert_int_equal(queue_get(q, 0.3, &m, NULL), AR_EBUSY);
     assert_int_equal(raw_ready(url, name), 0);
     queue_destroy(q);
-
-    snprintf(args, sizeof(args), "stop-all %s", dir);
-    services(args, NULL, 0);
-    snprintf(args, sizeof(args), "rm -rf %s", dir);
-    assert_int_equal(system(args), 0);
 }
 
 int main(void)
@@ -700,7 +719,8 @@ int main(void)
         cmocka_unit_test(unreachable_broker_fails_fast_and_create_still_works),
         AMQP(second_consumer_gets_what_the_first_cannot_hold),
         AMQP(killed_consumer_messages_are_redelivered_none_lost),
-        cmocka_unit_test(broker_restart_keeps_messages_and_consumption_resumes),
+        cmocka_unit_test_setup_teardown(broker_restart_keeps_messages_and_consumption_resumes,
+                                        broker_setup, broker_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
