@@ -17,6 +17,7 @@
 #include "cli_internal.h"
 #include "engine/engine.h"
 #include "model/model.h"
+#include "queue/queue.h"
 #include "reply/reply.h"
 #include "server/server.h"
 #include "store/store.h"
@@ -513,8 +514,22 @@ done:
 struct cli_reply {
     struct product p; /* profiles, store, cache, svc (model and engine belong to serve) */
     struct reply_generator *gen;
-    struct server *srv; /* borrowed */
+    struct queue *queue; /* job lines: RabbitMQ with --queue, else NULL (in process) */
+    struct server *srv;  /* borrowed */
 };
+
+/* /health's "postgres" and "rabbitmq": what each backend knew at its last contact */
+static int store_health(void *user)
+{
+    struct cli_reply *cr = user;
+    return store_healthy(cr->p.store) ? SERVER_HEALTH_OK : SERVER_HEALTH_DOWN;
+}
+
+static int queue_health(void *user)
+{
+    struct cli_reply *cr = user;
+    return queue_healthy(cr->queue) ? SERVER_HEALTH_OK : SERVER_HEALTH_DOWN;
+}
 
 /* /health's "redis": the shared reply cache and the rate-limit buckets both reach it */
 static int redis_health(void *user)
@@ -563,9 +578,26 @@ int cli_reply_attach(struct server *srv, const struct cli_reply_opts *opts, stru
         cli_error("serve: out of memory");
         goto fail;
     }
+    if (opts->queue_url) {
+        struct queue_params qp = queue_default_params();
+        if (queue_open(opts->queue_url, &qp, &cr->queue, &err) != AR_OK) {
+            cli_error("serve: --queue: %s", err.msg[0] ? err.msg : "cannot open the queue");
+            goto fail;
+        }
+        if (server_add_health_check(srv, "rabbitmq", queue_health, cr) != AR_OK) {
+            cli_error("serve: out of memory");
+            goto fail;
+        }
+    }
+    if (opts->store_url && strcmp(store_backend_name(cr->p.store), "postgres") == 0 &&
+        server_add_health_check(srv, "postgres", store_health, cr) != AR_OK) {
+        cli_error("serve: out of memory");
+        goto fail;
+    }
     sp.profiles = cr->p.profiles;
     sp.store = cr->p.store;
     sp.cache = cr->p.cache;
+    sp.queue = cr->queue;
     sp.metrics = server_metrics(srv);
     sp.n_workers = 32; /* mostly waiting on the engine */
     sp.instance = server_instance_name(srv); /* the owner of this instance's claims */
@@ -602,7 +634,8 @@ void cli_reply_detach(struct cli_reply *cr)
 {
     if (!cr)
         return;
-    reply_service_destroy(cr->p.svc);
+    reply_service_destroy(cr->p.svc); /* stops the job runner: unacked lines go back */
+    queue_destroy(cr->queue);
     reply_generator_destroy(cr->gen);
     cache_destroy(cr->p.cache);
     store_close(cr->p.store);

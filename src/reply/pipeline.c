@@ -27,6 +27,7 @@ struct reply_service_params reply_service_default_params(void)
     p.n_workers = 8;
     p.queue_max = 256;
     p.claim_lease_s = 120;
+    p.job_sweep_s = 10;
     return p;
 }
 
@@ -211,8 +212,11 @@ enum ar_status reply_service_create(const struct reply_service_params *p,
     pthread_mutex_init(&svc->mu, NULL);
     pthread_mutex_init(&svc->q_mu, NULL);
     pthread_cond_init(&svc->q_cv, NULL);
-    pthread_cond_init(&svc->job_cv, NULL);
     metrics_setup(svc);
+    if (rp_jobs_init(svc) != AR_OK) {
+        reply_service_destroy(svc);
+        return AR_ENOMEM;
+    }
     svc->workers = ar_calloc((size_t)p->n_workers, sizeof(pthread_t));
     if (!svc->workers) {
         reply_service_destroy(svc);
@@ -236,13 +240,12 @@ void reply_service_destroy(struct reply_service *svc)
     pthread_mutex_lock(&svc->q_mu);
     svc->stopping = true;
     pthread_cond_broadcast(&svc->q_cv);
-    pthread_cond_broadcast(&svc->job_cv);
     pthread_mutex_unlock(&svc->q_mu);
     rp_jobs_stop(svc);
     for (int i = 0; i < svc->n_workers; i++)
         pthread_join(svc->workers[i], NULL);
     ar_free(svc->workers);
-    pthread_cond_destroy(&svc->job_cv);
+    rp_jobs_fini(svc);
     pthread_cond_destroy(&svc->q_cv);
     pthread_mutex_destroy(&svc->q_mu);
     pthread_mutex_destroy(&svc->mu);

@@ -442,6 +442,17 @@ static enum ar_status conn_open(struct pg_store *ps, struct pg_conn *pc, struct 
     return s;
 }
 
+/* Healthy until a connection attempt fails, again once one succeeds. */
+static bool pg_healthy(struct store *base)
+{
+    struct pg_store *ps = (struct pg_store *)base;
+    bool ok;
+    pthread_mutex_lock(&ps->mu);
+    ok = ps->retry_at == 0;
+    pthread_mutex_unlock(&ps->mu);
+    return ok;
+}
+
 /* Takes a connection: an idle one, a new one while fewer than STORE_PG_POOL_MAX are open, or
  * the next one given back within the deadline (else AR_EBUSY). */
 static enum ar_status pool_get(struct pg_store *ps, struct pg_conn **out, struct ar_err *err)
@@ -1222,6 +1233,7 @@ static enum ar_status pg_jobs_unfinished(struct store *base, store_job_fn fn, vo
 static const struct store_ops pg_ops = {
     .name = "postgres",
     .close = pg_close,
+    .healthy = pg_healthy,
     .reply_get = pg_reply_get,
     .reply_put = pg_reply_put,
     .reply_claim = pg_reply_claim,

@@ -191,6 +191,11 @@ void store_close(struct store *st)
         st->ops->close(st);
 }
 
+bool store_healthy(struct store *st)
+{
+    return !st || !st->ops->healthy || st->ops->healthy(st);
+}
+
 const char *store_backend_name(const struct store *st)
 {
     return st ? st->ops->name : "none";

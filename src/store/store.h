@@ -71,6 +71,10 @@ enum ar_status store_open_url(const char *url, struct store **out, struct ar_err
 void store_close(struct store *st);
 /* "sqlite" or "postgres" (static). */
 const char *store_backend_name(const struct store *st);
+/* Whether the backend's server answered at its last contact (false while a PostgreSQL that
+ * went away is being reconnected to; always true for SQLite and NULL). Quick, never touches
+ * the network: for /health. */
+bool store_healthy(struct store *st);
 
 /* ---- replies ------------------------------------------------------------------------- */
 

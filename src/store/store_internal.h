@@ -12,6 +12,7 @@
 struct store_ops {
     const char *name; /* "sqlite", "postgres" */
     void (*close)(struct store *st);
+    bool (*healthy)(struct store *st); /* NULL: always */
     enum ar_status (*reply_get)(struct store *st, const char *shop_id, const char *review_id,
                                 struct store_reply *out, bool *found, struct ar_err *err);
     /* Inserts r (created: its time, never 0) unless the key exists, and ends any claim on the
