@@ -498,15 +498,20 @@ static int read_pid(int k)
 /* Whether pid runs (an exited process that nobody reaped yet, a zombie, does not). */
 static bool running(int pid)
 {
-    char path[64], *stat, *p;
-    bool r;
+    char path[64], stat[512], *p;
+    FILE *f;
+    size_t n;
     snprintf(path, sizeof(path), "/proc/%d/stat", pid);
-    if (!(stat = th_read_file(path, NULL)))
+    if (!(f = fopen(path, "r")))
         return false;
+    /* read, not a size from ftell: /proc files report 0 bytes */
+    n = fread(stat, 1, sizeof(stat) - 1, f);
+    fclose(f);
+    stat[n] = '\0';
     p = strrchr(stat, ')');
-    r = p && p[1] == ' ' && p[2] != 'Z' && p[2] != 'X';
-    free(stat);
-    return r;
+    if (!p)
+        fail_msg("unreadable %s: '%s'", path, stat);
+    return p[1] == ' ' && p[2] != 'Z' && p[2] != 'X';
 }
 
 /* A graceful restart: SIGTERM, wait for the exit, start again. */
