@@ -755,6 +755,56 @@ static void a_rabbitmq_restart_resumes_consumption(void **state)
     assert_int_equal(total, 300);
 }
 
+/* ---- PostgreSQL restarts ---------------------------------------------------------------------- */
+
+static void postgres_down_gives_clean_503s_on_what_needs_it_and_recovers(void **state)
+{
+    char shop[64], hdr[256], port_path[128], h[32];
+    char *port_s;
+    struct resp r;
+    int st;
+    cJSON *j;
+    (void)state;
+    snprintf(shop, sizeof(shop), "shop-pg-%08x", rnd());
+    snprintf(port_path, sizeof(port_path), "%s/postgres.port", F.dir);
+    port_s = th_read_file(port_path, NULL);
+    assert_non_null(port_s);
+    assert_int_equal(services_cmd("stop postgres %s", F.dir), 0);
+    /* a review needs the store: a clean 503 with Retry-After (checked by reply_post) */
+    j = reply_post(F.port[1], next_key(), shop, "pg1", "the colour is not as pictured", 3, &st,
+                   NULL, 0);
+    assert_int_equal(st, 503);
+    assert_string_equal(jstr(cJSON_GetObjectItemCaseSensitive(j, "error"), "code"),
+                        "backend_unavailable");
+    cJSON_Delete(j);
+    /* what does not need it is served */
+    auth_header(hdr, sizeof(hdr), next_key());
+    http(F.port[1], "GET", "/v1/models", hdr, NULL, 0, &r);
+    assert_int_equal(r.status, 200);
+    resp_free(&r);
+    health(F.port[1], h, sizeof(h));
+    assert_string_equal(h, "degraded");
+    assert_int_equal(services_cmd("start postgres %s %d", F.dir, atoi(port_s)), 0);
+    free(port_s);
+    /* back by itself (the reconnection backoff is at most 1 s) */
+    {
+        double t0 = ar_time_s();
+        for (;;) {
+            j = reply_post(F.port[1], next_key(), shop, "pg1", "the colour is not as pictured", 3,
+                           &st, NULL, 0);
+            cJSON_Delete(j);
+            if (st == 200)
+                break;
+            assert_int_equal(st, 503);
+            if (ar_time_s() - t0 > 20)
+                fail_msg("still 503 20 s after PostgreSQL came back");
+            usleep(200000);
+        }
+    }
+    for (int k = 1; k <= N_INST; k++)
+        assert_true(wait_health(F.port[k], "ok", 20));
+}
+
 /* ---- nginx skips a dead instance ------------------------------------------------------------- */
 
 static void nginx_stops_sending_to_a_dead_instance(void **state)
@@ -792,6 +842,7 @@ int main(void)
         cmocka_unit_test(a_job_loses_nothing_when_instances_die),
         cmocka_unit_test(redis_down_gives_successes_and_clean_503s_and_recovers),
         cmocka_unit_test(a_rabbitmq_restart_resumes_consumption),
+        cmocka_unit_test(postgres_down_gives_clean_503s_on_what_needs_it_and_recovers),
     };
     signal(SIGPIPE, SIG_IGN);
     return cmocka_run_group_tests(tests, fleet_up, fleet_down);
