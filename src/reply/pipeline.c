@@ -26,7 +26,7 @@ struct reply_service_params reply_service_default_params(void)
     p.timeout_s = 60;
     p.n_workers = 8;
     p.queue_max = 256;
-    p.claim_lease_s = 120;
+    p.claim_lease_s = 15;
     p.job_sweep_s = 10;
     return p;
 }
@@ -195,6 +195,78 @@ static void release_old_claims(const struct reply_service_params *p);
 
 /* ---- lifetime ---------------------------------------------------------------------------- */
 
+/* Renews the claims in progress (their owners are alive) every lease / 3. The renewals run
+ * under claims_mu, so a claim is never renewed after its answer unregistered it (and then
+ * stored or gave it up). */
+static void *renewer_main(void *arg)
+{
+    struct reply_service *svc = arg;
+    double period = svc->p.claim_lease_s / 3;
+    pthread_mutex_lock(&svc->claims_mu);
+    while (!svc->renewer_stop) {
+        struct timespec ts;
+        double until;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        until = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9 + period;
+        ts.tv_sec = (time_t)until;
+        ts.tv_nsec = (long)((until - (double)ts.tv_sec) * 1e9);
+        pthread_cond_timedwait(&svc->claims_cv, &svc->claims_mu, &ts);
+        if (svc->renewer_stop)
+            break;
+        for (struct rp_claim *c = svc->claims; c; c = c->next) {
+            struct ar_err err = {AR_OK, 0, {0}};
+            struct store_reply row;
+            enum store_claim got = STORE_CLAIM_HELD;
+            enum ar_status st;
+            memset(&row, 0, sizeof(row));
+            st = store_reply_claim(svc->p.store, c->shop_id, c->review_id, c->owner,
+                                   svc->p.claim_lease_s, &got, &row, &err);
+            if (got == STORE_CLAIM_STORED)
+                store_reply_fini(&row);
+            if (st != AR_OK)
+                AR_WARN("reply: renewing the claim on %s/%s: %s: %s", c->shop_id, c->review_id,
+                        ar_status_str(st), err.msg);
+            else if (got == STORE_CLAIM_HELD)
+                AR_WARN("reply: the claim on %s/%s went to another instance while answering it",
+                        c->shop_id, c->review_id);
+        }
+    }
+    pthread_mutex_unlock(&svc->claims_mu);
+    return NULL;
+}
+
+static void claim_register(struct reply_service *svc, struct rp_claim *c)
+{
+    pthread_mutex_lock(&svc->claims_mu);
+    c->prev = NULL;
+    c->next = svc->claims;
+    if (svc->claims)
+        svc->claims->prev = c;
+    svc->claims = c;
+    pthread_mutex_unlock(&svc->claims_mu);
+}
+
+static void claim_unregister(struct reply_service *svc, struct rp_claim *c)
+{
+    pthread_mutex_lock(&svc->claims_mu);
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        svc->claims = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    pthread_mutex_unlock(&svc->claims_mu);
+}
+
+static bool service_stopping(struct reply_service *svc)
+{
+    bool s;
+    pthread_mutex_lock(&svc->q_mu);
+    s = svc->stopping;
+    pthread_mutex_unlock(&svc->q_mu);
+    return s;
+}
+
 enum ar_status reply_service_create(const struct reply_service_params *p,
                                     struct reply_service **out)
 {
@@ -212,7 +284,14 @@ enum ar_status reply_service_create(const struct reply_service_params *p,
     pthread_mutex_init(&svc->mu, NULL);
     pthread_mutex_init(&svc->q_mu, NULL);
     pthread_cond_init(&svc->q_cv, NULL);
+    pthread_mutex_init(&svc->claims_mu, NULL);
+    pthread_cond_init(&svc->claims_cv, NULL);
     metrics_setup(svc);
+    if (pthread_create(&svc->renewer, NULL, renewer_main, svc) != 0) {
+        reply_service_destroy(svc);
+        return AR_ENOMEM;
+    }
+    svc->renewer_on = true;
     if (rp_jobs_init(svc) != AR_OK) {
         reply_service_destroy(svc);
         return AR_ENOMEM;
@@ -246,6 +325,15 @@ void reply_service_destroy(struct reply_service *svc)
         pthread_join(svc->workers[i], NULL);
     ar_free(svc->workers);
     rp_jobs_fini(svc);
+    if (svc->renewer_on) {
+        pthread_mutex_lock(&svc->claims_mu);
+        svc->renewer_stop = true;
+        pthread_cond_signal(&svc->claims_cv);
+        pthread_mutex_unlock(&svc->claims_mu);
+        pthread_join(svc->renewer, NULL);
+    }
+    pthread_cond_destroy(&svc->claims_cv);
+    pthread_mutex_destroy(&svc->claims_mu);
     pthread_cond_destroy(&svc->q_cv);
     pthread_mutex_destroy(&svc->q_mu);
     pthread_mutex_destroy(&svc->mu);
@@ -692,6 +780,10 @@ static bool claim_review(struct reply_service *svc, const struct reply_review *r
         }
         if (*c != STORE_CLAIM_HELD)
             return true;
+        if (service_stopping(svc)) {
+            set_error(r, REPLY_EBUSY, "this instance is stopping; retry shortly");
+            return false;
+        }
         if (reply_call_cancelled(call)) {
             set_error(r, REPLY_ECANCELLED,
                       "the client went away while the review was answered elsewhere");
@@ -744,7 +836,12 @@ static void answer(struct reply_service *svc, const struct reply_review *rv,
         store_reply_fini(&stored);
         return;
     }
-    answer_new(svc, prof, rv, prio, call, r, &put);
+    {
+        struct rp_claim held = {rv->shop_id, rv->review_id, owner, NULL, NULL};
+        claim_register(svc, &held);
+        answer_new(svc, prof, rv, prio, call, r, &put);
+        claim_unregister(svc, &held);
+    }
     /* nothing stored (an error, or a reply mode that stores nothing): the next request need
      * not wait for the lease */
     if (!put &&

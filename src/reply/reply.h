@@ -334,7 +334,8 @@ struct reply_service_params {
      * stable names: reply_service_create ends the claims that a previous run under the same
      * name left (a crash), so that their reviews need not wait for the leases. */
     const char *instance;    /* borrowed; this instance's name in claims (NULL: the host's) */
-    double claim_lease_s;    /* a claim outlives a dead owner this long (120) */
+    double claim_lease_s;    /* a claim outlives a dead owner this long (15); a live owner
+                                renews its claims every claim_lease_s / 3 */
     struct queue *queue;     /* borrowed: the job-line queue (RabbitMQ for a fleet); NULL: the
                                 service makes an in-process one (one process, as before). It
                                 must outlive the service. */

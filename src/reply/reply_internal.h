@@ -36,6 +36,12 @@ struct reply_metrics {
     struct metrics_child *job_items_pending;                /* gauge, set by the runner */
 };
 
+/* A claim this instance holds while it answers the review (on the answering thread's stack). */
+struct rp_claim {
+    const char *shop_id, *review_id, *owner;
+    struct rp_claim *prev, *next;
+};
+
 struct reply_service {
     struct reply_service_params p;
     pthread_mutex_t mu;
@@ -51,6 +57,13 @@ struct reply_service {
     pthread_t *workers;
     int n_workers;
     bool stopping;
+    /* the claims being answered, renewed every claim_lease_s / 3 so that a live owner keeps
+     * them however long its generation takes and a dead one loses them within the lease */
+    pthread_mutex_t claims_mu;
+    pthread_cond_t claims_cv; /* stopping */
+    struct rp_claim *claims;
+    pthread_t renewer;
+    bool renewer_on, renewer_stop;
     /* jobs (jobs.c) */
     struct queue *queue;       /* p.queue or owned_queue */
     struct queue *owned_queue; /* the in-process queue made when p.queue is NULL */

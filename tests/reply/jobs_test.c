@@ -338,7 +338,9 @@ static void busy_lines_wait_in_the_queue_and_the_gauge_counts_them(void **state)
     reply_service_set_generator(a.svc, NULL); /* the model is not loaded yet */
     assert_int_equal(reply_job_create(a.svc, NULL, body, len, id, NULL, NULL), AR_OK);
     assert_int_equal(reply_jobs_start(a.svc), AR_OK);
-    assert_int_equal(metrics_gauge(reg, "autoreply_job_items_pending", "", NULL, &f), AR_OK);
+    /* the family the service registered (the same name and kind give it back) */
+    assert_int_equal(metrics_gauge(reg, "autoreply_job_items_pending", "pending job lines", NULL, &f),
+                     AR_OK);
     gauge = metrics_child(f, NULL);
     t0 = ar_time_s();
     while (metrics_value(gauge) != 5 && ar_time_s() - t0 < 5)
