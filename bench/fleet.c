@@ -41,7 +41,7 @@
 
 struct opts {
     const char *bin, *model, *reviews_path, *fleet_sh;
-    int hit_requests, hit_texts, rounds, miss_conc, n_hit_levels;
+    int hit_requests, hit_texts, rounds, miss_conc, n_hit_levels, windows;
     int hit_levels[MAX_LEVELS];
     double miss_seconds, miss_warm_s;
     bool json, keep, backend_bench;
@@ -678,7 +678,7 @@ struct fleet {
     int slot; /* index into g_fleet_dir */
     char dir[4200], log[4300];
     int port; /* nginx */
-    int n_inst, inst_port[MAX_INST];
+    int n_inst, threads, inst_port[MAX_INST];
     pid_t inst_pid[MAX_INST], nginx_pid, pg_pid, redis_pid, rabbit_pid;
     char pg_url[512], redis_url[512];
     int redis_port;
@@ -730,6 +730,7 @@ static bool fleet_up_once(const struct opts *o, int slot, int attempt, int n, in
     int rc;
     memset(f, 0, sizeof(*f));
     f->slot = slot;
+    f->threads = threads;
     snprintf(f->dir, sizeof(f->dir), "%s/fleet%d-%dx%d-%d", g_tmpdir, slot + 1, n, threads,
              attempt);
     snprintf(f->log, sizeof(f->log), "%s.log", f->dir);
@@ -969,57 +970,88 @@ struct miss_out {
     struct engine_stats tok;
 };
 
+struct miss_fleet {
+    const struct fleet *f;
+    PGconn *pg;
+    struct comp_roots roots;
+    struct pg_stats pg0;
+    struct redis_stats r0;
+    struct engine_stats e0;
+};
+
+/* The two fleets take turns in windows of seconds / windows each (A B B A A B ...), so that
+ * other work on the machine weighs on both alike; each fleet's backends see only its own
+ * traffic, so their counters are read once around all windows. */
 static void part_misses(const struct opts *o, const struct review *rv, int n_rv,
-                        const struct fleet *f, const struct comp_roots *roots, PGconn *pg,
-                        int n_inst, int threads, struct miss_out *out)
+                        struct miss_fleet *mf, int windows, struct miss_out *out)
 {
-    struct run r = {.port = f->port,
-                    .conc = o->miss_conc,
-                    .kind = RUN_UNIQUE,
-                    .rv = rv,
-                    .n_rv = n_rv};
-    struct run_result warm = {0};
-    struct pg_stats pg0, pg1;
-    struct redis_stats r0, r1;
-    struct engine_stats e0, e1;
-    double c0[C_N], c1[C_N];
-    memset(out, 0, sizeof(*out));
-    out->n_inst = n_inst;
-    out->threads = threads;
-    fprintf(stderr, "model misses, %d x %d thread(s) behind nginx: %.0f s warm-up, %.0f s at "
-                    "concurrency %d\n",
-            n_inst, threads, o->miss_warm_s, o->miss_seconds, o->miss_conc);
-    snprintf(r.tag, sizeof(r.tag), "miss%dx%d-warm", n_inst, threads);
-    r.deadline = lg_now() + o->miss_warm_s;
-    run_closed(&r, &warm);
-    result_free(&warm);
+    double window_s = o->miss_seconds / windows;
+    for (int k = 0; k < 2; k++) {
+        struct run r = {.port = mf[k].f->port,
+                        .conc = o->miss_conc,
+                        .kind = RUN_UNIQUE,
+                        .rv = rv,
+                        .n_rv = n_rv};
+        struct run_result warm = {0};
+        memset(&out[k], 0, sizeof(out[k]));
+        out[k].n_inst = mf[k].f->n_inst;
+        out[k].threads = mf[k].f->threads;
+        fprintf(stderr, "model misses, %d x %d thread(s) behind nginx: %.0f s warm-up\n",
+                out[k].n_inst, out[k].threads, o->miss_warm_s);
+        snprintf(r.tag, sizeof(r.tag), "miss%d-warm", k);
+        r.deadline = lg_now() + o->miss_warm_s;
+        run_closed(&r, &warm);
+        result_free(&warm);
+    }
     lg_sleep(STATS_FLUSH_S);
-    pg0 = pg_stats(pg);
-    r0 = redis_stats(f->redis_port);
-    e0 = engine_stats(f->inst_port, f->n_inst);
-    cpu_sample(roots, c0, false);
-    snprintf(r.tag, sizeof(r.tag), "miss%dx%d", n_inst, threads);
-    r.deadline = lg_now() + o->miss_seconds;
-    run_closed(&r, &out->res);
-    cpu_sample(roots, c1, true);
-    e1 = engine_stats(f->inst_port, f->n_inst);
-    r1 = redis_stats(f->redis_port);
+    for (int k = 0; k < 2; k++) {
+        mf[k].pg0 = pg_stats(mf[k].pg);
+        mf[k].r0 = redis_stats(mf[k].f->redis_port);
+        mf[k].e0 = engine_stats(mf[k].f->inst_port, mf[k].f->n_inst);
+    }
+    fprintf(stderr, "model misses: %d windows of %.1f s per setup at concurrency %d, "
+                    "alternating\n",
+            windows, window_s, o->miss_conc);
+    for (int w = 0; w < 2 * windows; w++) {
+        int k = (w % 4 == 0 || w % 4 == 3) ? 0 : 1; /* A B B A A B B A ... */
+        struct run r = {.port = mf[k].f->port,
+                        .conc = o->miss_conc,
+                        .kind = RUN_UNIQUE,
+                        .rv = rv,
+                        .n_rv = n_rv};
+        struct run_result res = {0};
+        double c0[C_N], c1[C_N];
+        snprintf(r.tag, sizeof(r.tag), "miss%d-w%d", k, w);
+        cpu_sample(&mf[k].roots, c0, false);
+        res.t_start = lg_now();
+        r.deadline = res.t_start + window_s;
+        run_closed(&r, &res);
+        cpu_sample(&mf[k].roots, c1, true);
+        for (int c = 0; c < C_N; c++)
+            out[k].cpu[c] += c1[c] - c0[c];
+        out[k].elapsed += res.t_last - res.t_start;
+        res.t_start = 0;
+        result_merge(&out[k].res, &res);
+        result_free(&res);
+    }
     lg_sleep(STATS_FLUSH_S);
-    pg1 = pg_stats(pg);
-    out->elapsed = out->res.t_last - out->res.t_start;
-    out->rps = out->elapsed > 0 ? out->res.n_ok / out->elapsed : 0;
-    out->p50 = lg_percentile(&out->res.lat, 50);
-    out->p99 = lg_percentile(&out->res.lat, 99);
-    for (int c = 0; c < C_N; c++)
-        out->cpu[c] = c1[c] - c0[c];
-    out->pg_ok = pg0.ok && pg1.ok;
-    out->pg_rows = (pg1.ins - pg0.ins) + (pg1.upd - pg0.upd);
-    out->pg_commits = pg1.commits - pg0.commits - 1;
-    out->redis_ok = r0.ok && r1.ok;
-    out->redis_cmds = r1.cmds - r0.cmds - 1;
-    out->tok.gen = e1.gen - e0.gen;
-    out->tok.prompt = e1.prompt - e0.prompt;
-    out->tok.prefix_hit = e1.prefix_hit - e0.prefix_hit;
+    for (int k = 0; k < 2; k++) {
+        struct miss_out *x = &out[k];
+        struct pg_stats pg1 = pg_stats(mf[k].pg);
+        struct redis_stats r1 = redis_stats(mf[k].f->redis_port);
+        struct engine_stats e1 = engine_stats(mf[k].f->inst_port, mf[k].f->n_inst);
+        x->rps = x->elapsed > 0 ? x->res.n_ok / x->elapsed : 0;
+        x->p50 = lg_percentile(&x->res.lat, 50);
+        x->p99 = lg_percentile(&x->res.lat, 99);
+        x->pg_ok = mf[k].pg0.ok && pg1.ok;
+        x->pg_rows = (pg1.ins - mf[k].pg0.ins) + (pg1.upd - mf[k].pg0.upd);
+        x->pg_commits = pg1.commits - mf[k].pg0.commits - 1; /* less our own query */
+        x->redis_ok = mf[k].r0.ok && r1.ok;
+        x->redis_cmds = r1.cmds - mf[k].r0.cmds - 1;
+        x->tok.gen = e1.gen - mf[k].e0.gen;
+        x->tok.prompt = e1.prompt - mf[k].e0.prompt;
+        x->tok.prefix_hit = e1.prefix_hit - mf[k].e0.prefix_hit;
+    }
 }
 
 /* ---- part 3: the shared servers' own capacity ------------------------------------------------- */
@@ -1163,16 +1195,17 @@ static void usage(FILE *f)
             "             [--reviews ../shared/data/reviews-sample.jsonl] [--json] [--keep]\n"
             "             [--hit-requests 3000] [--hit-levels 1,4] [--hit-texts 200] "
             "[--rounds 6]\n"
-            "             [--miss-seconds 20] [--miss-warm 3] [--miss-conc 16] "
-            "[--no-backend-bench]\n");
+            "             [--miss-seconds 20] [--windows 4] [--miss-warm 3] [--miss-conc 16]\n"
+            "             [--no-backend-bench]\n");
 }
 
 static cJSON *json_cpu(const double cpu[C_N], int n, bool ms)
 {
     cJSON *o = cJSON_CreateObject();
+    /* components the requests did not reach (a few µs of background) are left out */
     for (int c = 0; c < C_N; c++)
-        if (cpu[c] > 0 || c == C_INST)
-            cJSON_AddNumberToObject(o, comp_name[c], n > 0 ? cpu[c] * (ms ? 1e3 : 1e6) / n : 0);
+        if (n > 0 && cpu[c] * 1e6 / n >= 0.5)
+            cJSON_AddNumberToObject(o, comp_name[c], cpu[c] * (ms ? 1e3 : 1e6) / n);
     return o;
 }
 
@@ -1190,17 +1223,19 @@ int main(int argc, char **argv)
                      .miss_seconds = 20,
                      .miss_warm_s = 3,
                      .miss_conc = 16,
+                     .windows = 4,
                      .backend_bench = true};
     struct review *rv = NULL;
     int n_rv = 0;
     char cpu[256], *bin_abs = NULL, *model_abs = NULL, *fleet_abs = NULL;
     struct lg_server plain;
-    struct fleet fl;
+    struct fleet fl[2];
+    struct miss_fleet mf[2];
+    PGconn *pgc[2] = {NULL, NULL};
     struct comp_roots roots = {0};
     struct hit_out hit;
     struct miss_out miss[2];
     struct backend_out be;
-    PGconn *pg = NULL;
     double load0, t_begin = lg_now();
     bool ok = false, have_be = false;
     int rc = 1;
@@ -1248,6 +1283,9 @@ int main(int argc, char **argv)
         } else if (!strcmp(a, "--miss-conc")) {
             LG_NEEDV();
             o.miss_conc = atoi(v);
+        } else if (!strcmp(a, "--windows")) {
+            LG_NEEDV();
+            o.windows = atoi(v);
         } else if (!strcmp(a, "--no-backend-bench")) {
             o.backend_bench = false;
         } else if (!strcmp(a, "--json")) {
@@ -1263,7 +1301,7 @@ int main(int argc, char **argv)
     if (o.hit_requests < 1 || o.hit_requests > 1000000 || o.hit_texts < 1 ||
         o.hit_texts > 100000 || o.rounds < 1 || o.rounds > 1000 || o.miss_seconds <= 0 ||
         o.miss_seconds > 3600 || o.miss_warm_s < 0 || o.miss_warm_s > 600 || o.miss_conc < 1 ||
-        o.miss_conc > MAX_CONC) {
+        o.miss_conc > MAX_CONC || o.windows < 1 || o.windows > 100) {
         fprintf(stderr, "an option is out of range\n");
         return 2;
     }
@@ -1317,55 +1355,48 @@ int main(int argc, char **argv)
         if (!lg_server_start(&plain, sargv, atoi(port_s), g_tmpdir, log_path, 120))
             goto out;
         atomic_store(&g_plain_pid, plain.pid);
-        roots.pid[C_PLAIN][0] = plain.pid;
-        roots.n[C_PLAIN] = 1;
     }
-    /* b, c and the 1 x 2 miss run: one instance of 2 threads, as the plain server */
-    if (!fleet_up(&o, 0, 1, 2, &fl))
+    /* A: one instance of 2 threads, as the plain server (b, c and the 1 x 2 misses);
+     * B: two instances of 1 thread (the 2 x 1 misses). Both stay up, so that the miss
+     * windows can alternate between them. */
+    if (!fleet_up(&o, 0, 1, 2, &fl[0]) || !fleet_up(&o, 1, 2, 1, &fl[1]))
         goto out;
-    fleet_roots(&fl, &roots);
-    if (PQstatus(pg = PQconnectdb(fl.pg_url)) != CONNECTION_OK) {
-        fprintf(stderr, "%s: %s", fl.pg_url, PQerrorMessage(pg));
-        goto out;
+    for (int k = 0; k < 2; k++) {
+        mf[k].f = &fl[k];
+        fleet_roots(&fl[k], &mf[k].roots);
+        if (PQstatus(pgc[k] = PQconnectdb(fl[k].pg_url)) != CONNECTION_OK) {
+            fprintf(stderr, "%s: %s", fl[k].pg_url, PQerrorMessage(pgc[k]));
+            goto out;
+        }
+        mf[k].pg = pgc[k];
     }
-    if (!part_hits(&o, rv, n_rv, plain.port, &fl, &roots, pg, &hit))
+    roots = mf[0].roots;
+    roots.pid[C_PLAIN][0] = plain.pid;
+    roots.n[C_PLAIN] = 1;
+    if (!part_hits(&o, rv, n_rv, plain.port, &fl[0], &roots, pgc[0], &hit))
         goto out;
     plain_stop();
-    roots.n[C_PLAIN] = 0;
-    part_misses(&o, rv, n_rv, &fl, &roots, pg, 1, 2, &miss[1]);
-    PQfinish(pg);
-    pg = NULL;
-    if (fleet_down(0) != 0)
-        fprintf(stderr, "fleet.sh down reported a failure (%s)\n", fl.dir);
-
-    if (!fleet_up(&o, 1, 2, 1, &fl))
-        goto out;
-    memset(&roots, 0, sizeof(roots));
-    fleet_roots(&fl, &roots);
-    if (PQstatus(pg = PQconnectdb(fl.pg_url)) != CONNECTION_OK) {
-        fprintf(stderr, "%s: %s", fl.pg_url, PQerrorMessage(pg));
-        goto out;
-    }
-    part_misses(&o, rv, n_rv, &fl, &roots, pg, 2, 1, &miss[0]);
+    part_misses(&o, rv, n_rv, mf, o.windows, miss);
     if (o.backend_bench) {
-        part_backends(&fl, pg, &be);
+        part_backends(&fl[0], pgc[0], &be);
         have_be = true;
     }
-    PQfinish(pg);
-    pg = NULL;
-    if (fleet_down(1) != 0)
-        fprintf(stderr, "fleet.sh down reported a failure (%s)\n", fl.dir);
+    for (int k = 0; k < 2; k++) {
+        PQfinish(pgc[k]);
+        pgc[k] = NULL;
+        if (fleet_down(k) != 0)
+            fprintf(stderr, "fleet.sh down reported a failure (%s)\n", fl[k].dir);
+    }
     ok = true;
 
     {
-        double ratio = miss[1].rps > 0 ? miss[0].rps / miss[1].rps : (double)NAN;
+        /* miss[0]: 1 x 2, miss[1]: 2 x 1 */
+        double ratio = miss[0].rps > 0 ? miss[1].rps / miss[0].rps : (double)NAN;
         const struct hit_level *l1 = &hit.lv[0];
         double added50 = (l1->p50[S_FLEET_NGINX] - l1->p50[S_DIRECT]) * 1e3;
         double added99 = (l1->p99[S_FLEET_NGINX] - l1->p99[S_DIRECT]) * 1e3;
         if (o.json) {
-            cJSON *j = cJSON_CreateObject(), *h = cJSON_AddObjectToObject(j, "hit");
-            cJSON *levels = cJSON_AddArrayToObject(h, "levels"), *cpuj;
-            cJSON *m = cJSON_AddObjectToObject(j, "miss"), *cfgs;
+            cJSON *j = cJSON_CreateObject(), *h, *levels, *cpuj, *m, *cfgs;
             cJSON_AddStringToObject(j, "bench", "fleet");
             cJSON_AddStringToObject(j, "cpu_model", cpu);
             cJSON_AddNumberToObject(j, "n_cpus", (double)sysconf(_SC_NPROCESSORS_ONLN));
@@ -1373,6 +1404,9 @@ int main(int argc, char **argv)
             cJSON_AddNumberToObject(j, "loadavg_after", lg_loadavg());
             cJSON_AddNumberToObject(j, "runtime_s", lg_now() - t_begin);
             cJSON_AddStringToObject(j, "fleet_store", hit.store_kind);
+            h = cJSON_AddObjectToObject(j, "hit");
+            levels = cJSON_AddArrayToObject(h, "levels");
+            m = cJSON_AddObjectToObject(j, "miss");
             cJSON_AddNumberToObject(h, "hit_texts", hit.n_texts);
             for (int li = 0; li < hit.n_levels; li++) {
                 const struct hit_level *lv = &hit.lv[li];
@@ -1502,7 +1536,7 @@ int main(int argc, char **argv)
             for (int s = 0; s < S_N; s++) {
                 printf("     %-15s", setup_name[s]);
                 for (int c = 0; c < C_N; c++)
-                    if (hit.cpu[s][c] > 0)
+                    if (us_per(hit.cpu[s][c], hit.n_hits[s]) >= 0.5)
                         printf("  %s %.0f", comp_name[c], us_per(hit.cpu[s][c], hit.n_hits[s]));
                 printf("\n");
             }
@@ -1535,7 +1569,7 @@ int main(int argc, char **argv)
                 printf("   %-22s %9.1f %6.1fms %6.1fms %8d  %-22s", name, x->rps, x->p50 * 1e3,
                        x->p99 * 1e3, x->res.n_err, pi);
                 for (int c = 0; c < C_N; c++)
-                    if (x->cpu[c] > 0)
+                    if (x->cpu[c] * 1e3 / n >= 0.005)
                         printf(" %s %.2f", comp_name[c], x->cpu[c] * 1e3 / n);
                 printf("\n     tokens per reply: %.1f generated, %.1f prompt (%.1f from the "
                        "prefix cache)",
@@ -1569,8 +1603,9 @@ out:
     if (!ok)
         fprintf(stderr, "fleet bench: failed; stopping what it started%s\n",
                 o.keep ? " (logs kept)" : "");
-    if (pg)
-        PQfinish(pg);
+    for (int k = 0; k < 2; k++)
+        if (pgc[k])
+            PQfinish(pgc[k]);
     if (g_have_tmpdir && o.keep)
         fprintf(stderr, "logs and data kept in %s\n", g_tmpdir);
     cleanup();
