@@ -1233,8 +1233,8 @@ int main(int argc, char **argv)
     struct miss_fleet mf[2];
     PGconn *pgc[2] = {NULL, NULL};
     struct comp_roots roots = {0};
-    struct hit_out hit;
-    struct miss_out miss[2];
+    struct hit_out hit = {0};
+    struct miss_out miss[2] = {0};
     struct backend_out be;
     double load0, t_begin = lg_now();
     bool ok = false, have_be = false;
@@ -1609,6 +1609,11 @@ out:
     if (g_have_tmpdir && o.keep)
         fprintf(stderr, "logs and data kept in %s\n", g_tmpdir);
     cleanup();
+    for (int li = 0; li < MAX_LEVELS; li++)
+        for (int s = 0; s < S_N; s++)
+            result_free(&hit.lv[li].res[s]);
+    for (int k = 0; k < 2; k++)
+        result_free(&miss[k].res);
     for (int i = 0; rv && i < n_rv; i++)
         free(rv[i].text_json);
     free(rv);
