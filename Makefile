@@ -27,7 +27,7 @@ FLAGS_avx512      := -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx51
 FLAGS_avx512_vnni := $(FLAGS_avx512) -mavx512vnni
 
 # Modules in layer order (ARCHITECTURE.md) and what each may use.
-MODULES := base gguf kernels kv tokenizer sampler model metrics store cache engine reply server
+MODULES := base gguf kernels kv tokenizer sampler model metrics store cache queue engine reply server
 # tests/cli/ drive bin/autoreply as a user would, tests/deploy/ the deploy/ scripts and nginx,
 # tests/fleet/ a whole fleet on the real servers; they link only base.
 TEST_ONLY_MODULES := cli deploy fleet
@@ -41,9 +41,10 @@ DEPS_model     := gguf kernels kv base
 DEPS_metrics   := base
 DEPS_store     := base
 DEPS_cache     := base
+DEPS_queue     := base
 DEPS_engine    := model tokenizer sampler gguf kernels kv base
-DEPS_reply     := engine store cache metrics model tokenizer sampler gguf kernels kv base
-DEPS_server    := reply engine store cache metrics model tokenizer sampler gguf kernels kv base
+DEPS_reply     := engine store cache queue metrics model tokenizer sampler gguf kernels kv base
+DEPS_server    := reply engine store cache queue metrics model tokenizer sampler gguf kernels kv base
 DEPS_cli       := base
 DEPS_deploy    := base
 DEPS_fleet     := base
@@ -113,7 +114,7 @@ asan:
 # ThreadSanitizer over the tests that exercise threads: pool, engine, server, metrics, store,
 # in-process reply cache.
 TSAN_TESTS := base/base_test engine/engine_test server/server_test metrics/metrics_test \
-              store/store_test cache/cache_test
+              store/store_test reply/fleet_test cache/cache_test
 tsan:
 	$(MAKE) BUILD=build-tsan OPT=-O1 SAN="-fsanitize=thread" \
 	    $(addprefix build-tsan/tests/,$(TSAN_TESTS))

@@ -6,6 +6,21 @@ cd "$(dirname "$0")/.." || exit 1
 sh tools/install-deps.sh || exit 1
 J=$(nproc 2>/dev/null || echo 2)
 rc=0
+# One PostgreSQL, Redis and RabbitMQ for every suite (plain, sanitizers, TSan), on free loopback
+# ports with their data in a temporary folder, stopped by pid at the end (tests/run.sh starts
+# its own when run alone).
+AR_TEST_SVC_DIR=$(mktemp -d /tmp/autoreply-svc.XXXXXX)
+export AR_TEST_SVC_DIR
+trap 'sh deploy/services.sh stop-all "$AR_TEST_SVC_DIR" >/dev/null 2>&1; rm -rf "$AR_TEST_SVC_DIR"' EXIT
+for kind in postgres redis rabbitmq; do
+    url=$(sh deploy/services.sh start $kind "$AR_TEST_SVC_DIR") || { echo "!! $kind did not start"; rc=1; }
+    case $kind in
+    postgres) AR_TEST_PG_URL=$url ;;
+    redis) AR_TEST_REDIS_URL=$url ;;
+    rabbitmq) AR_TEST_AMQP_URL=$url ;;
+    esac
+done
+export AR_TEST_PG_URL AR_TEST_REDIS_URL AR_TEST_AMQP_URL
 rm -f build/test-summary build-asan/test-summary build-tsan/test-summary
 make -j"$J" WERROR=1 all tests || rc=1
 [ $rc -eq 0 ] && { make WERROR=1 test || rc=1; }

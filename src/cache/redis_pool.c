@@ -171,7 +171,15 @@ struct cache_redis_pool {
     uint64_t epoch;  /* bumped by every failure: connections made before are dropped */
     atomic_bool healthy;
     _Atomic uint64_t errors;
+    /* while down, a prober thread tries again when the backoff allows, so that the pool (and
+     * /health) comes back by itself even when no caller asks */
+    pthread_t prober;
+    bool prober_on;
+    bool stopping;         /* under mu */
+    pthread_cond_t wake;   /* under mu: went down, or stopping */
 };
+
+static void *prober_main(void *arg);
 
 struct cache_redis_pool_params cache_redis_pool_default_params(void)
 {
@@ -285,6 +293,7 @@ enum ar_status cache_redis_pool_create(const struct cache_redis_pool_params *p,
     pool->backoff = pool->backoff_min;
     pthread_mutex_init(&pool->mu, NULL);
     pthread_cond_init(&pool->cv, NULL);
+    pthread_cond_init(&pool->wake, NULL);
     atomic_init(&pool->errors, 0);
     /* one connection now, so that healthy() tells the truth from the start */
     {
@@ -301,6 +310,9 @@ enum ar_status cache_redis_pool_create(const struct cache_redis_pool_params *p,
         AR_WARN("%s: Redis %s:%d cannot be reached yet (%s); will retry by itself", pool->what,
                 pool->url.host, pool->url.port, why);
     }
+    pool->prober_on = pthread_create(&pool->prober, NULL, prober_main, pool) == 0;
+    if (!pool->prober_on)
+        AR_WARN("%s: no prober thread: Redis health updates only when called", pool->what);
     *out = pool;
     return AR_OK;
 }
@@ -309,10 +321,18 @@ void cache_redis_pool_destroy(struct cache_redis_pool *pool)
 {
     if (!pool)
         return;
+    if (pool->prober_on) {
+        pthread_mutex_lock(&pool->mu);
+        pool->stopping = true;
+        pthread_cond_signal(&pool->wake);
+        pthread_mutex_unlock(&pool->mu);
+        pthread_join(pool->prober, NULL);
+    }
     for (int i = 0; i < pool->n_slots; i++)
         if (pool->slots[i].ctx)
             redisFree(pool->slots[i].ctx);
     ar_free(pool->slots);
+    pthread_cond_destroy(&pool->wake);
     pthread_cond_destroy(&pool->cv);
     pthread_mutex_destroy(&pool->mu);
     ar_free(pool);
@@ -364,8 +384,8 @@ static redisReply *run_on(struct cache_redis_pool *pool, struct slot *s, uint64_
     return r;
 }
 
-enum ar_status cache_redis_pool_command(struct cache_redis_pool *pool, int argc, const char **argv,
-                                        const size_t *argvlen, struct redisReply **reply)
+static enum ar_status pool_command(struct cache_redis_pool *pool, int argc, const char **argv,
+                                   const size_t *argvlen, struct redisReply **reply, bool counted)
 {
     struct slot *s = NULL;
     struct sigpipe_guard g;
@@ -384,7 +404,8 @@ enum ar_status cache_redis_pool_command(struct cache_redis_pool *pool, int argc,
         if (pool->down && !probe) {
             if (pool->probing || ar_time_s() < pool->next_try) { /* the breaker is open */
                 pthread_mutex_unlock(&pool->mu);
-                atomic_fetch_add_explicit(&pool->errors, 1, memory_order_relaxed);
+                if (counted)
+                    atomic_fetch_add_explicit(&pool->errors, 1, memory_order_relaxed);
                 return AR_EUNAVAIL;
             }
             pool->probing = probe = true;
@@ -426,13 +447,15 @@ enum ar_status cache_redis_pool_command(struct cache_redis_pool *pool, int argc,
             pool->backoff = AR_MIN(2 * pool->backoff, pool->backoff_max);
         }
         atomic_store(&pool->healthy, false);
+        pthread_cond_signal(&pool->wake);
     }
     pthread_mutex_unlock(&pool->mu);
 
     if (came_back)
         AR_INFO("%s: Redis %s:%d is reachable again", pool->what, pool->url.host, pool->url.port);
     if (!r) {
-        atomic_fetch_add_explicit(&pool->errors, 1, memory_order_relaxed);
+        if (counted)
+            atomic_fetch_add_explicit(&pool->errors, 1, memory_order_relaxed);
         if (went_down)
             AR_WARN("%s: Redis %s:%d cannot be reached (%s); retrying in %.1f s, backing off "
                     "to %.0f s",
@@ -441,6 +464,50 @@ enum ar_status cache_redis_pool_command(struct cache_redis_pool *pool, int argc,
     }
     *reply = r;
     return AR_OK;
+}
+
+enum ar_status cache_redis_pool_command(struct cache_redis_pool *pool, int argc, const char **argv,
+                                        const size_t *argvlen, struct redisReply **reply)
+{
+    return pool_command(pool, argc, argv, argvlen, reply, true);
+}
+
+/* While the pool is down: a PING when the backoff allows (not counted as a caller's error). */
+static void *prober_main(void *arg)
+{
+    struct cache_redis_pool *pool = arg;
+    const char *ping[] = {"PING"};
+    const size_t ping_len[] = {4};
+    pthread_mutex_lock(&pool->mu);
+    while (!pool->stopping) {
+        double now = ar_time_s();
+        if (pool->down && !pool->probing && now >= pool->next_try) {
+            redisReply *r = NULL;
+            pthread_mutex_unlock(&pool->mu);
+            if (pool_command(pool, 1, ping, ping_len, &r, false) == AR_OK)
+                freeReplyObject(r);
+            pthread_mutex_lock(&pool->mu);
+            continue;
+        }
+        {
+            /* until the next try (down), or until woken (up: went down, or stopping) */
+            double until = pool->down ? AR_MAX(pool->next_try, now + 0.01) : now + 60.0;
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            {
+                double d = until - now;
+                ts.tv_sec += (time_t)d;
+                ts.tv_nsec += (long)((d - (double)(time_t)d) * 1e9);
+                if (ts.tv_nsec >= 1000000000L) {
+                    ts.tv_sec++;
+                    ts.tv_nsec -= 1000000000L;
+                }
+            }
+            pthread_cond_timedwait(&pool->wake, &pool->mu, &ts);
+        }
+    }
+    pthread_mutex_unlock(&pool->mu);
+    return NULL;
 }
 
 bool cache_redis_pool_healthy(const struct cache_redis_pool *pool)

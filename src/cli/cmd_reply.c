@@ -17,6 +17,7 @@
 #include "cli_internal.h"
 #include "engine/engine.h"
 #include "model/model.h"
+#include "queue/queue.h"
 #include "reply/reply.h"
 #include "server/server.h"
 #include "store/store.h"
@@ -43,6 +44,7 @@ struct product_opts {
     const char *shops;
     const char *data_dir;
     const char *shop; /* the review's shop (reply), or that of lines without shop_id (batch) */
+    const char *store_url; /* postgres://... or a SQLite file; NULL: <data_dir>/replies.db */
     int threads;
 };
 
@@ -88,8 +90,8 @@ static bool open_profiles_store(const struct product_opts *o, struct product *p)
     if (!make_dir(o->data_dir))
         return false;
     snprintf(db, sizeof(db), "%s/replies.db", o->data_dir);
-    if (store_open(db, &p->store, &err) != AR_OK) {
-        cli_error("%s: %s", db, err.msg);
+    if (store_open_url(o->store_url ? o->store_url : db, &p->store, &err) != AR_OK) {
+        cli_error("%s: %s", o->store_url ? "--store" : db, err.msg);
         return false;
     }
     return true;
@@ -512,8 +514,22 @@ done:
 struct cli_reply {
     struct product p; /* profiles, store, cache, svc (model and engine belong to serve) */
     struct reply_generator *gen;
-    struct server *srv; /* borrowed */
+    struct queue *queue; /* job lines: RabbitMQ with --queue, else NULL (in process) */
+    struct server *srv;  /* borrowed */
 };
+
+/* /health's "postgres" and "rabbitmq": what each backend knew at its last contact */
+static int store_health(void *user)
+{
+    struct cli_reply *cr = user;
+    return store_healthy(cr->p.store) ? SERVER_HEALTH_OK : SERVER_HEALTH_DOWN;
+}
+
+static int queue_health(void *user)
+{
+    struct cli_reply *cr = user;
+    return queue_healthy(cr->queue) ? SERVER_HEALTH_OK : SERVER_HEALTH_DOWN;
+}
 
 /* /health's "redis": the shared reply cache and the rate-limit buckets both reach it */
 static int redis_health(void *user)
@@ -536,6 +552,7 @@ int cli_reply_attach(struct server *srv, const struct cli_reply_opts *opts, stru
         return 1;
     cr->srv = srv;
     o.shops = opts->shops_file;
+    o.store_url = opts->store_url;
     if (opts->data_dir)
         o.data_dir = opts->data_dir;
     if (!open_profiles_store(&o, &cr->p))
@@ -561,11 +578,29 @@ int cli_reply_attach(struct server *srv, const struct cli_reply_opts *opts, stru
         cli_error("serve: out of memory");
         goto fail;
     }
+    if (opts->queue_url) {
+        struct queue_params qp = queue_default_params();
+        if (queue_open(opts->queue_url, &qp, &cr->queue, &err) != AR_OK) {
+            cli_error("serve: --queue: %s", err.msg[0] ? err.msg : "cannot open the queue");
+            goto fail;
+        }
+        if (server_add_health_check(srv, "rabbitmq", queue_health, cr) != AR_OK) {
+            cli_error("serve: out of memory");
+            goto fail;
+        }
+    }
+    if (opts->store_url && strcmp(store_backend_name(cr->p.store), "postgres") == 0 &&
+        server_add_health_check(srv, "postgres", store_health, cr) != AR_OK) {
+        cli_error("serve: out of memory");
+        goto fail;
+    }
     sp.profiles = cr->p.profiles;
     sp.store = cr->p.store;
     sp.cache = cr->p.cache;
+    sp.queue = cr->queue;
     sp.metrics = server_metrics(srv);
     sp.n_workers = 32; /* mostly waiting on the engine */
+    sp.instance = server_instance_name(srv); /* the owner of this instance's claims */
     if (reply_service_create(&sp, &cr->p.svc) != AR_OK) {
         cli_error("serve: cannot start the reply service");
         goto fail;
@@ -599,7 +634,8 @@ void cli_reply_detach(struct cli_reply *cr)
 {
     if (!cr)
         return;
-    reply_service_destroy(cr->p.svc);
+    reply_service_destroy(cr->p.svc); /* stops the job runner: unacked lines go back */
+    queue_destroy(cr->queue);
     reply_generator_destroy(cr->gen);
     cache_destroy(cr->p.cache);
     store_close(cr->p.store);

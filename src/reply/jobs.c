@@ -1,7 +1,10 @@
 /* jobs.c - bulk jobs: a JSONL or JSON-array body becomes one stored line per review before the
- * job id is returned; a runner answers pending lines in chunks at bulk priority, storing each
- * reply before marking its line, so a crash at any point redoes at most the chunk in flight
- * and the store's (shop_id, review_id) idempotency keeps one reply per review. */
+ * job id is returned, then one queue message per line (reply.h, "jobs"). The runner consumes the
+ * queue: line workers answer at bulk priority and store each line's result, and only then does
+ * the consumer thread ack the message, so a crash at any point leaves the lines in flight to be
+ * redelivered, and the store's (shop_id, review_id) idempotency keeps one reply per review. A
+ * sweeper queues the lines of jobs that were never queued and keeps the backlog gauge.
+ * reply_job_run answers a job's lines directly, without the queue (the CLI's one-shot jobs). */
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -113,20 +116,40 @@ static enum ar_status lines_from_jsonl(const char *body, size_t len, struct line
     return AR_OK;
 }
 
+static enum ar_status publish_lines(struct reply_service *svc, const char *job_id,
+                                    const char *shop_id, const int64_t *lines, size_t n,
+                                    struct ar_err *err);
+
 static enum ar_status create_from_lines(struct reply_service *svc, const char *default_shop,
                                         struct lines *l, char job_id[STORE_JOB_ID_LEN + 1],
                                         int64_t *n_lines, struct ar_err *err)
 {
+    const char *shop = default_shop ? default_shop : JOB_DEFAULT_SHOP;
     enum ar_status st;
+    int64_t *nums;
     if (l->n == 0)
         return ar_err_set(err, AR_EINVAL, 0, "the job has no reviews");
-    st = store_job_create(svc->p.store, default_shop ? default_shop : JOB_DEFAULT_SHOP, l->items,
-                          l->n, job_id, err);
+    nums = ar_malloc(l->n * sizeof(*nums));
+    if (!nums)
+        return ar_err_set(err, AR_ENOMEM, 0, "out of memory");
+    for (size_t i = 0; i < l->n; i++)
+        nums[i] = l->items[i].line;
+    st = store_job_create(svc->p.store, shop, l->items, l->n, job_id, err);
     if (st == AR_OK) {
+        /* the job is accepted once stored: a queue that cannot take its lines now only delays
+         * it (the sweeper queues unpublished jobs), so creation succeeds either way */
+        struct ar_err qerr = {AR_OK, 0, {0}};
+        enum ar_status qst = publish_lines(svc, job_id, shop, nums, l->n, &qerr);
+        if (qst == AR_OK)
+            qst = store_job_set_published(svc->p.store, job_id, &qerr);
+        if (qst != AR_OK)
+            AR_WARN("job %s: stored, but its lines are not queued yet: %s (%s); the sweeper "
+                    "queues them",
+                    job_id, ar_status_str(qst), qerr.msg);
         if (n_lines)
             *n_lines = (int64_t)l->n;
-        rp_jobs_kick(svc);
     }
+    ar_free(nums);
     return st;
 }
 
@@ -315,75 +338,611 @@ enum ar_status reply_job_run(struct reply_service *svc, const char *job_id,
     return AR_OK;
 }
 
-/* ---- the background runner --------------------------------------------------------------- */
+/* ---- the queue: messages ------------------------------------------------------------------ */
 
-struct id_list {
-    char ids[64][STORE_JOB_ID_LEN + 1];
-    int n;
+#define JOB_PUBLISH_CHUNK 1000 /* messages per queue_publish_many */
+#define JOB_GAUGE_S 5.0        /* the backlog gauge is refreshed this often */
+#define JOB_BACKOFF_MIN_S 0.1  /* a line that must be retried waits this long, doubling ... */
+#define JOB_BACKOFF_MAX_S 5.0  /* ... to this, before its message goes back to the queue */
+#define JOB_GET_WAIT_S 0.1     /* longest wait for a message (acks wait at most this long) */
+
+/* What a message names: one line of one job. */
+struct line_ref {
+    char job_id[STORE_JOB_ID_LEN + 1];
+    int64_t line;
 };
 
-static bool collect_job(const struct store_job_info *info, void *user)
+/* {"job_id":"...","line":N,"shop_id":"..."}, new (ar_free); NULL when out of memory. */
+static char *line_message(const char *job_id, int64_t line, const char *shop_id)
 {
-    struct id_list *l = user;
-    if (l->n >= 64)
-        return false;
-    memcpy(l->ids[l->n++], info->id, STORE_JOB_ID_LEN + 1);
+    cJSON *j = cJSON_CreateObject();
+    char *s, *copy = NULL;
+    if (!j)
+        return NULL;
+    if (cJSON_AddStringToObject(j, "job_id", job_id) &&
+        cJSON_AddNumberToObject(j, "line", (double)line) &&
+        cJSON_AddStringToObject(j, "shop_id", shop_id)) {
+        s = cJSON_PrintUnformatted(j);
+        if (s) {
+            copy = ar_strdup(s);
+            cJSON_free(s);
+        }
+    }
+    cJSON_Delete(j);
+    return copy;
+}
+
+static bool parse_line_message(const char *body, size_t len, struct line_ref *out)
+{
+    cJSON *j = cJSON_ParseWithLength(body, len);
+    const cJSON *id = cJSON_GetObjectItemCaseSensitive(j, "job_id");
+    const cJSON *ln = cJSON_GetObjectItemCaseSensitive(j, "line");
+    bool ok = cJSON_IsString(id) && strlen(id->valuestring) == STORE_JOB_ID_LEN &&
+              strspn(id->valuestring, "0123456789abcdef") == STORE_JOB_ID_LEN &&
+              cJSON_IsNumber(ln) && ln->valuedouble >= 1 && ln->valuedouble <= 1e15 &&
+              ln->valuedouble == (double)(int64_t)ln->valuedouble;
+    if (ok) {
+        memcpy(out->job_id, id->valuestring, STORE_JOB_ID_LEN + 1);
+        out->line = (int64_t)ln->valuedouble;
+    }
+    cJSON_Delete(j);
+    return ok;
+}
+
+static enum ar_status publish_lines(struct reply_service *svc, const char *job_id,
+                                    const char *shop_id, const int64_t *lines, size_t n,
+                                    struct ar_err *err)
+{
+    struct queue_body b[JOB_PUBLISH_CHUNK];
+    char *msg[JOB_PUBLISH_CHUNK];
+    enum ar_status st = AR_OK;
+    for (size_t i0 = 0; i0 < n && st == AR_OK; i0 += JOB_PUBLISH_CHUNK) {
+        size_t m = AR_MIN((size_t)JOB_PUBLISH_CHUNK, n - i0), k;
+        for (k = 0; k < m; k++) {
+            msg[k] = line_message(job_id, lines[i0 + k], shop_id);
+            if (!msg[k])
+                break;
+            b[k].data = msg[k];
+            b[k].len = strlen(msg[k]);
+        }
+        st = k < m ? ar_err_set(err, AR_ENOMEM, 0, "out of memory")
+                   : queue_publish_many(svc->queue, b, m, err);
+        for (size_t x = 0; x < k; x++)
+            ar_free(msg[x]);
+    }
+    return st;
+}
+
+/* Queues every pending line of a job, then marks it published. */
+static enum ar_status publish_pending(struct reply_service *svc, const struct store_job_info *info,
+                                      struct ar_err *err)
+{
+    int64_t after = 0, nums[JOB_PUBLISH_CHUNK];
+    for (;;) {
+        struct store_item *items = NULL;
+        size_t n = 0;
+        enum ar_status st = store_job_next_pending(svc->p.store, info->id, after, JOB_PUBLISH_CHUNK,
+                                                   &items, &n, err);
+        if (st != AR_OK)
+            return st;
+        if (n == 0)
+            break;
+        for (size_t i = 0; i < n; i++)
+            nums[i] = items[i].line;
+        after = items[n - 1].line;
+        store_items_free(items, n);
+        if ((st = publish_lines(svc, info->id, info->shop_id, nums, n, err)) != AR_OK)
+            return st;
+    }
+    return store_job_set_published(svc->p.store, info->id, err);
+}
+
+/* ---- the queue: answering one line ---------------------------------------------------------- */
+
+enum line_outcome {
+    LINE_SETTLED, /* the line has its result (now or before), or there is nothing to do: ack */
+    LINE_RETRY    /* the store or the model cannot take it now: back to the queue, later */
+};
+
+static enum line_outcome record_error(struct reply_service *svc, const struct line_ref *ref,
+                                      const char *msg)
+{
+    struct ar_err err = {AR_OK, 0, {0}};
+    enum ar_status st = store_job_item_error(svc->p.store, ref->job_id, ref->line, msg, &err);
+    if (st == AR_OK) {
+        metrics_inc(svc->m.job_items_error, 1);
+        return LINE_SETTLED;
+    }
+    if (st == AR_EINVAL)
+        return LINE_SETTLED; /* finished meanwhile (a copy of this message was faster) */
+    AR_WARN("job %s line %lld: cannot store its error: %s (%s)", ref->job_id, (long long)ref->line,
+            ar_status_str(st), err.msg);
+    return LINE_RETRY;
+}
+
+/* Answers one line unless it is finished already, and stores its result. Never acks: the
+ * consumer thread does, after this returned LINE_SETTLED. */
+static enum line_outcome work_line(struct reply_service *svc, const struct line_ref *ref)
+{
+    struct store_job_info info;
+    struct store_item it;
+    struct reply_review rv;
+    struct reply_result res;
+    struct ar_err err = {AR_OK, 0, {0}};
+    char msg[200];
+    bool found = false;
+    enum ar_status st;
+    enum line_outcome out;
+    cJSON *parsed;
+
+    st = store_job_get(svc->p.store, ref->job_id, &info, &found, &err);
+    if (st != AR_OK) {
+        AR_WARN("job %s: cannot read it: %s (%s)", ref->job_id, ar_status_str(st), err.msg);
+        return LINE_RETRY;
+    }
+    if (!found) {
+        AR_WARN("job %s: no such job; its line %lld is dropped from the queue", ref->job_id,
+                (long long)ref->line);
+        return LINE_SETTLED;
+    }
+    if (info.status != STORE_JOB_QUEUED && info.status != STORE_JOB_RUNNING)
+        return LINE_SETTLED; /* finished, failed or cancelled: nothing to do */
+    memset(&it, 0, sizeof(it));
+    st = store_job_item_get(svc->p.store, ref->job_id, ref->line, &it, &found, &err);
+    if (st != AR_OK) {
+        AR_WARN("job %s line %lld: cannot read it: %s (%s)", ref->job_id, (long long)ref->line,
+                ar_status_str(st), err.msg);
+        return LINE_RETRY;
+    }
+    if (!found) {
+        AR_WARN("job %s: no line %lld; dropped from the queue", ref->job_id, (long long)ref->line);
+        return LINE_SETTLED;
+    }
+    if (it.status != STORE_ITEM_PENDING) {
+        store_item_fini(&it); /* a redelivery or a duplicate of a finished line */
+        return LINE_SETTLED;
+    }
+    parsed = cJSON_Parse(it.input);
+    store_item_fini(&it);
+    if (!parsed) {
+        snprintf(msg, sizeof(msg), "line %lld is not valid JSON", (long long)ref->line);
+        return record_error(svc, ref, msg);
+    }
+    if (reply_review_from_json(parsed, info.shop_id, &rv, msg, sizeof(msg)) != AR_OK) {
+        cJSON_Delete(parsed);
+        return record_error(svc, ref, msg);
+    }
+    reply_service_answer(svc, &rv, ENGINE_PRIO_BULK, &res);
+    if (res.err == REPLY_OK) {
+        char *js = result_line_json(ref->line, &res, rv.review_id);
+        st = js ? store_job_item_done(svc->p.store, ref->job_id, ref->line, js, &err) : AR_ENOMEM;
+        ar_free(js);
+        if (st == AR_OK) {
+            metrics_inc(svc->m.job_items_done, 1);
+            out = LINE_SETTLED;
+        } else if (st == AR_EINVAL) {
+            out = LINE_SETTLED; /* finished meanwhile by a copy of this message */
+        } else {
+            AR_WARN("job %s line %lld: cannot store its result: %s (%s)", ref->job_id,
+                    (long long)ref->line, ar_status_str(st), err.msg);
+            out = LINE_RETRY;
+        }
+    } else if (res.err == REPLY_EBUSY || res.err == REPLY_EUNAVAIL ||
+               (res.err == REPLY_EINTERNAL && !strncmp(res.error, "store", 5))) {
+        out = LINE_RETRY; /* the model is busy or the store cannot be reached: later */
+    } else {
+        out = record_error(svc, ref, res.error);
+    }
+    reply_result_fini(&res);
+    cJSON_Delete(parsed);
+    return out;
+}
+
+/* ---- the queue: the runner --------------------------------------------------------------------
+ * One consumer thread owns the queue's consumer side: it takes messages while fewer than
+ * n_slots are held, hands them to n_slots line workers, and acks (or nacks) each message once
+ * its worker is done with it. A sweeper thread queues the lines of unpublished jobs and keeps
+ * the backlog gauge. */
+
+enum rp_line_state { RP_LINE_TODO, RP_LINE_WORKING, RP_LINE_DONE };
+
+/* One delivered message, from delivery until it is acked or nacked. */
+struct rp_line {
+    struct rp_line *next;
+    uint64_t tag;
+    struct line_ref ref;
+    bool valid; /* the message names a line */
+    enum rp_line_state state;
+    bool requeue; /* RP_LINE_DONE: nack and requeue it (else ack) */
+};
+
+struct rp_runner {
+    struct reply_service *svc;
+    struct queue *q;
+    int n_slots;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;           /* CLOCK_MONOTONIC: a line changed state, or stop */
+    struct rp_line *head, *tail; /* held (delivered, not settled), in delivery order */
+    int n_held;
+    bool stop;         /* under mu */
+    bool workers_gone; /* under mu: every worker has returned */
+    pthread_t consumer, sweeper, *workers;
+    int n_workers; /* started */
+    bool consumer_on, sweeper_on;
+};
+
+/* Waits on the runner's condition for at most s seconds (mu held). */
+static void runner_wait(struct rp_runner *r, double s)
+{
+    struct timespec ts;
+    if (s <= 0)
+        return;
+    if (s > 3600)
+        s = 3600;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_sec += (time_t)s;
+    ts.tv_nsec += (long)((s - (double)(time_t)s) * 1e9);
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    pthread_cond_timedwait(&r->cv, &r->mu, &ts);
+}
+
+static bool runner_stopping(struct rp_runner *r)
+{
+    bool s;
+    pthread_mutex_lock(&r->mu);
+    s = r->stop;
+    pthread_mutex_unlock(&r->mu);
+    return s;
+}
+
+static void *line_worker(void *arg)
+{
+    struct rp_runner *r = arg;
+    double backoff = JOB_BACKOFF_MIN_S;
+    pthread_mutex_lock(&r->mu);
+    while (!r->stop) {
+        struct rp_line *l = r->head;
+        enum line_outcome out;
+        while (l && l->state != RP_LINE_TODO)
+            l = l->next;
+        if (!l) {
+            pthread_cond_wait(&r->cv, &r->mu);
+            continue;
+        }
+        l->state = RP_LINE_WORKING;
+        pthread_mutex_unlock(&r->mu);
+        out = l->valid ? work_line(r->svc, &l->ref) : LINE_SETTLED;
+        pthread_mutex_lock(&r->mu);
+        if (out == LINE_RETRY) {
+            /* wait before giving it back, so that a store that is down or a busy model is not
+             * hammered; stopping cuts the wait short */
+            double until = ar_time_s() + backoff;
+            while (!r->stop && ar_time_s() < until)
+                runner_wait(r, until - ar_time_s());
+            backoff = AR_MIN(backoff * 2, JOB_BACKOFF_MAX_S);
+        } else {
+            backoff = JOB_BACKOFF_MIN_S;
+        }
+        l->requeue = out == LINE_RETRY;
+        l->state = RP_LINE_DONE;
+        pthread_cond_broadcast(&r->cv);
+    }
+    pthread_mutex_unlock(&r->mu);
+    return NULL;
+}
+
+/* Acks or nacks every line its worker is done with. */
+static void settle(struct rp_runner *r)
+{
+    struct rp_line *done = NULL, *prev = NULL;
+    pthread_mutex_lock(&r->mu);
+    for (struct rp_line *l = r->head, *next; l; l = next) {
+        next = l->next;
+        if (l->state != RP_LINE_DONE) {
+            prev = l;
+            continue;
+        }
+        if (prev)
+            prev->next = next;
+        else
+            r->head = next;
+        if (r->tail == l)
+            r->tail = prev;
+        r->n_held--;
+        l->next = done;
+        done = l;
+    }
+    pthread_mutex_unlock(&r->mu);
+    while (done) {
+        struct rp_line *l = done;
+        struct ar_err err = {AR_OK, 0, {0}};
+        enum ar_status st =
+            l->requeue ? queue_nack(r->q, l->tag, true, &err) : queue_ack(r->q, l->tag, &err);
+        if (st != AR_OK) /* the connection is gone: the broker redelivers the message */
+            AR_DEBUG("job queue: %s of a line failed: %s", l->requeue ? "nack" : "ack", err.msg);
+        done = l->next;
+        ar_free(l);
+    }
+}
+
+/* Takes a delivered message into the held list. */
+static void take(struct rp_runner *r, const struct queue_msg *m)
+{
+    struct rp_line *l = ar_calloc(1, sizeof(*l));
+    bool settled = false;
+    if (!l) {
+        queue_nack(r->q, m->tag, true, NULL);
+        return;
+    }
+    l->tag = m->tag;
+    l->valid = parse_line_message(m->body, m->len, &l->ref);
+    if (!l->valid) {
+        /* requeued it would come back forever */
+        AR_WARN("job queue: a message that names no job line was dropped (%zu bytes)", m->len);
+        settled = true;
+    }
+    pthread_mutex_lock(&r->mu);
+    for (struct rp_line *x = r->head; x && !settled; x = x->next)
+        settled = x->valid && x->ref.line == l->ref.line && !strcmp(x->ref.job_id, l->ref.job_id);
+    /* a copy of a line held here already is acked at once: the held one settles the line (or
+     * goes back to the queue) */
+    l->state = settled ? RP_LINE_DONE : RP_LINE_TODO;
+    if (r->tail)
+        r->tail->next = l;
+    else
+        r->head = l;
+    r->tail = l;
+    r->n_held++;
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+}
+
+static void *consumer_main(void *arg)
+{
+    struct rp_runner *r = arg;
+    struct ar_err err = {AR_OK, 0, {0}};
+    if (queue_set_prefetch(r->q, r->n_slots, &err) != AR_OK)
+        AR_DEBUG("job queue: prefetch: %s (applied when connected)", err.msg);
+    for (;;) {
+        struct queue_msg m;
+        enum ar_status st;
+        bool full;
+        settle(r);
+        pthread_mutex_lock(&r->mu);
+        if (r->stop) {
+            /* take nothing more; settle what the workers finish, until they are gone */
+            bool gone = r->workers_gone;
+            if (!gone)
+                runner_wait(r, 0.05);
+            pthread_mutex_unlock(&r->mu);
+            if (gone)
+                break;
+            continue;
+        }
+        full = r->n_held >= r->n_slots;
+        pthread_mutex_unlock(&r->mu);
+        /* when full, a get that does not wait still lets the connection do its chores
+         * (heartbeats) while the workers are busy */
+        st = queue_get(r->q, full ? 0 : JOB_GET_WAIT_S, &m, &err);
+        if (st == AR_OK) {
+            take(r, &m);
+            queue_msg_fini(&m);
+        } else if (full || st == AR_ENOMEM) {
+            pthread_mutex_lock(&r->mu);
+            if (!r->stop)
+                runner_wait(r, 0.05);
+            pthread_mutex_unlock(&r->mu);
+        }
+    }
+    settle(r);
+    /* the lines taken but not started go back to the queue, for this instance or another */
+    queue_consumer_close(r->q);
+    return NULL;
+}
+
+/* Seconds between sweeps (reply_service_params.job_sweep_s; 0 or less: 10). */
+static double sweep_period(const struct reply_service *svc)
+{
+    return svc->p.job_sweep_s > 0 ? svc->p.job_sweep_s : 10;
+}
+
+/* The unfinished jobs as the sweeper sees them. */
+struct job_scan {
+    bool collect;                /* gather the jobs to queue */
+    bool all;                    /* every unfinished job (the in-process queue after a restart) */
+    int64_t before_s;            /* else: unpublished jobs created before this (unix s) */
+    int64_t pending;             /* pending lines of every unfinished job */
+    struct store_job_info *jobs; /* owned, (n) */
+    size_t n, cap;
+    bool oom;
+};
+
+static bool scan_job(const struct store_job_info *info, void *user)
+{
+    struct job_scan *sc = user;
+    sc->pending += info->n_total - info->n_done - info->n_failed;
+    if (!sc->collect || !(sc->all || (!info->published && info->created_s <= sc->before_s)))
+        return true;
+    if (sc->n == sc->cap) {
+        size_t cap = sc->cap ? sc->cap * 2 : 16;
+        struct store_job_info *j = ar_realloc(sc->jobs, cap * sizeof(*j));
+        if (!j) {
+            sc->oom = true;
+            return false;
+        }
+        sc->jobs = j;
+        sc->cap = cap;
+    }
+    sc->jobs[sc->n++] = *info;
     return true;
 }
 
-static void *job_main(void *arg)
+/* Refreshes the backlog gauge and, when sweep, queues the lines of the jobs that need it.
+ * *all is cleared once every unfinished job was queued. */
+static void sweep_once(struct rp_runner *r, bool sweep, bool *all)
 {
-    struct reply_service *svc = arg;
-    while (!stopping(svc)) {
-        struct id_list l;
-        enum ar_status st;
-        l.n = 0;
-        st = store_jobs_unfinished(svc->p.store, collect_job, &l, NULL);
-        if (st != AR_OK && st != AR_ECANCELED)
-            AR_WARN("jobs: cannot list unfinished jobs: %s", ar_status_str(st));
-        for (int i = 0; i < l.n && !stopping(svc); i++) {
-            struct ar_err err = {AR_OK, 0, {0}};
-            st = reply_job_run(svc, l.ids[i], NULL, NULL, &err);
-            if (st != AR_OK && st != AR_ECANCELED)
-                AR_WARN("job %s: %s (%s)", l.ids[i], ar_status_str(st), err.msg);
-        }
-        pthread_mutex_lock(&svc->q_mu);
-        if (!svc->job_kick && !svc->stopping) {
-            struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            ts.tv_sec += 2; /* and look again now and then (a busy engine left lines) */
-            pthread_cond_timedwait(&svc->job_cv, &svc->q_mu, &ts);
-        }
-        svc->job_kick = false;
-        pthread_mutex_unlock(&svc->q_mu);
+    struct reply_service *svc = r->svc;
+    struct job_scan sc;
+    struct ar_err err = {AR_OK, 0, {0}};
+    enum ar_status st;
+    bool ok = true;
+    memset(&sc, 0, sizeof(sc));
+    sc.collect = sweep;
+    sc.all = *all;
+    sc.before_s = (int64_t)time(NULL) - (int64_t)(3 * sweep_period(svc));
+    st = store_jobs_unfinished(svc->p.store, scan_job, &sc, &err);
+    if (st != AR_OK || sc.oom) {
+        AR_WARN("jobs: cannot list unfinished jobs: %s (%s)",
+                sc.oom ? "out of memory" : ar_status_str(st), err.msg);
+        ar_free(sc.jobs);
+        return;
     }
+    metrics_set(svc->m.job_items_pending, (double)sc.pending);
+    for (size_t i = 0; i < sc.n && !runner_stopping(r); i++) {
+        st = publish_pending(svc, &sc.jobs[i], &err);
+        if (st == AR_OK) {
+            AR_INFO("job %s: pending lines queued (%s)", sc.jobs[i].id,
+                    sc.all ? "unfinished at start; the in-process queue starts empty"
+                           : "not queued at creation");
+        } else {
+            ok = false;
+            AR_WARN("job %s: cannot queue its lines now: %s (%s); tried again in %.1f s",
+                    sc.jobs[i].id, ar_status_str(st), err.msg, sweep_period(svc));
+            if (st == AR_EUNAVAIL || st == AR_EBUSY)
+                break; /* the queue cannot take any now */
+        }
+    }
+    if (sweep && ok && !runner_stopping(r))
+        *all = false;
+    ar_free(sc.jobs);
+}
+
+static void *sweeper_main(void *arg)
+{
+    struct rp_runner *r = arg;
+    double period = sweep_period(r->svc), next_sweep = 0, next_gauge = 0;
+    /* the in-process queue died with the previous process: queue every unfinished job once */
+    bool all = !queue_durable(r->q);
+    pthread_mutex_lock(&r->mu);
+    while (!r->stop) {
+        double now = ar_time_s();
+        if (now >= next_gauge || now >= next_sweep) {
+            bool sweep = now >= next_sweep;
+            pthread_mutex_unlock(&r->mu);
+            sweep_once(r, sweep, &all);
+            pthread_mutex_lock(&r->mu);
+            now = ar_time_s();
+            next_gauge = now + AR_MIN(JOB_GAUGE_S, period);
+            if (sweep)
+                next_sweep = now + period;
+            continue;
+        }
+        runner_wait(r, AR_MIN(next_gauge, next_sweep) - now);
+    }
+    pthread_mutex_unlock(&r->mu);
     return NULL;
+}
+
+enum ar_status rp_jobs_init(struct reply_service *svc)
+{
+    if (svc->p.queue) {
+        svc->queue = svc->p.queue;
+    } else {
+        struct queue_params qp = queue_default_params();
+        if (queue_memory_create(qp.max_messages, &svc->owned_queue) != AR_OK)
+            return AR_ENOMEM;
+        svc->queue = svc->owned_queue;
+    }
+    if (svc->p.metrics) {
+        struct metrics_family *f;
+        if (metrics_gauge(svc->p.metrics, "autoreply_job_items_pending",
+                          "Lines of unfinished jobs without a result yet (the job backlog, read "
+                          "from the store every few seconds: the same on every instance)",
+                          NULL, &f) == AR_OK)
+            svc->m.job_items_pending = metrics_child(f, NULL);
+    }
+    return AR_OK;
+}
+
+void rp_jobs_fini(struct reply_service *svc)
+{
+    queue_destroy(svc->owned_queue);
+    svc->owned_queue = NULL;
+    svc->queue = NULL;
 }
 
 enum ar_status reply_jobs_start(struct reply_service *svc)
 {
-    if (svc->job_thread_on)
+    struct rp_runner *r;
+    pthread_condattr_t ca;
+    if (svc->runner)
         return AR_OK;
-    if (pthread_create(&svc->job_thread, NULL, job_main, svc) != 0)
+    r = ar_calloc(1, sizeof(*r));
+    if (!r)
         return AR_ENOMEM;
-    svc->job_thread_on = true;
+    r->svc = svc;
+    r->q = svc->queue;
+    r->n_slots = AR_MIN(svc->p.job_slots > 0 ? svc->p.job_slots : svc->p.n_workers, 1024);
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&r->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    svc->runner = r;
+    r->workers = ar_calloc((size_t)r->n_slots, sizeof(pthread_t));
+    if (!r->workers)
+        goto fail;
+    for (int i = 0; i < r->n_slots; i++) {
+        if (pthread_create(&r->workers[i], NULL, line_worker, r) != 0)
+            goto fail;
+        r->n_workers++;
+    }
+    if (pthread_create(&r->consumer, NULL, consumer_main, r) != 0)
+        goto fail;
+    r->consumer_on = true;
+    if (pthread_create(&r->sweeper, NULL, sweeper_main, r) != 0)
+        goto fail;
+    r->sweeper_on = true;
     return AR_OK;
+fail:
+    rp_jobs_stop(svc);
+    return AR_ENOMEM;
 }
 
 void rp_jobs_stop(struct reply_service *svc)
 {
-    if (svc->job_thread_on) {
-        pthread_join(svc->job_thread, NULL);
-        svc->job_thread_on = false;
+    struct rp_runner *r = svc->runner;
+    if (!r)
+        return;
+    pthread_mutex_lock(&r->mu);
+    r->stop = true;
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+    /* the lines in progress finish (their results are stored) ... */
+    for (int i = 0; i < r->n_workers; i++)
+        pthread_join(r->workers[i], NULL);
+    pthread_mutex_lock(&r->mu);
+    r->workers_gone = true;
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+    /* ... the consumer acks them and gives the rest back */
+    if (r->consumer_on)
+        pthread_join(r->consumer, NULL);
+    if (r->sweeper_on)
+        pthread_join(r->sweeper, NULL);
+    while (r->head) {
+        struct rp_line *l = r->head;
+        r->head = l->next;
+        ar_free(l);
     }
-}
-
-void rp_jobs_kick(struct reply_service *svc)
-{
-    pthread_mutex_lock(&svc->q_mu);
-    svc->job_kick = true;
-    pthread_cond_broadcast(&svc->job_cv);
-    pthread_mutex_unlock(&svc->q_mu);
+    ar_free(r->workers);
+    pthread_cond_destroy(&r->cv);
+    pthread_mutex_destroy(&r->mu);
+    ar_free(r);
+    svc->runner = NULL;
 }
 
 /* ---- reading ----------------------------------------------------------------------------- */

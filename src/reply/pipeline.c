@@ -4,8 +4,12 @@
  * reply metrics. */
 #include <math.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "normalize.h"
 #include "reply_internal.h"
@@ -22,6 +26,8 @@ struct reply_service_params reply_service_default_params(void)
     p.timeout_s = 60;
     p.n_workers = 8;
     p.queue_max = 256;
+    p.claim_lease_s = 120;
+    p.job_sweep_s = 10;
     return p;
 }
 
@@ -84,6 +90,10 @@ static void metrics_setup(struct reply_service *svc)
                               "backend", "redis");
     m->needs_human = counter(reg, "autoreply_reply_needs_human_total",
                              "Replies routed to a person (low rating, negative, sensitive)",
+                             NULL, NULL);
+    m->model_calls = counter(reg, "autoreply_reply_model_calls_total",
+                             "Reviews this instance sent to the model (each once, whatever its "
+                             "regenerations): the generations a fleet pays for",
                              NULL, NULL);
     for (int g = 1; g < REPLY_GUARD_COUNT; g++)
         m->retries[g] = counter(reg, "autoreply_reply_guard_rejections_total",
@@ -181,6 +191,8 @@ enum ar_status rp_submit(struct reply_service *svc, void (*fn)(void *), void *ar
     return AR_OK;
 }
 
+static void release_old_claims(const struct reply_service_params *p);
+
 /* ---- lifetime ---------------------------------------------------------------------------- */
 
 enum ar_status reply_service_create(const struct reply_service_params *p,
@@ -188,18 +200,23 @@ enum ar_status reply_service_create(const struct reply_service_params *p,
 {
     struct reply_service *svc;
     if (!p || !p->profiles || !p->store || p->max_retries < 0 || p->max_tokens < 1 ||
-        p->n_workers < 1 || p->queue_max < 1)
+        p->n_workers < 1 || p->queue_max < 1 ||
+        !(p->claim_lease_s > 0 && p->claim_lease_s <= 86400))
         return AR_EINVAL;
     svc = ar_calloc(1, sizeof(*svc));
     if (!svc)
         return AR_ENOMEM;
+    release_old_claims(p);
     svc->p = *p;
     svc->gen = p->gen;
     pthread_mutex_init(&svc->mu, NULL);
     pthread_mutex_init(&svc->q_mu, NULL);
     pthread_cond_init(&svc->q_cv, NULL);
-    pthread_cond_init(&svc->job_cv, NULL);
     metrics_setup(svc);
+    if (rp_jobs_init(svc) != AR_OK) {
+        reply_service_destroy(svc);
+        return AR_ENOMEM;
+    }
     svc->workers = ar_calloc((size_t)p->n_workers, sizeof(pthread_t));
     if (!svc->workers) {
         reply_service_destroy(svc);
@@ -223,13 +240,12 @@ void reply_service_destroy(struct reply_service *svc)
     pthread_mutex_lock(&svc->q_mu);
     svc->stopping = true;
     pthread_cond_broadcast(&svc->q_cv);
-    pthread_cond_broadcast(&svc->job_cv);
     pthread_mutex_unlock(&svc->q_mu);
     rp_jobs_stop(svc);
     for (int i = 0; i < svc->n_workers; i++)
         pthread_join(svc->workers[i], NULL);
     ar_free(svc->workers);
-    pthread_cond_destroy(&svc->job_cv);
+    rp_jobs_fini(svc);
     pthread_cond_destroy(&svc->q_cv);
     pthread_mutex_destroy(&svc->q_mu);
     pthread_mutex_destroy(&svc->mu);
@@ -606,18 +622,109 @@ static void answer_from_row(const struct reply_profile *prof, const struct reply
     r->err = REPLY_OK;
 }
 
+/* ---- idempotency across requests and instances ------------------------------------------ */
+
+/* Claim owners are "<instance>/<process>/<counter>": the instance's name (the host's name
+ * when none is given), this process's random id, and a counter, so that every request owns its
+ * own claim and a restarted instance can end what its previous run left. */
+static char host_name[64];
+static char process_id[20];
+
+static void claim_names_init(void)
+{
+    uint64_t v = 0;
+    if (gethostname(host_name, sizeof(host_name)) != 0 || !host_name[0])
+        snprintf(host_name, sizeof(host_name), "autoreply");
+    host_name[sizeof(host_name) - 1] = '\0';
+    if (getrandom(&v, sizeof(v), 0) != (ssize_t)sizeof(v))
+        v = (uint64_t)getpid() ^ (uint64_t)time(NULL) << 20;
+    snprintf(process_id, sizeof(process_id), "%016llx", (unsigned long long)v);
+}
+
+static const char *instance_name(const struct reply_service_params *p)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, claim_names_init);
+    return p->instance && p->instance[0] ? p->instance : host_name;
+}
+
+static void claim_owner(const struct reply_service *svc, char *owner, size_t size)
+{
+    static atomic_ullong counter;
+    snprintf(owner, size, "%.200s/%s/%llu", instance_name(&svc->p), process_id,
+             (unsigned long long)atomic_fetch_add(&counter, 1));
+}
+
+/* The claims this instance's previous run left when it died end now, so that their reviews
+ * (a resumed job's lines, a client's retry) need not wait for the leases. */
+static void release_old_claims(const struct reply_service_params *p)
+{
+    struct ar_err err = {AR_OK, 0, {0}};
+    char prefix[STORE_ID_MAX];
+    int64_t n = 0;
+    enum ar_status st;
+    snprintf(prefix, sizeof(prefix), "%.200s/", instance_name(p));
+    st = store_reply_claims_release(p->store, prefix, &n, &err);
+    if (st != AR_OK)
+        AR_WARN("reply: ending the claims of %s's previous run: %s: %s", prefix, ar_status_str(st),
+                err.msg);
+    else if (n > 0)
+        AR_INFO("reply: ended %lld claims left by %s's previous run", (long long)n, prefix);
+}
+
+/* Claims the review for owner: *c ends STORED (row filled) or OWNED. While another request
+ * holds it, asks again after a short sleep growing from 10 ms to 100 ms, for at most the
+ * generation timeout, and stops early when the call is cancelled. Sets r's error otherwise. */
+static bool claim_review(struct reply_service *svc, const struct reply_review *rv,
+                         struct reply_call *call, const char *owner, enum store_claim *c,
+                         struct store_reply *row, struct reply_result *r)
+{
+    double deadline = ar_time_s() + svc->p.timeout_s;
+    long sleep_ms = 10;
+    for (;;) {
+        struct ar_err err = {AR_OK, 0, {0}};
+        enum ar_status st = store_reply_claim(svc->p.store, rv->shop_id, rv->review_id, owner,
+                                              svc->p.claim_lease_s, c, row, &err);
+        struct timespec ts;
+        if (st != AR_OK) {
+            set_error(r, reply_error_of_backend(st), "store: %s", err.msg);
+            return false;
+        }
+        if (*c != STORE_CLAIM_HELD)
+            return true;
+        if (reply_call_cancelled(call)) {
+            set_error(r, REPLY_ECANCELLED,
+                      "the client went away while the review was answered elsewhere");
+            return false;
+        }
+        if (ar_time_s() + (double)sleep_ms / 1000.0 > deadline) {
+            set_error(r, REPLY_EBUSY,
+                      "review_id %.60s of shop %.60s is being answered by another request; "
+                      "retry shortly",
+                      rv->review_id, rv->shop_id);
+            return false;
+        }
+        ts.tv_sec = 0;
+        ts.tv_nsec = sleep_ms * 1000000L;
+        nanosleep(&ts, NULL);
+        sleep_ms = AR_MIN(sleep_ms * 2, 100);
+    }
+}
+
+static void answer_new(struct reply_service *svc, const struct reply_profile *prof,
+                       const struct reply_review *rv, enum engine_priority prio,
+                       struct reply_call *call, struct reply_result *r, bool *stored_out);
+
 static void answer(struct reply_service *svc, const struct reply_review *rv,
                    enum engine_priority prio, struct reply_call *call, struct reply_result *r)
 {
     const struct reply_profile *prof;
-    const char *review_lang, *reply_lang;
-    char *key = NULL, *text = NULL;
-    size_t key_len = 0;
-    struct store_reply row, stored;
+    struct store_reply stored;
     struct ar_err err = {AR_OK, 0, {0}};
-    bool found = false, negative;
+    enum store_claim claim = STORE_CLAIM_HELD;
+    char owner[STORE_ID_MAX];
+    bool put = false;
     enum ar_status st;
-    int src;
 
     memset(&stored, 0, sizeof(stored));
     if (!review_ok(rv, r->error, sizeof(r->error))) {
@@ -626,18 +733,42 @@ static void answer(struct reply_service *svc, const struct reply_review *rv,
     }
     prof = reply_profiles_get(svc->p.profiles, rv->shop_id);
 
-    /* 1. idempotency: an answered review is answered as stored, without the model */
-    st = store_reply_get(svc->p.store, rv->shop_id, rv->review_id, &stored, &found, &err);
-    if (st != AR_OK) {
-        set_error(r, reply_error_of_backend(st), "store: %s", err.msg);
+    /* 1. idempotency: an answered review is answered as stored, without the model; of the
+     * requests for a new one (on any instance sharing the store) one generates, the others
+     * wait for its stored reply */
+    claim_owner(svc, owner, sizeof(owner));
+    if (!claim_review(svc, rv, call, owner, &claim, &stored, r))
         return;
-    }
-    if (found) {
+    if (claim == STORE_CLAIM_STORED) {
         answer_from_row(prof, rv, &stored, r);
         store_reply_fini(&stored);
         return;
     }
+    answer_new(svc, prof, rv, prio, call, r, &put);
+    /* nothing stored (an error, or a reply mode that stores nothing): the next request need
+     * not wait for the lease */
+    if (!put &&
+        (st = store_reply_unclaim(svc->p.store, rv->shop_id, rv->review_id, owner, &err)) != AR_OK)
+        AR_WARN("reply: giving up the claim on %s/%s: %s: %s", rv->shop_id, rv->review_id,
+                ar_status_str(st), err.msg);
+}
 
+/* Steps 2 to 4 for a review this request owns: cache or model, then the store, which ends the
+ * claim (*stored_out). */
+static void answer_new(struct reply_service *svc, const struct reply_profile *prof,
+                       const struct reply_review *rv, enum engine_priority prio,
+                       struct reply_call *call, struct reply_result *r, bool *stored_out)
+{
+    const char *review_lang, *reply_lang;
+    char *key = NULL, *text = NULL;
+    size_t key_len = 0;
+    struct store_reply row, stored;
+    struct ar_err err = {AR_OK, 0, {0}};
+    bool negative;
+    enum ar_status st;
+    int src;
+
+    memset(&stored, 0, sizeof(stored));
     review_lang = rv->lang ? rv->lang : reply_guess_lang(rv->text, rv->text_len);
     reply_lang = prof->lang_policy == REPLY_LANG_ZH   ? "zh"
                  : prof->lang_policy == REPLY_LANG_EN ? "en"
@@ -677,6 +808,7 @@ static void answer(struct reply_service *svc, const struct reply_review *rv,
     }
 
     /* 3. the model, behind the guardrails */
+    metrics_inc(svc->m.model_calls, 1);
     src = generate(svc, prof, rv, review_lang, reply_lang, negative, prio, call, r, &text);
     if (src < 0) {
         ar_free(key);
@@ -720,6 +852,7 @@ have_text:
             set_error(r, reply_error_of_backend(st), "store: %s", err.msg);
             return;
         }
+        *stored_out = true;
         if (existed)
             answer_from_row(prof, rv, &stored, r);
         store_reply_fini(&stored);

@@ -35,6 +35,7 @@
 #include "../base/base.h"
 #include "../engine/engine.h"
 #include "../metrics/metrics.h"
+#include "../queue/queue.h"
 #include "../store/store.h"
 #include "../tokenizer/tokenizer.h"
 #include "../cache/cache.h"
@@ -327,6 +328,22 @@ struct reply_service_params {
     int n_workers;           /* threads for batches, jobs and async requests (8) */
     int queue_max;           /* tasks waiting for a worker (256); beyond: reply_service_submit
                                 says AR_EBUSY */
+    /* A new review is claimed in the store before it is generated, so that of the requests
+     * for it (on this instance or any other sharing the store) one generates and the others
+     * wait (up to timeout_s) for its stored reply. Instances sharing a store need distinct,
+     * stable names: reply_service_create ends the claims that a previous run under the same
+     * name left (a crash), so that their reviews need not wait for the leases. */
+    const char *instance;    /* borrowed; this instance's name in claims (NULL: the host's) */
+    double claim_lease_s;    /* a claim outlives a dead owner this long (120) */
+    struct queue *queue;     /* borrowed: the job-line queue (RabbitMQ for a fleet); NULL: the
+                                service makes an in-process one (one process, as before). It
+                                must outlive the service. */
+    int job_slots;           /* job lines this instance answers at once, which is also how
+                                many queue messages it holds (its prefetch): the bulk share of
+                                the engine's batch, e.g. its n_seq_max (0: n_workers) */
+    double job_sweep_s;      /* how often unfinished jobs whose lines were never queued are
+                                looked for and queued (10; 0: 10); a job gets 3 periods of
+                                grace */
 };
 struct reply_service_params reply_service_default_params(void);
 
@@ -424,12 +441,25 @@ void reply_service_answer_many_call(struct reply_service *svc, const struct repl
 
 /* ---- jobs ---------------------------------------------------------------------------------
  * A job is a list of reviews stored line by line (store.h) before its id is returned, so a
- * crash loses nothing accepted. Lines are answered at ENGINE_PRIO_BULK in chunks; each reply
- * is stored (idempotent on shop_id, review_id) before its line is marked done, so a restart
- * redoes at most the lines in flight and never makes a second reply for a review. A line that
- * is not a valid review becomes a per-line error; the job goes on. Lines are objects as for
- * reply_review_from_json ("id" stands for a missing "review_id"). Jobs run in the background,
- * on no caller's token budget. */
+ * crash loses nothing accepted. Then one message per line ({"job_id", "line", "shop_id"}; the
+ * input stays in the store, which is the truth) goes to the service's queue and the job is
+ * marked published. Every instance that runs reply_jobs_start consumes that queue: it answers
+ * each line at ENGINE_PRIO_BULK (interactive requests go first), stores the line's result, and
+ * only then acks the message, so a consumer that dies mid-line (kill -9) leaves its messages to
+ * be redelivered to another. A message for a line that is no longer pending (a redelivery, a
+ * duplicate publish) or of a finished or cancelled job is acked without work; while the store
+ * cannot be reached a message is nacked (requeued) after a backoff, never acked. Replies are
+ * stored once per (shop_id, review_id), so redeliveries never make a second reply: each line
+ * gets exactly one result. A line that is not a valid review becomes a per-line error; the job
+ * goes on. Lines are objects as for reply_review_from_json ("id" stands for a missing
+ * "review_id"). Jobs run in the background, on no caller's token budget.
+ *
+ * When the queue cannot take the lines (broker down, in-process queue full), creation still
+ * succeeds (the client gets 202 and its job id: answering 503 would make it upload the job
+ * again, a second job, since the first is stored already); the job stays unpublished and a
+ * sweeper on every instance queues the pending lines of jobs left unpublished for
+ * 3 * job_sweep_s. With the in-process queue (not durable), the runner also queues the pending
+ * lines of every unfinished job when it starts: a previous process's queue died with it. */
 
 /* Creates a job from a body: a JSON array of review objects (the body's first non-blank byte
  * is '['), or raw JSONL text (one object per line; blank lines skipped, line numbers are the
@@ -451,8 +481,11 @@ typedef void (*reply_job_progress_fn)(void *user, const struct store_job_info *i
  * is stopping; AR_EINVAL for an unknown job. */
 enum ar_status reply_job_run(struct reply_service *svc, const char *job_id,
                              reply_job_progress_fn progress, void *user, struct ar_err *err);
-/* Starts a background thread that runs every unfinished job (resuming those a previous
- * process left) and then each new one. Stopped by reply_service_destroy. */
+/* Starts consuming the job queue in the background: a consumer thread holding at most
+ * job_slots messages (its prefetch), job_slots line workers, and the sweeper, which also keeps
+ * the gauge autoreply_job_items_pending (pending lines of unfinished jobs, from the store: the
+ * same on every instance) up to date every few seconds. Stopped by reply_service_destroy, which
+ * lets the lines in progress finish and gives the rest back to the queue. */
 enum ar_status reply_jobs_start(struct reply_service *svc);
 
 /* {id, status, total, done, failed, pending, created, updated, shop_id}. */

@@ -28,9 +28,12 @@ struct reply_metrics {
     struct metrics_child *cache_hits[2];  /* {level="l1"}, {level="l2"} */
     struct metrics_child *cache_misses, *cache_evictions, *cache_errors;
     struct metrics_child *needs_human;
+    struct metrics_child *model_calls;    /* reviews sent to the model (once each, retries
+                                             included in the one) */
     struct metrics_child *retries[REPLY_GUARD_COUNT];
     struct metrics_child *latency[2];     /* {cached="false"}, {cached="true"} */
     struct metrics_child *job_items_done, *job_items_error; /* autoreply_jobs_items_total */
+    struct metrics_child *job_items_pending;                /* gauge, set by the runner */
 };
 
 struct reply_service {
@@ -48,16 +51,18 @@ struct reply_service {
     pthread_t *workers;
     int n_workers;
     bool stopping;
-    /* job runner */
-    pthread_t job_thread;
-    bool job_thread_on;
-    pthread_cond_t job_cv; /* under q_mu: a new job or stopping */
-    bool job_kick;
+    /* jobs (jobs.c) */
+    struct queue *queue;       /* p.queue or owned_queue */
+    struct queue *owned_queue; /* the in-process queue made when p.queue is NULL */
+    struct rp_runner *runner;  /* the queue consumer, once reply_jobs_start ran */
 };
 
 /* Queues fn(arg) on the worker pool; AR_EBUSY when the queue is full or stopping. */
 enum ar_status rp_submit(struct reply_service *svc, void (*fn)(void *), void *arg, bool bounded);
+/* The job side of create (the queue, the gauge) and destroy: rp_jobs_stop waits for the runner's
+ * lines in progress and hands the others back; rp_jobs_fini then frees an owned queue. */
+enum ar_status rp_jobs_init(struct reply_service *svc);
 void rp_jobs_stop(struct reply_service *svc);
-void rp_jobs_kick(struct reply_service *svc);
+void rp_jobs_fini(struct reply_service *svc);
 
 #endif

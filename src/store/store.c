@@ -1,614 +1,48 @@
-/* store.c - the SQLite store: schema and migrations, prepared statements, replies with
- * insert-once semantics, bulk jobs whose lines are finished one transaction at a time.
- * Every statement is prepared once at open and every value is bound, never spliced. */
-#include "store.h"
+/* store.c - the store's public functions: argument checks, then the backend's operation
+ * (store_internal.h); plus what the backends share: status names, job ids, copies of rows
+ * into caller-owned structs, and the choice of backend by URL. */
+#include "store_internal.h"
 
+#include <errno.h>
 #include <math.h>
-#include <pthread.h>
-#include <sqlite3.h>
 #include <stdio.h>
+#include <sys/random.h>
 #include <time.h>
 
-/* ---- schema ------------------------------------------------------------------------- */
+/* ---- shared helpers ------------------------------------------------------------------ */
 
-/* migrations[v] moves a database from user_version v to v + 1. Append only. */
-static const char *const migrations[STORE_SCHEMA_VERSION] = {
-    "CREATE TABLE replies ("
-    "  shop_id TEXT NOT NULL,"
-    "  review_id TEXT NOT NULL,"
-    "  review_text TEXT NOT NULL,"
-    "  rating INTEGER NOT NULL CHECK (rating BETWEEN 1 AND 5),"
-    "  lang TEXT NOT NULL,"
-    "  reply TEXT NOT NULL,"
-    "  needs_human INTEGER NOT NULL,"
-    "  sentiment REAL NOT NULL,"
-    "  cached INTEGER NOT NULL,"
-    "  model TEXT NOT NULL,"
-    "  created_s INTEGER NOT NULL,"
-    "  PRIMARY KEY (shop_id, review_id)"
-    ") WITHOUT ROWID;"
-    "CREATE TABLE jobs ("
-    "  id TEXT PRIMARY KEY,"
-    "  status TEXT NOT NULL"
-    "    CHECK (status IN ('queued', 'running', 'done', 'failed', 'cancelled')),"
-    "  shop_id TEXT NOT NULL,"
-    "  n_total INTEGER NOT NULL,"
-    "  n_done INTEGER NOT NULL DEFAULT 0,"
-    "  n_failed INTEGER NOT NULL DEFAULT 0,"
-    "  created_s INTEGER NOT NULL,"
-    "  updated_s INTEGER NOT NULL"
-    ");"
-    "CREATE INDEX jobs_by_status ON jobs (status, created_s);"
-    "CREATE TABLE job_items ("
-    "  job_id TEXT NOT NULL REFERENCES jobs (id) ON DELETE CASCADE,"
-    "  line INTEGER NOT NULL,"
-    "  input TEXT NOT NULL,"
-    "  status TEXT NOT NULL CHECK (status IN ('pending', 'done', 'error')),"
-    "  result TEXT,"
-    "  PRIMARY KEY (job_id, line)"
-    ") WITHOUT ROWID;"
-    "CREATE INDEX job_items_by_status ON job_items (job_id, status, line);",
-};
-
-/* ---- statements --------------------------------------------------------------------- */
-
-enum stmt_id {
-    S_BEGIN,
-    S_COMMIT,
-    S_ROLLBACK,
-    S_REPLY_GET,
-    S_REPLY_INSERT,
-    S_JOB_INSERT,
-    S_ITEM_INSERT,
-    S_ITEM_PENDING,
-    S_ITEM_FINISH,
-    S_ITEM_STATUS,
-    S_JOB_COUNT,
-    S_JOB_SET_STATUS,
-    S_JOB_GET,
-    S_JOB_ITEMS,
-    S_JOBS_UNFINISHED,
-    S_COUNT
-};
-
-#define REPLY_COLS                                                                                 \
-    "shop_id, review_id, review_text, rating, lang, reply, needs_human, sentiment, cached, "       \
-    "model, created_s"
-#define JOB_COLS "id, status, n_total, n_done, n_failed, created_s, updated_s, shop_id"
-
-static const char *const stmt_sql[S_COUNT] = {
-    [S_BEGIN] = "BEGIN IMMEDIATE",
-    [S_COMMIT] = "COMMIT",
-    [S_ROLLBACK] = "ROLLBACK",
-    [S_REPLY_GET] = "SELECT " REPLY_COLS " FROM replies WHERE shop_id = ?1 AND review_id = ?2",
-    [S_REPLY_INSERT] = "INSERT INTO replies (" REPLY_COLS ") "
-                       "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11) "
-                       "ON CONFLICT (shop_id, review_id) DO NOTHING",
-    [S_JOB_INSERT] = "INSERT INTO jobs (id, status, shop_id, n_total, created_s, updated_s) "
-                     "VALUES (?1, 'queued', ?2, ?3, ?4, ?4)",
-    [S_ITEM_INSERT] = "INSERT INTO job_items (job_id, line, input, status) "
-                      "VALUES (?1, ?2, ?3, 'pending')",
-    [S_ITEM_PENDING] = "SELECT line, input FROM job_items "
-                       "WHERE job_id = ?1 AND status = 'pending' AND line > ?2 "
-                       "ORDER BY line LIMIT ?3",
-    [S_ITEM_FINISH] = "UPDATE job_items SET status = ?3, result = ?4 "
-                      "WHERE job_id = ?1 AND line = ?2 AND status = 'pending'",
-    [S_ITEM_STATUS] = "SELECT status FROM job_items WHERE job_id = ?1 AND line = ?2",
-    /* every right-hand side sees the old row */
-    [S_JOB_COUNT] = "UPDATE jobs SET n_done = n_done + ?2, n_failed = n_failed + ?3, "
-                    "updated_s = ?4, status = CASE "
-                    "  WHEN status NOT IN ('queued', 'running') THEN status "
-                    "  WHEN n_done + ?2 + n_failed + ?3 >= n_total THEN 'done' "
-                    "  ELSE 'running' END "
-                    "WHERE id = ?1",
-    [S_JOB_SET_STATUS] = "UPDATE jobs SET status = ?2, updated_s = ?3 WHERE id = ?1",
-    [S_JOB_GET] = "SELECT " JOB_COLS " FROM jobs WHERE id = ?1",
-    [S_JOB_ITEMS] = "SELECT line, status, input, result FROM job_items "
-                    "WHERE job_id = ?1 ORDER BY line",
-    [S_JOBS_UNFINISHED] = "SELECT " JOB_COLS " FROM jobs "
-                          "WHERE status IN ('queued', 'running') ORDER BY created_s, rowid",
-};
-
-/* Background checkpoints: the request connection never checkpoints (its WAL hook replaces
- * SQLite's auto-checkpoint), so no request pays for copying pages into the database file or
- * for the fsyncs around it. A thread with its own connection runs PASSIVE checkpoints (they
- * neither take the write lock nor wait for readers) every STORE_CKPT_PERIOD_MS, or sooner once
- * the WAL holds STORE_CKPT_PAGES pages. Under a steady stream of writes a passive checkpoint
- * never catches the last commit, so the WAL would only grow; when it passes
- * STORE_CKPT_RESET_PAGES the thread checkpoints the remaining tail (a few pages) with the
- * store's mutex held, after which the next commit starts the WAL over from its beginning. */
-#define STORE_CKPT_PERIOD_MS 1000
-#define STORE_CKPT_PAGES 1000
-#define STORE_CKPT_RESET_PAGES 8192
-
-struct store {
-    sqlite3 *db;
-    sqlite3_stmt *stmt[S_COUNT];
-    pthread_mutex_t mu; /* guards db and stmt */
-    bool mu_ready;
-    /* the checkpointer (absent for in-memory databases, or when it could not start: SQLite's
-     * auto-checkpoint then stays on) */
-    sqlite3 *ck_db;
-    pthread_t ck_thread;
-    pthread_mutex_t ck_mu; /* guards the fields below */
-    pthread_cond_t ck_cv;
-    bool ck_ready, ck_running, ck_stop, ck_due;
-    int ck_wal_pages;    /* WAL size after the last commit on db */
-    int ck_mark;         /* WAL size that the last checkpoint saw (0 after a restart) */
-    uint64_t ck_commits; /* commits on db so far */
-};
-
-/* ---- helpers ------------------------------------------------------------------------ */
-
-static const char *const job_status_names[] = {"queued", "running", "done", "failed", "cancelled"};
-static const char *const item_status_names[] = {"pending", "done", "error"};
+const char *const store_job_status_names[5] = {"queued", "running", "done", "failed", "cancelled"};
+const char *const store_item_status_names[3] = {"pending", "done", "error"};
 
 const char *store_job_status_str(enum store_job_status s)
 {
-    if ((unsigned)s < AR_ARRAY_LEN(job_status_names))
-        return job_status_names[s];
+    if ((unsigned)s < AR_ARRAY_LEN(store_job_status_names))
+        return store_job_status_names[s];
     return "unknown";
 }
 
 const char *store_item_status_str(enum store_item_status s)
 {
-    if ((unsigned)s < AR_ARRAY_LEN(item_status_names))
-        return item_status_names[s];
+    if ((unsigned)s < AR_ARRAY_LEN(store_item_status_names))
+        return store_item_status_names[s];
     return "unknown";
 }
 
-static int status_from_name(const char *const *names, size_t n, const unsigned char *text)
+int store_status_from_name(const char *const *names, size_t n, const char *text)
 {
     for (size_t i = 0; text && i < n; i++)
-        if (strcmp(names[i], (const char *)text) == 0)
+        if (strcmp(names[i], text) == 0)
             return (int)i;
     return -1;
 }
 
-static int64_t now_s(void)
+int64_t store_now_s(void)
 {
     return (int64_t)time(NULL);
 }
 
-/* Maps an SQLite result code to a status and puts SQLite's message into err. */
-static enum ar_status db_fail(struct store *st, int rc, struct ar_err *err, const char *what)
-{
-    enum ar_status code;
-    switch (rc & 0xff) {
-    case SQLITE_NOMEM:
-        code = AR_ENOMEM;
-        break;
-    case SQLITE_BUSY:
-    case SQLITE_LOCKED:
-        code = AR_EBUSY;
-        break;
-    case SQLITE_CONSTRAINT:
-    case SQLITE_TOOBIG:
-    case SQLITE_RANGE:
-        code = AR_EINVAL;
-        break;
-    case SQLITE_NOTADB:
-    case SQLITE_CORRUPT:
-        code = AR_EFORMAT;
-        break;
-    default:
-        code = AR_EIO;
-        break;
-    }
-    return ar_err_set(err, code, 0, "store: %s: %s", what,
-                      st && st->db ? sqlite3_errmsg(st->db) : sqlite3_errstr(rc));
-}
-
-/* Clears a statement after use, so that no read transaction stays open. */
-static void stmt_done(sqlite3_stmt *s)
-{
-    sqlite3_reset(s);
-    sqlite3_clear_bindings(s);
-}
-
-static int bind_str(sqlite3_stmt *s, int i, const char *v)
-{
-    return sqlite3_bind_text(s, i, v ? v : "", -1, SQLITE_STATIC);
-}
-
-/* Runs a statement that returns no rows. */
-static enum ar_status exec_stmt(struct store *st, enum stmt_id id, struct ar_err *err)
-{
-    sqlite3_stmt *s = st->stmt[id];
-    int rc = sqlite3_step(s);
-    stmt_done(s);
-    if (rc != SQLITE_DONE)
-        return db_fail(st, rc, err, stmt_sql[id]);
-    return AR_OK;
-}
-
-static enum ar_status tx_begin(struct store *st, struct ar_err *err)
-{
-    return exec_stmt(st, S_BEGIN, err);
-}
-
-static enum ar_status tx_commit(struct store *st, struct ar_err *err)
-{
-    enum ar_status s = exec_stmt(st, S_COMMIT, err);
-    if (s != AR_OK && !sqlite3_get_autocommit(st->db))
-        exec_stmt(st, S_ROLLBACK, NULL);
-    return s;
-}
-
-static void tx_rollback(struct store *st)
-{
-    if (!sqlite3_get_autocommit(st->db))
-        exec_stmt(st, S_ROLLBACK, NULL);
-}
-
-static bool id_ok(const char *id)
-{
-    return id && id[0] && strlen(id) <= STORE_ID_MAX;
-}
-
-static bool job_id_ok(const char *id)
-{
-    if (!id || strlen(id) != STORE_JOB_ID_LEN)
-        return false;
-    for (const char *p = id; *p; p++)
-        if (!((*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'f')))
-            return false;
-    return true;
-}
-
-static enum ar_status bad_arg(struct ar_err *err, const char *what)
-{
-    return ar_err_set(err, AR_EINVAL, 0, "store: %s", what);
-}
-
-/* ---- open / close ------------------------------------------------------------------- */
-
-/* Runs one PRAGMA (or any statement) with no bound values; *text receives the first column
- * of the first row when asked. Only constant SQL from this file comes here. */
-static enum ar_status exec_const(struct store *st, const char *sql, char *text, size_t text_size,
-                                 int64_t *num, struct ar_err *err)
-{
-    sqlite3_stmt *s = NULL;
-    int rc = sqlite3_prepare_v2(st->db, sql, -1, &s, NULL);
-    if (rc != SQLITE_OK)
-        return db_fail(st, rc, err, sql);
-    rc = sqlite3_step(s);
-    if (rc == SQLITE_ROW) {
-        if (text && text_size) {
-            const unsigned char *t = sqlite3_column_text(s, 0);
-            snprintf(text, text_size, "%s", t ? (const char *)t : "");
-        }
-        if (num)
-            *num = sqlite3_column_int64(s, 0);
-        while ((rc = sqlite3_step(s)) == SQLITE_ROW)
-            ;
-    }
-    sqlite3_finalize(s);
-    if (rc != SQLITE_DONE)
-        return db_fail(st, rc, err, sql);
-    return AR_OK;
-}
-
-static enum ar_status migrate(struct store *st, struct ar_err *err)
-{
-    enum ar_status s;
-    int64_t version = 0;
-    char *msg = NULL;
-    int rc;
-    if ((s = exec_const(st, "BEGIN IMMEDIATE", NULL, 0, NULL, err)) != AR_OK)
-        return s;
-    if ((s = exec_const(st, "PRAGMA user_version", NULL, 0, &version, err)) != AR_OK)
-        goto fail;
-    if (version < 0 || version > STORE_SCHEMA_VERSION) {
-        s = ar_err_set(err, AR_EFORMAT, 0, "store: schema version %lld is not %d or older",
-                       (long long)version, STORE_SCHEMA_VERSION);
-        goto fail;
-    }
-    for (int64_t v = version; v < STORE_SCHEMA_VERSION; v++) {
-        rc = sqlite3_exec(st->db, migrations[v], NULL, NULL, &msg);
-        if (rc != SQLITE_OK) {
-            s = db_fail(st, rc, err, "schema migration");
-            sqlite3_free(msg);
-            goto fail;
-        }
-    }
-    if (version != STORE_SCHEMA_VERSION) {
-        /* PRAGMA takes no bound values; the number is our own constant */
-        char sql[64];
-        snprintf(sql, sizeof(sql), "PRAGMA user_version = %d", STORE_SCHEMA_VERSION);
-        if ((s = exec_const(st, sql, NULL, 0, NULL, err)) != AR_OK)
-            goto fail;
-    }
-    if ((s = exec_const(st, "COMMIT", NULL, 0, NULL, err)) == AR_OK)
-        return AR_OK;
-fail:
-    if (!sqlite3_get_autocommit(st->db))
-        exec_const(st, "ROLLBACK", NULL, 0, NULL, NULL);
-    return s;
-}
-
-/* ---- background checkpoints ----------------------------------------------------------- */
-
-/* Called by SQLite after every commit on the request connection (with the store's mutex
- * held): notes the WAL's size and wakes the checkpointer when a checkpoint is due. */
-static int wal_hook(void *arg, sqlite3 *db, const char *name, int n_pages)
-{
-    struct store *st = arg;
-    (void)db;
-    (void)name;
-    pthread_mutex_lock(&st->ck_mu);
-    if (n_pages < st->ck_mark)
-        st->ck_mark = 0; /* the WAL started over */
-    st->ck_wal_pages = n_pages;
-    st->ck_commits++;
-    if (n_pages - st->ck_mark >= STORE_CKPT_PAGES && !st->ck_due) {
-        st->ck_due = true;
-        pthread_cond_signal(&st->ck_cv);
-    }
-    pthread_mutex_unlock(&st->ck_mu);
-    return SQLITE_OK;
-}
-
-static void *checkpointer_main(void *arg)
-{
-    struct store *st = arg;
-    uint64_t commits_seen = 0;
-    pthread_mutex_lock(&st->ck_mu);
-    while (!st->ck_stop) {
-        struct timespec until;
-        int n_log = -1, n_ckpt = -1, rc;
-        bool idle;
-        clock_gettime(CLOCK_REALTIME, &until);
-        until.tv_sec += STORE_CKPT_PERIOD_MS / 1000;
-        until.tv_nsec += (long)(STORE_CKPT_PERIOD_MS % 1000) * 1000000L;
-        if (until.tv_nsec >= 1000000000L) {
-            until.tv_sec++;
-            until.tv_nsec -= 1000000000L;
-        }
-        while (!st->ck_stop && !st->ck_due &&
-               pthread_cond_timedwait(&st->ck_cv, &st->ck_mu, &until) == 0)
-            ;
-        if (st->ck_stop)
-            break;
-        st->ck_due = false;
-        idle = st->ck_commits == commits_seen;
-        commits_seen = st->ck_commits;
-        if (idle && st->ck_wal_pages == 0)
-            continue; /* nothing written since the WAL last started over */
-        pthread_mutex_unlock(&st->ck_mu);
-        /* the bulk of the work (page copies, the WAL's and the database's fsyncs) runs
-         * beside the requests */
-        rc = sqlite3_wal_checkpoint_v2(st->ck_db, NULL, SQLITE_CHECKPOINT_PASSIVE, &n_log,
-                                       &n_ckpt);
-        if (rc == SQLITE_OK && n_log > n_ckpt && (n_log >= STORE_CKPT_RESET_PAGES || idle)) {
-            /* the tail, with no request in the way, so that the WAL starts over */
-            pthread_mutex_lock(&st->mu);
-            rc = sqlite3_wal_checkpoint_v2(st->ck_db, NULL, SQLITE_CHECKPOINT_PASSIVE, &n_log,
-                                           &n_ckpt);
-            pthread_mutex_unlock(&st->mu);
-        }
-        if (rc != SQLITE_OK && rc != SQLITE_BUSY)
-            AR_WARN("store: background checkpoint: %s", sqlite3_errstr(rc));
-        pthread_mutex_lock(&st->ck_mu);
-        if (rc == SQLITE_OK && n_log >= 0) {
-            st->ck_mark = n_log;
-            if (n_log == n_ckpt && st->ck_commits == commits_seen)
-                st->ck_wal_pages = 0; /* all in the database file; nothing new since */
-        }
-    }
-    pthread_mutex_unlock(&st->ck_mu);
-    return NULL;
-}
-
-/* Moves checkpoints off the request connection when the database is a WAL file. On any
- * failure SQLite's auto-checkpoint simply stays on. */
-static void checkpointer_start(struct store *st, const char *path)
-{
-    int rc;
-    if (pthread_mutex_init(&st->ck_mu, NULL) != 0)
-        return;
-    if (pthread_cond_init(&st->ck_cv, NULL) != 0) {
-        pthread_mutex_destroy(&st->ck_mu);
-        return;
-    }
-    st->ck_ready = true;
-    rc = sqlite3_open_v2(path, &st->ck_db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX, NULL);
-    if (rc == SQLITE_OK)
-        rc = sqlite3_busy_timeout(st->ck_db, STORE_BUSY_TIMEOUT_MS);
-    if (rc == SQLITE_OK)
-        rc = sqlite3_exec(st->ck_db, "PRAGMA synchronous = NORMAL", NULL, NULL, NULL);
-    if (rc != SQLITE_OK) {
-        AR_WARN("store: %s: no background checkpoints: %s", path, sqlite3_errstr(rc));
-        sqlite3_close(st->ck_db);
-        st->ck_db = NULL;
-        return;
-    }
-    sqlite3_wal_autocheckpoint(st->ck_db, 0);
-    if (pthread_create(&st->ck_thread, NULL, checkpointer_main, st) != 0) {
-        AR_WARN("store: %s: no background checkpoints: cannot start a thread", path);
-        sqlite3_close(st->ck_db);
-        st->ck_db = NULL;
-        return;
-    }
-    st->ck_running = true;
-    /* replaces the auto-checkpoint of the request connection */
-    sqlite3_wal_hook(st->db, wal_hook, st);
-}
-
-static void checkpointer_stop(struct store *st)
-{
-    if (st->ck_running) {
-        pthread_mutex_lock(&st->ck_mu);
-        st->ck_stop = true;
-        pthread_cond_signal(&st->ck_cv);
-        pthread_mutex_unlock(&st->ck_mu);
-        pthread_join(st->ck_thread, NULL);
-        st->ck_running = false;
-    }
-    /* closed before the request connection, whose close (the last one) checkpoints and
-     * removes the WAL */
-    sqlite3_close(st->ck_db);
-    st->ck_db = NULL;
-    if (st->ck_ready) {
-        pthread_cond_destroy(&st->ck_cv);
-        pthread_mutex_destroy(&st->ck_mu);
-        st->ck_ready = false;
-    }
-}
-
-enum ar_status store_open(const char *path, struct store **out, struct ar_err *err)
-{
-    enum ar_status s;
-    struct store *st;
-    char mode[16];
-    int rc;
-    if (!out)
-        return bad_arg(err, "out is NULL");
-    *out = NULL;
-    if (!path || !path[0])
-        return bad_arg(err, "empty database path");
-    st = ar_calloc(1, sizeof(*st));
-    if (!st)
-        return AR_ENOMEM;
-    /* our mutex serialises the connection, so SQLite's own may be skipped */
-    rc = sqlite3_open_v2(path, &st->db,
-                         SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, NULL);
-    if (rc != SQLITE_OK) {
-        s = db_fail(st, rc, err, path);
-        goto fail;
-    }
-    sqlite3_busy_timeout(st->db, STORE_BUSY_TIMEOUT_MS);
-    if ((s = exec_const(st, "PRAGMA journal_mode = WAL", mode, sizeof(mode), NULL, err)) != AR_OK)
-        goto fail;
-    if (strcmp(mode, "wal") != 0 && strcmp(path, ":memory:") != 0) {
-        s = ar_err_set(err, AR_EIO, 0, "store: %s: cannot use WAL mode (got %s)", path, mode);
-        goto fail;
-    }
-    if ((s = exec_const(st, "PRAGMA synchronous = NORMAL", NULL, 0, NULL, err)) != AR_OK)
-        goto fail;
-    if ((s = exec_const(st, "PRAGMA foreign_keys = ON", NULL, 0, NULL, err)) != AR_OK)
-        goto fail;
-    if ((s = migrate(st, err)) != AR_OK)
-        goto fail;
-    for (int i = 0; i < S_COUNT; i++) {
-        rc = sqlite3_prepare_v3(st->db, stmt_sql[i], -1, SQLITE_PREPARE_PERSISTENT, &st->stmt[i],
-                                NULL);
-        if (rc != SQLITE_OK) {
-            s = db_fail(st, rc, err, stmt_sql[i]);
-            goto fail;
-        }
-    }
-    if (pthread_mutex_init(&st->mu, NULL) != 0) {
-        s = ar_err_set(err, AR_ENOMEM, 0, "store: cannot create mutex");
-        goto fail;
-    }
-    st->mu_ready = true;
-    if (strcmp(mode, "wal") == 0)
-        checkpointer_start(st, path);
-    *out = st;
-    return AR_OK;
-fail:
-    store_close(st);
-    return s;
-}
-
-void store_close(struct store *st)
-{
-    if (!st)
-        return;
-    checkpointer_stop(st);
-    for (int i = 0; i < S_COUNT; i++)
-        sqlite3_finalize(st->stmt[i]);
-    sqlite3_close(st->db); /* all statements are finalized, so this closes */
-    if (st->mu_ready)
-        pthread_mutex_destroy(&st->mu);
-    ar_free(st);
-}
-
-/* ---- replies ------------------------------------------------------------------------ */
-
-void store_reply_fini(struct store_reply *r)
-{
-    if (!r)
-        return;
-    ar_free(r->storage);
-    memset(r, 0, sizeof(*r));
-}
-
-/* Fills out from the current row of a REPLY_COLS select: one allocation for the strings. */
-static enum ar_status reply_from_row(sqlite3_stmt *s, struct store_reply *out)
-{
-    static const int str_cols[] = {0, 1, 2, 4, 5, 9};
-    const char **dst[] = {&out->shop_id, &out->review_id, &out->text,
-                          &out->lang,    &out->reply,     &out->model};
-    size_t total = 0, off = 0;
-    char *buf;
-    for (size_t i = 0; i < AR_ARRAY_LEN(str_cols); i++) {
-        sqlite3_column_text(s, str_cols[i]); /* converts first, then bytes is right */
-        total += (size_t)sqlite3_column_bytes(s, str_cols[i]) + 1;
-    }
-    buf = ar_malloc(total);
-    if (!buf)
-        return AR_ENOMEM;
-    memset(out, 0, sizeof(*out));
-    for (size_t i = 0; i < AR_ARRAY_LEN(str_cols); i++) {
-        const unsigned char *t = sqlite3_column_text(s, str_cols[i]);
-        size_t n = (size_t)sqlite3_column_bytes(s, str_cols[i]);
-        if (n)
-            memcpy(buf + off, t, n);
-        buf[off + n] = '\0';
-        *dst[i] = buf + off;
-        off += n + 1;
-    }
-    out->rating = sqlite3_column_int(s, 3);
-    out->needs_human = sqlite3_column_int(s, 6) != 0;
-    out->sentiment = (float)sqlite3_column_double(s, 7);
-    out->cached = sqlite3_column_int(s, 8) != 0;
-    out->created_s = sqlite3_column_int64(s, 10);
-    out->storage = buf;
-    return AR_OK;
-}
-
-/* Looks up a reply with the mutex held. */
-static enum ar_status reply_get_locked(struct store *st, const char *shop_id, const char *review_id,
-                                       struct store_reply *out, bool *found, struct ar_err *err)
-{
-    sqlite3_stmt *s = st->stmt[S_REPLY_GET];
-    enum ar_status r = AR_OK;
-    int rc = bind_str(s, 1, shop_id);
-    if (rc == SQLITE_OK)
-        rc = bind_str(s, 2, review_id);
-    if (rc == SQLITE_OK)
-        rc = sqlite3_step(s);
-    *found = rc == SQLITE_ROW;
-    if (rc == SQLITE_ROW)
-        r = out ? reply_from_row(s, out) : AR_OK;
-    else if (rc != SQLITE_DONE)
-        r = db_fail(st, rc, err, "reply lookup");
-    stmt_done(s);
-    return r;
-}
-
-enum ar_status store_reply_get(struct store *st, const char *shop_id, const char *review_id,
-                               struct store_reply *out, bool *found, struct ar_err *err)
-{
-    enum ar_status r;
-    if (!st || !out || !found)
-        return bad_arg(err, "NULL argument");
-    *found = false;
-    memset(out, 0, sizeof(*out));
-    if (!id_ok(shop_id) || !id_ok(review_id))
-        return bad_arg(err, "shop_id and review_id must be 1 to 256 bytes");
-    pthread_mutex_lock(&st->mu);
-    r = reply_get_locked(st, shop_id, review_id, out, found, err);
-    pthread_mutex_unlock(&st->mu);
-    return r;
-}
-
-/* Fills out with a copy of r as the store keeps it (NULL lang and model as ""): one
- * allocation for the strings, like a row read back. */
-static enum ar_status reply_copy(const struct store_reply *r, int64_t created,
-                                 struct store_reply *out)
+enum ar_status store_reply_copy(const struct store_reply *r, int64_t created,
+                                struct store_reply *out)
 {
     const char *src[] = {r->shop_id, r->review_id, r->text, r->lang, r->reply, r->model};
     const char **dst[] = {&out->shop_id, &out->review_id, &out->text,
@@ -639,14 +73,156 @@ static enum ar_status reply_copy(const struct store_reply *r, int64_t created,
     return AR_OK;
 }
 
+enum ar_status store_item_copy(struct store_item *it, int64_t line, enum store_item_status status,
+                               const char *input, const char *result)
+{
+    size_t ni = input ? strlen(input) : 0;
+    size_t nr = result ? strlen(result) : 0;
+    char *buf = ar_malloc(ni + 1 + nr + 1);
+    if (!buf)
+        return AR_ENOMEM;
+    memcpy(buf, input ? input : "", ni + 1);
+    it->line = line;
+    it->status = status;
+    it->input = buf;
+    it->result = NULL;
+    if (result) {
+        memcpy(buf + ni + 1, result, nr + 1);
+        it->result = buf + ni + 1;
+    }
+    it->storage = buf;
+    return AR_OK;
+}
+
+void store_reply_fini(struct store_reply *r)
+{
+    if (!r)
+        return;
+    ar_free(r->storage);
+    memset(r, 0, sizeof(*r));
+}
+
+void store_items_free(struct store_item *items, size_t n)
+{
+    if (!items)
+        return;
+    for (size_t i = 0; i < n; i++)
+        ar_free(items[i].storage);
+    ar_free(items);
+}
+
+void store_item_fini(struct store_item *it)
+{
+    if (!it)
+        return;
+    ar_free(it->storage);
+    memset(it, 0, sizeof(*it));
+}
+
+static bool id_ok(const char *id)
+{
+    return id && id[0] && strlen(id) <= STORE_ID_MAX;
+}
+
+static bool job_id_ok(const char *id)
+{
+    if (!id || strlen(id) != STORE_JOB_ID_LEN)
+        return false;
+    for (const char *p = id; *p; p++)
+        if (!((*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'f')))
+            return false;
+    return true;
+}
+
+static enum ar_status bad_arg(struct ar_err *err, const char *what)
+{
+    return ar_err_set(err, AR_EINVAL, 0, "store: %s", what);
+}
+
+/* 128 bits from the operating system's randomness as STORE_JOB_ID_LEN hex digits. */
+static enum ar_status random_job_id(char id[STORE_JOB_ID_LEN + 1], struct ar_err *err)
+{
+    static const char hex[] = "0123456789abcdef";
+    unsigned char b[STORE_JOB_ID_LEN / 2];
+    size_t got = 0;
+    while (got < sizeof(b)) {
+        ssize_t n = getrandom(b + got, sizeof(b) - got, 0);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return ar_err_set(err, AR_EIO, 0, "store: no random bytes for a job id");
+        got += (size_t)n;
+    }
+    for (size_t i = 0; i < sizeof(b); i++) {
+        id[2 * i] = hex[b[i] >> 4];
+        id[2 * i + 1] = hex[b[i] & 15];
+    }
+    id[STORE_JOB_ID_LEN] = '\0';
+    return AR_OK;
+}
+
+/* ---- open / close -------------------------------------------------------------------- */
+
+enum ar_status store_open(const char *path, struct store **out, struct ar_err *err)
+{
+    if (!out)
+        return bad_arg(err, "out is NULL");
+    *out = NULL;
+    if (!path || !path[0])
+        return bad_arg(err, "empty database path");
+    return store_sqlite_open(path, out, err);
+}
+
+enum ar_status store_open_url(const char *url, struct store **out, struct ar_err *err)
+{
+    if (!out)
+        return bad_arg(err, "out is NULL");
+    *out = NULL;
+    if (!url || !url[0])
+        return bad_arg(err, "empty store URL");
+    if (strncmp(url, "postgres://", 11) == 0 || strncmp(url, "postgresql://", 13) == 0)
+        return store_pg_open(url, out, err);
+    return store_sqlite_open(url, out, err);
+}
+
+void store_close(struct store *st)
+{
+    if (st)
+        st->ops->close(st);
+}
+
+bool store_healthy(struct store *st)
+{
+    return !st || !st->ops->healthy || st->ops->healthy(st);
+}
+
+const char *store_backend_name(const struct store *st)
+{
+    return st ? st->ops->name : "none";
+}
+
+/* ---- replies ------------------------------------------------------------------------- */
+
+enum ar_status store_reply_get(struct store *st, const char *shop_id, const char *review_id,
+                               struct store_reply *out, bool *found, struct ar_err *err)
+{
+    if (found)
+        *found = false;
+    if (out)
+        memset(out, 0, sizeof(*out));
+    if (!st || !out || !found)
+        return bad_arg(err, "NULL argument");
+    if (!id_ok(shop_id) || !id_ok(review_id))
+        return bad_arg(err, "shop_id and review_id must be 1 to 256 bytes");
+    return st->ops->reply_get(st, shop_id, review_id, out, found, err);
+}
+
 enum ar_status store_reply_put(struct store *st, const struct store_reply *r,
                                struct store_reply *out, bool *existed, struct ar_err *err)
 {
-    sqlite3_stmt *s;
-    enum ar_status res = AR_OK;
-    bool found = false, inserted = false;
+    enum ar_status res;
+    bool ex = false;
     int64_t created;
-    int rc;
     if (out)
         memset(out, 0, sizeof(*out));
     if (!st || !r)
@@ -661,96 +237,68 @@ enum ar_status store_reply_put(struct store *st, const struct store_reply *r,
         return bad_arg(err, "sentiment must be finite");
     if (r->created_s < 0)
         return bad_arg(err, "negative created time");
-    created = r->created_s ? r->created_s : now_s();
-    pthread_mutex_lock(&st->mu);
-    s = st->stmt[S_REPLY_INSERT];
-    rc = bind_str(s, 1, r->shop_id);
-    if (rc == SQLITE_OK)
-        rc = bind_str(s, 2, r->review_id);
-    if (rc == SQLITE_OK)
-        rc = bind_str(s, 3, r->text);
-    if (rc == SQLITE_OK)
-        rc = sqlite3_bind_int(s, 4, r->rating);
-    if (rc == SQLITE_OK)
-        rc = bind_str(s, 5, r->lang);
-    if (rc == SQLITE_OK)
-        rc = bind_str(s, 6, r->reply);
-    if (rc == SQLITE_OK)
-        rc = sqlite3_bind_int(s, 7, r->needs_human);
-    if (rc == SQLITE_OK)
-        rc = sqlite3_bind_double(s, 8, (double)r->sentiment);
-    if (rc == SQLITE_OK)
-        rc = sqlite3_bind_int(s, 9, r->cached);
-    if (rc == SQLITE_OK)
-        rc = bind_str(s, 10, r->model);
-    if (rc == SQLITE_OK)
-        rc = sqlite3_bind_int64(s, 11, created);
-    if (rc == SQLITE_OK)
-        rc = sqlite3_step(s);
-    if (rc == SQLITE_DONE) {
-        /* DO NOTHING on conflict: no change means the key was there already */
-        inserted = sqlite3_changes(st->db) != 0;
-        if (existed)
-            *existed = !inserted;
-    } else {
-        res = db_fail(st, rc, err, "reply insert");
-    }
-    stmt_done(s);
-    if (res == AR_OK && out && !inserted) {
-        /* rows are never deleted, so the existing row is still there */
-        res = reply_get_locked(st, r->shop_id, r->review_id, out, &found, err);
-        if (res == AR_OK && !found)
-            res = ar_err_set(err, AR_EIO, 0, "store: reply vanished after insert");
-    }
-    pthread_mutex_unlock(&st->mu);
+    created = r->created_s ? r->created_s : store_now_s();
+    res = st->ops->reply_put(st, r, created, out, &ex, err);
+    if (res != AR_OK)
+        return res;
+    if (existed)
+        *existed = ex;
     /* a new row holds r's values as bound: copied without a read-back (a lookup on the hot
-     * path of every new review) and outside the mutex */
-    if (res == AR_OK && out && inserted)
-        res = reply_copy(r, created, out);
+     * path of every new review) */
+    if (out && !ex)
+        res = store_reply_copy(r, created, out);
     return res;
 }
 
-/* ---- jobs --------------------------------------------------------------------------- */
-
-void store_items_free(struct store_item *items, size_t n)
+enum ar_status store_reply_claim(struct store *st, const char *shop_id, const char *review_id,
+                                 const char *owner, double lease_s, enum store_claim *out,
+                                 struct store_reply *row, struct ar_err *err)
 {
-    if (!items)
-        return;
-    for (size_t i = 0; i < n; i++)
-        ar_free(items[i].storage);
-    ar_free(items);
+    if (row)
+        memset(row, 0, sizeof(*row));
+    if (out)
+        *out = STORE_CLAIM_HELD;
+    if (!st || !out || !row)
+        return bad_arg(err, "NULL argument");
+    if (!id_ok(shop_id) || !id_ok(review_id))
+        return bad_arg(err, "shop_id and review_id must be 1 to 256 bytes");
+    if (!id_ok(owner))
+        return bad_arg(err, "a claim's owner must be 1 to 256 bytes");
+    if (!(lease_s > 0 && lease_s <= 86400))
+        return bad_arg(err, "a claim's lease must be more than 0 and at most 86400 seconds");
+    return st->ops->reply_claim(st, shop_id, review_id, owner, lease_s, out, row, err);
 }
 
-static void job_from_row(sqlite3_stmt *s, struct store_job_info *info)
+enum ar_status store_reply_unclaim(struct store *st, const char *shop_id, const char *review_id,
+                                   const char *owner, struct ar_err *err)
 {
-    const unsigned char *id = sqlite3_column_text(s, 0);
-    const unsigned char *shop = sqlite3_column_text(s, 7);
-    int status = status_from_name(job_status_names, AR_ARRAY_LEN(job_status_names),
-                                  sqlite3_column_text(s, 1));
-    memset(info, 0, sizeof(*info));
-    snprintf(info->id, sizeof(info->id), "%s", id ? (const char *)id : "");
-    /* the CHECK constraint admits only known names */
-    info->status = status < 0 ? STORE_JOB_FAILED : (enum store_job_status)status;
-    info->n_total = sqlite3_column_int64(s, 2);
-    info->n_done = sqlite3_column_int64(s, 3);
-    info->n_failed = sqlite3_column_int64(s, 4);
-    info->created_s = sqlite3_column_int64(s, 5);
-    info->updated_s = sqlite3_column_int64(s, 6);
-    snprintf(info->shop_id, sizeof(info->shop_id), "%s", shop ? (const char *)shop : "");
+    if (!st)
+        return bad_arg(err, "NULL argument");
+    if (!id_ok(shop_id) || !id_ok(review_id))
+        return bad_arg(err, "shop_id and review_id must be 1 to 256 bytes");
+    if (!id_ok(owner))
+        return bad_arg(err, "a claim's owner must be 1 to 256 bytes");
+    return st->ops->reply_unclaim(st, shop_id, review_id, owner, err);
 }
 
-static void random_job_id(char id[STORE_JOB_ID_LEN + 1])
+enum ar_status store_reply_claims_release(struct store *st, const char *owner_prefix,
+                                          int64_t *n_out, struct ar_err *err)
 {
-    static const char hex[] = "0123456789abcdef";
-    unsigned char b[STORE_JOB_ID_LEN / 2];
-    /* SQLite's generator is seeded from the operating system's randomness */
-    sqlite3_randomness((int)sizeof(b), b);
-    for (size_t i = 0; i < sizeof(b); i++) {
-        id[2 * i] = hex[b[i] >> 4];
-        id[2 * i + 1] = hex[b[i] & 15];
-    }
-    id[STORE_JOB_ID_LEN] = '\0';
+    int64_t n = 0;
+    enum ar_status res;
+    if (n_out)
+        *n_out = 0;
+    if (!st)
+        return bad_arg(err, "NULL argument");
+    if (!id_ok(owner_prefix))
+        return bad_arg(err, "an owner prefix must be 1 to 256 bytes");
+    res = st->ops->reply_claims_release(st, owner_prefix, &n, err);
+    if (res == AR_OK && n_out)
+        *n_out = n;
+    return res;
 }
+
+/* ---- jobs ---------------------------------------------------------------------------- */
 
 enum ar_status store_job_create(struct store *st, const char *shop_id,
                                 const struct store_item_in *items, size_t n,
@@ -758,9 +306,6 @@ enum ar_status store_job_create(struct store *st, const char *shop_id,
 {
     enum ar_status res;
     char id[STORE_JOB_ID_LEN + 1];
-    sqlite3_stmt *s;
-    int64_t now = now_s();
-    int rc;
     if (!st || !job_id || !items)
         return bad_arg(err, "NULL argument");
     job_id[0] = '\0';
@@ -771,80 +316,18 @@ enum ar_status store_job_create(struct store *st, const char *shop_id,
     for (size_t i = 0; i < n; i++)
         if (items[i].line < 1 || !items[i].input)
             return bad_arg(err, "line numbers start at 1 and every line needs input");
-    random_job_id(id);
-    pthread_mutex_lock(&st->mu);
-    if ((res = tx_begin(st, err)) != AR_OK)
-        goto out;
-    s = st->stmt[S_JOB_INSERT];
-    rc = bind_str(s, 1, id);
-    if (rc == SQLITE_OK)
-        rc = bind_str(s, 2, shop_id);
-    if (rc == SQLITE_OK)
-        rc = sqlite3_bind_int64(s, 3, (int64_t)n);
-    if (rc == SQLITE_OK)
-        rc = sqlite3_bind_int64(s, 4, now);
-    if (rc == SQLITE_OK)
-        rc = sqlite3_step(s);
-    stmt_done(s);
-    if (rc != SQLITE_DONE) {
-        res = db_fail(st, rc, err, "job insert");
-        goto out;
-    }
-    s = st->stmt[S_ITEM_INSERT];
-    for (size_t i = 0; i < n; i++) {
-        rc = bind_str(s, 1, id);
-        if (rc == SQLITE_OK)
-            rc = sqlite3_bind_int64(s, 2, items[i].line);
-        if (rc == SQLITE_OK)
-            rc = bind_str(s, 3, items[i].input);
-        if (rc == SQLITE_OK)
-            rc = sqlite3_step(s);
-        stmt_done(s);
-        if (rc != SQLITE_DONE) {
-            res = db_fail(st, rc, err, "job line insert (duplicate line number?)");
-            goto out;
-        }
-    }
-    if ((res = tx_commit(st, err)) == AR_OK)
+    if ((res = random_job_id(id, err)) != AR_OK)
+        return res;
+    res = st->ops->job_create(st, id, shop_id, items, n, err);
+    if (res == AR_OK)
         memcpy(job_id, id, sizeof(id));
-out:
-    if (res != AR_OK)
-        tx_rollback(st);
-    pthread_mutex_unlock(&st->mu);
     return res;
-}
-
-/* Copies the line's strings into one allocation owned by the item. */
-static enum ar_status item_copy(struct store_item *it, int64_t line, enum store_item_status status,
-                                const unsigned char *input, const unsigned char *result)
-{
-    size_t ni = input ? strlen((const char *)input) : 0;
-    size_t nr = result ? strlen((const char *)result) : 0;
-    char *buf = ar_malloc(ni + 1 + nr + 1);
-    if (!buf)
-        return AR_ENOMEM;
-    memcpy(buf, input ? (const char *)input : "", ni + 1);
-    it->line = line;
-    it->status = status;
-    it->input = buf;
-    it->result = NULL;
-    if (result) {
-        memcpy(buf + ni + 1, result, nr + 1);
-        it->result = buf + ni + 1;
-    }
-    it->storage = buf;
-    return AR_OK;
 }
 
 enum ar_status store_job_next_pending(struct store *st, const char *job_id, int64_t after_line,
                                       size_t max, struct store_item **items_out, size_t *n_out,
                                       struct ar_err *err)
 {
-    struct store_item *items = NULL;
-    size_t n = 0, cap = 0;
-    enum ar_status res = AR_OK;
-    sqlite3_stmt *s;
-    int rc;
     if (items_out)
         *items_out = NULL;
     if (n_out)
@@ -855,118 +338,18 @@ enum ar_status store_job_next_pending(struct store *st, const char *job_id, int6
         return bad_arg(err, "malformed job id");
     if (max == 0)
         return bad_arg(err, "max must be at least 1");
-    pthread_mutex_lock(&st->mu);
-    s = st->stmt[S_ITEM_PENDING];
-    rc = bind_str(s, 1, job_id);
-    if (rc == SQLITE_OK)
-        rc = sqlite3_bind_int64(s, 2, after_line);
-    if (rc == SQLITE_OK)
-        rc = sqlite3_bind_int64(s, 3, max > INT64_MAX ? INT64_MAX : (int64_t)max);
-    while (rc == SQLITE_OK && (rc = sqlite3_step(s)) == SQLITE_ROW) {
-        if (n == cap) {
-            size_t ncap = cap ? cap * 2 : AR_MIN(max, 64);
-            struct store_item *p = ar_realloc(items, ncap * sizeof(*items));
-            if (!p) {
-                res = AR_ENOMEM;
-                break;
-            }
-            items = p;
-            cap = ncap;
-        }
-        res = item_copy(&items[n], sqlite3_column_int64(s, 0), STORE_ITEM_PENDING,
-                        sqlite3_column_text(s, 1), NULL);
-        if (res != AR_OK)
-            break;
-        n++;
-        rc = SQLITE_OK;
-    }
-    if (res == AR_OK && rc != SQLITE_DONE)
-        res = db_fail(st, rc, err, "pending lines");
-    stmt_done(s);
-    pthread_mutex_unlock(&st->mu);
-    if (res != AR_OK) {
-        store_items_free(items, n);
-        return res;
-    }
-    if (n == 0) {
-        ar_free(items);
-        items = NULL;
-    }
-    *items_out = items;
-    *n_out = n;
-    return AR_OK;
+    return st->ops->job_next_pending(st, job_id, after_line, max, items_out, n_out, err);
 }
 
 static enum ar_status item_finish(struct store *st, const char *job_id, int64_t line,
                                   enum store_item_status status, const char *text,
                                   struct ar_err *err)
 {
-    enum ar_status res;
-    sqlite3_stmt *s;
-    int rc, changed;
     if (!st || !text)
         return bad_arg(err, "NULL argument");
     if (!job_id_ok(job_id))
         return bad_arg(err, "malformed job id");
-    pthread_mutex_lock(&st->mu);
-    if ((res = tx_begin(st, err)) != AR_OK)
-        goto out;
-    s = st->stmt[S_ITEM_FINISH];
-    rc = bind_str(s, 1, job_id);
-    if (rc == SQLITE_OK)
-        rc = sqlite3_bind_int64(s, 2, line);
-    if (rc == SQLITE_OK)
-        rc = bind_str(s, 3, item_status_names[status]);
-    if (rc == SQLITE_OK)
-        rc = bind_str(s, 4, text);
-    if (rc == SQLITE_OK)
-        rc = sqlite3_step(s);
-    changed = rc == SQLITE_DONE ? sqlite3_changes(st->db) : 0;
-    stmt_done(s);
-    if (rc != SQLITE_DONE) {
-        res = db_fail(st, rc, err, "line update");
-        goto out;
-    }
-    if (changed == 0) {
-        /* say why: no such line, or finished already */
-        s = st->stmt[S_ITEM_STATUS];
-        rc = bind_str(s, 1, job_id);
-        if (rc == SQLITE_OK)
-            rc = sqlite3_bind_int64(s, 2, line);
-        if (rc == SQLITE_OK)
-            rc = sqlite3_step(s);
-        if (rc == SQLITE_ROW)
-            res = ar_err_set(err, AR_EINVAL, 0, "store: job %s line %lld is already %s", job_id,
-                             (long long)line, (const char *)sqlite3_column_text(s, 0));
-        else if (rc == SQLITE_DONE)
-            res = ar_err_set(err, AR_EINVAL, 0, "store: job %s has no line %lld", job_id,
-                             (long long)line);
-        else
-            res = db_fail(st, rc, err, "line lookup");
-        stmt_done(s);
-        goto out;
-    }
-    s = st->stmt[S_JOB_COUNT];
-    rc = bind_str(s, 1, job_id);
-    if (rc == SQLITE_OK)
-        rc = sqlite3_bind_int(s, 2, status == STORE_ITEM_DONE);
-    if (rc == SQLITE_OK)
-        rc = sqlite3_bind_int(s, 3, status == STORE_ITEM_ERROR);
-    if (rc == SQLITE_OK)
-        rc = sqlite3_bind_int64(s, 4, now_s());
-    if (rc == SQLITE_OK)
-        rc = sqlite3_step(s);
-    stmt_done(s);
-    if (rc != SQLITE_DONE) {
-        res = db_fail(st, rc, err, "job counts");
-        goto out;
-    }
-    res = tx_commit(st, err);
-out:
-    if (res != AR_OK)
-        tx_rollback(st);
-    pthread_mutex_unlock(&st->mu);
-    return res;
+    return st->ops->job_item_finish(st, job_id, line, status, text, err);
 }
 
 enum ar_status store_job_item_done(struct store *st, const char *job_id, int64_t line,
@@ -981,138 +364,67 @@ enum ar_status store_job_item_error(struct store *st, const char *job_id, int64_
     return item_finish(st, job_id, line, STORE_ITEM_ERROR, message, err);
 }
 
+enum ar_status store_job_item_get(struct store *st, const char *job_id, int64_t line,
+                                  struct store_item *out, bool *found, struct ar_err *err)
+{
+    if (found)
+        *found = false;
+    if (out)
+        memset(out, 0, sizeof(*out));
+    if (!st || !out || !found)
+        return bad_arg(err, "NULL argument");
+    if (!job_id_ok(job_id))
+        return bad_arg(err, "malformed job id");
+    return st->ops->job_item_get(st, job_id, line, out, found, err);
+}
+
 enum ar_status store_job_set_status(struct store *st, const char *job_id,
                                     enum store_job_status status, struct ar_err *err)
 {
-    enum ar_status res = AR_OK;
-    sqlite3_stmt *s;
-    int rc;
     if (!st)
         return bad_arg(err, "NULL argument");
     if (!job_id_ok(job_id))
         return bad_arg(err, "malformed job id");
-    if ((unsigned)status >= AR_ARRAY_LEN(job_status_names))
+    if ((unsigned)status >= AR_ARRAY_LEN(store_job_status_names))
         return bad_arg(err, "unknown job status");
-    pthread_mutex_lock(&st->mu);
-    s = st->stmt[S_JOB_SET_STATUS];
-    rc = bind_str(s, 1, job_id);
-    if (rc == SQLITE_OK)
-        rc = bind_str(s, 2, job_status_names[status]);
-    if (rc == SQLITE_OK)
-        rc = sqlite3_bind_int64(s, 3, now_s());
-    if (rc == SQLITE_OK)
-        rc = sqlite3_step(s);
-    if (rc != SQLITE_DONE)
-        res = db_fail(st, rc, err, "job status");
-    else if (sqlite3_changes(st->db) == 0)
-        res = ar_err_set(err, AR_EINVAL, 0, "store: no job %s", job_id);
-    stmt_done(s);
-    pthread_mutex_unlock(&st->mu);
-    return res;
+    return st->ops->job_set_status(st, job_id, status, err);
 }
 
-/* Reads one job with the mutex held. */
-static enum ar_status job_get_locked(struct store *st, const char *job_id,
-                                     struct store_job_info *info, bool *found, struct ar_err *err)
+enum ar_status store_job_set_published(struct store *st, const char *job_id, struct ar_err *err)
 {
-    sqlite3_stmt *s = st->stmt[S_JOB_GET];
-    enum ar_status res = AR_OK;
-    int rc = bind_str(s, 1, job_id);
-    if (rc == SQLITE_OK)
-        rc = sqlite3_step(s);
-    *found = rc == SQLITE_ROW;
-    if (rc == SQLITE_ROW)
-        job_from_row(s, info);
-    else if (rc != SQLITE_DONE)
-        res = db_fail(st, rc, err, "job lookup");
-    stmt_done(s);
-    return res;
+    if (!st)
+        return bad_arg(err, "NULL argument");
+    if (!job_id_ok(job_id))
+        return bad_arg(err, "malformed job id");
+    return st->ops->job_set_published(st, job_id, err);
 }
 
 enum ar_status store_job_get(struct store *st, const char *job_id, struct store_job_info *info,
                              bool *found, struct ar_err *err)
 {
-    enum ar_status res;
     if (!st || !info || !found)
         return bad_arg(err, "NULL argument");
     *found = false;
     memset(info, 0, sizeof(*info));
     if (!job_id_ok(job_id))
         return bad_arg(err, "malformed job id");
-    pthread_mutex_lock(&st->mu);
-    res = job_get_locked(st, job_id, info, found, err);
-    pthread_mutex_unlock(&st->mu);
-    return res;
+    return st->ops->job_get(st, job_id, info, found, err);
 }
 
 enum ar_status store_job_results(struct store *st, const char *job_id, store_item_fn fn, void *user,
                                  struct ar_err *err)
 {
-    struct store_job_info info;
-    enum ar_status res;
-    bool found = false;
-    sqlite3_stmt *s;
-    int rc;
     if (!st || !fn)
         return bad_arg(err, "NULL argument");
     if (!job_id_ok(job_id))
         return bad_arg(err, "malformed job id");
-    pthread_mutex_lock(&st->mu);
-    if ((res = job_get_locked(st, job_id, &info, &found, err)) != AR_OK)
-        goto out;
-    if (!found) {
-        res = ar_err_set(err, AR_EINVAL, 0, "store: no job %s", job_id);
-        goto out;
-    }
-    s = st->stmt[S_JOB_ITEMS];
-    rc = bind_str(s, 1, job_id);
-    while (rc == SQLITE_OK && (rc = sqlite3_step(s)) == SQLITE_ROW) {
-        struct store_item it;
-        int status = status_from_name(item_status_names, AR_ARRAY_LEN(item_status_names),
-                                      sqlite3_column_text(s, 1));
-        it.line = sqlite3_column_int64(s, 0);
-        it.status = status < 0 ? STORE_ITEM_ERROR : (enum store_item_status)status;
-        it.input = (const char *)sqlite3_column_text(s, 2);
-        it.result = (const char *)sqlite3_column_text(s, 3);
-        it.storage = NULL;
-        if (!it.input)
-            it.input = "";
-        if (!fn(&it, user)) {
-            res = AR_ECANCELED;
-            break;
-        }
-        rc = SQLITE_OK;
-    }
-    /* one SELECT reads one snapshot, so lines finished meanwhile appear whole or not */
-    if (res == AR_OK && rc != SQLITE_DONE)
-        res = db_fail(st, rc, err, "job lines");
-    stmt_done(s);
-out:
-    pthread_mutex_unlock(&st->mu);
-    return res;
+    return st->ops->job_results(st, job_id, fn, user, err);
 }
 
 enum ar_status store_jobs_unfinished(struct store *st, store_job_fn fn, void *user,
                                      struct ar_err *err)
 {
-    enum ar_status res = AR_OK;
-    sqlite3_stmt *s;
-    int rc;
     if (!st || !fn)
         return bad_arg(err, "NULL argument");
-    pthread_mutex_lock(&st->mu);
-    s = st->stmt[S_JOBS_UNFINISHED];
-    while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
-        struct store_job_info info;
-        job_from_row(s, &info);
-        if (!fn(&info, user)) {
-            res = AR_ECANCELED;
-            break;
-        }
-    }
-    if (res == AR_OK && rc != SQLITE_DONE)
-        res = db_fail(st, rc, err, "unfinished jobs");
-    stmt_done(s);
-    pthread_mutex_unlock(&st->mu);
-    return res;
+    return st->ops->jobs_unfinished(st, fn, user, err);
 }

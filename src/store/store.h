@@ -1,28 +1,43 @@
-/* store.h - durable records in one SQLite database: generated replies keyed by
- * (shop_id, review_id) for idempotency, and bulk jobs with one row per input line so that a
- * restart after a crash (kill -9 included) resumes a job without redoing finished lines.
+/* store.h - durable records: generated replies keyed by (shop_id, review_id) for
+ * idempotency, claims that make one instance of a fleet generate each new review while the
+ * others wait for its reply, and bulk jobs with one row per input line so that a restart after
+ * a crash (kill -9 included) resumes a job without redoing finished lines.
  *
- * The file is opened in WAL mode with synchronous=NORMAL: a commit is an append to the WAL
- * without an fsync, so a committed transaction survives a process crash (kill -9 included);
- * after a power loss the commits since the last fsync of the WAL (normally the last second
- * or so, see below) may be lost, never half of one, and the database is not corrupted.
- * Checkpoints (copying the WAL into the database file, with an fsync of the WAL before and
- * of the database after) run on a background thread with its own connection, about once a
- * second or per 1000 WAL pages, never inside a caller's commit; the only fsync left on the
- * caller's side is the WAL header's when the WAL starts over after a complete checkpoint.
- * The schema is created at open and versioned in PRAGMA user_version.
+ * Two backends behind one interface (store_internal.h), chosen at open (store_open_url):
  *
- * Thread safety: a store handle owns one SQLite connection guarded by a mutex (plus the
- * checkpointer's, which no caller uses), so every function may be called from any thread;
- * calls on one handle are serialised. Callbacks
- * (store_job_results, store_jobs_unfinished) run with that mutex held and must not call
- * back into the same handle. Several handles (or processes) may open the same file;
- * SQLite's locking and a busy timeout arbitrate between them.
+ * SQLite (sqlite.c; store_open, or a URL that is a path): one database file in WAL mode with
+ * synchronous=NORMAL: a commit is an append to the WAL without an fsync, so a committed
+ * transaction survives a process crash (kill -9 included); after a power loss the commits
+ * since the last fsync of the WAL (normally the last second or so, see below) may be lost,
+ * never half of one, and the database is not corrupted. Checkpoints (copying the WAL into the
+ * database file, with an fsync of the WAL before and of the database after) run on a
+ * background thread with its own connection, about once a second or per 1000 WAL pages, never
+ * inside a caller's commit; the only fsync left on the caller's side is the WAL header's when
+ * the WAL starts over after a complete checkpoint. The schema is created at open and
+ * versioned in PRAGMA user_version (STORE_SCHEMA_VERSION). A handle owns one connection
+ * guarded by a mutex (plus the checkpointer's), so calls on one handle are serialised;
+ * several handles (or processes) may open the same file; SQLite's locking and a busy timeout
+ * arbitrate between them.
+ *
+ * PostgreSQL (postgres.c; "postgres://..." or "postgresql://..."): the database a fleet of
+ * instances shares. Its schema is versioned in a schema_migrations table; missing versions
+ * are applied at open in one transaction under an advisory lock, so instances starting at
+ * once do not race. A handle keeps a small pool of connections (STORE_PG_POOL_MAX), so calls
+ * from several threads run at the same time; every call is bounded in time (connect timeout,
+ * statement timeout, and a deadline on the client's side); a broken connection is replaced
+ * by a new one, with a growing pause between failed attempts during which calls fail at once
+ * with AR_EUNAVAIL, and calls succeed again once the server is back.
+ *
+ * Thread safety: every function may be called from any thread on a shared handle. Callbacks
+ * (store_job_results, store_jobs_unfinished) run while the handle holds a connection (SQLite:
+ * its mutex) and must not call back into the same handle.
  *
  * Errors: AR_EINVAL for bad arguments (and for unknown job ids or lines, duplicate lines),
- * AR_EBUSY when the database stayed locked past the busy timeout, AR_ENOMEM, AR_EFORMAT for
- * a database written by a newer schema, and AR_EIO for anything else SQLite reports. The
- * optional struct ar_err receives SQLite's message. */
+ * AR_EBUSY when the database stayed locked past the busy timeout or a statement ran past its
+ * timeout (or every pooled connection stayed busy), AR_EUNAVAIL when the PostgreSQL server
+ * cannot be reached now, AR_ENOMEM, AR_EFORMAT for a database written by a newer schema, and
+ * AR_EIO for anything else the database reports. The optional struct ar_err receives the
+ * database's message. */
 #ifndef AR_STORE_H
 #define AR_STORE_H
 
@@ -31,17 +46,35 @@
 
 #include "../base/base.h"
 
-#define STORE_SCHEMA_VERSION 1
-#define STORE_ID_MAX 256    /* longest shop or review id, bytes */
-#define STORE_JOB_ID_LEN 32 /* hex digits of a job id (128 random bits) */
+#define STORE_SCHEMA_VERSION 3    /* SQLite's user_version */
+#define STORE_PG_SCHEMA_VERSION 1 /* PostgreSQL's max(schema_migrations.version) */
+#define STORE_ID_MAX 256          /* longest shop or review id, bytes */
+#define STORE_JOB_ID_LEN 32       /* hex digits of a job id (128 random bits) */
 #define STORE_BUSY_TIMEOUT_MS 5000
+/* PostgreSQL: connections per handle; seconds a connection attempt may take (libpq's
+ * connect_timeout, unless the URL sets one); a statement's time limit (statement_timeout and
+ * lock_timeout, unless the URL's options set them); the client waits this plus a margin. */
+#define STORE_PG_POOL_MAX 8
+#define STORE_PG_CONNECT_TIMEOUT_S 3
+#define STORE_PG_STATEMENT_TIMEOUT_MS 5000
 
 struct store;
 
-/* Opens (creating if needed) the database at path. The caller owns *out (store_close). */
+/* Opens (creating if needed) the SQLite database at path. The caller owns *out (store_close). */
 enum ar_status store_open(const char *path, struct store **out, struct ar_err *err);
-/* Closes the connection; NULL does nothing. */
+/* Opens the store a URL names: "postgres://..." or "postgresql://..." (libpq's URI form,
+ * e.g. postgres://user@host:5432/db?options=-csearch_path%3Dmine) opens PostgreSQL, creating
+ * or migrating the schema; anything else is a SQLite path (store_open). AR_EUNAVAIL when the
+ * server cannot be reached. The caller owns *out (store_close). */
+enum ar_status store_open_url(const char *url, struct store **out, struct ar_err *err);
+/* Closes the connections; NULL does nothing. No call may be in progress on the handle. */
 void store_close(struct store *st);
+/* "sqlite" or "postgres" (static). */
+const char *store_backend_name(const struct store *st);
+/* Whether the backend's server answered at its last contact (false while a PostgreSQL that
+ * went away is being reconnected to; always true for SQLite and NULL). Quick, never touches
+ * the network: for /health. */
+bool store_healthy(struct store *st);
 
 /* ---- replies ------------------------------------------------------------------------- */
 
@@ -72,10 +105,40 @@ enum ar_status store_reply_get(struct store *st, const char *shop_id, const char
                                struct store_reply *out, bool *found, struct ar_err *err);
 
 /* Inserts r unless a row with the same (shop_id, review_id) exists; an existing row is
- * never changed. *existed (may be NULL) says which happened; out (may be NULL) receives
- * the row now stored: r's values, or the existing row's. */
+ * never changed. Any claim on the review ends in the same transaction. *existed (may be NULL)
+ * says which happened; out (may be NULL) receives the row now stored: r's values, or the
+ * existing row's. */
 enum ar_status store_reply_put(struct store *st, const struct store_reply *r,
                                struct store_reply *out, bool *existed, struct ar_err *err);
+
+/* ---- claims: one generation per review across instances ---------------------------------
+ * Before generating a reply for a review not stored yet, an instance claims it; the claim is
+ * a lease of lease_s seconds on the database's clock (not the instance's), held by owner (a
+ * string unique to the caller: instance and thread, say). A claim whose owner died is taken
+ * over by the next claimer once its lease expired. */
+enum store_claim {
+    STORE_CLAIM_STORED, /* a reply exists: *row filled (the caller owns it: store_reply_fini) */
+    STORE_CLAIM_OWNED,  /* the caller must generate, then store_reply_put (which ends the
+                           claim) or store_reply_unclaim */
+    STORE_CLAIM_HELD    /* another owner holds a live lease: ask again later */
+};
+
+/* Looks the review up and, when no reply is stored, claims it for owner (1 to STORE_ID_MAX
+ * bytes) for lease_s seconds (0 < lease_s <= 86400): *out says which of the three it is; row
+ * is filled only for STORE_CLAIM_STORED. A live claim of the same owner is renewed (OWNED). */
+enum ar_status store_reply_claim(struct store *st, const char *shop_id, const char *review_id,
+                                 const char *owner, double lease_s, enum store_claim *out,
+                                 struct store_reply *row, struct ar_err *err);
+/* Gives up owner's claim on the review (a failed generation), so that the next claimer need
+ * not wait for the lease; a claim of another owner, or none, is left as it is (AR_OK). */
+enum ar_status store_reply_unclaim(struct store *st, const char *shop_id, const char *review_id,
+                                   const char *owner, struct ar_err *err);
+
+/* Ends every claim whose owner starts with owner_prefix (1 to STORE_ID_MAX bytes): what an
+ * instance restarting under its name does with the claims its previous run left when it died,
+ * so that nobody waits for their leases. *n_out (may be NULL) receives how many ended. */
+enum ar_status store_reply_claims_release(struct store *st, const char *owner_prefix,
+                                          int64_t *n_out, struct ar_err *err);
 
 /* ---- bulk jobs ----------------------------------------------------------------------- */
 
@@ -105,6 +168,7 @@ struct store_job_info {
     int64_t n_failed;               /* lines finished with an error */
     int64_t created_s, updated_s;   /* unix seconds */
     char shop_id[STORE_ID_MAX + 1]; /* the job's shop (default for its lines) */
+    bool published;                 /* its lines were handed to a queue (store_job_set_published) */
 };
 
 /* One input line of a job, as given to store_job_create (strings borrowed). */
@@ -125,6 +189,9 @@ struct store_item {
 };
 
 void store_items_free(struct store_item *items, size_t n);
+/* Releases one item's storage and zeroes it, for an item in the caller's own memory (as
+ * store_job_item_get fills); NULL or a zeroed item does nothing. */
+void store_item_fini(struct store_item *it);
 
 /* Creates a queued job holding n >= 1 lines, all pending, in one transaction (all or
  * nothing). job_id receives the new id, STORE_JOB_ID_LEN hex digits and a NUL. */
@@ -153,6 +220,17 @@ enum ar_status store_job_item_error(struct store *st, const char *job_id, int64_
 enum ar_status store_job_set_status(struct store *st, const char *job_id,
                                     enum store_job_status status, struct ar_err *err);
 
+/* Marks a job as published: every line was handed to a queue, so that a restart need not
+ * hand them over again. New jobs are created unpublished. An unknown job gives AR_EINVAL. */
+enum ar_status store_job_set_published(struct store *st, const char *job_id, struct ar_err *err);
+
+/* Reads one line of a job (its status, input and result), so that a queue consumer can skip
+ * a line finished already before doing any work. *found says whether the job has that line;
+ * when it does, *out is filled and owns its storage: store_item_fini(out) for an item in the
+ * caller's memory, store_items_free(out, 1) only when out itself came from ar_malloc. */
+enum ar_status store_job_item_get(struct store *st, const char *job_id, int64_t line,
+                                  struct store_item *out, bool *found, struct ar_err *err);
+
 /* *found says whether the job exists; when it does, *info is filled. */
 enum ar_status store_job_get(struct store *st, const char *job_id, struct store_job_info *info,
                              bool *found, struct ar_err *err);
@@ -164,8 +242,8 @@ typedef bool (*store_item_fn)(const struct store_item *item, void *user);
 enum ar_status store_job_results(struct store *st, const char *job_id, store_item_fn fn, void *user,
                                  struct ar_err *err);
 
-/* Calls fn for every queued or running job, oldest first (what a restart must resume).
- * fn returns false to stop early (AR_ECANCELED). */
+/* Calls fn for every queued or running job, oldest first (what a restart must resume; info
+ * says whether it was published). fn returns false to stop early (AR_ECANCELED). */
 typedef bool (*store_job_fn)(const struct store_job_info *info, void *user);
 enum ar_status store_jobs_unfinished(struct store *st, store_job_fn fn, void *user,
                                      struct ar_err *err);

@@ -1,13 +1,19 @@
-/* store_test.c - the SQLite store: insert-once replies, job progress and results,
- * durability across close/reopen and across a kill -9 in the middle of a job, argument
- * checks, and several threads sharing a handle. Every test works in a fresh mkdtemp dir. */
+/* store_test.c - the store over both backends: insert-once replies, claims, job progress
+ * and results, durability across close/reopen and across a kill -9 in the middle of a job,
+ * argument checks, and several threads sharing handles. Each such test runs twice: on a SQLite
+ * file in a fresh mkdtemp dir, and on a fresh PostgreSQL database (AR_TEST_PG_URL, required).
+ * Then what only one backend has: SQLite's checkpoints and file checks; PostgreSQL's
+ * concurrent migrations, pooled connections, time limits, and a private server stopped and
+ * started again. */
 #include "harness/harness.h"
+#include "harness/pg.h"
 
 #include <dirent.h>
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sqlite3.h>
+#include <stdatomic.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -15,29 +21,63 @@
 #include "store/store.h"
 
 struct fixture {
-    char dir[64];
-    char path[128];
+    bool pg;            /* the test runs on PostgreSQL */
+    char dir[64];       /* a fresh folder (both backends) */
+    char path[128];     /* the SQLite file */
+    char url[512];      /* what the test opens: path, or the PostgreSQL database's URL */
+    struct th_pg_db db; /* PostgreSQL: the fresh database */
+    char svc_dir[64];   /* a private server's folder, stopped at teardown even after a failure */
 };
 
-static int setup(void **state)
+static int setup_with(void **state, bool pg)
 {
     struct fixture *f = calloc(1, sizeof(*f));
     if (!f)
         return -1;
+    f->pg = pg;
     snprintf(f->dir, sizeof(f->dir), "/tmp/ar_store_test_XXXXXX");
     if (!mkdtemp(f->dir)) {
         free(f);
         return -1;
     }
     snprintf(f->path, sizeof(f->path), "%s/store.db", f->dir);
+    snprintf(f->url, sizeof(f->url), "%s", f->path);
+    if (pg) {
+        if (th_pg_create(&f->db) != 0) {
+            rmdir(f->dir);
+            free(f);
+            return -1;
+        }
+        snprintf(f->url, sizeof(f->url), "%s", f->db.url);
+    }
     *state = f;
     return 0;
+}
+
+static int setup(void **state)
+{
+    return setup_with(state, false);
+}
+
+static int setup_pg(void **state)
+{
+    return setup_with(state, true);
 }
 
 static int teardown(void **state)
 {
     struct fixture *f = *state;
-    DIR *d = opendir(f->dir);
+    DIR *d;
+    if (f->pg && th_pg_drop(&f->db) != 0)
+        fprintf(stderr, "could not drop %s\n", f->db.name);
+    if (f->svc_dir[0]) {
+        char cmd[256];
+        snprintf(cmd, sizeof(cmd), "sh deploy/services.sh stop-all %s >/dev/null 2>&1; rm -rf %s",
+                 f->svc_dir, f->svc_dir);
+        if (system(cmd) != 0)
+            fprintf(stderr, "could not remove %s\n", f->svc_dir);
+    }
+    d = opendir(f->dir);
     struct dirent *e;
     char p[512];
     while (d && (e = readdir(d)) != NULL) {
@@ -53,14 +93,27 @@ static int teardown(void **state)
     return 0;
 }
 
-static struct store *open_store(const char *path)
+static struct store *open_store(const char *url)
 {
     struct store *st = NULL;
     struct ar_err err = {0};
-    enum ar_status s = store_open(path, &st, &err);
+    enum ar_status s = store_open_url(url, &st, &err);
     if (s != AR_OK)
-        fail_msg("store_open(%s): %s: %s", path, ar_status_str(s), err.msg);
+        fail_msg("store_open_url(%s): %s: %s", url, ar_status_str(s), err.msg);
     return st;
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 static struct store_reply sample_reply(const char *shop, const char *review, const char *reply)
@@ -85,7 +138,7 @@ static struct store_reply sample_reply(const char *shop, const char *review, con
 static void reply_put_twice_keeps_the_first_reply(void **state)
 {
     struct fixture *f = *state;
-    struct store *st = open_store(f->path);
+    struct store *st = open_store(f->url);
     struct store_reply a = sample_reply("shop-1", "r-100", "感谢您的好评，期待再次光临！");
     struct store_reply b = sample_reply("shop-1", "r-100", "a different reply");
     struct store_reply out = {0};
@@ -138,7 +191,7 @@ static void reply_put_twice_keeps_the_first_reply(void **state)
 static void reply_put_fills_defaults(void **state)
 {
     struct fixture *f = *state;
-    struct store *st = open_store(f->path);
+    struct store *st = open_store(f->url);
     struct store_reply r = sample_reply("shop-1", "r-7", "");
     struct store_reply out = {0};
     int64_t before = (int64_t)time(NULL);
@@ -159,7 +212,7 @@ static void reply_put_fills_defaults(void **state)
 static void invalid_reply_arguments_are_rejected(void **state)
 {
     struct fixture *f = *state;
-    struct store *st = open_store(f->path);
+    struct store *st = open_store(f->url);
     struct store_reply good = sample_reply("shop-1", "r-1", "谢谢");
     struct store_reply r, out;
     struct ar_err err = {0};
@@ -208,7 +261,7 @@ static void invalid_reply_arguments_are_rejected(void **state)
 static void new_reply_put_returns_the_row_as_read_back(void **state)
 {
     struct fixture *f = *state;
-    struct store *st = open_store(f->path);
+    struct store *st = open_store(f->url);
     struct store_reply r = sample_reply("shop-9", "r-9", "谢谢！");
     struct store_reply put = {0}, got = {0};
     bool existed = true, found = false;
@@ -257,7 +310,7 @@ static int rows_in_main_file(const char *path)
 static void commits_are_checkpointed_in_the_background(void **state)
 {
     struct fixture *f = *state;
-    struct store *st = open_store(f->path);
+    struct store *st = open_store(f->url);
     char id[32];
     int n = -1;
     for (int i = 0; i < 300; i++) {
@@ -327,7 +380,7 @@ static bool collect_item(const struct store_item *it, void *user)
 static void job_progresses_from_queued_to_done(void **state)
 {
     struct fixture *f = *state;
-    struct store *st = open_store(f->path);
+    struct store *st = open_store(f->url);
     char id[STORE_JOB_ID_LEN + 1];
     struct store_job_info info;
     struct store_item *items = NULL;
@@ -423,6 +476,75 @@ static void job_progresses_from_queued_to_done(void **state)
     store_close(st);
 }
 
+/* A queue consumer reads one line before working on it: status, input and result, for
+ * pending, done and failed lines; and a job is published once, after its creation. */
+static void job_lines_are_read_one_by_one_and_jobs_get_published(void **state)
+{
+    struct fixture *f = *state;
+    struct store *st = open_store(f->url);
+    char id[STORE_JOB_ID_LEN + 1];
+    const char *missing = "0123456789abcdef0123456789abcdef";
+    struct store_job_info info;
+    struct store_item it = {0}, *heap;
+    struct ar_err err = {0};
+    bool found = false;
+
+    make_job(st, id);
+    assert_int_equal(store_job_get(st, id, &info, &found, NULL), AR_OK);
+    assert_true(found);
+    assert_false(info.published);
+
+    assert_int_equal(store_job_item_get(st, id, 4, &it, &found, NULL), AR_OK);
+    assert_true(found);
+    assert_int_equal(it.line, 4);
+    assert_int_equal(it.status, STORE_ITEM_PENDING);
+    assert_string_equal(it.input, job_lines[2]);
+    assert_null(it.result);
+    store_item_fini(&it);
+    assert_null(it.storage);
+
+    assert_int_equal(store_job_item_done(st, id, 4, "{\"reply\":\"好\"}", NULL), AR_OK);
+    assert_int_equal(store_job_item_error(st, id, 9, "bad line", NULL), AR_OK);
+    assert_int_equal(store_job_item_get(st, id, 4, &it, &found, NULL), AR_OK);
+    assert_true(found);
+    assert_int_equal(it.status, STORE_ITEM_DONE);
+    assert_string_equal(it.input, job_lines[2]);
+    assert_string_equal(it.result, "{\"reply\":\"好\"}");
+    store_item_fini(&it);
+    /* a heap item is released with store_items_free(out, 1) */
+    heap = ar_calloc(1, sizeof(*heap));
+    assert_non_null(heap);
+    assert_int_equal(store_job_item_get(st, id, 9, heap, &found, NULL), AR_OK);
+    assert_true(found);
+    assert_int_equal(heap->status, STORE_ITEM_ERROR);
+    assert_string_equal(heap->result, "bad line");
+    assert_string_equal(heap->input, job_lines[4]);
+    store_items_free(heap, 1);
+
+    /* no such line, no such job, bad ids */
+    assert_int_equal(store_job_item_get(st, id, 3, &it, &found, NULL), AR_OK);
+    assert_false(found);
+    assert_null(it.storage);
+    assert_int_equal(store_job_item_get(st, missing, 1, &it, &found, NULL), AR_OK);
+    assert_false(found);
+    assert_int_equal(store_job_item_get(st, "nope", 1, &it, &found, NULL), AR_EINVAL);
+    assert_int_equal(store_job_item_get(st, id, 1, NULL, &found, NULL), AR_EINVAL);
+    assert_int_equal(store_job_item_get(st, id, 1, &it, NULL, NULL), AR_EINVAL);
+
+    assert_int_equal(store_job_set_published(st, id, NULL), AR_OK);
+    assert_int_equal(store_job_get(st, id, &info, &found, NULL), AR_OK);
+    assert_true(info.published);
+    /* publishing changes nothing else */
+    assert_int_equal(info.status, STORE_JOB_RUNNING);
+    assert_int_equal(info.n_done, 1);
+    assert_int_equal(info.n_failed, 1);
+    assert_int_equal(store_job_set_published(st, id, NULL), AR_OK); /* again: still published */
+    assert_int_equal(store_job_set_published(st, missing, &err), AR_EINVAL);
+    assert_non_null(strstr(err.msg, missing));
+    assert_int_equal(store_job_set_published(st, "xyz", NULL), AR_EINVAL);
+    store_close(st);
+}
+
 static bool count_job(const struct store_job_info *info, void *user)
 {
     struct collected *c = user;
@@ -432,10 +554,19 @@ static bool count_job(const struct store_job_info *info, void *user)
     return true;
 }
 
+static bool collect_published(const struct store_job_info *info, void *user)
+{
+    struct collected *c = user;
+    if (c->n < 64)
+        snprintf(c->input[c->n], sizeof(c->input[0]), "%s:%d", info->id, info->published);
+    c->n++;
+    return true;
+}
+
 static void cancelled_and_finished_jobs_are_not_unfinished(void **state)
 {
     struct fixture *f = *state;
-    struct store *st = open_store(f->path);
+    struct store *st = open_store(f->url);
     char a[STORE_JOB_ID_LEN + 1], b[STORE_JOB_ID_LEN + 1], c[STORE_JOB_ID_LEN + 1];
     struct collected col = {0};
     struct store_job_info info;
@@ -451,6 +582,16 @@ static void cancelled_and_finished_jobs_are_not_unfinished(void **state)
     assert_int_equal(store_jobs_unfinished(st, count_job, &col, NULL), AR_OK);
     assert_int_equal(col.n, 1);
     assert_string_equal(col.input[0], a);
+    /* unfinished jobs say whether they were published */
+    {
+        struct collected pub = {0};
+        char want[STORE_JOB_ID_LEN + 3];
+        assert_int_equal(store_job_set_published(st, a, NULL), AR_OK);
+        assert_int_equal(store_jobs_unfinished(st, collect_published, &pub, NULL), AR_OK);
+        assert_int_equal(pub.n, 1);
+        snprintf(want, sizeof(want), "%s:1", a);
+        assert_string_equal(pub.input[0], want);
+    }
 
     /* a line finished after cancelling is recorded but the job stays cancelled */
     assert_int_equal(store_job_item_done(st, b, 1, "{}", NULL), AR_OK);
@@ -470,7 +611,7 @@ static void cancelled_and_finished_jobs_are_not_unfinished(void **state)
 static void invalid_job_arguments_are_rejected(void **state)
 {
     struct fixture *f = *state;
-    struct store *st = open_store(f->path);
+    struct store *st = open_store(f->url);
     struct store_item_in in[3] = {{1, "{}"}, {2, "{}"}, {3, "{}"}};
     char id[STORE_JOB_ID_LEN + 1];
     struct store_job_info info;
@@ -534,7 +675,7 @@ static int64_t pragma_int(const char *path, const char *sql, char *text, size_t 
 static void reopen_keeps_replies_and_jobs(void **state)
 {
     struct fixture *f = *state;
-    struct store *st = open_store(f->path);
+    struct store *st = open_store(f->url);
     struct store_reply r = sample_reply("shop-1", "r-1", "Thanks for your feedback!");
     struct store_reply out;
     struct store_job_info info;
@@ -547,11 +688,20 @@ static void reopen_keeps_replies_and_jobs(void **state)
     assert_int_equal(store_job_item_done(st, id, 2, "{\"ok\":true}", NULL), AR_OK);
     store_close(st);
 
-    assert_int_equal(pragma_int(f->path, "PRAGMA user_version", NULL, 0), STORE_SCHEMA_VERSION);
-    pragma_int(f->path, "PRAGMA journal_mode", mode, sizeof(mode));
-    assert_string_equal(mode, "wal");
+    if (f->pg) {
+        /* every version recorded once */
+        assert_int_equal(th_pg_scalar(&f->db, "SELECT max(version) FROM schema_migrations"),
+                         STORE_PG_SCHEMA_VERSION);
+        assert_int_equal(th_pg_scalar(&f->db, "SELECT count(*) FROM schema_migrations"),
+                         STORE_PG_SCHEMA_VERSION);
+    } else {
+        assert_int_equal(pragma_int(f->path, "PRAGMA user_version", NULL, 0), STORE_SCHEMA_VERSION);
+        pragma_int(f->path, "PRAGMA journal_mode", mode, sizeof(mode));
+        assert_string_equal(mode, "wal");
+    }
 
-    st = open_store(f->path);
+    st = open_store(f->url);
+    assert_string_equal(store_backend_name(st), f->pg ? "postgres" : "sqlite");
     assert_int_equal(store_reply_get(st, "shop-1", "r-1", &out, &found, NULL), AR_OK);
     assert_true(found);
     assert_string_equal(out.reply, "Thanks for your feedback!");
@@ -597,16 +747,55 @@ static void open_rejects_non_database_and_newer_schema(void **state)
     assert_non_null(strstr(err.msg, "99"));
 }
 
+/* A version-1 database (no published column) is migrated at open: its jobs read back as
+ * unpublished, and can be published. */
+static void version_one_database_is_migrated(void **state)
+{
+    struct fixture *f = *state;
+    struct store *st = open_store(f->url);
+    char id[STORE_JOB_ID_LEN + 1];
+    struct store_job_info info;
+    bool found = false;
+    sqlite3 *db = NULL;
+    make_job(st, id);
+    assert_int_equal(store_job_set_published(st, id, NULL), AR_OK);
+    store_close(st);
+    /* back to version 1 as it was: the column did not exist */
+    assert_int_equal(sqlite3_open(f->path, &db), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(db,
+                                  "DROP TABLE reply_claims;"
+                                  "ALTER TABLE jobs DROP COLUMN published;"
+                                  "PRAGMA user_version = 1;",
+                                  NULL, NULL, NULL),
+                     SQLITE_OK);
+    sqlite3_close(db);
+
+    st = open_store(f->url);
+    assert_int_equal(pragma_int(f->path, "PRAGMA user_version", NULL, 0), STORE_SCHEMA_VERSION);
+    assert_int_equal(store_job_get(st, id, &info, &found, NULL), AR_OK);
+    assert_true(found);
+    assert_false(info.published);
+    assert_int_equal(info.n_total, 5);
+    assert_int_equal(store_job_set_published(st, id, NULL), AR_OK);
+    assert_int_equal(store_job_get(st, id, &info, &found, NULL), AR_OK);
+    assert_true(info.published);
+    store_close(st);
+}
+
 #define CRASH_LINES 20
 
 /* The child: finishes lines 1-7, fails line 8, then starts a transaction that would finish
  * line 9 and dies by SIGKILL before committing it. The store handle is never closed. */
-static void crash_child(const char *path, const char *id)
+static void crash_child(const struct fixture *f, const char *id)
 {
+    static const char lost[] =
+        "BEGIN;"
+        "UPDATE job_items SET status = 'done', result = 'lost' WHERE line = 9;"
+        "UPDATE jobs SET n_done = n_done + 1;";
     struct store *st = NULL;
     sqlite3 *db = NULL;
     char res[64];
-    if (store_open(path, &st, NULL) != AR_OK)
+    if (store_open_url(f->url, &st, NULL) != AR_OK)
         _exit(3);
     for (int line = 1; line <= 7; line++) {
         snprintf(res, sizeof(res), "{\"by\":\"child\",\"line\":%d}", line);
@@ -615,14 +804,17 @@ static void crash_child(const char *path, const char *id)
     }
     if (store_job_item_error(st, id, 8, "bad input", NULL) != AR_OK)
         _exit(5);
-    if (sqlite3_open(path, &db) != SQLITE_OK)
+    if (f->pg) {
+        PGconn *c = PQconnectdb(f->url);
+        PGresult *r = PQexec(c, lost);
+        if (PQresultStatus(r) != PGRES_COMMAND_OK)
+            _exit(6);
+        kill(getpid(), SIGKILL);
+    }
+    if (sqlite3_open(f->path, &db) != SQLITE_OK)
         _exit(6);
     sqlite3_busy_timeout(db, 5000);
-    if (sqlite3_exec(db,
-                     "BEGIN IMMEDIATE;"
-                     "UPDATE job_items SET status = 'done', result = 'lost' WHERE line = 9;"
-                     "UPDATE jobs SET n_done = n_done + 1;",
-                     NULL, NULL, NULL) != SQLITE_OK)
+    if (sqlite3_exec(db, lost, NULL, NULL, NULL) != SQLITE_OK)
         _exit(7);
     kill(getpid(), SIGKILL);
     _exit(8); /* not reached */
@@ -631,7 +823,7 @@ static void crash_child(const char *path, const char *id)
 static void kill_mid_job_then_resume_finishes_each_line_once(void **state)
 {
     struct fixture *f = *state;
-    struct store *st = open_store(f->path);
+    struct store *st = open_store(f->url);
     struct store_item_in in[CRASH_LINES];
     char inputs[CRASH_LINES][64];
     char id[STORE_JOB_ID_LEN + 1];
@@ -655,13 +847,13 @@ static void kill_mid_job_then_resume_finishes_each_line_once(void **state)
     pid = fork();
     assert_true(pid >= 0);
     if (pid == 0)
-        crash_child(f->path, id);
+        crash_child(f, id);
     assert_int_equal(waitpid(pid, &wstatus, 0), pid);
     assert_true(WIFSIGNALED(wstatus));
     assert_int_equal(WTERMSIG(wstatus), SIGKILL);
 
     /* restart: the job is unfinished, with exactly the committed progress */
-    st = open_store(f->path);
+    st = open_store(f->url);
     assert_int_equal(store_jobs_unfinished(st, count_job, &col, NULL), AR_OK);
     assert_int_equal(col.n, 1);
     assert_string_equal(col.input[0], id);
@@ -755,7 +947,7 @@ static void *put_worker_run(void *arg)
 static void threads_sharing_handles_insert_each_key_once(void **state)
 {
     struct fixture *f = *state;
-    struct store *st[2] = {open_store(f->path), open_store(f->path)};
+    struct store *st[2] = {open_store(f->url), open_store(f->url)};
     struct put_worker w[N_THREADS];
     pthread_t th[N_THREADS];
     int n_new = 0;
@@ -774,27 +966,718 @@ static void threads_sharing_handles_insert_each_key_once(void **state)
     store_close(st[1]);
 }
 
+/* A job of more lines than one insert takes, with inputs that need quoting anywhere (quotes,
+ * backslashes, braces, commas, the word NULL, an empty line), reads back byte for byte. */
+static void large_job_with_awkward_inputs_reads_back_exactly(void **state)
+{
+    struct fixture *f = *state;
+    struct store *st = open_store(f->url);
+    enum { N = 1234 };
+    static const char *const awkward[] = {
+        "{\"text\":\"say \\\"hi\\\" \\\\ there\"}",
+        "NULL",
+        "",
+        "a,b,{c},\"d\"",
+        "  spaced  ",
+        "\\",
+        "\"",
+        "物流很快，\t包装完好\n第二行",
+        "{}",
+        "null",
+    };
+    struct store_item_in *in = calloc(N, sizeof(*in));
+    char(*inputs)[96] = calloc(N, sizeof(*inputs));
+    char id[STORE_JOB_ID_LEN + 1];
+    struct store_item *items = NULL;
+    struct collected col = {0};
+    struct store_job_info info;
+    size_t n = 0;
+    bool found = false;
+    assert_non_null(in);
+    assert_non_null(inputs);
+    for (int i = 0; i < N; i++) {
+        snprintf(inputs[i], sizeof(inputs[i]), "%s#%d", awkward[i % 10], i);
+        if (i % 10 == 2)
+            inputs[i][0] = '\0'; /* an empty input */
+        in[i].line = 3 * i + 1;
+        in[i].input = inputs[i];
+    }
+    assert_int_equal(store_job_create(st, "shop-big", in, N, id, NULL), AR_OK);
+    assert_int_equal(store_job_get(st, id, &info, &found, NULL), AR_OK);
+    assert_int_equal(info.n_total, N);
+    for (int64_t after = 0, k = 0;;) {
+        assert_int_equal(store_job_next_pending(st, id, after, 300, &items, &n, NULL), AR_OK);
+        if (n == 0)
+            break;
+        for (size_t i = 0; i < n; i++, k++) {
+            assert_int_equal(items[i].line, 3 * k + 1);
+            assert_string_equal(items[i].input, inputs[k]);
+            after = items[i].line;
+        }
+        store_items_free(items, n);
+    }
+    assert_int_equal(store_job_item_done(st, id, 3 * 700 + 1, inputs[5], NULL), AR_OK);
+    col.stop_after = 0;
+    assert_int_equal(store_job_results(st, id, collect_item, &col, NULL), AR_OK);
+    assert_int_equal(col.n, N);
+    assert_int_equal(col.lines[63], 3 * 63 + 1);
+    {
+        struct store_item it;
+        assert_int_equal(store_job_item_get(st, id, 3 * 700 + 1, &it, &found, NULL), AR_OK);
+        assert_true(found);
+        assert_string_equal(it.input, inputs[700]);
+        assert_string_equal(it.result, inputs[5]);
+        store_item_fini(&it);
+    }
+    free(in);
+    free(inputs);
+    store_close(st);
+}
+
+/* ---- claims --------------------------------------------------------------------------- */
+
+static void claims_are_owned_held_renewed_and_ended(void **state)
+{
+    struct fixture *f = *state;
+    struct store *st = open_store(f->url);
+    struct store_reply r = sample_reply("shop-c", "r-1", "谢谢惠顾");
+    struct store_reply row;
+    enum store_claim c = STORE_CLAIM_STORED;
+    struct ar_err err = {0};
+
+    assert_int_equal(store_reply_claim(st, "shop-c", "r-1", "a", 60, &c, &row, NULL), AR_OK);
+    assert_int_equal(c, STORE_CLAIM_OWNED);
+    assert_null(row.storage);
+    /* another owner waits; the owner itself renews */
+    assert_int_equal(store_reply_claim(st, "shop-c", "r-1", "b", 60, &c, &row, NULL), AR_OK);
+    assert_int_equal(c, STORE_CLAIM_HELD);
+    assert_int_equal(store_reply_claim(st, "shop-c", "r-1", "a", 60, &c, &row, NULL), AR_OK);
+    assert_int_equal(c, STORE_CLAIM_OWNED);
+    /* a claim is per review: the same id in another shop is free */
+    assert_int_equal(store_reply_claim(st, "shop-d", "r-1", "b", 60, &c, &row, NULL), AR_OK);
+    assert_int_equal(c, STORE_CLAIM_OWNED);
+    /* only the owner gives a claim up */
+    assert_int_equal(store_reply_unclaim(st, "shop-c", "r-1", "b", NULL), AR_OK);
+    assert_int_equal(store_reply_claim(st, "shop-c", "r-1", "b", 60, &c, &row, NULL), AR_OK);
+    assert_int_equal(c, STORE_CLAIM_HELD);
+    assert_int_equal(store_reply_unclaim(st, "shop-c", "r-1", "a", NULL), AR_OK);
+    assert_int_equal(store_reply_claim(st, "shop-c", "r-1", "b", 60, &c, &row, NULL), AR_OK);
+    assert_int_equal(c, STORE_CLAIM_OWNED);
+    /* the put ends b's claim; from then on everyone reads the stored row */
+    assert_int_equal(store_reply_put(st, &r, NULL, NULL, NULL), AR_OK);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(store_reply_claim(st, "shop-c", "r-1", i ? "b" : "z", 60, &c, &row, NULL),
+                         AR_OK);
+        assert_int_equal(c, STORE_CLAIM_STORED);
+        assert_string_equal(row.reply, "谢谢惠顾");
+        assert_string_equal(row.text, r.text);
+        assert_int_equal(row.created_s, 1700000000);
+        store_reply_fini(&row);
+    }
+    /* unclaiming with no claim left is fine */
+    assert_int_equal(store_reply_unclaim(st, "shop-c", "r-1", "b", NULL), AR_OK);
+
+    assert_int_equal(store_reply_claim(st, "shop-c", "r-2", "", 60, &c, &row, &err), AR_EINVAL);
+    assert_non_null(strstr(err.msg, "owner"));
+    assert_int_equal(store_reply_claim(st, "shop-c", "r-2", "a", 0, &c, &row, NULL), AR_EINVAL);
+    assert_int_equal(store_reply_claim(st, "shop-c", "r-2", "a", -1, &c, &row, NULL), AR_EINVAL);
+    assert_int_equal(store_reply_claim(st, "shop-c", "r-2", "a", NAN, &c, &row, NULL), AR_EINVAL);
+    assert_int_equal(store_reply_claim(st, "shop-c", "r-2", "a", 1e9, &c, &row, NULL), AR_EINVAL);
+    assert_int_equal(store_reply_claim(st, "", "r-2", "a", 1, &c, &row, NULL), AR_EINVAL);
+    assert_int_equal(store_reply_claim(st, "shop-c", "r-2", "a", 1, NULL, &row, NULL), AR_EINVAL);
+    assert_int_equal(store_reply_claim(st, "shop-c", "r-2", "a", 1, &c, NULL, NULL), AR_EINVAL);
+    assert_int_equal(store_reply_unclaim(st, "shop-c", "r-2", NULL, NULL), AR_EINVAL);
+    assert_int_equal(store_reply_unclaim(NULL, "shop-c", "r-2", "a", NULL), AR_EINVAL);
+    /* none of the refused claims holds r-2 */
+    assert_int_equal(store_reply_claim(st, "shop-c", "r-2", "q", 60, &c, &row, NULL), AR_OK);
+    assert_int_equal(c, STORE_CLAIM_OWNED);
+    store_close(st);
+}
+
+/* A restarted instance ends the claims of its previous run by owner prefix, and no others. */
+static void claims_are_released_by_owner_prefix(void **state)
+{
+    struct fixture *f = *state;
+    struct store *st = open_store(f->url);
+    static const char *const owners[] = {"host/p1/1", "host/p1/2", "host/p2/9", "hostx/p1/1",
+                                         "other/host/1"};
+    struct store_reply row;
+    enum store_claim c;
+    int64_t n = -1;
+    char review[16];
+    for (int i = 0; i < 5; i++) {
+        snprintf(review, sizeof(review), "r-%d", i);
+        assert_int_equal(store_reply_claim(st, "shop-p", review, owners[i], 600, &c, &row, NULL),
+                         AR_OK);
+        assert_int_equal(c, STORE_CLAIM_OWNED);
+    }
+    assert_int_equal(store_reply_claims_release(st, "host/", &n, NULL), AR_OK);
+    assert_int_equal(n, 3);
+    for (int i = 0; i < 5; i++) {
+        snprintf(review, sizeof(review), "r-%d", i);
+        assert_int_equal(store_reply_claim(st, "shop-p", review, "new", 600, &c, &row, NULL),
+                         AR_OK);
+        assert_int_equal(c, i < 3 ? STORE_CLAIM_OWNED : STORE_CLAIM_HELD);
+    }
+    /* a prefix with LIKE's wildcards means just those characters */
+    assert_int_equal(store_reply_claims_release(st, "h%", &n, NULL), AR_OK);
+    assert_int_equal(n, 0);
+    assert_int_equal(store_reply_claims_release(st, "", &n, NULL), AR_EINVAL);
+    assert_int_equal(store_reply_claims_release(NULL, "host/", &n, NULL), AR_EINVAL);
+    store_close(st);
+}
+
+/* An owner that died (never puts, never unclaims) holds the review only for its lease. */
+static void an_expired_lease_is_taken_over(void **state)
+{
+    struct fixture *f = *state;
+    struct store *a = open_store(f->url), *b = open_store(f->url);
+    struct store_reply row;
+    enum store_claim c = STORE_CLAIM_STORED;
+    double t0;
+    assert_int_equal(store_reply_claim(a, "shop-l", "r-1", "dead", 0.2, &c, &row, NULL), AR_OK);
+    assert_int_equal(c, STORE_CLAIM_OWNED);
+    t0 = now_s();
+    assert_int_equal(store_reply_claim(b, "shop-l", "r-1", "next", 30, &c, &row, NULL), AR_OK);
+    if (now_s() - t0 < 0.15) /* asked well within the lease */
+        assert_int_equal(c, STORE_CLAIM_HELD);
+    sleep_ms(300);
+    assert_int_equal(store_reply_claim(b, "shop-l", "r-1", "next", 30, &c, &row, NULL), AR_OK);
+    assert_int_equal(c, STORE_CLAIM_OWNED);
+    /* now the new owner's live lease holds the first one off */
+    assert_int_equal(store_reply_claim(a, "shop-l", "r-1", "dead", 0.2, &c, &row, NULL), AR_OK);
+    assert_int_equal(c, STORE_CLAIM_HELD);
+    store_close(a);
+    store_close(b);
+}
+
+#define RACE_THREADS 8
+
+struct racer {
+    struct store *st;
+    pthread_barrier_t *go;
+    char owner[32];
+    int n_owned, n_held;
+    enum ar_status fail;
+    char reply[128]; /* what the thread ends up answering */
+};
+
+/* What an instance does for one review: claim; generate (sleep) and put when owned; poll while
+ * held; answer from the stored row. */
+static void *race_run(void *arg)
+{
+    struct racer *w = arg;
+    pthread_barrier_wait(w->go);
+    for (int tries = 0; tries < 1000; tries++) {
+        struct store_reply row;
+        enum store_claim c;
+        enum ar_status s =
+            store_reply_claim(w->st, "shop-race", "r-42", w->owner, 30, &c, &row, NULL);
+        if (s != AR_OK) {
+            w->fail = s;
+            return NULL;
+        }
+        if (c == STORE_CLAIM_STORED) {
+            snprintf(w->reply, sizeof(w->reply), "%s", row.reply);
+            store_reply_fini(&row);
+            return NULL;
+        }
+        if (c == STORE_CLAIM_OWNED) {
+            char text[64];
+            struct store_reply r, out;
+            w->n_owned++;
+            sleep_ms(50); /* the generation */
+            snprintf(text, sizeof(text), "reply by %s", w->owner);
+            r = sample_reply("shop-race", "r-42", text);
+            if ((s = store_reply_put(w->st, &r, &out, NULL, NULL)) != AR_OK) {
+                w->fail = s;
+                return NULL;
+            }
+            snprintf(w->reply, sizeof(w->reply), "%s", out.reply);
+            store_reply_fini(&out);
+            return NULL;
+        }
+        w->n_held++;
+        sleep_ms(10);
+    }
+    w->fail = AR_EBUSY;
+    return NULL;
+}
+
+/* Two handles ("instances"), eight threads at once on one new review: one generation, and
+ * every thread answers the one stored reply. */
+static void two_instances_racing_on_a_review_generate_once(void **state)
+{
+    struct fixture *f = *state;
+    struct store *st[2] = {open_store(f->url), open_store(f->url)};
+    struct racer w[RACE_THREADS];
+    pthread_t th[RACE_THREADS];
+    pthread_barrier_t go;
+    struct store_reply row;
+    bool found = false;
+    int owned = 0, held = 0;
+    pthread_barrier_init(&go, NULL, RACE_THREADS);
+    for (int i = 0; i < RACE_THREADS; i++) {
+        memset(&w[i], 0, sizeof(w[i]));
+        w[i].st = st[i % 2];
+        w[i].go = &go;
+        snprintf(w[i].owner, sizeof(w[i].owner), "inst%d-thread%d", i % 2, i);
+        assert_int_equal(pthread_create(&th[i], NULL, race_run, &w[i]), 0);
+    }
+    for (int i = 0; i < RACE_THREADS; i++)
+        pthread_join(th[i], NULL);
+    pthread_barrier_destroy(&go);
+    assert_int_equal(store_reply_get(st[0], "shop-race", "r-42", &row, &found, NULL), AR_OK);
+    assert_true(found);
+    for (int i = 0; i < RACE_THREADS; i++) {
+        assert_int_equal(w[i].fail, AR_OK);
+        owned += w[i].n_owned;
+        held += w[i].n_held;
+        assert_string_equal(w[i].reply, row.reply);
+        if (w[i].n_owned) {
+            char want[64];
+            snprintf(want, sizeof(want), "reply by %s", w[i].owner);
+            assert_string_equal(row.reply, want); /* the owner's generation is the one stored */
+        }
+    }
+    assert_int_equal(owned, 1);
+    assert_true(held >= 1); /* someone did wait for the owner */
+    store_reply_fini(&row);
+    store_close(st[0]);
+    store_close(st[1]);
+}
+
+struct finisher {
+    struct store *st;
+    pthread_barrier_t *go;
+    const char *job_id;
+    int n_ok, n_refused;
+    enum ar_status other;
+};
+
+static void *finish_run(void *arg)
+{
+    struct finisher *w = arg;
+    pthread_barrier_wait(w->go);
+    for (int i = 0; i < 5; i++) {
+        enum ar_status s = store_job_item_done(w->st, w->job_id, job_line_numbers[i], "{}", NULL);
+        if (s == AR_OK)
+            w->n_ok++;
+        else if (s == AR_EINVAL)
+            w->n_refused++;
+        else
+            w->other = s;
+    }
+    return NULL;
+}
+
+/* Every line finished by two instances at once (two threads on each) is counted once. */
+static void item_done_twice_across_handles_counts_once(void **state)
+{
+    struct fixture *f = *state;
+    struct store *st[2] = {open_store(f->url), open_store(f->url)};
+    char id[STORE_JOB_ID_LEN + 1];
+    struct finisher w[4];
+    pthread_t th[4];
+    pthread_barrier_t go;
+    struct store_job_info info;
+    bool found = false;
+    int ok = 0, refused = 0;
+    make_job(st[0], id);
+    pthread_barrier_init(&go, NULL, 4);
+    for (int i = 0; i < 4; i++) {
+        w[i] = (struct finisher){st[i % 2], &go, id, 0, 0, AR_OK};
+        assert_int_equal(pthread_create(&th[i], NULL, finish_run, &w[i]), 0);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(w[i].other, AR_OK);
+        ok += w[i].n_ok;
+        refused += w[i].n_refused;
+    }
+    pthread_barrier_destroy(&go);
+    assert_int_equal(ok, 5);
+    assert_int_equal(refused, 15);
+    assert_int_equal(store_job_get(st[1], id, &info, &found, NULL), AR_OK);
+    assert_true(found);
+    assert_int_equal(info.n_done, 5);
+    assert_int_equal(info.n_failed, 0);
+    assert_int_equal(info.status, STORE_JOB_DONE);
+    store_close(st[0]);
+    store_close(st[1]);
+}
+
+/* ---- PostgreSQL only -------------------------------------------------------------------- */
+
+struct opener {
+    const char *url;
+    pthread_barrier_t *go;
+    enum ar_status s;
+    char msg[256];
+    struct store *st;
+};
+
+static void *open_run(void *arg)
+{
+    struct opener *o = arg;
+    struct ar_err err = {0};
+    pthread_barrier_wait(o->go);
+    o->s = store_open_url(o->url, &o->st, &err);
+    snprintf(o->msg, sizeof(o->msg), "%s", err.msg);
+    return NULL;
+}
+
+/* Four instances starting at once on an empty database: all open, the schema is made once. */
+static void concurrent_opens_migrate_once(void **state)
+{
+    struct fixture *f = *state;
+    struct opener o[4];
+    pthread_t th[4];
+    pthread_barrier_t go;
+    pthread_barrier_init(&go, NULL, 4);
+    for (int i = 0; i < 4; i++) {
+        o[i] = (struct opener){f->url, &go, AR_EIO, "", NULL};
+        assert_int_equal(pthread_create(&th[i], NULL, open_run, &o[i]), 0);
+    }
+    for (int i = 0; i < 4; i++)
+        pthread_join(th[i], NULL);
+    pthread_barrier_destroy(&go);
+    for (int i = 0; i < 4; i++) {
+        if (o[i].s != AR_OK)
+            fail_msg("open %d: %s: %s", i, ar_status_str(o[i].s), o[i].msg);
+    }
+    assert_int_equal(th_pg_scalar(&f->db, "SELECT count(*) FROM schema_migrations"),
+                     STORE_PG_SCHEMA_VERSION);
+    assert_int_equal(th_pg_scalar(&f->db, "SELECT count(DISTINCT version) FROM schema_migrations"),
+                     STORE_PG_SCHEMA_VERSION);
+    assert_int_equal(th_pg_scalar(&f->db, "SELECT count(*) FROM pg_tables WHERE tablename IN "
+                                          "('replies', 'reply_claims', 'jobs', 'job_items')"),
+                     4);
+    /* and they work together */
+    {
+        struct store_reply r = sample_reply("shop-m", "r-1", "ok"), out;
+        bool existed = true;
+        assert_int_equal(store_reply_put(o[0].st, &r, NULL, &existed, NULL), AR_OK);
+        assert_false(existed);
+        assert_int_equal(store_reply_put(o[3].st, &r, &out, &existed, NULL), AR_OK);
+        assert_true(existed);
+        assert_string_equal(out.reply, "ok");
+        store_reply_fini(&out);
+    }
+    for (int i = 0; i < 4; i++)
+        store_close(o[i].st);
+}
+
+static void pg_newer_schema_and_bad_urls_are_refused(void **state)
+{
+    struct fixture *f = *state;
+    struct store *st = open_store(f->url);
+    struct ar_err err = {0};
+    char url[600];
+    double t0;
+    store_close(st);
+    st = NULL;
+    assert_int_equal(th_pg_admin(f->db.url, "INSERT INTO schema_migrations (version) VALUES (99)"),
+                     0);
+    assert_int_equal(store_open_url(f->url, &st, &err), AR_EFORMAT);
+    assert_null(st);
+    assert_non_null(strstr(err.msg, "99"));
+
+    /* a URL libpq cannot parse */
+    assert_int_equal(store_open_url("postgres://[bad", &st, &err), AR_EINVAL);
+    assert_null(st);
+    assert_true(strlen(err.msg) > 0);
+    /* nobody listening: unavailable, at once */
+    assert_int_equal(
+        th_pg_url_with(url, sizeof(url), "postgres://postgres@127.0.0.1:1/x", "x", NULL), 0);
+    t0 = now_s();
+    assert_int_equal(store_open_url(url, &st, &err), AR_EUNAVAIL);
+    assert_true(now_s() - t0 < STORE_PG_CONNECT_TIMEOUT_S + 1.0);
+    assert_null(st);
+    assert_int_equal(store_open_url(NULL, &st, NULL), AR_EINVAL);
+    assert_int_equal(store_open_url("", &st, NULL), AR_EINVAL);
+}
+
+struct blocked {
+    struct store *st;
+    const char *job_id;
+    enum ar_status s;
+    double took_s;
+    atomic_bool done;
+};
+
+static void *blocked_run(void *arg)
+{
+    struct blocked *b = arg;
+    double t0 = now_s();
+    b->s = store_job_item_done(b->st, b->job_id, 1, "{\"late\":true}", NULL);
+    b->took_s = now_s() - t0;
+    atomic_store(&b->done, true);
+    return NULL;
+}
+
+/* A row lock held from outside the store (another instance's transaction) keeps one call
+ * waiting: other calls on the same handle go on meanwhile (a pool, not one lock), and the
+ * waiting one ends within the lock timeout. */
+static void pooled_calls_run_in_parallel_and_waits_are_bounded(void **state)
+{
+    struct fixture *f = *state;
+    char url[600], id[STORE_JOB_ID_LEN + 1], sql[160];
+    struct store *st;
+    struct blocked b;
+    pthread_t th;
+    PGconn *holder;
+    PGresult *r;
+    struct store_job_info info;
+    bool found = false;
+    double t0;
+
+    /* a lock timeout of 1.5 s from the URL's options, which the store keeps */
+    assert_int_equal(
+        th_pg_url_with(url, sizeof(url), f->db.url, f->db.name, "options=-c%20lock_timeout%3D1500"),
+        0);
+    st = open_store(url);
+    make_job(st, id);
+    holder = PQconnectdb(f->db.url);
+    assert_int_equal(PQstatus(holder), CONNECTION_OK);
+    snprintf(sql, sizeof(sql),
+             "BEGIN; SELECT 1 FROM job_items WHERE job_id = '%s' AND line = 1 FOR UPDATE", id);
+    r = PQexec(holder, sql);
+    assert_int_equal(PQresultStatus(r), PGRES_TUPLES_OK);
+    PQclear(r);
+
+    memset(&b, 0, sizeof(b));
+    b.st = st;
+    b.job_id = id;
+    assert_int_equal(pthread_create(&th, NULL, blocked_run, &b), 0);
+    sleep_ms(200); /* it is waiting for the row now */
+    t0 = now_s();
+    for (int i = 0; i < 20; i++) {
+        assert_int_equal(store_job_get(st, id, &info, &found, NULL), AR_OK);
+        assert_true(found);
+        assert_int_equal(store_job_item_done(st, id, 2, "{}", NULL) == AR_OK, i == 0);
+    }
+    /* twenty calls while one waits on the lock: done long before it gives up */
+    assert_true(now_s() - t0 < 1.0);
+    assert_false(atomic_load(&b.done));
+    pthread_join(th, NULL);
+    /* the waiting call gave up after the lock timeout, changing nothing */
+    assert_int_equal(b.s, AR_EBUSY);
+    assert_true(b.took_s > 1.2 && b.took_s < 4.0);
+    assert_int_equal(store_job_get(st, id, &info, &found, NULL), AR_OK);
+    assert_int_equal(info.n_done, 1);
+
+    /* once the lock is gone the same call goes through */
+    memset(&b, 0, sizeof(b));
+    b.st = st;
+    b.job_id = id;
+    assert_int_equal(pthread_create(&th, NULL, blocked_run, &b), 0);
+    sleep_ms(200);
+    r = PQexec(holder, "COMMIT");
+    assert_int_equal(PQresultStatus(r), PGRES_COMMAND_OK);
+    PQclear(r);
+    pthread_join(th, NULL);
+    assert_int_equal(b.s, AR_OK);
+    assert_int_equal(store_job_get(st, id, &info, &found, NULL), AR_OK);
+    assert_int_equal(info.n_done, 2);
+    PQfinish(holder);
+    store_close(st);
+}
+
+/* The server drops every connection of the handle (as a restart does between two calls): the
+ * next calls find their pooled connections gone and succeed on new ones, with no error. */
+static void dropped_connections_are_replaced_without_an_error(void **state)
+{
+    struct fixture *f = *state;
+    struct store *st = open_store(f->url);
+    struct store_reply r = sample_reply("shop-x", "r-1", "谢谢"), out;
+    char id[STORE_JOB_ID_LEN + 1], sql[256];
+    struct store_job_info info;
+    bool found = false;
+    make_job(st, id);
+    assert_int_equal(store_reply_put(st, &r, NULL, NULL, NULL), AR_OK);
+    for (int round = 0; round < 3; round++) {
+        snprintf(sql, sizeof(sql),
+                 "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                 "WHERE datname = '%s' AND pid <> pg_backend_pid()",
+                 f->db.name);
+        assert_true(th_pg_scalar(&f->db, sql) >= 1);
+        sleep_ms(100); /* the backends are gone */
+        assert_int_equal(store_reply_get(st, "shop-x", "r-1", &out, &found, NULL), AR_OK);
+        assert_true(found);
+        assert_string_equal(out.reply, "谢谢");
+        store_reply_fini(&out);
+        assert_int_equal(store_job_get(st, id, &info, &found, NULL), AR_OK);
+        assert_true(found);
+        assert_int_equal(store_job_item_done(st, id, job_line_numbers[round], "{}", NULL), AR_OK);
+    }
+    assert_int_equal(store_job_get(st, id, &info, &found, NULL), AR_OK);
+    assert_int_equal(info.n_done, 3);
+    store_close(st);
+}
+
+/* Runs deploy/services.sh with args; its stdout (the URL, for start) goes to out. */
+static int services(const char *args, char *out, size_t out_size)
+{
+    char cmd[512];
+    FILE *p;
+    size_t n = 0;
+    int rc;
+    snprintf(cmd, sizeof(cmd), "sh deploy/services.sh %s 2>/dev/null", args);
+    p = popen(cmd, "r");
+    if (!p)
+        return -1;
+    if (out && out_size) {
+        n = fread(out, 1, out_size - 1, p);
+        out[n] = '\0';
+        out[strcspn(out, "\n")] = '\0';
+    } else {
+        char sink[256];
+        while (fread(sink, 1, sizeof(sink), p) > 0)
+            ;
+    }
+    rc = pclose(p);
+    return rc;
+}
+
+static int read_int_file(const char *path)
+{
+    FILE *fp = fopen(path, "r");
+    int v = -1;
+    if (fp) {
+        if (fscanf(fp, "%d", &v) != 1)
+            v = -1;
+        fclose(fp);
+    }
+    return v;
+}
+
+/* A private server, stopped under a handle: calls fail fast with AR_EUNAVAIL (never hang, never
+ * crash) while it is down, and work again once it is back on the same port. */
+static void stopped_server_fails_fast_then_recovers(void **state)
+{
+    struct fixture *f = *state;
+    char dir[64], args[256], url[512], port_file[160];
+    struct store *st = NULL;
+    struct store_reply r = sample_reply("shop-down", "r-1", "before"), out;
+    struct ar_err err = {0};
+    enum store_claim c;
+    bool found = false;
+    double t0, worst = 0;
+    int port;
+
+    /* its own folder: the server's user must be able to reach it (services.sh opens it) */
+    snprintf(dir, sizeof(dir), "/tmp/ar_pg_down_XXXXXX");
+    assert_non_null(mkdtemp(dir));
+    snprintf(f->svc_dir, sizeof(f->svc_dir), "%s", dir);
+    snprintf(args, sizeof(args), "start postgres %s", dir);
+    assert_int_equal(services(args, url, sizeof(url)), 0);
+    assert_non_null(strstr(url, "postgres://"));
+    snprintf(port_file, sizeof(port_file), "%s/postgres.port", dir);
+    port = read_int_file(port_file);
+    assert_true(port > 0);
+
+    st = open_store(url);
+    assert_int_equal(store_reply_put(st, &r, NULL, NULL, NULL), AR_OK);
+
+    snprintf(args, sizeof(args), "stop postgres %s", dir);
+    assert_int_equal(services(args, NULL, 0), 0);
+
+    for (int i = 0; i < 10; i++) {
+        char id[32];
+        snprintf(id, sizeof(id), "r-%d", i);
+        t0 = now_s();
+        memset(&err, 0, sizeof(err));
+        switch (i % 3) {
+        case 0:
+            assert_int_equal(store_reply_get(st, "shop-down", "r-1", &out, &found, &err),
+                             AR_EUNAVAIL);
+            assert_false(found);
+            break;
+        case 1:
+            assert_int_equal(store_reply_claim(st, "shop-down", id, "me", 10, &c, &out, &err),
+                             AR_EUNAVAIL);
+            break;
+        default:
+            r.review_id = id;
+            assert_int_equal(store_reply_put(st, &r, &out, NULL, &err), AR_EUNAVAIL);
+            assert_null(out.storage);
+            break;
+        }
+        assert_int_equal(err.code, AR_EUNAVAIL);
+        assert_true(strlen(err.msg) > 0);
+        worst = AR_MAX(worst, now_s() - t0);
+        sleep_ms(50);
+    }
+    assert_true(worst < STORE_PG_CONNECT_TIMEOUT_S + 0.5);
+
+    snprintf(args, sizeof(args), "start postgres %s %d", dir, port);
+    assert_int_equal(services(args, url, sizeof(url)), 0);
+    /* back within the longest pause between attempts (and a little) */
+    {
+        enum ar_status s = AR_EUNAVAIL;
+        t0 = now_s();
+        while (now_s() - t0 < 10 &&
+               (s = store_reply_get(st, "shop-down", "r-1", &out, &found, NULL)) != AR_OK)
+            sleep_ms(50);
+        assert_int_equal(s, AR_OK);
+        assert_true(found);
+        assert_string_equal(out.reply, "before");
+        store_reply_fini(&out);
+    }
+    r.review_id = "r-after";
+    r.reply = "after";
+    assert_int_equal(store_reply_put(st, &r, NULL, NULL, NULL), AR_OK);
+    assert_int_equal(store_reply_claim(st, "shop-down", "r-new", "me", 10, &c, &out, NULL), AR_OK);
+    assert_int_equal(c, STORE_CLAIM_OWNED);
+    store_close(st);
+
+    /* teardown stops the server and removes its folder */
+}
+
+/* Each test on both backends, named after the backend. */
+#define BOTH(f)                                                                                    \
+    {"sqlite/" #f, f, setup, teardown, NULL},                                                      \
+    {                                                                                              \
+        "postgres/" #f, f, setup_pg, teardown, NULL                                                \
+    }
+#define SQLITE(f)                                                                                  \
+    {                                                                                              \
+        "sqlite/" #f, f, setup, teardown, NULL                                                     \
+    }
+#define PG(f)                                                                                      \
+    {                                                                                              \
+        "postgres/" #f, f, setup_pg, teardown, NULL                                                \
+    }
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(reply_put_twice_keeps_the_first_reply, setup, teardown),
-        cmocka_unit_test_setup_teardown(reply_put_fills_defaults, setup, teardown),
-        cmocka_unit_test_setup_teardown(new_reply_put_returns_the_row_as_read_back, setup,
-                                        teardown),
-        cmocka_unit_test_setup_teardown(commits_are_checkpointed_in_the_background, setup,
-                                        teardown),
-        cmocka_unit_test_setup_teardown(invalid_reply_arguments_are_rejected, setup, teardown),
-        cmocka_unit_test_setup_teardown(job_progresses_from_queued_to_done, setup, teardown),
-        cmocka_unit_test_setup_teardown(cancelled_and_finished_jobs_are_not_unfinished, setup,
-                                        teardown),
-        cmocka_unit_test_setup_teardown(invalid_job_arguments_are_rejected, setup, teardown),
-        cmocka_unit_test_setup_teardown(reopen_keeps_replies_and_jobs, setup, teardown),
-        cmocka_unit_test_setup_teardown(open_rejects_non_database_and_newer_schema, setup,
-                                        teardown),
-        cmocka_unit_test_setup_teardown(kill_mid_job_then_resume_finishes_each_line_once, setup,
-                                        teardown),
-        cmocka_unit_test_setup_teardown(threads_sharing_handles_insert_each_key_once, setup,
-                                        teardown),
+        BOTH(reply_put_twice_keeps_the_first_reply),
+        BOTH(reply_put_fills_defaults),
+        BOTH(new_reply_put_returns_the_row_as_read_back),
+        SQLITE(commits_are_checkpointed_in_the_background),
+        BOTH(invalid_reply_arguments_are_rejected),
+        BOTH(job_progresses_from_queued_to_done),
+        BOTH(cancelled_and_finished_jobs_are_not_unfinished),
+        BOTH(invalid_job_arguments_are_rejected),
+        BOTH(job_lines_are_read_one_by_one_and_jobs_get_published),
+        SQLITE(version_one_database_is_migrated),
+        BOTH(reopen_keeps_replies_and_jobs),
+        SQLITE(open_rejects_non_database_and_newer_schema),
+        BOTH(kill_mid_job_then_resume_finishes_each_line_once),
+        BOTH(threads_sharing_handles_insert_each_key_once),
+        BOTH(large_job_with_awkward_inputs_reads_back_exactly),
+        BOTH(claims_are_owned_held_renewed_and_ended),
+        BOTH(claims_are_released_by_owner_prefix),
+        BOTH(an_expired_lease_is_taken_over),
+        BOTH(two_instances_racing_on_a_review_generate_once),
+        BOTH(item_done_twice_across_handles_counts_once),
+        PG(concurrent_opens_migrate_once),
+        PG(pg_newer_schema_and_bad_urls_are_refused),
+        PG(pooled_calls_run_in_parallel_and_waits_are_bounded),
+        PG(dropped_connections_are_replaced_without_an_error),
+        PG(stopped_server_fails_fast_then_recovers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,1113 @@
+/* sqlite.c - the SQLite store: schema and migrations, prepared statements, replies with
+ * insert-once semantics and claims, bulk jobs whose lines are finished one transaction at a
+ * time, and the background checkpointer. Every statement is prepared once at open and every
+ * value is bound, never spliced. Arguments arrive checked (store.c). */
+#include "store_internal.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <sqlite3.h>
+#include <stdio.h>
+#include <time.h>
+
+/* ---- schema ------------------------------------------------------------------------- */
+
+/* migrations[v] moves a database from user_version v to v + 1. Append only. */
+static const char *const migrations[STORE_SCHEMA_VERSION] = {
+    "CREATE TABLE replies ("
+    "  shop_id TEXT NOT NULL,"
+    "  review_id TEXT NOT NULL,"
+    "  review_text TEXT NOT NULL,"
+    "  rating INTEGER NOT NULL CHECK (rating BETWEEN 1 AND 5),"
+    "  lang TEXT NOT NULL,"
+    "  reply TEXT NOT NULL,"
+    "  needs_human INTEGER NOT NULL,"
+    "  sentiment REAL NOT NULL,"
+    "  cached INTEGER NOT NULL,"
+    "  model TEXT NOT NULL,"
+    "  created_s INTEGER NOT NULL,"
+    "  PRIMARY KEY (shop_id, review_id)"
+    ") WITHOUT ROWID;"
+    "CREATE TABLE jobs ("
+    "  id TEXT PRIMARY KEY,"
+    "  status TEXT NOT NULL"
+    "    CHECK (status IN ('queued', 'running', 'done', 'failed', 'cancelled')),"
+    "  shop_id TEXT NOT NULL,"
+    "  n_total INTEGER NOT NULL,"
+    "  n_done INTEGER NOT NULL DEFAULT 0,"
+    "  n_failed INTEGER NOT NULL DEFAULT 0,"
+    "  created_s INTEGER NOT NULL,"
+    "  updated_s INTEGER NOT NULL"
+    ");"
+    "CREATE INDEX jobs_by_status ON jobs (status, created_s);"
+    "CREATE TABLE job_items ("
+    "  job_id TEXT NOT NULL REFERENCES jobs (id) ON DELETE CASCADE,"
+    "  line INTEGER NOT NULL,"
+    "  input TEXT NOT NULL,"
+    "  status TEXT NOT NULL CHECK (status IN ('pending', 'done', 'error')),"
+    "  result TEXT,"
+    "  PRIMARY KEY (job_id, line)"
+    ") WITHOUT ROWID;"
+    "CREATE INDEX job_items_by_status ON job_items (job_id, status, line);",
+    /* 1 -> 2: a job is published once its lines were handed to a queue; jobs from before
+     * count as unpublished, so that a consumer that resumes unpublished jobs picks them up */
+    "ALTER TABLE jobs ADD COLUMN published INTEGER NOT NULL DEFAULT 0;",
+    /* 2 -> 3: claims on reviews being generated; expires_at in unix seconds */
+    "CREATE TABLE reply_claims ("
+    "  shop_id TEXT NOT NULL,"
+    "  review_id TEXT NOT NULL,"
+    "  owner TEXT NOT NULL,"
+    "  expires_at REAL NOT NULL,"
+    "  PRIMARY KEY (shop_id, review_id)"
+    ") WITHOUT ROWID;",
+};
+
+/* ---- statements --------------------------------------------------------------------- */
+
+enum stmt_id {
+    S_BEGIN,
+    S_COMMIT,
+    S_ROLLBACK,
+    S_REPLY_GET,
+    S_REPLY_INSERT,
+    S_CLAIM_TAKE,
+    S_CLAIM_END,
+    S_CLAIM_DROP,
+    S_CLAIM_RELEASE,
+    S_JOB_INSERT,
+    S_ITEM_INSERT,
+    S_ITEM_PENDING,
+    S_ITEM_FINISH,
+    S_ITEM_STATUS,
+    S_ITEM_GET,
+    S_JOB_COUNT,
+    S_JOB_SET_PUBLISHED,
+    S_JOB_SET_STATUS,
+    S_JOB_GET,
+    S_JOB_ITEMS,
+    S_JOBS_UNFINISHED,
+    S_COUNT
+};
+
+#define REPLY_COLS                                                                                 \
+    "shop_id, review_id, review_text, rating, lang, reply, needs_human, sentiment, cached, "       \
+    "model, created_s"
+/* unix seconds with a fraction, on this machine's clock (the database's, for SQLite) */
+#define NOW_S "((julianday('now') - 2440587.5) * 86400.0)"
+#define JOB_COLS "id, status, n_total, n_done, n_failed, created_s, updated_s, shop_id, published"
+
+static const char *const stmt_sql[S_COUNT] = {
+    [S_BEGIN] = "BEGIN IMMEDIATE",
+    [S_COMMIT] = "COMMIT",
+    [S_ROLLBACK] = "ROLLBACK",
+    [S_REPLY_GET] = "SELECT " REPLY_COLS " FROM replies WHERE shop_id = ?1 AND review_id = ?2",
+    [S_REPLY_INSERT] = "INSERT INTO replies (" REPLY_COLS ") "
+                       "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11) "
+                       "ON CONFLICT (shop_id, review_id) DO NOTHING",
+    /* a new claim, or one that expired, or the owner's own: changes() says whether taken */
+    [S_CLAIM_TAKE] =
+        "INSERT INTO reply_claims (shop_id, review_id, owner, expires_at) "
+        "VALUES (?1, ?2, ?3, " NOW_S " + ?4) "
+        "ON CONFLICT (shop_id, review_id) DO UPDATE "
+        "SET owner = excluded.owner, expires_at = excluded.expires_at "
+        "WHERE reply_claims.expires_at <= " NOW_S " OR reply_claims.owner = excluded.owner",
+    [S_CLAIM_END] = "DELETE FROM reply_claims WHERE shop_id = ?1 AND review_id = ?2",
+    [S_CLAIM_DROP] = "DELETE FROM reply_claims WHERE shop_id = ?1 AND review_id = ?2 "
+                     "AND owner = ?3",
+    [S_CLAIM_RELEASE] = "DELETE FROM reply_claims WHERE substr(owner, 1, length(?1)) = ?1",
+    [S_JOB_INSERT] = "INSERT INTO jobs (id, status, shop_id, n_total, created_s, updated_s, "
+                     "published) VALUES (?1, 'queued', ?2, ?3, ?4, ?4, 0)",
+    [S_ITEM_INSERT] = "INSERT INTO job_items (job_id, line, input, status) "
+                      "VALUES (?1, ?2, ?3, 'pending')",
+    [S_ITEM_PENDING] = "SELECT line, input FROM job_items "
+                       "WHERE job_id = ?1 AND status = 'pending' AND line > ?2 "
+                       "ORDER BY line LIMIT ?3",
+    [S_ITEM_FINISH] = "UPDATE job_items SET status = ?3, result = ?4 "
+                      "WHERE job_id = ?1 AND line = ?2 AND status = 'pending'",
+    [S_ITEM_STATUS] = "SELECT status FROM job_items WHERE job_id = ?1 AND line = ?2",
+    [S_ITEM_GET] = "SELECT line, status, input, result FROM job_items "
+                   "WHERE job_id = ?1 AND line = ?2",
+    /* every right-hand side sees the old row */
+    [S_JOB_COUNT] = "UPDATE jobs SET n_done = n_done + ?2, n_failed = n_failed + ?3, "
+                    "updated_s = ?4, status = CASE "
+                    "  WHEN status NOT IN ('queued', 'running') THEN status "
+                    "  WHEN n_done + ?2 + n_failed + ?3 >= n_total THEN 'done' "
+                    "  ELSE 'running' END "
+                    "WHERE id = ?1",
+    [S_JOB_SET_STATUS] = "UPDATE jobs SET status = ?2, updated_s = ?3 WHERE id = ?1",
+    [S_JOB_SET_PUBLISHED] = "UPDATE jobs SET published = 1 WHERE id = ?1",
+    [S_JOB_GET] = "SELECT " JOB_COLS " FROM jobs WHERE id = ?1",
+    [S_JOB_ITEMS] = "SELECT line, status, input, result FROM job_items "
+                    "WHERE job_id = ?1 ORDER BY line",
+    [S_JOBS_UNFINISHED] = "SELECT " JOB_COLS " FROM jobs "
+                          "WHERE status IN ('queued', 'running') ORDER BY created_s, rowid",
+};
+
+/* Background checkpoints: the request connection never checkpoints (its WAL hook replaces
+ * SQLite's auto-checkpoint), so no request pays for copying pages into the database file or
+ * for the fsyncs around it. A thread with its own connection runs PASSIVE checkpoints (they
+ * neither take the write lock nor wait for readers) every STORE_CKPT_PERIOD_MS, or sooner once
+ * the WAL holds STORE_CKPT_PAGES pages. Under a steady stream of writes a passive checkpoint
+ * never catches the last commit, so the WAL would only grow; when it passes
+ * STORE_CKPT_RESET_PAGES the thread checkpoints the remaining tail (a few pages) with the
+ * store's mutex held, after which the next commit starts the WAL over from its beginning. */
+#define STORE_CKPT_PERIOD_MS 1000
+#define STORE_CKPT_PAGES 1000
+#define STORE_CKPT_RESET_PAGES 8192
+
+struct sqlite_store {
+    struct store base; /* first: the handle */
+    sqlite3 *db;
+    sqlite3_stmt *stmt[S_COUNT];
+    pthread_mutex_t mu; /* guards db and stmt */
+    bool mu_ready;
+    /* the checkpointer (absent for in-memory databases, or when it could not start: SQLite's
+     * auto-checkpoint then stays on) */
+    sqlite3 *ck_db;
+    pthread_t ck_thread;
+    pthread_mutex_t ck_mu; /* guards the fields below */
+    pthread_cond_t ck_cv;
+    bool ck_ready, ck_running, ck_stop, ck_due;
+    int ck_wal_pages;    /* WAL size after the last commit on db */
+    int ck_mark;         /* WAL size that the last checkpoint saw (0 after a restart) */
+    uint64_t ck_commits; /* commits on db so far */
+};
+
+/* ---- helpers ------------------------------------------------------------------------ */
+
+static int status_from_name(const char *const *names, size_t n, const unsigned char *text)
+{
+    return store_status_from_name(names, n, (const char *)text);
+}
+
+/* Maps an SQLite result code to a status and puts SQLite's message into err. */
+static enum ar_status db_fail(struct sqlite_store *st, int rc, struct ar_err *err, const char *what)
+{
+    enum ar_status code;
+    switch (rc & 0xff) {
+    case SQLITE_NOMEM:
+        code = AR_ENOMEM;
+        break;
+    case SQLITE_BUSY:
+    case SQLITE_LOCKED:
+        code = AR_EBUSY;
+        break;
+    case SQLITE_CONSTRAINT:
+    case SQLITE_TOOBIG:
+    case SQLITE_RANGE:
+        code = AR_EINVAL;
+        break;
+    case SQLITE_NOTADB:
+    case SQLITE_CORRUPT:
+        code = AR_EFORMAT;
+        break;
+    default:
+        code = AR_EIO;
+        break;
+    }
+    return ar_err_set(err, code, 0, "store: %s: %s", what,
+                      st && st->db ? sqlite3_errmsg(st->db) : sqlite3_errstr(rc));
+}
+
+/* Clears a statement after use, so that no read transaction stays open. */
+static void stmt_done(sqlite3_stmt *s)
+{
+    sqlite3_reset(s);
+    sqlite3_clear_bindings(s);
+}
+
+static int bind_str(sqlite3_stmt *s, int i, const char *v)
+{
+    return sqlite3_bind_text(s, i, v ? v : "", -1, SQLITE_STATIC);
+}
+
+/* Runs a statement that returns no rows. */
+static enum ar_status exec_stmt(struct sqlite_store *st, enum stmt_id id, struct ar_err *err)
+{
+    sqlite3_stmt *s = st->stmt[id];
+    int rc = sqlite3_step(s);
+    stmt_done(s);
+    if (rc != SQLITE_DONE)
+        return db_fail(st, rc, err, stmt_sql[id]);
+    return AR_OK;
+}
+
+static enum ar_status tx_begin(struct sqlite_store *st, struct ar_err *err)
+{
+    return exec_stmt(st, S_BEGIN, err);
+}
+
+static enum ar_status tx_commit(struct sqlite_store *st, struct ar_err *err)
+{
+    enum ar_status s = exec_stmt(st, S_COMMIT, err);
+    if (s != AR_OK && !sqlite3_get_autocommit(st->db))
+        exec_stmt(st, S_ROLLBACK, NULL);
+    return s;
+}
+
+static void tx_rollback(struct sqlite_store *st)
+{
+    if (!sqlite3_get_autocommit(st->db))
+        exec_stmt(st, S_ROLLBACK, NULL);
+}
+
+/* ---- open / close ------------------------------------------------------------------- */
+
+/* Runs one PRAGMA (or any statement) with no bound values; *text receives the first column
+ * of the first row when asked. Only constant SQL from this file comes here. */
+static enum ar_status exec_const(struct sqlite_store *st, const char *sql, char *text,
+                                 size_t text_size, int64_t *num, struct ar_err *err)
+{
+    sqlite3_stmt *s = NULL;
+    int rc = sqlite3_prepare_v2(st->db, sql, -1, &s, NULL);
+    if (rc != SQLITE_OK)
+        return db_fail(st, rc, err, sql);
+    rc = sqlite3_step(s);
+    if (rc == SQLITE_ROW) {
+        if (text && text_size) {
+            const unsigned char *t = sqlite3_column_text(s, 0);
+            snprintf(text, text_size, "%s", t ? (const char *)t : "");
+        }
+        if (num)
+            *num = sqlite3_column_int64(s, 0);
+        while ((rc = sqlite3_step(s)) == SQLITE_ROW)
+            ;
+    }
+    sqlite3_finalize(s);
+    if (rc != SQLITE_DONE)
+        return db_fail(st, rc, err, sql);
+    return AR_OK;
+}
+
+static enum ar_status migrate(struct sqlite_store *st, struct ar_err *err)
+{
+    enum ar_status s;
+    int64_t version = 0;
+    char *msg = NULL;
+    int rc;
+    if ((s = exec_const(st, "BEGIN IMMEDIATE", NULL, 0, NULL, err)) != AR_OK)
+        return s;
+    if ((s = exec_const(st, "PRAGMA user_version", NULL, 0, &version, err)) != AR_OK)
+        goto fail;
+    if (version < 0 || version > STORE_SCHEMA_VERSION) {
+        s = ar_err_set(err, AR_EFORMAT, 0, "store: schema version %lld is not %d or older",
+                       (long long)version, STORE_SCHEMA_VERSION);
+        goto fail;
+    }
+    for (int64_t v = version; v < STORE_SCHEMA_VERSION; v++) {
+        rc = sqlite3_exec(st->db, migrations[v], NULL, NULL, &msg);
+        if (rc != SQLITE_OK) {
+            s = db_fail(st, rc, err, "schema migration");
+            sqlite3_free(msg);
+            goto fail;
+        }
+    }
+    if (version != STORE_SCHEMA_VERSION) {
+        /* PRAGMA takes no bound values; the number is our own constant */
+        char sql[64];
+        snprintf(sql, sizeof(sql), "PRAGMA user_version = %d", STORE_SCHEMA_VERSION);
+        if ((s = exec_const(st, sql, NULL, 0, NULL, err)) != AR_OK)
+            goto fail;
+    }
+    if ((s = exec_const(st, "COMMIT", NULL, 0, NULL, err)) == AR_OK)
+        return AR_OK;
+fail:
+    if (!sqlite3_get_autocommit(st->db))
+        exec_const(st, "ROLLBACK", NULL, 0, NULL, NULL);
+    return s;
+}
+
+/* ---- background checkpoints ----------------------------------------------------------- */
+
+/* Called by SQLite after every commit on the request connection (with the store's mutex
+ * held): notes the WAL's size and wakes the checkpointer when a checkpoint is due. */
+static int wal_hook(void *arg, sqlite3 *db, const char *name, int n_pages)
+{
+    struct sqlite_store *st = arg;
+    (void)db;
+    (void)name;
+    pthread_mutex_lock(&st->ck_mu);
+    if (n_pages < st->ck_mark)
+        st->ck_mark = 0; /* the WAL started over */
+    st->ck_wal_pages = n_pages;
+    st->ck_commits++;
+    if (n_pages - st->ck_mark >= STORE_CKPT_PAGES && !st->ck_due) {
+        st->ck_due = true;
+        pthread_cond_signal(&st->ck_cv);
+    }
+    pthread_mutex_unlock(&st->ck_mu);
+    return SQLITE_OK;
+}
+
+static void *checkpointer_main(void *arg)
+{
+    struct sqlite_store *st = arg;
+    uint64_t commits_seen = 0;
+    pthread_mutex_lock(&st->ck_mu);
+    while (!st->ck_stop) {
+        struct timespec until;
+        int n_log = -1, n_ckpt = -1, rc;
+        bool idle;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += STORE_CKPT_PERIOD_MS / 1000;
+        until.tv_nsec += (long)(STORE_CKPT_PERIOD_MS % 1000) * 1000000L;
+        if (until.tv_nsec >= 1000000000L) {
+            until.tv_sec++;
+            until.tv_nsec -= 1000000000L;
+        }
+        while (!st->ck_stop && !st->ck_due &&
+               pthread_cond_timedwait(&st->ck_cv, &st->ck_mu, &until) == 0)
+            ;
+        if (st->ck_stop)
+            break;
+        st->ck_due = false;
+        idle = st->ck_commits == commits_seen;
+        commits_seen = st->ck_commits;
+        if (idle && st->ck_wal_pages == 0)
+            continue; /* nothing written since the WAL last started over */
+        pthread_mutex_unlock(&st->ck_mu);
+        /* the bulk of the work (page copies, the WAL's and the database's fsyncs) runs
+         * beside the requests */
+        rc = sqlite3_wal_checkpoint_v2(st->ck_db, NULL, SQLITE_CHECKPOINT_PASSIVE, &n_log, &n_ckpt);
+        if (rc == SQLITE_OK && n_log > n_ckpt && (n_log >= STORE_CKPT_RESET_PAGES || idle)) {
+            /* the tail, with no request in the way, so that the WAL starts over */
+            pthread_mutex_lock(&st->mu);
+            rc = sqlite3_wal_checkpoint_v2(st->ck_db, NULL, SQLITE_CHECKPOINT_PASSIVE, &n_log,
+                                           &n_ckpt);
+            pthread_mutex_unlock(&st->mu);
+        }
+        if (rc != SQLITE_OK && rc != SQLITE_BUSY)
+            AR_WARN("store: background checkpoint: %s", sqlite3_errstr(rc));
+        pthread_mutex_lock(&st->ck_mu);
+        if (rc == SQLITE_OK && n_log >= 0) {
+            st->ck_mark = n_log;
+            if (n_log == n_ckpt && st->ck_commits == commits_seen)
+                st->ck_wal_pages = 0; /* all in the database file; nothing new since */
+        }
+    }
+    pthread_mutex_unlock(&st->ck_mu);
+    return NULL;
+}
+
+/* Moves checkpoints off the request connection when the database is a WAL file. On any
+ * failure SQLite's auto-checkpoint simply stays on. */
+static void checkpointer_start(struct sqlite_store *st, const char *path)
+{
+    int rc;
+    if (pthread_mutex_init(&st->ck_mu, NULL) != 0)
+        return;
+    if (pthread_cond_init(&st->ck_cv, NULL) != 0) {
+        pthread_mutex_destroy(&st->ck_mu);
+        return;
+    }
+    st->ck_ready = true;
+    rc = sqlite3_open_v2(path, &st->ck_db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX, NULL);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_busy_timeout(st->ck_db, STORE_BUSY_TIMEOUT_MS);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_exec(st->ck_db, "PRAGMA synchronous = NORMAL", NULL, NULL, NULL);
+    if (rc != SQLITE_OK) {
+        AR_WARN("store: %s: no background checkpoints: %s", path, sqlite3_errstr(rc));
+        sqlite3_close(st->ck_db);
+        st->ck_db = NULL;
+        return;
+    }
+    sqlite3_wal_autocheckpoint(st->ck_db, 0);
+    if (pthread_create(&st->ck_thread, NULL, checkpointer_main, st) != 0) {
+        AR_WARN("store: %s: no background checkpoints: cannot start a thread", path);
+        sqlite3_close(st->ck_db);
+        st->ck_db = NULL;
+        return;
+    }
+    st->ck_running = true;
+    /* replaces the auto-checkpoint of the request connection */
+    sqlite3_wal_hook(st->db, wal_hook, st);
+}
+
+static void checkpointer_stop(struct sqlite_store *st)
+{
+    if (st->ck_running) {
+        pthread_mutex_lock(&st->ck_mu);
+        st->ck_stop = true;
+        pthread_cond_signal(&st->ck_cv);
+        pthread_mutex_unlock(&st->ck_mu);
+        pthread_join(st->ck_thread, NULL);
+        st->ck_running = false;
+    }
+    /* closed before the request connection, whose close (the last one) checkpoints and
+     * removes the WAL */
+    sqlite3_close(st->ck_db);
+    st->ck_db = NULL;
+    if (st->ck_ready) {
+        pthread_cond_destroy(&st->ck_cv);
+        pthread_mutex_destroy(&st->ck_mu);
+        st->ck_ready = false;
+    }
+}
+
+static const struct store_ops sqlite_ops;
+
+static void sq_close(struct store *base)
+{
+    struct sqlite_store *st = (struct sqlite_store *)base;
+    checkpointer_stop(st);
+    for (int i = 0; i < S_COUNT; i++)
+        sqlite3_finalize(st->stmt[i]);
+    sqlite3_close(st->db); /* all statements are finalized, so this closes */
+    if (st->mu_ready)
+        pthread_mutex_destroy(&st->mu);
+    ar_free(st);
+}
+
+enum ar_status store_sqlite_open(const char *path, struct store **out, struct ar_err *err)
+{
+    enum ar_status s;
+    struct sqlite_store *st;
+    char mode[16];
+    int rc;
+    *out = NULL;
+    st = ar_calloc(1, sizeof(*st));
+    if (!st)
+        return AR_ENOMEM;
+    st->base.ops = &sqlite_ops;
+    /* our mutex serialises the connection, so SQLite's own may be skipped */
+    rc = sqlite3_open_v2(path, &st->db,
+                         SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, NULL);
+    if (rc != SQLITE_OK) {
+        s = db_fail(st, rc, err, path);
+        goto fail;
+    }
+    sqlite3_busy_timeout(st->db, STORE_BUSY_TIMEOUT_MS);
+    if ((s = exec_const(st, "PRAGMA journal_mode = WAL", mode, sizeof(mode), NULL, err)) != AR_OK)
+        goto fail;
+    if (strcmp(mode, "wal") != 0 && strcmp(path, ":memory:") != 0) {
+        s = ar_err_set(err, AR_EIO, 0, "store: %s: cannot use WAL mode (got %s)", path, mode);
+        goto fail;
+    }
+    if ((s = exec_const(st, "PRAGMA synchronous = NORMAL", NULL, 0, NULL, err)) != AR_OK)
+        goto fail;
+    if ((s = exec_const(st, "PRAGMA foreign_keys = ON", NULL, 0, NULL, err)) != AR_OK)
+        goto fail;
+    if ((s = migrate(st, err)) != AR_OK)
+        goto fail;
+    for (int i = 0; i < S_COUNT; i++) {
+        rc = sqlite3_prepare_v3(st->db, stmt_sql[i], -1, SQLITE_PREPARE_PERSISTENT, &st->stmt[i],
+                                NULL);
+        if (rc != SQLITE_OK) {
+            s = db_fail(st, rc, err, stmt_sql[i]);
+            goto fail;
+        }
+    }
+    if (pthread_mutex_init(&st->mu, NULL) != 0) {
+        s = ar_err_set(err, AR_ENOMEM, 0, "store: cannot create mutex");
+        goto fail;
+    }
+    st->mu_ready = true;
+    if (strcmp(mode, "wal") == 0)
+        checkpointer_start(st, path);
+    *out = &st->base;
+    return AR_OK;
+fail:
+    sq_close(&st->base);
+    return s;
+}
+
+/* ---- replies ------------------------------------------------------------------------ */
+
+/* Fills out from the current row of a REPLY_COLS select. */
+static enum ar_status reply_from_row(sqlite3_stmt *s, struct store_reply *out)
+{
+    struct store_reply r;
+    memset(&r, 0, sizeof(r));
+    r.shop_id = (const char *)sqlite3_column_text(s, 0);
+    r.review_id = (const char *)sqlite3_column_text(s, 1);
+    r.text = (const char *)sqlite3_column_text(s, 2);
+    r.rating = sqlite3_column_int(s, 3);
+    r.lang = (const char *)sqlite3_column_text(s, 4);
+    r.reply = (const char *)sqlite3_column_text(s, 5);
+    r.needs_human = sqlite3_column_int(s, 6) != 0;
+    r.sentiment = (float)sqlite3_column_double(s, 7);
+    r.cached = sqlite3_column_int(s, 8) != 0;
+    r.model = (const char *)sqlite3_column_text(s, 9);
+    return store_reply_copy(&r, sqlite3_column_int64(s, 10), out);
+}
+
+/* Looks up a reply with the mutex held. */
+static enum ar_status reply_get_locked(struct sqlite_store *st, const char *shop_id,
+                                       const char *review_id, struct store_reply *out, bool *found,
+                                       struct ar_err *err)
+{
+    sqlite3_stmt *s = st->stmt[S_REPLY_GET];
+    enum ar_status r = AR_OK;
+    int rc = bind_str(s, 1, shop_id);
+    if (rc == SQLITE_OK)
+        rc = bind_str(s, 2, review_id);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_step(s);
+    *found = rc == SQLITE_ROW;
+    if (rc == SQLITE_ROW)
+        r = out ? reply_from_row(s, out) : AR_OK;
+    else if (rc != SQLITE_DONE)
+        r = db_fail(st, rc, err, "reply lookup");
+    stmt_done(s);
+    return r;
+}
+
+static enum ar_status sq_reply_get(struct store *base, const char *shop_id, const char *review_id,
+                                   struct store_reply *out, bool *found, struct ar_err *err)
+{
+    struct sqlite_store *st = (struct sqlite_store *)base;
+    enum ar_status r;
+    pthread_mutex_lock(&st->mu);
+    r = reply_get_locked(st, shop_id, review_id, out, found, err);
+    pthread_mutex_unlock(&st->mu);
+    return r;
+}
+
+/* Runs a statement over (shop_id, review_id[, owner]) that returns no rows. */
+static enum ar_status exec_key(struct sqlite_store *st, enum stmt_id id, const char *shop_id,
+                               const char *review_id, const char *owner, int *changes,
+                               struct ar_err *err)
+{
+    sqlite3_stmt *s = st->stmt[id];
+    int rc = bind_str(s, 1, shop_id);
+    if (rc == SQLITE_OK)
+        rc = bind_str(s, 2, review_id);
+    if (rc == SQLITE_OK && owner)
+        rc = bind_str(s, 3, owner);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_step(s);
+    if (changes)
+        *changes = rc == SQLITE_DONE ? sqlite3_changes(st->db) : 0;
+    stmt_done(s);
+    if (rc != SQLITE_DONE)
+        return db_fail(st, rc, err, stmt_sql[id]);
+    return AR_OK;
+}
+
+static enum ar_status sq_reply_put(struct store *base, const struct store_reply *r, int64_t created,
+                                   struct store_reply *out, bool *existed, struct ar_err *err)
+{
+    struct sqlite_store *st = (struct sqlite_store *)base;
+    sqlite3_stmt *s;
+    enum ar_status res;
+    bool found = false;
+    int rc;
+    pthread_mutex_lock(&st->mu);
+    if ((res = tx_begin(st, err)) != AR_OK)
+        goto out;
+    s = st->stmt[S_REPLY_INSERT];
+    rc = bind_str(s, 1, r->shop_id);
+    if (rc == SQLITE_OK)
+        rc = bind_str(s, 2, r->review_id);
+    if (rc == SQLITE_OK)
+        rc = bind_str(s, 3, r->text);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_bind_int(s, 4, r->rating);
+    if (rc == SQLITE_OK)
+        rc = bind_str(s, 5, r->lang);
+    if (rc == SQLITE_OK)
+        rc = bind_str(s, 6, r->reply);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_bind_int(s, 7, r->needs_human);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_bind_double(s, 8, (double)r->sentiment);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_bind_int(s, 9, r->cached);
+    if (rc == SQLITE_OK)
+        rc = bind_str(s, 10, r->model);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_bind_int64(s, 11, created);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_step(s);
+    /* DO NOTHING on conflict: no change means the key was there already */
+    *existed = rc == SQLITE_DONE && sqlite3_changes(st->db) == 0;
+    stmt_done(s);
+    if (rc != SQLITE_DONE) {
+        res = db_fail(st, rc, err, "reply insert");
+        goto out;
+    }
+    if ((res = exec_key(st, S_CLAIM_END, r->shop_id, r->review_id, NULL, NULL, err)) != AR_OK)
+        goto out;
+    if (out && *existed) {
+        /* rows are never deleted, so the existing row is still there */
+        res = reply_get_locked(st, r->shop_id, r->review_id, out, &found, err);
+        if (res == AR_OK && !found)
+            res = ar_err_set(err, AR_EIO, 0, "store: reply vanished after insert");
+        if (res != AR_OK)
+            goto out;
+    }
+    res = tx_commit(st, err);
+out:
+    if (res != AR_OK) {
+        tx_rollback(st);
+        store_reply_fini(out);
+    }
+    pthread_mutex_unlock(&st->mu);
+    return res;
+}
+
+static enum ar_status sq_reply_claim(struct store *base, const char *shop_id, const char *review_id,
+                                     const char *owner, double lease_s, enum store_claim *out,
+                                     struct store_reply *row, struct ar_err *err)
+{
+    struct sqlite_store *st = (struct sqlite_store *)base;
+    sqlite3_stmt *s;
+    enum ar_status res;
+    bool found = false;
+    int rc, taken;
+    pthread_mutex_lock(&st->mu);
+    /* a review answered already needs no write lock */
+    res = reply_get_locked(st, shop_id, review_id, row, &found, err);
+    if (res != AR_OK || found) {
+        if (found)
+            *out = STORE_CLAIM_STORED;
+        goto out;
+    }
+    /* the write lock orders this against every other process's claims and puts */
+    if ((res = tx_begin(st, err)) != AR_OK)
+        goto out;
+    if ((res = reply_get_locked(st, shop_id, review_id, row, &found, err)) != AR_OK)
+        goto out;
+    if (found) {
+        *out = STORE_CLAIM_STORED;
+        res = tx_commit(st, err);
+        goto out;
+    }
+    s = st->stmt[S_CLAIM_TAKE];
+    rc = bind_str(s, 1, shop_id);
+    if (rc == SQLITE_OK)
+        rc = bind_str(s, 2, review_id);
+    if (rc == SQLITE_OK)
+        rc = bind_str(s, 3, owner);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_bind_double(s, 4, lease_s);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_step(s);
+    taken = rc == SQLITE_DONE ? sqlite3_changes(st->db) : 0;
+    stmt_done(s);
+    if (rc != SQLITE_DONE) {
+        res = db_fail(st, rc, err, "reply claim");
+        goto out;
+    }
+    if ((res = tx_commit(st, err)) == AR_OK)
+        *out = taken ? STORE_CLAIM_OWNED : STORE_CLAIM_HELD;
+out:
+    if (res != AR_OK) {
+        tx_rollback(st);
+        store_reply_fini(row);
+        *out = STORE_CLAIM_HELD;
+    }
+    pthread_mutex_unlock(&st->mu);
+    return res;
+}
+
+static enum ar_status sq_reply_unclaim(struct store *base, const char *shop_id,
+                                       const char *review_id, const char *owner, struct ar_err *err)
+{
+    struct sqlite_store *st = (struct sqlite_store *)base;
+    enum ar_status res;
+    pthread_mutex_lock(&st->mu);
+    res = exec_key(st, S_CLAIM_DROP, shop_id, review_id, owner, NULL, err);
+    pthread_mutex_unlock(&st->mu);
+    return res;
+}
+
+static enum ar_status sq_reply_claims_release(struct store *base, const char *owner_prefix,
+                                              int64_t *n_out, struct ar_err *err)
+{
+    struct sqlite_store *st = (struct sqlite_store *)base;
+    enum ar_status res = AR_OK;
+    sqlite3_stmt *s;
+    int rc;
+    pthread_mutex_lock(&st->mu);
+    s = st->stmt[S_CLAIM_RELEASE];
+    rc = bind_str(s, 1, owner_prefix);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_step(s);
+    if (rc == SQLITE_DONE)
+        *n_out = sqlite3_changes(st->db);
+    else
+        res = db_fail(st, rc, err, "claims release");
+    stmt_done(s);
+    pthread_mutex_unlock(&st->mu);
+    return res;
+}
+
+/* ---- jobs --------------------------------------------------------------------------- */
+
+static void job_from_row(sqlite3_stmt *s, struct store_job_info *info)
+{
+    const unsigned char *id = sqlite3_column_text(s, 0);
+    const unsigned char *shop = sqlite3_column_text(s, 7);
+    int status = status_from_name(store_job_status_names, AR_ARRAY_LEN(store_job_status_names),
+                                  sqlite3_column_text(s, 1));
+    memset(info, 0, sizeof(*info));
+    snprintf(info->id, sizeof(info->id), "%s", id ? (const char *)id : "");
+    /* the CHECK constraint admits only known names */
+    info->status = status < 0 ? STORE_JOB_FAILED : (enum store_job_status)status;
+    info->n_total = sqlite3_column_int64(s, 2);
+    info->n_done = sqlite3_column_int64(s, 3);
+    info->n_failed = sqlite3_column_int64(s, 4);
+    info->created_s = sqlite3_column_int64(s, 5);
+    info->updated_s = sqlite3_column_int64(s, 6);
+    snprintf(info->shop_id, sizeof(info->shop_id), "%s", shop ? (const char *)shop : "");
+    info->published = sqlite3_column_int(s, 8) != 0;
+}
+
+static enum ar_status sq_job_create(struct store *base, const char *id, const char *shop_id,
+                                    const struct store_item_in *items, size_t n, struct ar_err *err)
+{
+    struct sqlite_store *st = (struct sqlite_store *)base;
+    enum ar_status res;
+    sqlite3_stmt *s;
+    int64_t now = store_now_s();
+    int rc;
+    pthread_mutex_lock(&st->mu);
+    if ((res = tx_begin(st, err)) != AR_OK)
+        goto out;
+    s = st->stmt[S_JOB_INSERT];
+    rc = bind_str(s, 1, id);
+    if (rc == SQLITE_OK)
+        rc = bind_str(s, 2, shop_id);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_bind_int64(s, 3, (int64_t)n);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_bind_int64(s, 4, now);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_step(s);
+    stmt_done(s);
+    if (rc != SQLITE_DONE) {
+        res = db_fail(st, rc, err, "job insert");
+        goto out;
+    }
+    s = st->stmt[S_ITEM_INSERT];
+    for (size_t i = 0; i < n; i++) {
+        rc = bind_str(s, 1, id);
+        if (rc == SQLITE_OK)
+            rc = sqlite3_bind_int64(s, 2, items[i].line);
+        if (rc == SQLITE_OK)
+            rc = bind_str(s, 3, items[i].input);
+        if (rc == SQLITE_OK)
+            rc = sqlite3_step(s);
+        stmt_done(s);
+        if (rc != SQLITE_DONE) {
+            res = db_fail(st, rc, err, "job line insert (duplicate line number?)");
+            goto out;
+        }
+    }
+    res = tx_commit(st, err);
+out:
+    if (res != AR_OK)
+        tx_rollback(st);
+    pthread_mutex_unlock(&st->mu);
+    return res;
+}
+
+static enum ar_status sq_job_next_pending(struct store *base, const char *job_id,
+                                          int64_t after_line, size_t max,
+                                          struct store_item **items_out, size_t *n_out,
+                                          struct ar_err *err)
+{
+    struct sqlite_store *st = (struct sqlite_store *)base;
+    struct store_item *items = NULL;
+    size_t n = 0, cap = 0;
+    enum ar_status res = AR_OK;
+    sqlite3_stmt *s;
+    int rc;
+    pthread_mutex_lock(&st->mu);
+    s = st->stmt[S_ITEM_PENDING];
+    rc = bind_str(s, 1, job_id);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_bind_int64(s, 2, after_line);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_bind_int64(s, 3, max > INT64_MAX ? INT64_MAX : (int64_t)max);
+    while (rc == SQLITE_OK && (rc = sqlite3_step(s)) == SQLITE_ROW) {
+        if (n == cap) {
+            size_t ncap = cap ? cap * 2 : AR_MIN(max, 64);
+            struct store_item *p = ar_realloc(items, ncap * sizeof(*items));
+            if (!p) {
+                res = AR_ENOMEM;
+                break;
+            }
+            items = p;
+            cap = ncap;
+        }
+        res = store_item_copy(&items[n], sqlite3_column_int64(s, 0), STORE_ITEM_PENDING,
+                              (const char *)sqlite3_column_text(s, 1), NULL);
+        if (res != AR_OK)
+            break;
+        n++;
+        rc = SQLITE_OK;
+    }
+    if (res == AR_OK && rc != SQLITE_DONE)
+        res = db_fail(st, rc, err, "pending lines");
+    stmt_done(s);
+    pthread_mutex_unlock(&st->mu);
+    if (res != AR_OK) {
+        store_items_free(items, n);
+        return res;
+    }
+    if (n == 0) {
+        ar_free(items);
+        items = NULL;
+    }
+    *items_out = items;
+    *n_out = n;
+    return AR_OK;
+}
+
+static enum ar_status sq_job_item_finish(struct store *base, const char *job_id, int64_t line,
+                                         enum store_item_status status, const char *text,
+                                         struct ar_err *err)
+{
+    struct sqlite_store *st = (struct sqlite_store *)base;
+    enum ar_status res;
+    sqlite3_stmt *s;
+    int rc, changed;
+    pthread_mutex_lock(&st->mu);
+    if ((res = tx_begin(st, err)) != AR_OK)
+        goto out;
+    s = st->stmt[S_ITEM_FINISH];
+    rc = bind_str(s, 1, job_id);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_bind_int64(s, 2, line);
+    if (rc == SQLITE_OK)
+        rc = bind_str(s, 3, store_item_status_names[status]);
+    if (rc == SQLITE_OK)
+        rc = bind_str(s, 4, text);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_step(s);
+    changed = rc == SQLITE_DONE ? sqlite3_changes(st->db) : 0;
+    stmt_done(s);
+    if (rc != SQLITE_DONE) {
+        res = db_fail(st, rc, err, "line update");
+        goto out;
+    }
+    if (changed == 0) {
+        /* say why: no such line, or finished already */
+        s = st->stmt[S_ITEM_STATUS];
+        rc = bind_str(s, 1, job_id);
+        if (rc == SQLITE_OK)
+            rc = sqlite3_bind_int64(s, 2, line);
+        if (rc == SQLITE_OK)
+            rc = sqlite3_step(s);
+        if (rc == SQLITE_ROW)
+            res = ar_err_set(err, AR_EINVAL, 0, "store: job %s line %lld is already %s", job_id,
+                             (long long)line, (const char *)sqlite3_column_text(s, 0));
+        else if (rc == SQLITE_DONE)
+            res = ar_err_set(err, AR_EINVAL, 0, "store: job %s has no line %lld", job_id,
+                             (long long)line);
+        else
+            res = db_fail(st, rc, err, "line lookup");
+        stmt_done(s);
+        goto out;
+    }
+    s = st->stmt[S_JOB_COUNT];
+    rc = bind_str(s, 1, job_id);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_bind_int(s, 2, status == STORE_ITEM_DONE);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_bind_int(s, 3, status == STORE_ITEM_ERROR);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_bind_int64(s, 4, store_now_s());
+    if (rc == SQLITE_OK)
+        rc = sqlite3_step(s);
+    stmt_done(s);
+    if (rc != SQLITE_DONE) {
+        res = db_fail(st, rc, err, "job counts");
+        goto out;
+    }
+    res = tx_commit(st, err);
+out:
+    if (res != AR_OK)
+        tx_rollback(st);
+    pthread_mutex_unlock(&st->mu);
+    return res;
+}
+
+/* Runs an UPDATE of one job by id (?1) with an optional status (?2) and time (?3). */
+static enum ar_status job_update(struct sqlite_store *st, enum stmt_id id, const char *job_id,
+                                 const char *status, struct ar_err *err)
+{
+    enum ar_status res = AR_OK;
+    sqlite3_stmt *s;
+    int rc;
+    pthread_mutex_lock(&st->mu);
+    s = st->stmt[id];
+    rc = bind_str(s, 1, job_id);
+    if (rc == SQLITE_OK && status)
+        rc = bind_str(s, 2, status);
+    if (rc == SQLITE_OK && status)
+        rc = sqlite3_bind_int64(s, 3, store_now_s());
+    if (rc == SQLITE_OK)
+        rc = sqlite3_step(s);
+    if (rc != SQLITE_DONE)
+        res = db_fail(st, rc, err, "job update");
+    else if (sqlite3_changes(st->db) == 0)
+        res = ar_err_set(err, AR_EINVAL, 0, "store: no job %s", job_id);
+    stmt_done(s);
+    pthread_mutex_unlock(&st->mu);
+    return res;
+}
+
+static enum ar_status sq_job_set_status(struct store *base, const char *job_id,
+                                        enum store_job_status status, struct ar_err *err)
+{
+    return job_update((struct sqlite_store *)base, S_JOB_SET_STATUS, job_id,
+                      store_job_status_names[status], err);
+}
+
+static enum ar_status sq_job_set_published(struct store *base, const char *job_id,
+                                           struct ar_err *err)
+{
+    return job_update((struct sqlite_store *)base, S_JOB_SET_PUBLISHED, job_id, NULL, err);
+}
+
+static enum ar_status sq_job_item_get(struct store *base, const char *job_id, int64_t line,
+                                      struct store_item *out, bool *found, struct ar_err *err)
+{
+    struct sqlite_store *st = (struct sqlite_store *)base;
+    enum ar_status res = AR_OK;
+    sqlite3_stmt *s;
+    int rc;
+    pthread_mutex_lock(&st->mu);
+    s = st->stmt[S_ITEM_GET];
+    rc = bind_str(s, 1, job_id);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_bind_int64(s, 2, line);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_step(s);
+    if (rc == SQLITE_ROW) {
+        int status =
+            status_from_name(store_item_status_names, AR_ARRAY_LEN(store_item_status_names),
+                             sqlite3_column_text(s, 1));
+        res = store_item_copy(out, sqlite3_column_int64(s, 0),
+                              status < 0 ? STORE_ITEM_ERROR : (enum store_item_status)status,
+                              (const char *)sqlite3_column_text(s, 2),
+                              (const char *)sqlite3_column_text(s, 3));
+        *found = res == AR_OK;
+    } else if (rc != SQLITE_DONE) {
+        res = db_fail(st, rc, err, "line lookup");
+    }
+    stmt_done(s);
+    pthread_mutex_unlock(&st->mu);
+    return res;
+}
+
+/* Reads one job with the mutex held. */
+static enum ar_status job_get_locked(struct sqlite_store *st, const char *job_id,
+                                     struct store_job_info *info, bool *found, struct ar_err *err)
+{
+    sqlite3_stmt *s = st->stmt[S_JOB_GET];
+    enum ar_status res = AR_OK;
+    int rc = bind_str(s, 1, job_id);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_step(s);
+    *found = rc == SQLITE_ROW;
+    if (rc == SQLITE_ROW)
+        job_from_row(s, info);
+    else if (rc != SQLITE_DONE)
+        res = db_fail(st, rc, err, "job lookup");
+    stmt_done(s);
+    return res;
+}
+
+static enum ar_status sq_job_get(struct store *base, const char *job_id,
+                                 struct store_job_info *info, bool *found, struct ar_err *err)
+{
+    struct sqlite_store *st = (struct sqlite_store *)base;
+    enum ar_status res;
+    pthread_mutex_lock(&st->mu);
+    res = job_get_locked(st, job_id, info, found, err);
+    pthread_mutex_unlock(&st->mu);
+    return res;
+}
+
+static enum ar_status sq_job_results(struct store *base, const char *job_id, store_item_fn fn,
+                                     void *user, struct ar_err *err)
+{
+    struct sqlite_store *st = (struct sqlite_store *)base;
+    struct store_job_info info;
+    enum ar_status res;
+    bool found = false;
+    sqlite3_stmt *s;
+    int rc;
+    pthread_mutex_lock(&st->mu);
+    if ((res = job_get_locked(st, job_id, &info, &found, err)) != AR_OK)
+        goto out;
+    if (!found) {
+        res = ar_err_set(err, AR_EINVAL, 0, "store: no job %s", job_id);
+        goto out;
+    }
+    s = st->stmt[S_JOB_ITEMS];
+    rc = bind_str(s, 1, job_id);
+    while (rc == SQLITE_OK && (rc = sqlite3_step(s)) == SQLITE_ROW) {
+        struct store_item it;
+        int status =
+            status_from_name(store_item_status_names, AR_ARRAY_LEN(store_item_status_names),
+                             sqlite3_column_text(s, 1));
+        it.line = sqlite3_column_int64(s, 0);
+        it.status = status < 0 ? STORE_ITEM_ERROR : (enum store_item_status)status;
+        it.input = (const char *)sqlite3_column_text(s, 2);
+        it.result = (const char *)sqlite3_column_text(s, 3);
+        it.storage = NULL;
+        if (!it.input)
+            it.input = "";
+        if (!fn(&it, user)) {
+            res = AR_ECANCELED;
+            break;
+        }
+        rc = SQLITE_OK;
+    }
+    /* one SELECT reads one snapshot, so lines finished meanwhile appear whole or not */
+    if (res == AR_OK && rc != SQLITE_DONE)
+        res = db_fail(st, rc, err, "job lines");
+    stmt_done(s);
+out:
+    pthread_mutex_unlock(&st->mu);
+    return res;
+}
+
+static enum ar_status sq_jobs_unfinished(struct store *base, store_job_fn fn, void *user,
+                                         struct ar_err *err)
+{
+    struct sqlite_store *st = (struct sqlite_store *)base;
+    enum ar_status res = AR_OK;
+    sqlite3_stmt *s;
+    int rc;
+    pthread_mutex_lock(&st->mu);
+    s = st->stmt[S_JOBS_UNFINISHED];
+    while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+        struct store_job_info info;
+        job_from_row(s, &info);
+        if (!fn(&info, user)) {
+            res = AR_ECANCELED;
+            break;
+        }
+    }
+    if (res == AR_OK && rc != SQLITE_DONE)
+        res = db_fail(st, rc, err, "unfinished jobs");
+    stmt_done(s);
+    pthread_mutex_unlock(&st->mu);
+    return res;
+}
+
+static const struct store_ops sqlite_ops = {
+    .name = "sqlite",
+    .close = sq_close,
+    .reply_get = sq_reply_get,
+    .reply_put = sq_reply_put,
+    .reply_claim = sq_reply_claim,
+    .reply_unclaim = sq_reply_unclaim,
+    .reply_claims_release = sq_reply_claims_release,
+    .job_create = sq_job_create,
+    .job_next_pending = sq_job_next_pending,
+    .job_item_finish = sq_job_item_finish,
+    .job_item_get = sq_job_item_get,
+    .job_set_status = sq_job_set_status,
+    .job_set_published = sq_job_set_published,
+    .job_get = sq_job_get,
+    .job_results = sq_job_results,
+    .jobs_unfinished = sq_jobs_unfinished,
+};

@@ -1,0 +1,82 @@
+/* store_internal.h - shared by the files of src/store/: the operations every backend
+ * implements (sqlite.c, postgres.c) behind the public functions of store.c, and the helpers
+ * they share. store.c checks every argument before it calls an operation, so a backend sees
+ * only valid ids, lines, statuses and non-NULL outputs. */
+#ifndef AR_STORE_INTERNAL_H
+#define AR_STORE_INTERNAL_H
+
+#include "store.h"
+
+/* Each operation has the semantics of the public function of the same name (store.h);
+ * outputs arrive zeroed. */
+struct store_ops {
+    const char *name; /* "sqlite", "postgres" */
+    void (*close)(struct store *st);
+    bool (*healthy)(struct store *st); /* NULL: always */
+    enum ar_status (*reply_get)(struct store *st, const char *shop_id, const char *review_id,
+                                struct store_reply *out, bool *found, struct ar_err *err);
+    /* Inserts r (created: its time, never 0) unless the key exists, and ends any claim on the
+     * key, in one transaction. *existed says which; only when it existed and out is not NULL
+     * is out filled with the existing row (store.c copies r for a new row). */
+    enum ar_status (*reply_put)(struct store *st, const struct store_reply *r, int64_t created,
+                                struct store_reply *out, bool *existed, struct ar_err *err);
+    enum ar_status (*reply_claim)(struct store *st, const char *shop_id, const char *review_id,
+                                  const char *owner, double lease_s, enum store_claim *out,
+                                  struct store_reply *row, struct ar_err *err);
+    enum ar_status (*reply_unclaim)(struct store *st, const char *shop_id, const char *review_id,
+                                    const char *owner, struct ar_err *err);
+    enum ar_status (*reply_claims_release)(struct store *st, const char *owner_prefix,
+                                           int64_t *n_out, struct ar_err *err);
+    /* job_id: a fresh id from store.c */
+    enum ar_status (*job_create)(struct store *st, const char *job_id, const char *shop_id,
+                                 const struct store_item_in *items, size_t n, struct ar_err *err);
+    enum ar_status (*job_next_pending)(struct store *st, const char *job_id, int64_t after_line,
+                                       size_t max, struct store_item **items_out, size_t *n_out,
+                                       struct ar_err *err);
+    /* status: STORE_ITEM_DONE or STORE_ITEM_ERROR */
+    enum ar_status (*job_item_finish)(struct store *st, const char *job_id, int64_t line,
+                                      enum store_item_status status, const char *text,
+                                      struct ar_err *err);
+    enum ar_status (*job_item_get)(struct store *st, const char *job_id, int64_t line,
+                                   struct store_item *out, bool *found, struct ar_err *err);
+    enum ar_status (*job_set_status)(struct store *st, const char *job_id,
+                                     enum store_job_status status, struct ar_err *err);
+    enum ar_status (*job_set_published)(struct store *st, const char *job_id, struct ar_err *err);
+    enum ar_status (*job_get)(struct store *st, const char *job_id, struct store_job_info *info,
+                              bool *found, struct ar_err *err);
+    enum ar_status (*job_results)(struct store *st, const char *job_id, store_item_fn fn,
+                                  void *user, struct ar_err *err);
+    enum ar_status (*jobs_unfinished)(struct store *st, store_job_fn fn, void *user,
+                                      struct ar_err *err);
+};
+
+/* The handle: every backend's own struct starts with it. */
+struct store {
+    const struct store_ops *ops;
+};
+
+/* The backends' open functions (store_open_url picks one). */
+enum ar_status store_sqlite_open(const char *path, struct store **out, struct ar_err *err);
+enum ar_status store_pg_open(const char *url, struct store **out, struct ar_err *err);
+
+/* ---- shared helpers (store.c) ---------------------------------------------------------- */
+
+/* The names the databases keep, indexed by the enums. */
+extern const char *const store_job_status_names[5];
+extern const char *const store_item_status_names[3];
+
+/* Index of text in names[0..n), or -1 (also for NULL). */
+int store_status_from_name(const char *const *names, size_t n, const char *text);
+
+/* Fills out with a copy of r as the store keeps it (NULL lang and model as "", created as
+ * its time): one allocation for the strings, like a row read back. */
+enum ar_status store_reply_copy(const struct store_reply *r, int64_t created,
+                                struct store_reply *out);
+
+/* Fills it with copies of input and result (result may be NULL) in one allocation. */
+enum ar_status store_item_copy(struct store_item *it, int64_t line, enum store_item_status status,
+                               const char *input, const char *result);
+
+int64_t store_now_s(void); /* unix seconds */
+
+#endif
