@@ -1,25 +1,31 @@
 /* fleet.c - fleet benchmark (closed loop, loopback). Brings up fleets with deploy/fleet.sh
- * (PostgreSQL, Redis, RabbitMQ, `autoreply serve` instances, nginx in front) and a plain
- * `autoreply serve` (SQLite store, in-process reply cache), then measures in one run:
+ * (PostgreSQL, Redis, RabbitMQ, `autoreply serve` instances, nginx in front) and plain
+ * `autoreply serve` processes, then measures in one run:
  *
- * 1. What nginx and Redis add to a reply-cache hit: a review whose normalized text was answered
- *    before, sent under a new review id (so it is a cache hit, not an idempotent store replay,
- *    and the new reply is written to the store), p50/p99 at concurrency 1 (and 4) against
- *      a  the plain serve, direct (in-process cache; store: SQLite)
+ * 1. What nginx, Redis and PostgreSQL add to a reply-cache hit: a review whose normalized text
+ *    was answered before, sent under a new review id (so it is a cache hit, not an idempotent
+ *    store replay: the review is claimed and its reply written to the store), p50/p99 at
+ *    concurrency 1 (and 4) against
+ *      a  a plain serve, direct (in-process cache; store: SQLite)
  *      b  the fleet through nginx to an instance run with --reply-cache-mb 0 (every hit a
- *         Redis GET; store: whatever --store gives the build, PostgreSQL once wired)
- *      c  the same instance without nginx (b - c: nginx; c - a: Redis + the store)
- *    The three are measured in alternating blocks, so that other work on the machine spreads
- *    over all of them. Target: b - a under 0.5 ms at p50.
+ *         Redis GET; store: PostgreSQL)
+ *      c  the same instance without nginx
+ *      d  a serve with the fleet's Redis as its only cache and SQLite as its store, direct
+ *    so that b - c is nginx, c - d PostgreSQL instead of SQLite, d - a Redis instead of the
+ *    in-process cache. The setups are measured in alternating blocks, so that other work on
+ *    the machine spreads over all of them. Target: b - a under 0.5 ms at p50.
  * 2. Replies per second on model misses (every review text unique): 2 instances x 1 thread
- *    against 1 instance x 2 threads, both behind nginx with the same backends, closed loop.
+ *    against 1 instance x 2 threads, both behind nginx with their own backends, closed loop,
+ *    in alternating windows.
  * 3. The shared servers' own capacity on this machine: PostgreSQL single-row inserts per second
- *    (pgbench, commits with fsync as the fleet runs them) and Redis SET/GET per second
- *    (redis-benchmark), against the fleet's own servers.
- * Besides latencies it reads each process's CPU time (/proc), Redis INFO, PostgreSQL's
- * pg_stat_database and the instances' /metrics before and after each part, so that the cost of
- * a hit and of a miss comes out per component (docs/scaling.md builds on these).
- * Everything it starts is stopped on exit, on failure and on SIGINT/SIGTERM. */
+ *    (pgbench, one commit each) and Redis SET/GET per second (redis-benchmark), against the
+ *    fleet's own servers.
+ * Besides latencies it reads each process's CPU time (/proc), Redis INFO, PostgreSQL's WAL
+ * position and transaction counter and the instances' /metrics before and after each part, so
+ * that the cost of a hit and of a miss comes out per component (docs/scaling.md builds on
+ * these). --pg-async-commit runs the fleets' PostgreSQL with synchronous_commit off, to show
+ * what waiting for the WAL flush costs a request. Everything it starts is stopped on exit, on
+ * failure and on SIGINT/SIGTERM. */
 #include <pthread.h>
 #include <dirent.h>
 #include <stdatomic.h>
@@ -36,7 +42,6 @@
 #define MAX_STATUS 8
 #define MAX_LEVELS 4
 #define REQ_TIMEOUT_S 120.0
-#define STATS_FLUSH_S 1.5 /* PostgreSQL backends report their counters within ~1 s of idling */
 #define SHOP "fleet-bench"
 
 struct opts {
@@ -44,7 +49,7 @@ struct opts {
     int hit_requests, hit_texts, rounds, miss_conc, n_hit_levels, windows;
     int hit_levels[MAX_LEVELS];
     double miss_seconds, miss_warm_s;
-    bool json, keep, backend_bench;
+    bool json, keep, backend_bench, pg_async;
 };
 
 /* ---- everything started, for the cleanup on any exit ----------------------------------------- */
@@ -53,7 +58,7 @@ static char g_tmpdir[] = "/tmp/autoreply-bench-fleet-XXXXXX";
 static bool g_have_tmpdir, g_keep;
 static char g_fleet_sh[4096];
 static char g_fleet_dir[2][4200]; /* fleets that may be up (fleet.sh down is idempotent) */
-static _Atomic int g_plain_pid;
+static _Atomic int g_plain_pid[2]; /* a, and d (with Redis) */
 static atomic_flag g_cleaning = ATOMIC_FLAG_INIT;
 
 /* fork + exec + wait: async-signal-safe, usable from the signal handler */
@@ -92,9 +97,9 @@ static int fleet_down(int k)
     return rc;
 }
 
-static void plain_stop(void)
+static void plain_stop(int k)
 {
-    pid_t pid = atomic_exchange(&g_plain_pid, 0);
+    pid_t pid = atomic_exchange(&g_plain_pid[k], 0);
     struct timespec ts = {0, 50 * 1000 * 1000};
     if (pid <= 0)
         return;
@@ -112,7 +117,8 @@ static void cleanup(void)
 {
     if (atomic_flag_test_and_set(&g_cleaning))
         return;
-    plain_stop();
+    for (int k = 0; k < 2; k++)
+        plain_stop(k);
     for (int k = 0; k < 2; k++)
         fleet_down(k);
     if (g_have_tmpdir && !g_keep) {
@@ -317,8 +323,11 @@ static struct redis_stats redis_stats(int port)
     return rs;
 }
 
+/* Read at once, unlike pg_stat_database (whose counters an idle backend may report up to
+ * 10 s late): WAL bytes written so far, and the next transaction id, which only transactions
+ * that write take (each a commit that waits for its WAL flush, with synchronous_commit on). */
 struct pg_stats {
-    double ins, upd, del, commits;
+    double wal_bytes, next_xid;
     bool ok;
 };
 
@@ -328,13 +337,11 @@ static struct pg_stats pg_stats(PGconn *c)
     PGresult *r;
     if (!c)
         return s;
-    r = PQexec(c, "SELECT tup_inserted, tup_updated, tup_deleted, xact_commit "
-                  "FROM pg_stat_database WHERE datname = current_database()");
+    r = PQexec(c, "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::float8, "
+                  "txid_snapshot_xmax(txid_current_snapshot())");
     if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1) {
-        s.ins = atof(PQgetvalue(r, 0, 0));
-        s.upd = atof(PQgetvalue(r, 0, 1));
-        s.del = atof(PQgetvalue(r, 0, 2));
-        s.commits = atof(PQgetvalue(r, 0, 3));
+        s.wal_bytes = atof(PQgetvalue(r, 0, 0));
+        s.next_xid = atof(PQgetvalue(r, 0, 1));
         s.ok = true;
     }
     PQclear(r);
@@ -806,24 +813,26 @@ static bool fleet_up(const struct opts *o, int slot, int n, int threads, struct 
 }
 
 /* "sqlite" when the instance keeps replies.db in its data dir, else "postgresql" */
-static const char *fleet_store_kind(const struct fleet *f, double pg_rows)
+static const char *fleet_store_kind(const struct fleet *f, double pg_writes)
 {
     char path[4400];
     struct stat sb;
     snprintf(path, sizeof(path), "%s/i1/replies.db", f->dir);
-    if (stat(path, &sb) == 0 && pg_rows < 1)
+    if (stat(path, &sb) == 0 && pg_writes < 1)
         return "sqlite";
-    return pg_rows >= 1 ? "postgresql" : "unknown";
+    return pg_writes >= 1 ? "postgresql" : "unknown";
 }
 
 /* ---- part 1: a cache hit through each path ---------------------------------------------------- */
 
-enum setup { S_DIRECT, S_FLEET_NGINX, S_FLEET_DIRECT, S_N };
-static const char *const setup_name[S_N] = {"direct", "fleet_nginx", "fleet_instance"};
+enum setup { S_DIRECT, S_FLEET_NGINX, S_FLEET_DIRECT, S_REDIS_SQLITE, S_N };
+static const char *const setup_name[S_N] = {"direct", "fleet_nginx", "fleet_instance",
+                                            "redis_sqlite"};
 static const char *const setup_text[S_N] = {
     "a  plain serve, direct (in-process cache, SQLite)",
     "b  fleet: nginx -> instance (Redis L2 only, fleet store)",
-    "c  fleet: the same instance, direct"};
+    "c  fleet: the same instance, direct",
+    "d  serve with the fleet's Redis (L2 only), SQLite, direct"};
 
 struct hit_level {
     int conc;
@@ -837,7 +846,7 @@ struct hit_out {
     double cpu[S_N][C_N]; /* seconds over all blocks of the setup */
     int n_hits[S_N];      /* answers counted for cpu[] (all levels) */
     double redis_cmds[S_N], redis_hits[S_N];
-    double pg_rows; /* inserted + updated over the fleet's blocks */
+    double pg_writes, pg_wal; /* write transactions, WAL bytes */
     bool pg_ok, redis_ok;
     int fleet_hits; /* b + c requests answered during the blocks */
     const char *store_kind;
@@ -873,13 +882,13 @@ static int warm_texts(int port, const struct review *rv, const int *idx, int n, 
     return n_keep;
 }
 
-static bool part_hits(const struct opts *o, const struct review *rv, int n_rv, int plain_port,
-                      const struct fleet *f, const struct comp_roots *roots, PGconn *pg,
+static bool part_hits(const struct opts *o, const struct review *rv, int n_rv,
+                      const int plain_port[2], const struct fleet *f, const struct comp_roots *roots, PGconn *pg,
                       struct hit_out *out)
 {
     int n = AR_MIN(o->hit_texts, n_rv), *idx = lg_xalloc((size_t)n * sizeof(int)), n_idx = 0;
     bool *keep = lg_xalloc((size_t)n * sizeof(bool));
-    int port[S_N] = {plain_port, f->port, f->inst_port[0]};
+    int port[S_N] = {plain_port[0], f->port, f->inst_port[0], plain_port[1]};
     struct pg_stats pg0, pg1;
     memset(out, 0, sizeof(*out));
     for (int i = 0; i < n; i++) {
@@ -900,7 +909,6 @@ static bool part_hits(const struct opts *o, const struct review *rv, int n_rv, i
         free(keep);
         return false;
     }
-    lg_sleep(STATS_FLUSH_S);
     pg0 = pg_stats(pg);
     out->n_levels = o->n_hit_levels;
     for (int li = 0; li < o->n_hit_levels; li++) {
@@ -947,12 +955,12 @@ static bool part_hits(const struct opts *o, const struct review *rv, int n_rv, i
             lv->mean[s] = lg_mean(&lv->res[s].lat);
         }
     }
-    lg_sleep(STATS_FLUSH_S);
     pg1 = pg_stats(pg);
     out->fleet_hits = out->n_hits[S_FLEET_NGINX] + out->n_hits[S_FLEET_DIRECT];
     out->pg_ok = pg0.ok && pg1.ok;
-    out->pg_rows = out->pg_ok ? (pg1.ins - pg0.ins) + (pg1.upd - pg0.upd) : (double)NAN;
-    out->store_kind = fleet_store_kind(f, out->pg_ok ? out->pg_rows : 0);
+    out->pg_writes = pg1.next_xid - pg0.next_xid;
+    out->pg_wal = pg1.wal_bytes - pg0.wal_bytes;
+    out->store_kind = fleet_store_kind(f, out->pg_ok ? out->pg_writes : 0);
     free(idx);
     free(keep);
     return true;
@@ -965,7 +973,7 @@ struct miss_out {
     struct run_result res;
     double elapsed, rps, p50, p99;
     double cpu[C_N];
-    double pg_rows, pg_commits, redis_cmds;
+    double pg_writes, pg_wal, redis_cmds;
     bool pg_ok, redis_ok;
     struct engine_stats tok;
 };
@@ -1003,7 +1011,6 @@ static void part_misses(const struct opts *o, const struct review *rv, int n_rv,
         run_closed(&r, &warm);
         result_free(&warm);
     }
-    lg_sleep(STATS_FLUSH_S);
     for (int k = 0; k < 2; k++) {
         mf[k].pg0 = pg_stats(mf[k].pg);
         mf[k].r0 = redis_stats(mf[k].f->redis_port);
@@ -1034,7 +1041,6 @@ static void part_misses(const struct opts *o, const struct review *rv, int n_rv,
         result_merge(&out[k].res, &res);
         result_free(&res);
     }
-    lg_sleep(STATS_FLUSH_S);
     for (int k = 0; k < 2; k++) {
         struct miss_out *x = &out[k];
         struct pg_stats pg1 = pg_stats(mf[k].pg);
@@ -1044,8 +1050,8 @@ static void part_misses(const struct opts *o, const struct review *rv, int n_rv,
         x->p50 = lg_percentile(&x->res.lat, 50);
         x->p99 = lg_percentile(&x->res.lat, 99);
         x->pg_ok = mf[k].pg0.ok && pg1.ok;
-        x->pg_rows = (pg1.ins - mf[k].pg0.ins) + (pg1.upd - mf[k].pg0.upd);
-        x->pg_commits = pg1.commits - mf[k].pg0.commits - 1; /* less our own query */
+        x->pg_writes = pg1.next_xid - mf[k].pg0.next_xid;
+        x->pg_wal = pg1.wal_bytes - mf[k].pg0.wal_bytes;
         x->redis_ok = mf[k].r0.ok && r1.ok;
         x->redis_cmds = r1.cmds - mf[k].r0.cmds - 1;
         x->tok.gen = e1.gen - mf[k].e0.gen;
@@ -1188,6 +1194,34 @@ static const char *met(bool ok)
     return ok ? "met" : "NOT met";
 }
 
+/* `autoreply serve -t 2` on a free port with its data in the temporary folder; with
+ * redis_url, that Redis is its only reply cache (--cache URL --reply-cache-mb 0) */
+static bool plain_start(const struct opts *o, int k, const char *redis_url, struct lg_server *srv)
+{
+    char port_s[16], thr[16], data_dir[1024], log_path[1024], name[16];
+    char *sargv[24];
+    int n = lg_serve_argv(sargv, o->bin, o->model, lg_free_port(), port_s, 2, thr);
+    snprintf(name, sizeof(name), "plain%d", k + 1);
+    snprintf(data_dir, sizeof(data_dir), "%s/%s", g_tmpdir, name);
+    snprintf(log_path, sizeof(log_path), "%s/%s.log", g_tmpdir, name);
+    sargv[n++] = "--data-dir";
+    sargv[n++] = data_dir;
+    sargv[n++] = "--instance-name";
+    sargv[n++] = name;
+    if (redis_url) {
+        sargv[n++] = "--cache";
+        sargv[n++] = lg_unconst(redis_url);
+        sargv[n++] = "--reply-cache-mb";
+        sargv[n++] = "0";
+    }
+    sargv[n] = NULL;
+    lg_print_cmd(stderr, "+ ", sargv);
+    if (!lg_server_start(srv, sargv, atoi(port_s), g_tmpdir, log_path, 120))
+        return false;
+    atomic_store(&g_plain_pid[k], srv->pid);
+    return true;
+}
+
 static void usage(FILE *f)
 {
     fprintf(f,
@@ -1196,7 +1230,7 @@ static void usage(FILE *f)
             "             [--hit-requests 3000] [--hit-levels 1,4] [--hit-texts 200] "
             "[--rounds 6]\n"
             "             [--miss-seconds 20] [--windows 4] [--miss-warm 3] [--miss-conc 16]\n"
-            "             [--no-backend-bench]\n");
+            "             [--no-backend-bench] [--pg-async-commit]\n");
 }
 
 static cJSON *json_cpu(const double cpu[C_N], int n, bool ms)
@@ -1228,7 +1262,7 @@ int main(int argc, char **argv)
     struct review *rv = NULL;
     int n_rv = 0;
     char cpu[256], *bin_abs = NULL, *model_abs = NULL, *fleet_abs = NULL;
-    struct lg_server plain;
+    struct lg_server plain[2];
     struct fleet fl[2];
     struct miss_fleet mf[2];
     PGconn *pgc[2] = {NULL, NULL};
@@ -1236,6 +1270,7 @@ int main(int argc, char **argv)
     struct hit_out hit = {0};
     struct miss_out miss[2] = {0};
     struct backend_out be;
+    char sync_commit[16] = "?";
     double load0, t_begin = lg_now();
     bool ok = false, have_be = false;
     int rc = 1;
@@ -1286,6 +1321,8 @@ int main(int argc, char **argv)
         } else if (!strcmp(a, "--windows")) {
             LG_NEEDV();
             o.windows = atoi(v);
+        } else if (!strcmp(a, "--pg-async-commit")) {
+            o.pg_async = true;
         } else if (!strcmp(a, "--no-backend-bench")) {
             o.backend_bench = false;
         } else if (!strcmp(a, "--json")) {
@@ -1339,23 +1376,6 @@ int main(int argc, char **argv)
     cpu_model(cpu, sizeof(cpu));
     load0 = lg_loadavg();
 
-    /* a: the plain server */
-    {
-        char port_s[16], thr[16], data_dir[1024], log_path[1024];
-        char *sargv[24];
-        int n = lg_serve_argv(sargv, o.bin, o.model, lg_free_port(), port_s, 2, thr);
-        snprintf(data_dir, sizeof(data_dir), "%s/plain", g_tmpdir);
-        snprintf(log_path, sizeof(log_path), "%s/plain.log", g_tmpdir);
-        sargv[n++] = "--data-dir";
-        sargv[n++] = data_dir;
-        sargv[n++] = "--instance-name";
-        sargv[n++] = "plain";
-        sargv[n] = NULL;
-        lg_print_cmd(stderr, "+ ", sargv);
-        if (!lg_server_start(&plain, sargv, atoi(port_s), g_tmpdir, log_path, 120))
-            goto out;
-        atomic_store(&g_plain_pid, plain.pid);
-    }
     /* A: one instance of 2 threads, as the plain server (b, c and the 1 x 2 misses);
      * B: two instances of 1 thread (the 2 x 1 misses). Both stay up, so that the miss
      * windows can alternate between them. */
@@ -1369,13 +1389,33 @@ int main(int argc, char **argv)
             goto out;
         }
         mf[k].pg = pgc[k];
+        /* an experiment: what the WAL flush of each commit costs the request path */
+        if (o.pg_async) {
+            PQclear(PQexec(pgc[k], "ALTER SYSTEM SET synchronous_commit = off"));
+            PQclear(PQexec(pgc[k], "SELECT pg_reload_conf()"));
+            lg_sleep(0.5);
+        }
+        {
+            PGresult *r = PQexec(pgc[k], "SHOW synchronous_commit");
+            if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1)
+                snprintf(sync_commit, sizeof(sync_commit), "%s", PQgetvalue(r, 0, 0));
+            PQclear(r);
+        }
     }
-    roots = mf[0].roots;
-    roots.pid[C_PLAIN][0] = plain.pid;
-    roots.n[C_PLAIN] = 1;
-    if (!part_hits(&o, rv, n_rv, plain.port, &fl[0], &roots, pgc[0], &hit))
+    /* a: a plain server; d: one with fleet A's Redis as its only reply cache */
+    if (!plain_start(&o, 0, NULL, &plain[0]) || !plain_start(&o, 1, fl[0].redis_url, &plain[1]))
         goto out;
-    plain_stop();
+    roots = mf[0].roots;
+    roots.pid[C_PLAIN][0] = plain[0].pid;
+    roots.pid[C_PLAIN][1] = plain[1].pid;
+    roots.n[C_PLAIN] = 2;
+    {
+        int plain_port[2] = {plain[0].port, plain[1].port};
+        if (!part_hits(&o, rv, n_rv, plain_port, &fl[0], &roots, pgc[0], &hit))
+            goto out;
+    }
+    plain_stop(0);
+    plain_stop(1);
     part_misses(&o, rv, n_rv, mf, o.windows, miss);
     if (o.backend_bench) {
         part_backends(&fl[0], pgc[0], &be);
@@ -1404,6 +1444,7 @@ int main(int argc, char **argv)
             cJSON_AddNumberToObject(j, "loadavg_after", lg_loadavg());
             cJSON_AddNumberToObject(j, "runtime_s", lg_now() - t_begin);
             cJSON_AddStringToObject(j, "fleet_store", hit.store_kind);
+            cJSON_AddStringToObject(j, "pg_synchronous_commit", sync_commit);
             h = cJSON_AddObjectToObject(j, "hit");
             levels = cJSON_AddArrayToObject(h, "levels");
             m = cJSON_AddObjectToObject(j, "miss");
@@ -1431,8 +1472,13 @@ int main(int argc, char **argv)
                     l, "added_p99_ms", (lv->p99[S_FLEET_NGINX] - lv->p99[S_DIRECT]) * 1e3);
                 cJSON_AddNumberToObject(
                     l, "nginx_p50_ms", (lv->p50[S_FLEET_NGINX] - lv->p50[S_FLEET_DIRECT]) * 1e3);
-                cJSON_AddNumberToObject(l, "backends_p50_ms",
+                cJSON_AddNumberToObject(l, "redis_and_store_p50_ms",
                                         (lv->p50[S_FLEET_DIRECT] - lv->p50[S_DIRECT]) * 1e3);
+                cJSON_AddNumberToObject(
+                    l, "postgresql_over_sqlite_p50_ms",
+                    (lv->p50[S_FLEET_DIRECT] - lv->p50[S_REDIS_SQLITE]) * 1e3);
+                cJSON_AddNumberToObject(l, "redis_over_in_process_p50_ms",
+                                        (lv->p50[S_REDIS_SQLITE] - lv->p50[S_DIRECT]) * 1e3);
                 cJSON_AddItemToArray(levels, l);
             }
             cpuj = cJSON_AddObjectToObject(h, "cpu_us_per_hit");
@@ -1449,9 +1495,12 @@ int main(int argc, char **argv)
                                          hit.redis_hits[S_FLEET_DIRECT]) /
                                             AR_MAX(hit.fleet_hits, 1));
             }
-            if (hit.pg_ok)
-                cJSON_AddNumberToObject(h, "pg_rows_written_per_fleet_hit",
-                                        hit.pg_rows / AR_MAX(hit.fleet_hits, 1));
+            if (hit.pg_ok) {
+                cJSON_AddNumberToObject(h, "pg_write_transactions_per_fleet_hit",
+                                        hit.pg_writes / AR_MAX(hit.fleet_hits, 1));
+                cJSON_AddNumberToObject(h, "pg_wal_bytes_per_fleet_hit",
+                                        hit.pg_wal / AR_MAX(hit.fleet_hits, 1));
+            }
             cJSON_AddNumberToObject(h, "target_added_p50_ms", 0.5);
             cJSON_AddBoolToObject(h, "target_met", added50 < 0.5);
             cJSON_AddNumberToObject(m, "conc", o.miss_conc);
@@ -1482,8 +1531,9 @@ int main(int argc, char **argv)
                 cJSON_AddNumberToObject(c, "prefix_cached_tokens_per_reply",
                                         x->tok.prefix_hit / n);
                 if (x->pg_ok) {
-                    cJSON_AddNumberToObject(c, "pg_rows_written_per_reply", x->pg_rows / n);
-                    cJSON_AddNumberToObject(c, "pg_commits_per_reply", x->pg_commits / n);
+                    cJSON_AddNumberToObject(c, "pg_write_transactions_per_reply",
+                                            x->pg_writes / n);
+                    cJSON_AddNumberToObject(c, "pg_wal_bytes_per_reply", x->pg_wal / n);
                 }
                 if (x->redis_ok)
                     cJSON_AddNumberToObject(c, "redis_cmds_per_reply", x->redis_cmds / n);
@@ -1511,8 +1561,8 @@ int main(int argc, char **argv)
                    load0, lg_loadavg(), lg_now() - t_begin);
             printf("\n1. reply-cache hit (known text, new review id: the reply is stored under "
                    "the new id)\n   %d texts, closed loop, keep-alive, setups in alternating "
-                   "blocks; fleet store: %s\n",
-                   hit.n_texts, hit.store_kind);
+                   "blocks; fleet store: %s (synchronous_commit %s)\n",
+                   hit.n_texts, hit.store_kind, sync_commit);
             for (int li = 0; li < hit.n_levels; li++) {
                 const struct hit_level *lv = &hit.lv[li];
                 printf("\n   concurrency %d        %8s %8s %8s %7s %7s  %s\n", lv->conc, "p50",
@@ -1524,12 +1574,14 @@ int main(int argc, char **argv)
                            lv->p50[s] * 1e3, lv->p99[s] * 1e3, lv->mean[s] * 1e3,
                            lv->res[s].n_cached, lv->res[s].n_uncached, errs);
                 }
-                printf("   added by the fleet (b - a): p50 %+.3f ms, p99 %+.3f ms; nginx "
-                       "(b - c) p50 %+.3f ms; Redis + store (c - a) p50 %+.3f ms\n",
+                printf("   added by the fleet (b - a): p50 %+.3f ms, p99 %+.3f ms; of it at p50: "
+                       "nginx (b - c) %+.3f ms, PostgreSQL instead of SQLite (c - d) %+.3f ms, "
+                       "Redis instead of in-process (d - a) %+.3f ms\n",
                        (lv->p50[S_FLEET_NGINX] - lv->p50[S_DIRECT]) * 1e3,
                        (lv->p99[S_FLEET_NGINX] - lv->p99[S_DIRECT]) * 1e3,
                        (lv->p50[S_FLEET_NGINX] - lv->p50[S_FLEET_DIRECT]) * 1e3,
-                       (lv->p50[S_FLEET_DIRECT] - lv->p50[S_DIRECT]) * 1e3);
+                       (lv->p50[S_FLEET_DIRECT] - lv->p50[S_REDIS_SQLITE]) * 1e3,
+                       (lv->p50[S_REDIS_SQLITE] - lv->p50[S_DIRECT]) * 1e3);
             }
             printf("\n   CPU per hit (µs, every thread's run time from /proc; includes the "
                    "other work each process does meanwhile):\n");
@@ -1547,8 +1599,9 @@ int main(int argc, char **argv)
                        (hit.redis_hits[S_FLEET_NGINX] + hit.redis_hits[S_FLEET_DIRECT]) /
                            AR_MAX(hit.fleet_hits, 1));
             if (hit.pg_ok)
-                printf("   PostgreSQL rows written per fleet hit: %.2f\n",
-                       hit.pg_rows / AR_MAX(hit.fleet_hits, 1));
+                printf("   PostgreSQL per fleet hit: %.2f write transactions, %.0f WAL bytes\n",
+                       hit.pg_writes / AR_MAX(hit.fleet_hits, 1),
+                       hit.pg_wal / AR_MAX(hit.fleet_hits, 1));
             printf("\n2. model misses (unique texts), closed loop at concurrency %d, %.0f s, "
                    "behind nginx\n",
                    o.miss_conc, o.miss_seconds);
@@ -1575,8 +1628,8 @@ int main(int argc, char **argv)
                        "prefix cache)",
                        x->tok.gen / n, x->tok.prompt / n, x->tok.prefix_hit / n);
                 if (x->pg_ok)
-                    printf("; PostgreSQL %.2f rows, %.2f commits", x->pg_rows / n,
-                           x->pg_commits / n);
+                    printf("; PostgreSQL %.2f write transactions, %.0f WAL bytes",
+                           x->pg_writes / n, x->pg_wal / n);
                 if (x->redis_ok)
                     printf("; Redis %.2f commands", x->redis_cmds / n);
                 printf("%s%s\n", errs[0] ? "; errors " : "", errs);
