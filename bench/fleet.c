@@ -830,7 +830,7 @@ static const char *const setup_name[S_N] = {"direct", "fleet_nginx", "fleet_inst
                                             "redis_sqlite"};
 static const char *const setup_text[S_N] = {
     "a  plain serve, direct (in-process cache, SQLite)",
-    "b  fleet: nginx -> instance (Redis L2 only, fleet store)",
+    "b  fleet: nginx -> instance (Redis L2 only, PostgreSQL)",
     "c  fleet: the same instance, direct",
     "d  serve with the fleet's Redis (L2 only), SQLite, direct"};
 
