@@ -26,8 +26,8 @@
  * these). --pg-async-commit runs the fleets' PostgreSQL with synchronous_commit off, to show
  * what waiting for the WAL flush costs a request. Everything it starts is stopped on exit, on
  * failure and on SIGINT/SIGTERM. */
-#include <pthread.h>
 #include <dirent.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <sys/resource.h>
 
@@ -57,7 +57,7 @@ struct opts {
 static char g_tmpdir[] = "/tmp/autoreply-bench-fleet-XXXXXX";
 static bool g_have_tmpdir, g_keep;
 static char g_fleet_sh[4096];
-static char g_fleet_dir[2][4200]; /* fleets that may be up (fleet.sh down is idempotent) */
+static char g_fleet_dir[2][4200];  /* fleets that may be up (fleet.sh down is idempotent) */
 static _Atomic int g_plain_pid[2]; /* a, and d (with Redis) */
 static atomic_flag g_cleaning = ATOMIC_FLAG_INIT;
 
@@ -139,8 +139,8 @@ static void on_signal(int sig)
 /* ---- CPU time per component (/proc) --------------------------------------------------------- */
 
 enum comp { C_PLAIN, C_INST, C_NGINX, C_REDIS, C_PG, C_RABBIT, C_LOADGEN, C_N };
-static const char *const comp_name[C_N] = {"plain_serve", "instances",  "nginx",         "redis",
-                                           "postgresql",  "rabbitmq",   "load_generator"};
+static const char *const comp_name[C_N] = {"plain_serve", "instances", "nginx",         "redis",
+                                           "postgresql",  "rabbitmq",  "load_generator"};
 
 struct comp_roots {
     pid_t pid[C_N][MAX_INST];
@@ -235,8 +235,8 @@ static void cpu_sample(const struct comp_roots *roots, double out[C_N], bool end
         fclose(f);
         /* after the command name: state ppid pgrp session tty tpgid flags minflt cminflt
          * majflt cmajflt utime stime cutime cstime */
-        if (!p || sscanf(p + 2, "%*c %d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu %ld %ld",
-                         &ppid, &ut, &st, &cut, &cst) != 5)
+        if (!p || sscanf(p + 2, "%*c %d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu %ld %ld", &ppid,
+                         &ut, &st, &cut, &cst) != 5)
             continue;
         if (n == cap) {
             cap = cap ? cap * 2 : 512;
@@ -258,8 +258,7 @@ static void cpu_sample(const struct comp_roots *roots, double out[C_N], bool end
                 for (int k = 0; k < roots->n[c]; k++)
                     if (roots->pid[c][k] == r->pid) {
                         double ss = proc_schedstat(rows[i].pid);
-                        out[c] += (ss >= 0 ? ss : rows[i].own) +
-                                  (depth == 0 ? rows[i].reaped : 0);
+                        out[c] += (ss >= 0 ? ss : rows[i].own) + (depth == 0 ? rows[i].reaped : 0);
                         goto next;
                     }
             r = r->ppid > 1 ? proc_find(rows, n, r->ppid) : NULL;
@@ -444,8 +443,7 @@ static void capture_instance(void *user, struct lg_http *h)
 
 /* POST /v1/reviews/reply on *fd (connected on demand, kept alive). Returns the status (0: no
  * answer); h holds the response; inst the answering instance ("" when not said). */
-static int post_reply(int port, int *fd, const struct lg_buf *req, struct lg_http *h,
-                      char inst[32])
+static int post_reply(int port, int *fd, const struct lg_buf *req, struct lg_http *h, char inst[32])
 {
     struct inst_cap ic;
     int status = 0;
@@ -557,8 +555,8 @@ static void make_request(const struct run *r, int k, const char *id_extra, struc
         lg_buf_printf(body,
                       "{\"shop_id\":\"" SHOP "\",\"review_id\":\"%s%s-%d\",\"text\":%.*s #%sx%d\","
                       "\"rating\":%d}",
-                      r->tag, id_extra, k, (int)strlen(rv->text_json) - 1, rv->text_json, r->tag,
-                      k, rv->rating);
+                      r->tag, id_extra, k, (int)strlen(rv->text_json) - 1, rv->text_json, r->tag, k,
+                      rv->rating);
     } else {
         rv = &r->rv[r->idx[k % r->n_idx]];
         lg_buf_printf(body,
@@ -757,8 +755,9 @@ static bool fleet_up_once(const struct opts *o, int slot, int attempt, int n, in
     sq(&cmd, o->model);
     lg_buf_printf(&cmd, " --reply-cache-mb 0 2>");
     sq(&cmd, f->log);
-    fprintf(stderr, "+ fleet.sh up --instances %d --threads %d --port %d --dir %s "
-                    "-- -m %s --reply-cache-mb 0\n",
+    fprintf(stderr,
+            "+ fleet.sh up --instances %d --threads %d --port %d --dir %s "
+            "-- -m %s --reply-cache-mb 0\n",
             n, threads, f->port, f->dir, o->model);
     fflush(NULL);
     if (!(p = popen(cmd.p, "r"))) {
@@ -790,7 +789,8 @@ static bool fleet_up_once(const struct opts *o, int slot, int attempt, int n, in
     rc = pclose(p);
     lg_buf_free(&cmd);
     if (rc != 0 || f->n_inst != n || !f->nginx_pid || !f->redis_port || !f->pg_url[0]) {
-        fprintf(stderr, "fleet.sh up failed (exit status %d)\n", WIFEXITED(rc) ? WEXITSTATUS(rc) : rc);
+        fprintf(stderr, "fleet.sh up failed (exit status %d)\n",
+                WIFEXITED(rc) ? WEXITSTATUS(rc) : rc);
         lg_print_log_tail(f->log, 3000);
         fleet_down(slot);
         return false;
@@ -823,7 +823,8 @@ static const char *fleet_store_kind(const struct fleet *f, double pg_writes)
     return pg_writes >= 1 ? "postgresql" : "unknown";
 }
 
-/* ---- part 1: a cache hit through each path ---------------------------------------------------- */
+/* ---- part 1: a cache hit through each path ----------------------------------------------------
+ */
 
 enum setup { S_DIRECT, S_FLEET_NGINX, S_FLEET_DIRECT, S_REDIS_SQLITE, S_N };
 static const char *const setup_name[S_N] = {"direct", "fleet_nginx", "fleet_instance",
@@ -857,13 +858,8 @@ struct hit_out {
 static int warm_texts(int port, const struct review *rv, const int *idx, int n, const char *tag,
                       bool *keep)
 {
-    struct run r = {.port = port,
-                    .conc = 4,
-                    .n_total = n,
-                    .kind = RUN_ONCE,
-                    .rv = rv,
-                    .idx = idx,
-                    .n_idx = n};
+    struct run r = {
+        .port = port, .conc = 4, .n_total = n, .kind = RUN_ONCE, .rv = rv, .idx = idx, .n_idx = n};
     struct run_result res = {0};
     int n_keep = 0;
     bool *flags = lg_xalloc((size_t)n * sizeof(bool));
@@ -883,8 +879,8 @@ static int warm_texts(int port, const struct review *rv, const int *idx, int n, 
 }
 
 static bool part_hits(const struct opts *o, const struct review *rv, int n_rv,
-                      const int plain_port[2], const struct fleet *f, const struct comp_roots *roots, PGconn *pg,
-                      struct hit_out *out)
+                      const int plain_port[2], const struct fleet *f,
+                      const struct comp_roots *roots, PGconn *pg, struct hit_out *out)
 {
     int n = AR_MIN(o->hit_texts, n_rv), *idx = lg_xalloc((size_t)n * sizeof(int)), n_idx = 0;
     bool *keep = lg_xalloc((size_t)n * sizeof(bool));
@@ -966,7 +962,8 @@ static bool part_hits(const struct opts *o, const struct review *rv, int n_rv,
     return true;
 }
 
-/* ---- part 2: replies per second on model misses ------------------------------------------------ */
+/* ---- part 2: replies per second on model misses ------------------------------------------------
+ */
 
 struct miss_out {
     int n_inst, threads;
@@ -1016,8 +1013,9 @@ static void part_misses(const struct opts *o, const struct review *rv, int n_rv,
         mf[k].r0 = redis_stats(mf[k].f->redis_port);
         mf[k].e0 = engine_stats(mf[k].f->inst_port, mf[k].f->n_inst);
     }
-    fprintf(stderr, "model misses: %d windows of %.1f s per setup at concurrency %d, "
-                    "alternating\n",
+    fprintf(stderr,
+            "model misses: %d windows of %.1f s per setup at concurrency %d, "
+            "alternating\n",
             windows, window_s, o->miss_conc);
     for (int w = 0; w < 2 * windows; w++) {
         int k = (w % 4 == 0 || w % 4 == 3) ? 0 : 1; /* A B B A A B B A ... */
@@ -1060,7 +1058,8 @@ static void part_misses(const struct opts *o, const struct review *rv, int n_rv,
     }
 }
 
-/* ---- part 3: the shared servers' own capacity ------------------------------------------------- */
+/* ---- part 3: the shared servers' own capacity -------------------------------------------------
+ */
 
 struct backend_out {
     double pg_tps_c1, pg_tps_c8, redis_set, redis_get;
@@ -1224,13 +1223,12 @@ static bool plain_start(const struct opts *o, int k, const char *redis_url, stru
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-            "usage: fleet [-m MODEL] [--bin ./bin/autoreply] [--fleet-sh deploy/fleet.sh]\n"
-            "             [--reviews ../shared/data/reviews-sample.jsonl] [--json] [--keep]\n"
-            "             [--hit-requests 3000] [--hit-levels 1,4] [--hit-texts 200] "
-            "[--rounds 6]\n"
-            "             [--miss-seconds 20] [--windows 4] [--miss-warm 3] [--miss-conc 16]\n"
-            "             [--no-backend-bench] [--pg-async-commit]\n");
+    fprintf(f, "usage: fleet [-m MODEL] [--bin ./bin/autoreply] [--fleet-sh deploy/fleet.sh]\n"
+               "             [--reviews ../shared/data/reviews-sample.jsonl] [--json] [--keep]\n"
+               "             [--hit-requests 3000] [--hit-levels 1,4] [--hit-texts 200] "
+               "[--rounds 6]\n"
+               "             [--miss-seconds 20] [--windows 4] [--miss-warm 3] [--miss-conc 16]\n"
+               "             [--no-backend-bench] [--pg-async-commit]\n");
 }
 
 static cJSON *json_cpu(const double cpu[C_N], int n, bool ms)
@@ -1335,10 +1333,10 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    if (o.hit_requests < 1 || o.hit_requests > 1000000 || o.hit_texts < 1 ||
-        o.hit_texts > 100000 || o.rounds < 1 || o.rounds > 1000 || o.miss_seconds <= 0 ||
-        o.miss_seconds > 3600 || o.miss_warm_s < 0 || o.miss_warm_s > 600 || o.miss_conc < 1 ||
-        o.miss_conc > MAX_CONC || o.windows < 1 || o.windows > 100) {
+    if (o.hit_requests < 1 || o.hit_requests > 1000000 || o.hit_texts < 1 || o.hit_texts > 100000 ||
+        o.rounds < 1 || o.rounds > 1000 || o.miss_seconds <= 0 || o.miss_seconds > 3600 ||
+        o.miss_warm_s < 0 || o.miss_warm_s > 600 || o.miss_conc < 1 || o.miss_conc > MAX_CONC ||
+        o.windows < 1 || o.windows > 100) {
         fprintf(stderr, "an option is out of range\n");
         return 2;
     }
@@ -1466,34 +1464,33 @@ int main(int argc, char **argv)
                     cJSON_AddNumberToObject(x, "p99_ms", lv->p99[s] * 1e3);
                     cJSON_AddNumberToObject(x, "mean_ms", lv->mean[s] * 1e3);
                 }
-                cJSON_AddNumberToObject(
-                    l, "added_p50_ms", (lv->p50[S_FLEET_NGINX] - lv->p50[S_DIRECT]) * 1e3);
-                cJSON_AddNumberToObject(
-                    l, "added_p99_ms", (lv->p99[S_FLEET_NGINX] - lv->p99[S_DIRECT]) * 1e3);
-                cJSON_AddNumberToObject(
-                    l, "nginx_p50_ms", (lv->p50[S_FLEET_NGINX] - lv->p50[S_FLEET_DIRECT]) * 1e3);
+                cJSON_AddNumberToObject(l, "added_p50_ms",
+                                        (lv->p50[S_FLEET_NGINX] - lv->p50[S_DIRECT]) * 1e3);
+                cJSON_AddNumberToObject(l, "added_p99_ms",
+                                        (lv->p99[S_FLEET_NGINX] - lv->p99[S_DIRECT]) * 1e3);
+                cJSON_AddNumberToObject(l, "nginx_p50_ms",
+                                        (lv->p50[S_FLEET_NGINX] - lv->p50[S_FLEET_DIRECT]) * 1e3);
                 cJSON_AddNumberToObject(l, "redis_and_store_p50_ms",
                                         (lv->p50[S_FLEET_DIRECT] - lv->p50[S_DIRECT]) * 1e3);
-                cJSON_AddNumberToObject(
-                    l, "postgresql_over_sqlite_p50_ms",
-                    (lv->p50[S_FLEET_DIRECT] - lv->p50[S_REDIS_SQLITE]) * 1e3);
+                cJSON_AddNumberToObject(l, "postgresql_over_sqlite_p50_ms",
+                                        (lv->p50[S_FLEET_DIRECT] - lv->p50[S_REDIS_SQLITE]) * 1e3);
                 cJSON_AddNumberToObject(l, "redis_over_in_process_p50_ms",
                                         (lv->p50[S_REDIS_SQLITE] - lv->p50[S_DIRECT]) * 1e3);
                 cJSON_AddItemToArray(levels, l);
             }
             cpuj = cJSON_AddObjectToObject(h, "cpu_us_per_hit");
             for (int s = 0; s < S_N; s++)
-                cJSON_AddItemToObject(cpuj, setup_name[s], json_cpu(hit.cpu[s], hit.n_hits[s],
-                                                                    false));
+                cJSON_AddItemToObject(cpuj, setup_name[s],
+                                      json_cpu(hit.cpu[s], hit.n_hits[s], false));
             if (hit.redis_ok) {
-                cJSON_AddNumberToObject(h, "redis_cmds_per_fleet_hit",
-                                        (hit.redis_cmds[S_FLEET_NGINX] +
-                                         hit.redis_cmds[S_FLEET_DIRECT]) /
-                                            AR_MAX(hit.fleet_hits, 1));
-                cJSON_AddNumberToObject(h, "redis_keyspace_hits_per_fleet_hit",
-                                        (hit.redis_hits[S_FLEET_NGINX] +
-                                         hit.redis_hits[S_FLEET_DIRECT]) /
-                                            AR_MAX(hit.fleet_hits, 1));
+                cJSON_AddNumberToObject(
+                    h, "redis_cmds_per_fleet_hit",
+                    (hit.redis_cmds[S_FLEET_NGINX] + hit.redis_cmds[S_FLEET_DIRECT]) /
+                        AR_MAX(hit.fleet_hits, 1));
+                cJSON_AddNumberToObject(
+                    h, "redis_keyspace_hits_per_fleet_hit",
+                    (hit.redis_hits[S_FLEET_NGINX] + hit.redis_hits[S_FLEET_DIRECT]) /
+                        AR_MAX(hit.fleet_hits, 1));
             }
             if (hit.pg_ok) {
                 cJSON_AddNumberToObject(h, "pg_write_transactions_per_fleet_hit",
@@ -1528,11 +1525,9 @@ int main(int argc, char **argv)
                 cJSON_AddItemToObject(c, "cpu_ms_per_reply", json_cpu(x->cpu, x->res.n_ok, true));
                 cJSON_AddNumberToObject(c, "generated_tokens_per_reply", x->tok.gen / n);
                 cJSON_AddNumberToObject(c, "prompt_tokens_per_reply", x->tok.prompt / n);
-                cJSON_AddNumberToObject(c, "prefix_cached_tokens_per_reply",
-                                        x->tok.prefix_hit / n);
+                cJSON_AddNumberToObject(c, "prefix_cached_tokens_per_reply", x->tok.prefix_hit / n);
                 if (x->pg_ok) {
-                    cJSON_AddNumberToObject(c, "pg_write_transactions_per_reply",
-                                            x->pg_writes / n);
+                    cJSON_AddNumberToObject(c, "pg_write_transactions_per_reply", x->pg_writes / n);
                     cJSON_AddNumberToObject(c, "pg_wal_bytes_per_reply", x->pg_wal / n);
                 }
                 if (x->redis_ok)
@@ -1628,8 +1623,8 @@ int main(int argc, char **argv)
                        "prefix cache)",
                        x->tok.gen / n, x->tok.prompt / n, x->tok.prefix_hit / n);
                 if (x->pg_ok)
-                    printf("; PostgreSQL %.2f write transactions, %.0f WAL bytes",
-                           x->pg_writes / n, x->pg_wal / n);
+                    printf("; PostgreSQL %.2f write transactions, %.0f WAL bytes", x->pg_writes / n,
+                           x->pg_wal / n);
                 if (x->redis_ok)
                     printf("; Redis %.2f commands", x->redis_cmds / n);
                 printf("%s%s\n", errs[0] ? "; errors " : "", errs);
