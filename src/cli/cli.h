@@ -37,6 +37,8 @@ struct cli_reply_opts {
     const char *store_url;  /* postgres://... or a SQLite file; NULL: <data_dir>/replies.db */
     const char *cache_url;  /* redis://... (L2 behind the in-process cache); NULL: in process */
     const char *queue_url;  /* amqp://... (job items); NULL: in process */
+    int job_slots;          /* job lines answered at once (the queue prefetch): the engine's
+                               sequences; 0: the reply service's default */
     int64_t l1_mb;          /* in-process reply cache budget in MiB; 0: none (with cache_url:
                                Redis alone); < 0: the default (64) */
 };

@@ -598,6 +598,7 @@ int cli_reply_attach(struct server *srv, const struct cli_reply_opts *opts, stru
     sp.store = cr->p.store;
     sp.cache = cr->p.cache;
     sp.queue = cr->queue;
+    sp.job_slots = opts->job_slots; /* bulk lines held at once: the engine's batch */
     sp.metrics = server_metrics(srv);
     sp.n_workers = 32; /* mostly waiting on the engine */
     sp.instance = server_instance_name(srv); /* the owner of this instance's claims */

@@ -224,6 +224,7 @@ int cmd_serve(int argc, char **argv)
         cli_error("serve: %s", err.msg[0] ? err.msg : "cannot create the server");
         goto done;
     }
+    ro.job_slots = ep.n_seq_max;
     if (cli_reply_attach(srv, &ro, &cr) != 0)
         goto done;
     if (server_start(srv, &err) != AR_OK) {

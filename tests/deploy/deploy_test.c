@@ -21,7 +21,7 @@
  * reports (X-Autoreply-Upstream); with FLEET_FULL 1 it runs the default path (PostgreSQL, Redis,
  * RabbitMQ shared by the instances) and checks X-Autoreply-Instance too. */
 #ifndef FLEET_FULL
-#define FLEET_FULL 0
+#define FLEET_FULL 1
 #endif
 
 #define CONF "deploy/nginx/autoreply.conf"
