@@ -58,7 +58,8 @@ struct cache {
 
 /* ---- the interface ---------------------------------------------------------------------- */
 
-/* On a hit returns the level that answered (1, or 2 for a tiered cache's L2) and, when
+/* On a hit returns the level that answered (1: in process; 2: shared, i.e. Redis, alone or
+ * as a tiered cache's L2) and, when
  * value_out is not NULL, sets *value_out to a new NUL-terminated copy of the value (the
  * caller owns it: ar_free) and *value_len (may be NULL) to its length. Returns 0 on a miss,
  * on an expired entry, on bad arguments, when the copy cannot be allocated and when a

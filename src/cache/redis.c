@@ -73,7 +73,7 @@ static int rc_get(struct cache *c, const char *key, size_t key_len, char **value
         char *copy = NULL;
         if (value_out && !(copy = ar_strndup(r->str, r->len)))
             goto done;
-        level = 1;
+        level = 2; /* the shared level, alone or under an in-process one */
         if (value_out)
             *value_out = copy;
         if (value_len)

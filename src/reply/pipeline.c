@@ -803,19 +803,87 @@ static bool claim_review(struct reply_service *svc, const struct reply_review *r
     }
 }
 
-static void answer_new(struct reply_service *svc, const struct reply_profile *prof,
-                       const struct reply_review *rv, enum engine_priority prio,
-                       struct reply_call *call, struct reply_result *r, bool *stored_out);
+/* Step 4: the reply text (owned, consumed) gets the shop's signature and is stored once; if
+ * another request stored a reply meanwhile, that one wins and is what r answers. *stored_out
+ * says whether the store now holds the review (which ends a claim on it). */
+static void store_answer(struct reply_service *svc, const struct reply_profile *prof,
+                         const struct reply_review *rv, const char *reply_lang, char *text,
+                         int src, struct reply_result *r, bool *stored_out)
+{
+    struct store_reply row, stored;
+    struct ar_err err = {AR_OK, 0, {0}};
+    bool existed = false;
+    enum ar_status st;
+    char *final = finish_text(prof, text);
+    ar_free(text);
+    if (!final) {
+        set_error(r, REPLY_EINTERNAL, "out of memory");
+        return;
+    }
+    r->reply = final;
+    r->source = (enum reply_source)src;
+    memset(&row, 0, sizeof(row));
+    memset(&stored, 0, sizeof(stored));
+    row.shop_id = rv->shop_id;
+    row.review_id = rv->review_id;
+    row.text = rv->text;
+    row.rating = rv->rating;
+    row.lang = reply_lang;
+    row.reply = r->reply;
+    row.needs_human = r->needs_human;
+    row.sentiment = isfinite(r->sentiment_score) ? r->sentiment_score : 0.0f;
+    row.cached = r->cached;
+    row.model = r->model;
+    st = store_reply_put(svc->p.store, &row, &stored, &existed, &err);
+    if (st != AR_OK) {
+        set_error(r, reply_error_of_backend(st), "store: %s", err.msg);
+        return;
+    }
+    *stored_out = true;
+    if (existed)
+        answer_from_row(prof, rv, &stored, r);
+    store_reply_fini(&stored);
+}
 
+/* Step 3 for a review this request owns (claimed): the model behind the guardrails, the cache
+ * put, then the store. */
+static void generate_and_store(struct reply_service *svc, const struct reply_profile *prof,
+                               const struct reply_review *rv, const char *review_lang,
+                               const char *reply_lang, bool negative, enum engine_priority prio,
+                               struct reply_call *call, const char *key, size_t key_len,
+                               struct reply_result *r, bool *stored_out)
+{
+    char *text = NULL;
+    int src;
+    metrics_inc(svc->m.model_calls, 1);
+    src = generate(svc, prof, rv, review_lang, reply_lang, negative, prio, call, r, &text);
+    if (src < 0)
+        return;
+    if (src == REPLY_SOURCE_MODEL && key) {
+        /* the cache holds the checked reply without the signature */
+        (void)cache_put(svc->p.cache, key, key_len, text, strlen(text));
+        note_cache_counters(svc);
+    }
+    store_answer(svc, prof, rv, reply_lang, text, src, r, stored_out);
+}
+
+/* The path of one review:
+ *   1. stored already (idempotency): answered as stored, without the model;
+ *   2. the reply cache: a hit is stored under the new id (insert-once: a reply stored meanwhile
+ *      wins) and never claims anything, so it costs one read and one write of the store;
+ *   3. a miss is claimed first, so that of the requests for it (on any instance sharing the
+ *      store) one generates and the others wait for its stored reply. */
 static void answer(struct reply_service *svc, const struct reply_review *rv,
                    enum engine_priority prio, struct reply_call *call, struct reply_result *r)
 {
     const struct reply_profile *prof;
+    const char *review_lang, *reply_lang;
     struct store_reply stored;
     struct ar_err err = {AR_OK, 0, {0}};
     enum store_claim claim = STORE_CLAIM_HELD;
-    char owner[STORE_ID_MAX];
-    bool put = false;
+    char owner[STORE_ID_MAX], *key = NULL;
+    size_t key_len = 0;
+    bool found = false, put = false, negative;
     enum ar_status st;
 
     memset(&stored, 0, sizeof(stored));
@@ -825,47 +893,18 @@ static void answer(struct reply_service *svc, const struct reply_review *rv,
     }
     prof = reply_profiles_get(svc->p.profiles, rv->shop_id);
 
-    /* 1. idempotency: an answered review is answered as stored, without the model; of the
-     * requests for a new one (on any instance sharing the store) one generates, the others
-     * wait for its stored reply */
-    claim_owner(svc, owner, sizeof(owner));
-    if (!claim_review(svc, rv, call, owner, &claim, &stored, r))
+    /* 1. idempotency */
+    st = store_reply_get(svc->p.store, rv->shop_id, rv->review_id, &stored, &found, &err);
+    if (st != AR_OK) {
+        set_error(r, reply_error_of_backend(st), "store: %s", err.msg);
         return;
-    if (claim == STORE_CLAIM_STORED) {
+    }
+    if (found) {
         answer_from_row(prof, rv, &stored, r);
         store_reply_fini(&stored);
         return;
     }
-    {
-        struct rp_claim held = {rv->shop_id, rv->review_id, owner, NULL, NULL};
-        claim_register(svc, &held);
-        answer_new(svc, prof, rv, prio, call, r, &put);
-        claim_unregister(svc, &held);
-    }
-    /* nothing stored (an error, or a reply mode that stores nothing): the next request need
-     * not wait for the lease */
-    if (!put &&
-        (st = store_reply_unclaim(svc->p.store, rv->shop_id, rv->review_id, owner, &err)) != AR_OK)
-        AR_WARN("reply: giving up the claim on %s/%s: %s: %s", rv->shop_id, rv->review_id,
-                ar_status_str(st), err.msg);
-}
 
-/* Steps 2 to 4 for a review this request owns: cache or model, then the store, which ends the
- * claim (*stored_out). */
-static void answer_new(struct reply_service *svc, const struct reply_profile *prof,
-                       const struct reply_review *rv, enum engine_priority prio,
-                       struct reply_call *call, struct reply_result *r, bool *stored_out)
-{
-    const char *review_lang, *reply_lang;
-    char *key = NULL, *text = NULL;
-    size_t key_len = 0;
-    struct store_reply row, stored;
-    struct ar_err err = {AR_OK, 0, {0}};
-    bool negative;
-    enum ar_status st;
-    int src;
-
-    memset(&stored, 0, sizeof(stored));
     review_lang = rv->lang ? rv->lang : reply_guess_lang(rv->text, rv->text_len);
     reply_lang = prof->lang_policy == REPLY_LANG_ZH   ? "zh"
                  : prof->lang_policy == REPLY_LANG_EN ? "en"
@@ -891,69 +930,45 @@ static void answer_new(struct reply_service *svc, const struct reply_profile *pr
         int level = cache_get(svc->p.cache, key, key_len, &hit, NULL);
         if (level) {
             metrics_inc(svc->m.cache_hits[level > 1], 1);
-            text = hit;
-            src = REPLY_SOURCE_CACHE;
             r->cached = true;
             pthread_mutex_lock(&svc->mu);
             if (svc->gen && svc->gen->model_name)
                 snprintf(r->model, sizeof(r->model), "%s", svc->gen->model_name);
             pthread_mutex_unlock(&svc->mu);
-            goto have_text;
+            ar_free(key);
+            store_answer(svc, prof, rv, reply_lang, hit, REPLY_SOURCE_CACHE, r, &put);
+            return;
         }
         metrics_inc(svc->m.cache_misses, 1);
         note_cache_counters(svc);
     }
 
-    /* 3. the model, behind the guardrails */
-    metrics_inc(svc->m.model_calls, 1);
-    src = generate(svc, prof, rv, review_lang, reply_lang, negative, prio, call, r, &text);
-    if (src < 0) {
+    /* 3. claim, then the model */
+    claim_owner(svc, owner, sizeof(owner));
+    if (!claim_review(svc, rv, call, owner, &claim, &stored, r)) {
         ar_free(key);
         return;
     }
-    if (src == REPLY_SOURCE_MODEL && key) {
-        /* the cache holds the checked reply without the signature */
-        (void)cache_put(svc->p.cache, key, key_len, text, strlen(text));
-        note_cache_counters(svc);
-    }
-
-have_text:
-    ar_free(key);
-    {
-        char *final = finish_text(prof, text);
-        ar_free(text);
-        if (!final) {
-            set_error(r, REPLY_EINTERNAL, "out of memory");
-            return;
-        }
-        r->reply = final;
-    }
-    r->source = (enum reply_source)src;
-
-    /* 4. durable, once: if another request stored a reply meanwhile, that one wins */
-    memset(&row, 0, sizeof(row));
-    row.shop_id = rv->shop_id;
-    row.review_id = rv->review_id;
-    row.text = rv->text;
-    row.rating = rv->rating;
-    row.lang = reply_lang;
-    row.reply = r->reply;
-    row.needs_human = r->needs_human;
-    row.sentiment = isfinite(r->sentiment_score) ? r->sentiment_score : 0.0f;
-    row.cached = r->cached;
-    row.model = r->model;
-    {
-        bool existed = false;
-        st = store_reply_put(svc->p.store, &row, &stored, &existed, &err);
-        if (st != AR_OK) {
-            set_error(r, reply_error_of_backend(st), "store: %s", err.msg);
-            return;
-        }
-        *stored_out = true;
-        if (existed)
-            answer_from_row(prof, rv, &stored, r);
+    if (claim == STORE_CLAIM_STORED) { /* answered by another request meanwhile */
+        memset(r, 0, sizeof(*r));
+        answer_from_row(prof, rv, &stored, r);
         store_reply_fini(&stored);
+        ar_free(key);
+        return;
     }
+    {
+        struct rp_claim held = {rv->shop_id, rv->review_id, owner, NULL, NULL};
+        claim_register(svc, &held);
+        generate_and_store(svc, prof, rv, review_lang, reply_lang, negative, prio, call, key,
+                           key_len, r, &put);
+        claim_unregister(svc, &held);
+    }
+    ar_free(key);
+    /* nothing stored (an error): the next request need not wait for the lease */
+    if (!put &&
+        (st = store_reply_unclaim(svc->p.store, rv->shop_id, rv->review_id, owner, &err)) != AR_OK)
+        AR_WARN("reply: giving up the claim on %s/%s: %s: %s", rv->shop_id, rv->review_id,
+                ar_status_str(st), err.msg);
 }
 
 void reply_service_answer_call(struct reply_service *svc, const struct reply_review *rv,
