@@ -715,8 +715,8 @@ static enum ar_status sq_reply_claims_release(struct store *base, const char *ow
     enum ar_status res;
     int changes = 0;
     pthread_mutex_lock(&st->mu);
-    res = exec_args(st, S_CLAIM_RELEASE, SQ_ARGS(SQ_TEXT(owner_prefix)), &changes,
-                    "claims release", err);
+    res = exec_args(st, S_CLAIM_RELEASE, SQ_ARGS(SQ_TEXT(owner_prefix)), &changes, "claims release",
+                    err);
     if (res == AR_OK)
         *n_out = changes;
     pthread_mutex_unlock(&st->mu);
@@ -757,8 +757,8 @@ static enum ar_status sq_job_create(struct store *base, const char *id, const ch
                         "job insert", err);
     for (size_t i = 0; i < n && res == AR_OK; i++)
         res = exec_args(st, S_ITEM_INSERT,
-                        SQ_ARGS(SQ_TEXT(id), SQ_INT(items[i].line), SQ_TEXT(items[i].input)),
-                        NULL, "job line insert (duplicate line number?)", err);
+                        SQ_ARGS(SQ_TEXT(id), SQ_INT(items[i].line), SQ_TEXT(items[i].input)), NULL,
+                        "job line insert (duplicate line number?)", err);
     res = tx_end(st, res, err);
     pthread_mutex_unlock(&st->mu);
     return res;

@@ -57,7 +57,7 @@ static void check_fixtures_fails_on_a_missing_directory(void **state)
 static void generate_answers_a_review_through_the_chat_template(void **state)
 {
     struct th_run r = RUN("generate", "-m", DEMO, "--chat", "--temp", "0", "-n", "120", "-p",
-                       "评分：5星\n评价：物流很快，包装完好");
+                          "评分：5星\n评价：物流很快，包装完好");
     (void)state;
     assert_int_equal(r.status, 0);
     /* a Chinese reply (CJK bytes), and the run stopped at the end-of-turn token */
@@ -71,9 +71,9 @@ static void generate_answers_a_review_through_the_chat_template(void **state)
 static void generate_is_deterministic_for_a_seed(void **state)
 {
     struct th_run a = RUN("generate", "-m", DEMO, "--chat", "--temp", "0.9", "--seed", "7", "-n",
-                       "40", "-p", "Rating: 2 stars\nReview: arrived broken");
+                          "40", "-p", "Rating: 2 stars\nReview: arrived broken");
     struct th_run b = RUN("generate", "-m", DEMO, "--chat", "--temp", "0.9", "--seed", "7", "-n",
-                       "40", "-p", "Rating: 2 stars\nReview: arrived broken");
+                          "40", "-p", "Rating: 2 stars\nReview: arrived broken");
     (void)state;
     assert_int_equal(a.status, 0);
     assert_int_equal(b.status, 0);

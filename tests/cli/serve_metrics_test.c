@@ -51,8 +51,8 @@ static void spawn_serve(void)
         dup2(in, 0);
         dup2(out, 1);
         dup2(out, 2);
-        execl(th_bin_path(), "autoreply", "serve", "-m", DEMO, "--port", "0", "--data-dir", data, "-t",
-              "1", "--parallel", "4", (char *)NULL);
+        execl(th_bin_path(), "autoreply", "serve", "-m", DEMO, "--port", "0", "--data-dir", data,
+              "-t", "1", "--parallel", "4", (char *)NULL);
         _exit(127);
     }
 }

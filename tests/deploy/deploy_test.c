@@ -554,7 +554,7 @@ static void fleet_balances_survives_a_killed_instance_and_stops_everything(void 
     assert_non_null(mkdtemp(fleet_dir));
 
     r = th_sh_run("timeout 300 sh %s up --instances 2 --port %d --dir %s --bin '%s' --wait 120%s",
-               FLEET, nginx_port, fleet_dir, th_bin_path(), FLEET_FULL ? "" : " --no-backends");
+                  FLEET, nginx_port, fleet_dir, th_bin_path(), FLEET_FULL ? "" : " --no-backends");
     if (r.status != 0)
         fail_msg("fleet.sh up: status %d\nstdout: %s\nstderr: %s", r.status, r.out, r.err);
     n = parse_procs(r.out, p, 8);
@@ -722,8 +722,8 @@ static void fleet_up_fails_clearly_when_an_instance_cannot_start(void **state)
     snprintf(fleet_dir, sizeof(fleet_dir), "/tmp/ar_fleet_XXXXXX");
     assert_non_null(mkdtemp(fleet_dir));
     r = th_sh_run("timeout 120 sh %s up --instances 2 --port %d --dir %s --bin '%s' --no-backends "
-               "--wait 30 -- --no-such-flag",
-               FLEET, th_free_port(), fleet_dir, th_bin_path());
+                  "--wait 30 -- --no-such-flag",
+                  FLEET, th_free_port(), fleet_dir, th_bin_path());
     assert_int_not_equal(r.status, 0);
     assert_true(r.status < 124); /* failed by itself, not by the timeout */
     assert_string_equal(r.out, "");
@@ -755,7 +755,7 @@ static void fleet_up_refuses_a_port_in_use(void **state)
     snprintf(fleet_dir, sizeof(fleet_dir), "/tmp/ar_fleet_XXXXXX");
     assert_non_null(mkdtemp(fleet_dir));
     r = th_sh_run("timeout 60 sh %s up --instances 1 --port %d --dir %s --bin '%s' --no-backends",
-               FLEET, port, fleet_dir, th_bin_path());
+                  FLEET, port, fleet_dir, th_bin_path());
     close(fd);
     assert_int_equal(r.status, 1);
     snprintf(want, sizeof(want), "port %d is in use", port);

@@ -1,5 +1,6 @@
 /* harness.h - what every test shares: cmocka, the fixture and model paths, file and JSON
- * loading, a fixed-seed RNG, sleeping. Tests run from the repository root (tests/run.sh does so). */
+ * loading, a fixed-seed RNG, sleeping. Tests run from the repository root (tests/run.sh does
+ * so). */
 #ifndef AR_TEST_HARNESS_H
 #define AR_TEST_HARNESS_H
 

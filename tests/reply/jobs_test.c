@@ -46,7 +46,8 @@ static enum ar_status fake_generate(struct reply_generator *g, const struct repl
         struct timespec ts = {0, (long)f->delay_ms * 1000000L};
         nanosleep(&ts, NULL);
     }
-    snprintf(buf, sizeof(buf), "感谢您的评价，%s店编号%u已记录，欢迎再来！", f->mark, th_fnv32(r->user));
+    snprintf(buf, sizeof(buf), "感谢您的评价，%s店编号%u已记录，欢迎再来！", f->mark,
+             th_fnv32(r->user));
     *text = ar_strdup(buf);
     *len = strlen(buf);
     return *text ? AR_OK : AR_ENOMEM;

@@ -1411,8 +1411,9 @@ static void serve_names_its_instance_in_every_response(void **state)
     resp_free(&r);
     assert_int_equal(server_stop(&c, SIGTERM), 0);
     /* a name with a line break is refused before anything listens */
-    snprintf(cmd, sizeof(cmd), "%s serve -m %s --port 0 --data-dir %s/bad --instance-name 'a\nb' 2>&1",
-             th_bin_path(), g_model, g_tmp);
+    snprintf(cmd, sizeof(cmd),
+             "%s serve -m %s --port 0 --data-dir %s/bad --instance-name 'a\nb' 2>&1", th_bin_path(),
+             g_model, g_tmp);
     assert_non_null(p = popen(cmd, "r"));
     n = fread(v, 1, sizeof(v) - 1, p);
     v[n] = '\0';
