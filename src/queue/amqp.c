@@ -628,7 +628,10 @@ static bool tag_current(const struct amq_queue *q, uint64_t tag, uint64_t *dtag)
     return true;
 }
 
-static enum ar_status amq_ack(struct queue *qq, uint64_t tag, struct ar_err *err)
+/* Acks a delivery (ack), or nacks it (requeue: back to the queue), on the consumer connection
+ * it came on. */
+static enum ar_status settle(struct queue *qq, uint64_t tag, bool ack, bool requeue,
+                             struct ar_err *err)
 {
     struct amq_queue *q = aq_of(qq);
     uint64_t dtag;
@@ -636,28 +639,24 @@ static enum ar_status amq_ack(struct queue *qq, uint64_t tag, struct ar_err *err
     if (!tag_current(q, tag, &dtag))
         return ar_err_set(err, AR_EUNAVAIL, 0,
                           "the delivery's connection is gone: RabbitMQ redelivers the message");
-    rc = amqp_basic_ack(q->con.c, AMQ_CHANNEL, dtag, 0);
+    rc = ack ? amqp_basic_ack(q->con.c, AMQ_CHANNEL, dtag, 0)
+             : amqp_basic_nack(q->con.c, AMQ_CHANNEL, dtag, 0, requeue ? 1 : 0);
     if (rc != AMQP_STATUS_OK) {
         conn_lost(q, &q->con, "consumer", amqp_error_string2(rc));
-        return ar_err_set(err, AR_EUNAVAIL, 0, "RabbitMQ ack: %s", amqp_error_string2(rc));
+        return ar_err_set(err, AR_EUNAVAIL, 0, "RabbitMQ %s: %s", ack ? "ack" : "nack",
+                          amqp_error_string2(rc));
     }
     return AR_OK;
 }
 
+static enum ar_status amq_ack(struct queue *qq, uint64_t tag, struct ar_err *err)
+{
+    return settle(qq, tag, true, false, err);
+}
+
 static enum ar_status amq_nack(struct queue *qq, uint64_t tag, bool requeue, struct ar_err *err)
 {
-    struct amq_queue *q = aq_of(qq);
-    uint64_t dtag;
-    int rc;
-    if (!tag_current(q, tag, &dtag))
-        return ar_err_set(err, AR_EUNAVAIL, 0,
-                          "the delivery's connection is gone: RabbitMQ redelivers the message");
-    rc = amqp_basic_nack(q->con.c, AMQ_CHANNEL, dtag, 0, requeue ? 1 : 0);
-    if (rc != AMQP_STATUS_OK) {
-        conn_lost(q, &q->con, "consumer", amqp_error_string2(rc));
-        return ar_err_set(err, AR_EUNAVAIL, 0, "RabbitMQ nack: %s", amqp_error_string2(rc));
-    }
-    return AR_OK;
+    return settle(qq, tag, false, requeue, err);
 }
 
 static enum ar_status amq_set_prefetch(struct queue *qq, int n, struct ar_err *err)

@@ -479,7 +479,7 @@ void server_reply_json(struct server_req *req, int status, cJSON *body)
         metrics_inc(rejected, 1);
 }
 
-static void retry_header(struct server_req *req, double retry_after_s)
+void srv_retry_after_header(struct server_req *req, double retry_after_s)
 {
     char v[32];
     double secs = ceil(retry_after_s);
@@ -516,7 +516,7 @@ static void reply_error_v(struct server_req *req, int status, const char *type, 
     }
     cJSON_Delete(extra);
     if (status == 429 || status == 503)
-        retry_header(req, retry_after_s);
+        srv_retry_after_header(req, retry_after_s);
     server_reply_json(req, status, root);
 }
 

@@ -440,18 +440,6 @@ static void http_abort(struct server_req *req, void *user)
     reply_call_cancel(user);
 }
 
-static void retry_after(struct server_req *req, double secs)
-{
-    char v[32];
-    secs = ceil(secs);
-    if (!(secs >= 1)) /* also NaN */
-        secs = 1;
-    if (secs > 86400)
-        secs = 86400;
-    snprintf(v, sizeof(v), "%.0f", secs);
-    server_reply_header(req, "Retry-After", v);
-}
-
 static void http_done(void *c, int status, cJSON *json, const char *text, size_t len,
                       const char *ctype)
 {
@@ -459,9 +447,9 @@ static void http_done(void *c, int status, cJSON *json, const char *text, size_t
     struct server_req *req = hc->req;
     if (json) {
         if (status == 503)
-            retry_after(req, srv_retry_after_s(server_req_server(req)));
+            srv_retry_after_header(req, srv_retry_after_s(server_req_server(req)));
         if (status == 429)
-            retry_after(req, reply_call_retry_after(hc->call));
+            srv_retry_after_header(req, reply_call_retry_after(hc->call));
         server_reply_json(req, status, json);
     } else if (text) {
         server_reply_text(req, status, ctype ? ctype : "text/plain", text, len);

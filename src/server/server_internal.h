@@ -158,6 +158,8 @@ struct srv_metrics *srv_metrics_of(struct server *s);
 bool srv_stopping(const struct server *s);
 /* server_params.retry_after_s (>= 1). */
 double srv_retry_after_s(const struct server *s);
+/* Adds Retry-After: secs rounded up to whole seconds, from 1 (also for NaN) to a day. */
+void srv_retry_after_header(struct server_req *req, double secs);
 /* Runs every health check (server_add_health_check); adds {name: "ok"|"degraded"|"down"} to
  * backends (may be NULL) and returns the worst state (SERVER_HEALTH_OK without checks); *n
  * (may be NULL) receives the number of checks. */

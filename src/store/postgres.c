@@ -442,6 +442,21 @@ static enum ar_status conn_open(struct pg_store *ps, struct pg_conn *pc, struct 
     return s;
 }
 
+/* Replaces pc's connection, found broken, by a new one; the idle ones, opened before it broke,
+ * are dropped as suspect. On failure pc stays broken. */
+static enum ar_status conn_replace(struct pg_store *ps, struct pg_conn *pc, struct ar_err *err)
+{
+    enum ar_status s;
+    PQfinish(pc->c);
+    pc->c = NULL;
+    pthread_mutex_lock(&ps->mu);
+    ps->epoch++;
+    pthread_mutex_unlock(&ps->mu);
+    if ((s = conn_open(ps, pc, err)) != AR_OK)
+        pc->broken = true;
+    return s;
+}
+
 /* Healthy until a connection attempt fails, again once one succeeds. */
 static bool pg_healthy(struct store *base)
 {
@@ -579,15 +594,8 @@ static enum ar_status pg_exec(struct pg_store *ps, struct pg_conn *pc, enum pg_s
         if (!pc->broken || !pc->reused || pc->n_ok > 0 || attempt > 0)
             return s;
         /* a stale connection from the pool: replace it and try once more */
-        PQfinish(pc->c);
-        pc->c = NULL;
-        pthread_mutex_lock(&ps->mu);
-        ps->epoch++;
-        pthread_mutex_unlock(&ps->mu);
-        if ((s = conn_open(ps, pc, err)) != AR_OK) {
-            pc->broken = true;
+        if ((s = conn_replace(ps, pc, err)) != AR_OK)
             return s;
-        }
     }
 }
 
@@ -599,15 +607,8 @@ static enum ar_status tx_begin(struct pg_store *ps, struct pg_conn *pc, struct a
         s = run_sql(ps, pc, "BEGIN", "begin", NULL, err);
         if (s == AR_OK || !pc->broken || !pc->reused || attempt > 0)
             break;
-        PQfinish(pc->c);
-        pc->c = NULL;
-        pthread_mutex_lock(&ps->mu);
-        ps->epoch++;
-        pthread_mutex_unlock(&ps->mu);
-        if ((s = conn_open(ps, pc, err)) != AR_OK) {
-            pc->broken = true;
+        if ((s = conn_replace(ps, pc, err)) != AR_OK)
             break;
-        }
     }
     if (s == AR_OK)
         pc->n_ok++;
@@ -753,26 +754,18 @@ static enum ar_status reply_from_res(const PGresult *res, int row, struct store_
 
 static void job_from_res(const PGresult *r, int row, struct store_job_info *info)
 {
-    int status = store_status_from_name(
-        store_job_status_names, AR_ARRAY_LEN(store_job_status_names), PQgetvalue(r, row, 1));
-    memset(info, 0, sizeof(*info));
-    snprintf(info->id, sizeof(info->id), "%s", PQgetvalue(r, row, 0));
-    /* the CHECK constraint admits only known names */
-    info->status = status < 0 ? STORE_JOB_FAILED : (enum store_job_status)status;
+    store_job_info_init(info, PQgetvalue(r, row, 0), PQgetvalue(r, row, 1), PQgetvalue(r, row, 7));
     info->n_total = int_at(r, row, 2);
     info->n_done = int_at(r, row, 3);
     info->n_failed = int_at(r, row, 4);
     info->created_s = int_at(r, row, 5);
     info->updated_s = int_at(r, row, 6);
-    snprintf(info->shop_id, sizeof(info->shop_id), "%s", PQgetvalue(r, row, 7));
     info->published = bool_at(r, row, 8);
 }
 
 static enum store_item_status item_status_at(const PGresult *r, int row, int col)
 {
-    int status = store_status_from_name(
-        store_item_status_names, AR_ARRAY_LEN(store_item_status_names), PQgetvalue(r, row, col));
-    return status < 0 ? STORE_ITEM_ERROR : (enum store_item_status)status;
+    return store_item_status_of(PQgetvalue(r, row, col));
 }
 
 /* ---- replies ------------------------------------------------------------------------ */

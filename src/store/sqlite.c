@@ -175,11 +175,6 @@ struct sqlite_store {
 
 /* ---- helpers ------------------------------------------------------------------------ */
 
-static int status_from_name(const char *const *names, size_t n, const unsigned char *text)
-{
-    return store_status_from_name(names, n, (const char *)text);
-}
-
 /* Maps an SQLite result code to a status and puts SQLite's message into err. */
 static enum ar_status db_fail(struct sqlite_store *st, int rc, struct ar_err *err, const char *what)
 {
@@ -221,15 +216,62 @@ static int bind_str(sqlite3_stmt *s, int i, const char *v)
     return sqlite3_bind_text(s, i, v ? v : "", -1, SQLITE_STATIC);
 }
 
-/* Runs a statement that returns no rows. */
-static enum ar_status exec_stmt(struct sqlite_store *st, enum stmt_id id, struct ar_err *err)
+/* A value for a statement's next parameter: text (NULL binds ""), integer or real. */
+struct sq_arg {
+    enum { SQ_ARG_TEXT, SQ_ARG_INT, SQ_ARG_REAL } type;
+    const char *text;
+    int64_t num;
+    double real;
+};
+#define SQ_TEXT(v) ((struct sq_arg){.type = SQ_ARG_TEXT, .text = (v)})
+#define SQ_INT(v) ((struct sq_arg){.type = SQ_ARG_INT, .num = (int64_t)(v)})
+#define SQ_REAL(v) ((struct sq_arg){.type = SQ_ARG_REAL, .real = (double)(v)})
+/* The array and the count of the values given, as step_args and exec_args take them. */
+#define SQ_ARGS(...)                                                                               \
+    (const struct sq_arg[]){__VA_ARGS__},                                                          \
+        (int)(sizeof((const struct sq_arg[]){__VA_ARGS__}) / sizeof(struct sq_arg))
+
+/* Binds args[0..n) to ?1..?n; returns SQLite's code. */
+static int bind_args(sqlite3_stmt *s, const struct sq_arg *args, int n)
+{
+    int rc = SQLITE_OK;
+    for (int i = 0; i < n && rc == SQLITE_OK; i++) {
+        if (args[i].type == SQ_ARG_TEXT)
+            rc = bind_str(s, i + 1, args[i].text);
+        else if (args[i].type == SQ_ARG_INT)
+            rc = sqlite3_bind_int64(s, i + 1, args[i].num);
+        else
+            rc = sqlite3_bind_double(s, i + 1, args[i].real);
+    }
+    return rc;
+}
+
+/* Binds args and steps once; returns SQLite's code (SQLITE_ROW: a row to read). */
+static int step_args(sqlite3_stmt *s, const struct sq_arg *args, int n)
+{
+    int rc = bind_args(s, args, n);
+    return rc == SQLITE_OK ? sqlite3_step(s) : rc;
+}
+
+/* Runs statement id, which returns no rows, with args bound; *changes (may be NULL) receives
+ * the number of rows it changed. what names it in messages. */
+static enum ar_status exec_args(struct sqlite_store *st, enum stmt_id id, const struct sq_arg *args,
+                                int n, int *changes, const char *what, struct ar_err *err)
 {
     sqlite3_stmt *s = st->stmt[id];
-    int rc = sqlite3_step(s);
+    int rc = step_args(s, args, n);
+    if (changes)
+        *changes = rc == SQLITE_DONE ? sqlite3_changes(st->db) : 0;
     stmt_done(s);
     if (rc != SQLITE_DONE)
-        return db_fail(st, rc, err, stmt_sql[id]);
+        return db_fail(st, rc, err, what);
     return AR_OK;
+}
+
+/* Runs a statement that takes no values and returns no rows. */
+static enum ar_status exec_stmt(struct sqlite_store *st, enum stmt_id id, struct ar_err *err)
+{
+    return exec_args(st, id, NULL, 0, NULL, stmt_sql[id], err);
 }
 
 static enum ar_status tx_begin(struct sqlite_store *st, struct ar_err *err)
@@ -249,6 +291,15 @@ static void tx_rollback(struct sqlite_store *st)
 {
     if (!sqlite3_get_autocommit(st->db))
         exec_stmt(st, S_ROLLBACK, NULL);
+}
+
+/* Ends the transaction: commits when res is AR_OK, else rolls back. Returns the outcome. */
+static enum ar_status tx_end(struct sqlite_store *st, enum ar_status res, struct ar_err *err)
+{
+    if (res == AR_OK)
+        return tx_commit(st, err);
+    tx_rollback(st);
+    return res;
 }
 
 /* ---- open / close ------------------------------------------------------------------- */
@@ -539,11 +590,7 @@ static enum ar_status reply_get_locked(struct sqlite_store *st, const char *shop
 {
     sqlite3_stmt *s = st->stmt[S_REPLY_GET];
     enum ar_status r = AR_OK;
-    int rc = bind_str(s, 1, shop_id);
-    if (rc == SQLITE_OK)
-        rc = bind_str(s, 2, review_id);
-    if (rc == SQLITE_OK)
-        rc = sqlite3_step(s);
+    int rc = step_args(s, SQ_ARGS(SQ_TEXT(shop_id), SQ_TEXT(review_id)));
     *found = rc == SQLITE_ROW;
     if (rc == SQLITE_ROW)
         r = out ? reply_from_row(s, out) : AR_OK;
@@ -564,70 +611,29 @@ static enum ar_status sq_reply_get(struct store *base, const char *shop_id, cons
     return r;
 }
 
-/* Runs a statement over (shop_id, review_id[, owner]) that returns no rows. */
-static enum ar_status exec_key(struct sqlite_store *st, enum stmt_id id, const char *shop_id,
-                               const char *review_id, const char *owner, int *changes,
-                               struct ar_err *err)
-{
-    sqlite3_stmt *s = st->stmt[id];
-    int rc = bind_str(s, 1, shop_id);
-    if (rc == SQLITE_OK)
-        rc = bind_str(s, 2, review_id);
-    if (rc == SQLITE_OK && owner)
-        rc = bind_str(s, 3, owner);
-    if (rc == SQLITE_OK)
-        rc = sqlite3_step(s);
-    if (changes)
-        *changes = rc == SQLITE_DONE ? sqlite3_changes(st->db) : 0;
-    stmt_done(s);
-    if (rc != SQLITE_DONE)
-        return db_fail(st, rc, err, stmt_sql[id]);
-    return AR_OK;
-}
-
 static enum ar_status sq_reply_put(struct store *base, const struct store_reply *r, int64_t created,
                                    struct store_reply *out, bool *existed, struct ar_err *err)
 {
     struct sqlite_store *st = (struct sqlite_store *)base;
-    sqlite3_stmt *s;
     enum ar_status res;
     bool found = false;
-    int rc;
+    int changes = 0;
     pthread_mutex_lock(&st->mu);
     if ((res = tx_begin(st, err)) != AR_OK)
         goto out;
-    s = st->stmt[S_REPLY_INSERT];
-    rc = bind_str(s, 1, r->shop_id);
-    if (rc == SQLITE_OK)
-        rc = bind_str(s, 2, r->review_id);
-    if (rc == SQLITE_OK)
-        rc = bind_str(s, 3, r->text);
-    if (rc == SQLITE_OK)
-        rc = sqlite3_bind_int(s, 4, r->rating);
-    if (rc == SQLITE_OK)
-        rc = bind_str(s, 5, r->lang);
-    if (rc == SQLITE_OK)
-        rc = bind_str(s, 6, r->reply);
-    if (rc == SQLITE_OK)
-        rc = sqlite3_bind_int(s, 7, r->needs_human);
-    if (rc == SQLITE_OK)
-        rc = sqlite3_bind_double(s, 8, (double)r->sentiment);
-    if (rc == SQLITE_OK)
-        rc = sqlite3_bind_int(s, 9, r->cached);
-    if (rc == SQLITE_OK)
-        rc = bind_str(s, 10, r->model);
-    if (rc == SQLITE_OK)
-        rc = sqlite3_bind_int64(s, 11, created);
-    if (rc == SQLITE_OK)
-        rc = sqlite3_step(s);
+    res = exec_args(st, S_REPLY_INSERT,
+                    SQ_ARGS(SQ_TEXT(r->shop_id), SQ_TEXT(r->review_id), SQ_TEXT(r->text),
+                            SQ_INT(r->rating), SQ_TEXT(r->lang), SQ_TEXT(r->reply),
+                            SQ_INT(r->needs_human), SQ_REAL(r->sentiment), SQ_INT(r->cached),
+                            SQ_TEXT(r->model), SQ_INT(created)),
+                    &changes, "reply insert", err);
     /* DO NOTHING on conflict: no change means the key was there already */
-    *existed = rc == SQLITE_DONE && sqlite3_changes(st->db) == 0;
-    stmt_done(s);
-    if (rc != SQLITE_DONE) {
-        res = db_fail(st, rc, err, "reply insert");
+    *existed = res == AR_OK && changes == 0;
+    if (res != AR_OK)
         goto out;
-    }
-    if ((res = exec_key(st, S_CLAIM_END, r->shop_id, r->review_id, NULL, NULL, err)) != AR_OK)
+    res = exec_args(st, S_CLAIM_END, SQ_ARGS(SQ_TEXT(r->shop_id), SQ_TEXT(r->review_id)), NULL,
+                    stmt_sql[S_CLAIM_END], err);
+    if (res != AR_OK)
         goto out;
     if (out && *existed) {
         /* rows are never deleted, so the existing row is still there */
@@ -652,10 +658,9 @@ static enum ar_status sq_reply_claim(struct store *base, const char *shop_id, co
                                      struct store_reply *row, struct ar_err *err)
 {
     struct sqlite_store *st = (struct sqlite_store *)base;
-    sqlite3_stmt *s;
     enum ar_status res;
     bool found = false;
-    int rc, taken;
+    int taken = 0;
     pthread_mutex_lock(&st->mu);
     /* a review answered already needs no write lock */
     res = reply_get_locked(st, shop_id, review_id, row, &found, err);
@@ -674,22 +679,11 @@ static enum ar_status sq_reply_claim(struct store *base, const char *shop_id, co
         res = tx_commit(st, err);
         goto out;
     }
-    s = st->stmt[S_CLAIM_TAKE];
-    rc = bind_str(s, 1, shop_id);
-    if (rc == SQLITE_OK)
-        rc = bind_str(s, 2, review_id);
-    if (rc == SQLITE_OK)
-        rc = bind_str(s, 3, owner);
-    if (rc == SQLITE_OK)
-        rc = sqlite3_bind_double(s, 4, lease_s);
-    if (rc == SQLITE_OK)
-        rc = sqlite3_step(s);
-    taken = rc == SQLITE_DONE ? sqlite3_changes(st->db) : 0;
-    stmt_done(s);
-    if (rc != SQLITE_DONE) {
-        res = db_fail(st, rc, err, "reply claim");
+    res = exec_args(st, S_CLAIM_TAKE,
+                    SQ_ARGS(SQ_TEXT(shop_id), SQ_TEXT(review_id), SQ_TEXT(owner), SQ_REAL(lease_s)),
+                    &taken, "reply claim", err);
+    if (res != AR_OK)
         goto out;
-    }
     if ((res = tx_commit(st, err)) == AR_OK)
         *out = taken ? STORE_CLAIM_OWNED : STORE_CLAIM_HELD;
 out:
@@ -708,7 +702,8 @@ static enum ar_status sq_reply_unclaim(struct store *base, const char *shop_id,
     struct sqlite_store *st = (struct sqlite_store *)base;
     enum ar_status res;
     pthread_mutex_lock(&st->mu);
-    res = exec_key(st, S_CLAIM_DROP, shop_id, review_id, owner, NULL, err);
+    res = exec_args(st, S_CLAIM_DROP, SQ_ARGS(SQ_TEXT(shop_id), SQ_TEXT(review_id), SQ_TEXT(owner)),
+                    NULL, stmt_sql[S_CLAIM_DROP], err);
     pthread_mutex_unlock(&st->mu);
     return res;
 }
@@ -717,41 +712,34 @@ static enum ar_status sq_reply_claims_release(struct store *base, const char *ow
                                               int64_t *n_out, struct ar_err *err)
 {
     struct sqlite_store *st = (struct sqlite_store *)base;
-    enum ar_status res = AR_OK;
-    sqlite3_stmt *s;
-    int rc;
+    enum ar_status res;
+    int changes = 0;
     pthread_mutex_lock(&st->mu);
-    s = st->stmt[S_CLAIM_RELEASE];
-    rc = bind_str(s, 1, owner_prefix);
-    if (rc == SQLITE_OK)
-        rc = sqlite3_step(s);
-    if (rc == SQLITE_DONE)
-        *n_out = sqlite3_changes(st->db);
-    else
-        res = db_fail(st, rc, err, "claims release");
-    stmt_done(s);
+    res = exec_args(st, S_CLAIM_RELEASE, SQ_ARGS(SQ_TEXT(owner_prefix)), &changes, "claims release",
+                    err);
+    if (res == AR_OK)
+        *n_out = changes;
     pthread_mutex_unlock(&st->mu);
     return res;
 }
 
 /* ---- jobs --------------------------------------------------------------------------- */
 
+static enum store_item_status item_status_at(sqlite3_stmt *s, int col)
+{
+    return store_item_status_of((const char *)sqlite3_column_text(s, col));
+}
+
 static void job_from_row(sqlite3_stmt *s, struct store_job_info *info)
 {
-    const unsigned char *id = sqlite3_column_text(s, 0);
-    const unsigned char *shop = sqlite3_column_text(s, 7);
-    int status = status_from_name(store_job_status_names, AR_ARRAY_LEN(store_job_status_names),
-                                  sqlite3_column_text(s, 1));
-    memset(info, 0, sizeof(*info));
-    snprintf(info->id, sizeof(info->id), "%s", id ? (const char *)id : "");
-    /* the CHECK constraint admits only known names */
-    info->status = status < 0 ? STORE_JOB_FAILED : (enum store_job_status)status;
+    store_job_info_init(info, (const char *)sqlite3_column_text(s, 0),
+                        (const char *)sqlite3_column_text(s, 1),
+                        (const char *)sqlite3_column_text(s, 7));
     info->n_total = sqlite3_column_int64(s, 2);
     info->n_done = sqlite3_column_int64(s, 3);
     info->n_failed = sqlite3_column_int64(s, 4);
     info->created_s = sqlite3_column_int64(s, 5);
     info->updated_s = sqlite3_column_int64(s, 6);
-    snprintf(info->shop_id, sizeof(info->shop_id), "%s", shop ? (const char *)shop : "");
     info->published = sqlite3_column_int(s, 8) != 0;
 }
 
@@ -760,46 +748,18 @@ static enum ar_status sq_job_create(struct store *base, const char *id, const ch
 {
     struct sqlite_store *st = (struct sqlite_store *)base;
     enum ar_status res;
-    sqlite3_stmt *s;
     int64_t now = store_now_s();
-    int rc;
     pthread_mutex_lock(&st->mu);
-    if ((res = tx_begin(st, err)) != AR_OK)
-        goto out;
-    s = st->stmt[S_JOB_INSERT];
-    rc = bind_str(s, 1, id);
-    if (rc == SQLITE_OK)
-        rc = bind_str(s, 2, shop_id);
-    if (rc == SQLITE_OK)
-        rc = sqlite3_bind_int64(s, 3, (int64_t)n);
-    if (rc == SQLITE_OK)
-        rc = sqlite3_bind_int64(s, 4, now);
-    if (rc == SQLITE_OK)
-        rc = sqlite3_step(s);
-    stmt_done(s);
-    if (rc != SQLITE_DONE) {
-        res = db_fail(st, rc, err, "job insert");
-        goto out;
-    }
-    s = st->stmt[S_ITEM_INSERT];
-    for (size_t i = 0; i < n; i++) {
-        rc = bind_str(s, 1, id);
-        if (rc == SQLITE_OK)
-            rc = sqlite3_bind_int64(s, 2, items[i].line);
-        if (rc == SQLITE_OK)
-            rc = bind_str(s, 3, items[i].input);
-        if (rc == SQLITE_OK)
-            rc = sqlite3_step(s);
-        stmt_done(s);
-        if (rc != SQLITE_DONE) {
-            res = db_fail(st, rc, err, "job line insert (duplicate line number?)");
-            goto out;
-        }
-    }
-    res = tx_commit(st, err);
-out:
-    if (res != AR_OK)
-        tx_rollback(st);
+    res = tx_begin(st, err);
+    if (res == AR_OK)
+        res = exec_args(st, S_JOB_INSERT,
+                        SQ_ARGS(SQ_TEXT(id), SQ_TEXT(shop_id), SQ_INT(n), SQ_INT(now)), NULL,
+                        "job insert", err);
+    for (size_t i = 0; i < n && res == AR_OK; i++)
+        res = exec_args(st, S_ITEM_INSERT,
+                        SQ_ARGS(SQ_TEXT(id), SQ_INT(items[i].line), SQ_TEXT(items[i].input)), NULL,
+                        "job line insert (duplicate line number?)", err);
+    res = tx_end(st, res, err);
     pthread_mutex_unlock(&st->mu);
     return res;
 }
@@ -817,11 +777,8 @@ static enum ar_status sq_job_next_pending(struct store *base, const char *job_id
     int rc;
     pthread_mutex_lock(&st->mu);
     s = st->stmt[S_ITEM_PENDING];
-    rc = bind_str(s, 1, job_id);
-    if (rc == SQLITE_OK)
-        rc = sqlite3_bind_int64(s, 2, after_line);
-    if (rc == SQLITE_OK)
-        rc = sqlite3_bind_int64(s, 3, max > INT64_MAX ? INT64_MAX : (int64_t)max);
+    rc = bind_args(s, SQ_ARGS(SQ_TEXT(job_id), SQ_INT(after_line),
+                              SQ_INT(max > INT64_MAX ? INT64_MAX : (int64_t)max)));
     while (rc == SQLITE_OK && (rc = sqlite3_step(s)) == SQLITE_ROW) {
         if (n == cap) {
             size_t ncap = cap ? cap * 2 : AR_MIN(max, 64);
@@ -864,34 +821,20 @@ static enum ar_status sq_job_item_finish(struct store *base, const char *job_id,
     struct sqlite_store *st = (struct sqlite_store *)base;
     enum ar_status res;
     sqlite3_stmt *s;
-    int rc, changed;
+    int rc, changed = 0;
     pthread_mutex_lock(&st->mu);
     if ((res = tx_begin(st, err)) != AR_OK)
         goto out;
-    s = st->stmt[S_ITEM_FINISH];
-    rc = bind_str(s, 1, job_id);
-    if (rc == SQLITE_OK)
-        rc = sqlite3_bind_int64(s, 2, line);
-    if (rc == SQLITE_OK)
-        rc = bind_str(s, 3, store_item_status_names[status]);
-    if (rc == SQLITE_OK)
-        rc = bind_str(s, 4, text);
-    if (rc == SQLITE_OK)
-        rc = sqlite3_step(s);
-    changed = rc == SQLITE_DONE ? sqlite3_changes(st->db) : 0;
-    stmt_done(s);
-    if (rc != SQLITE_DONE) {
-        res = db_fail(st, rc, err, "line update");
+    res = exec_args(st, S_ITEM_FINISH,
+                    SQ_ARGS(SQ_TEXT(job_id), SQ_INT(line), SQ_TEXT(store_item_status_names[status]),
+                            SQ_TEXT(text)),
+                    &changed, "line update", err);
+    if (res != AR_OK)
         goto out;
-    }
     if (changed == 0) {
         /* say why: no such line, or finished already */
         s = st->stmt[S_ITEM_STATUS];
-        rc = bind_str(s, 1, job_id);
-        if (rc == SQLITE_OK)
-            rc = sqlite3_bind_int64(s, 2, line);
-        if (rc == SQLITE_OK)
-            rc = sqlite3_step(s);
+        rc = step_args(s, SQ_ARGS(SQ_TEXT(job_id), SQ_INT(line)));
         if (rc == SQLITE_ROW)
             res = ar_err_set(err, AR_EINVAL, 0, "store: job %s line %lld is already %s", job_id,
                              (long long)line, (const char *)sqlite3_column_text(s, 0));
@@ -903,25 +846,12 @@ static enum ar_status sq_job_item_finish(struct store *base, const char *job_id,
         stmt_done(s);
         goto out;
     }
-    s = st->stmt[S_JOB_COUNT];
-    rc = bind_str(s, 1, job_id);
-    if (rc == SQLITE_OK)
-        rc = sqlite3_bind_int(s, 2, status == STORE_ITEM_DONE);
-    if (rc == SQLITE_OK)
-        rc = sqlite3_bind_int(s, 3, status == STORE_ITEM_ERROR);
-    if (rc == SQLITE_OK)
-        rc = sqlite3_bind_int64(s, 4, store_now_s());
-    if (rc == SQLITE_OK)
-        rc = sqlite3_step(s);
-    stmt_done(s);
-    if (rc != SQLITE_DONE) {
-        res = db_fail(st, rc, err, "job counts");
-        goto out;
-    }
-    res = tx_commit(st, err);
+    res = exec_args(st, S_JOB_COUNT,
+                    SQ_ARGS(SQ_TEXT(job_id), SQ_INT(status == STORE_ITEM_DONE),
+                            SQ_INT(status == STORE_ITEM_ERROR), SQ_INT(store_now_s())),
+                    NULL, "job counts", err);
 out:
-    if (res != AR_OK)
-        tx_rollback(st);
+    res = tx_end(st, res, err);
     pthread_mutex_unlock(&st->mu);
     return res;
 }
@@ -930,23 +860,13 @@ out:
 static enum ar_status job_update(struct sqlite_store *st, enum stmt_id id, const char *job_id,
                                  const char *status, struct ar_err *err)
 {
-    enum ar_status res = AR_OK;
-    sqlite3_stmt *s;
-    int rc;
+    const struct sq_arg args[] = {SQ_TEXT(job_id), SQ_TEXT(status), SQ_INT(store_now_s())};
+    enum ar_status res;
+    int changes = 0;
     pthread_mutex_lock(&st->mu);
-    s = st->stmt[id];
-    rc = bind_str(s, 1, job_id);
-    if (rc == SQLITE_OK && status)
-        rc = bind_str(s, 2, status);
-    if (rc == SQLITE_OK && status)
-        rc = sqlite3_bind_int64(s, 3, store_now_s());
-    if (rc == SQLITE_OK)
-        rc = sqlite3_step(s);
-    if (rc != SQLITE_DONE)
-        res = db_fail(st, rc, err, "job update");
-    else if (sqlite3_changes(st->db) == 0)
+    res = exec_args(st, id, args, status ? 3 : 1, &changes, "job update", err);
+    if (res == AR_OK && changes == 0)
         res = ar_err_set(err, AR_EINVAL, 0, "store: no job %s", job_id);
-    stmt_done(s);
     pthread_mutex_unlock(&st->mu);
     return res;
 }
@@ -973,17 +893,9 @@ static enum ar_status sq_job_item_get(struct store *base, const char *job_id, in
     int rc;
     pthread_mutex_lock(&st->mu);
     s = st->stmt[S_ITEM_GET];
-    rc = bind_str(s, 1, job_id);
-    if (rc == SQLITE_OK)
-        rc = sqlite3_bind_int64(s, 2, line);
-    if (rc == SQLITE_OK)
-        rc = sqlite3_step(s);
+    rc = step_args(s, SQ_ARGS(SQ_TEXT(job_id), SQ_INT(line)));
     if (rc == SQLITE_ROW) {
-        int status =
-            status_from_name(store_item_status_names, AR_ARRAY_LEN(store_item_status_names),
-                             sqlite3_column_text(s, 1));
-        res = store_item_copy(out, sqlite3_column_int64(s, 0),
-                              status < 0 ? STORE_ITEM_ERROR : (enum store_item_status)status,
+        res = store_item_copy(out, sqlite3_column_int64(s, 0), item_status_at(s, 1),
                               (const char *)sqlite3_column_text(s, 2),
                               (const char *)sqlite3_column_text(s, 3));
         *found = res == AR_OK;
@@ -1001,9 +913,7 @@ static enum ar_status job_get_locked(struct sqlite_store *st, const char *job_id
 {
     sqlite3_stmt *s = st->stmt[S_JOB_GET];
     enum ar_status res = AR_OK;
-    int rc = bind_str(s, 1, job_id);
-    if (rc == SQLITE_OK)
-        rc = sqlite3_step(s);
+    int rc = step_args(s, SQ_ARGS(SQ_TEXT(job_id)));
     *found = rc == SQLITE_ROW;
     if (rc == SQLITE_ROW)
         job_from_row(s, info);
@@ -1041,14 +951,11 @@ static enum ar_status sq_job_results(struct store *base, const char *job_id, sto
         goto out;
     }
     s = st->stmt[S_JOB_ITEMS];
-    rc = bind_str(s, 1, job_id);
+    rc = bind_args(s, SQ_ARGS(SQ_TEXT(job_id)));
     while (rc == SQLITE_OK && (rc = sqlite3_step(s)) == SQLITE_ROW) {
         struct store_item it;
-        int status =
-            status_from_name(store_item_status_names, AR_ARRAY_LEN(store_item_status_names),
-                             sqlite3_column_text(s, 1));
         it.line = sqlite3_column_int64(s, 0);
-        it.status = status < 0 ? STORE_ITEM_ERROR : (enum store_item_status)status;
+        it.status = item_status_at(s, 1);
         it.input = (const char *)sqlite3_column_text(s, 2);
         it.result = (const char *)sqlite3_column_text(s, 3);
         it.storage = NULL;

@@ -28,12 +28,34 @@ const char *store_item_status_str(enum store_item_status s)
     return "unknown";
 }
 
-int store_status_from_name(const char *const *names, size_t n, const char *text)
+/* Index of text in names[0..n), or -1 (also for NULL). */
+static int status_from_name(const char *const *names, size_t n, const char *text)
 {
     for (size_t i = 0; text && i < n; i++)
         if (strcmp(names[i], text) == 0)
             return (int)i;
     return -1;
+}
+
+enum store_job_status store_job_status_of(const char *name)
+{
+    int s = status_from_name(store_job_status_names, AR_ARRAY_LEN(store_job_status_names), name);
+    return s < 0 ? STORE_JOB_FAILED : (enum store_job_status)s;
+}
+
+enum store_item_status store_item_status_of(const char *name)
+{
+    int s = status_from_name(store_item_status_names, AR_ARRAY_LEN(store_item_status_names), name);
+    return s < 0 ? STORE_ITEM_ERROR : (enum store_item_status)s;
+}
+
+void store_job_info_init(struct store_job_info *info, const char *id, const char *status,
+                         const char *shop_id)
+{
+    memset(info, 0, sizeof(*info));
+    snprintf(info->id, sizeof(info->id), "%s", id ? id : "");
+    info->status = store_job_status_of(status);
+    snprintf(info->shop_id, sizeof(info->shop_id), "%s", shop_id ? shop_id : "");
 }
 
 int64_t store_now_s(void)

@@ -65,8 +65,15 @@ enum ar_status store_pg_open(const char *url, struct store **out, struct ar_err 
 extern const char *const store_job_status_names[5];
 extern const char *const store_item_status_names[3];
 
-/* Index of text in names[0..n), or -1 (also for NULL). */
-int store_status_from_name(const char *const *names, size_t n, const char *text);
+/* The status a database keeps by name; a name the CHECK constraints do not admit (or NULL)
+ * reads as STORE_JOB_FAILED, STORE_ITEM_ERROR. */
+enum store_job_status store_job_status_of(const char *name);
+enum store_item_status store_item_status_of(const char *name);
+
+/* Clears info and fills the fields a job row keeps as text (NULL id, shop_id: ""); the
+ * backend fills the counts, times and published flag. */
+void store_job_info_init(struct store_job_info *info, const char *id, const char *status,
+                         const char *shop_id);
 
 /* Fills out with a copy of r as the store keeps it (NULL lang and model as "", created as
  * its time): one allocation for the strings, like a row read back. */

@@ -18,23 +18,6 @@
 #include "cache/cache.h"
 #include "harness/private_services.h"
 
-static struct th_private g_priv; /* the private server of the current test, if any */
-
-static int teardown_private(void **state)
-{
-    (void)state;
-    th_private_cleanup(&g_priv);
-    return 0;
-}
-
-static void sleep_s(double s)
-{
-    struct timespec ts;
-    ts.tv_sec = (time_t)s;
-    ts.tv_nsec = (long)((s - (double)ts.tv_sec) * 1e9);
-    nanosleep(&ts, NULL);
-}
-
 /* A unique key prefix per test and run, so runs never see each other's keys. */
 static const char *prefix(const char *name)
 {
@@ -56,22 +39,6 @@ static struct cache *make_redis(const char *url, const char *key_prefix, double 
     assert_non_null(c);
     assert_string_equal(c->ops->name, "redis");
     return c;
-}
-
-/* The test's own connection to the server at url (redis://host:port/db), for checking. */
-static redisContext *direct(const char *url)
-{
-    struct cache_redis_url u;
-    redisContext *rc;
-    redisReply *r;
-    assert_int_equal(cache_redis_url_parse(url, &u, NULL), AR_OK);
-    rc = redisConnect(u.host, u.port);
-    if (!rc || rc->err)
-        fail_msg("cannot connect to %s", url);
-    r = redisCommand(rc, "SELECT %d", u.db);
-    assert_non_null(r);
-    freeReplyObject(r);
-    return rc;
 }
 
 /* ---- URLs --------------------------------------------------------------------------------- */
@@ -167,7 +134,7 @@ static void get_returns_what_put_stored_byte_for_byte(void **state)
     struct cache *c = make_redis(url, pre, 60);
     static const char bin[] = {'a', '\0', 'b', '\xff', '\r', '\n', '\0'};
     struct cache_stats s;
-    redisContext *rc = direct(url);
+    redisContext *rc = th_redis_direct(url);
     redisReply *r;
     char *v = NULL;
     size_t n = 99;
@@ -234,7 +201,7 @@ static void entries_expire_after_their_ttl(void **state)
     const char *pre = prefix("ttl");
     struct cache *c = make_redis(url, pre, 0.3);
     struct cache *forever = make_redis(url, pre, 0);
-    redisContext *rc = direct(url);
+    redisContext *rc = th_redis_direct(url);
     redisReply *r;
     char key[200];
     double t0;
@@ -252,7 +219,7 @@ static void entries_expire_after_their_ttl(void **state)
     freeReplyObject(r);
     if (ar_time_s() - t0 < 0.25) /* else the machine is too slow to see it alive */
         assert_int_equal(cache_get(c, "short", 5, NULL, NULL), 2);
-    sleep_s(0.45);
+    th_sleep_s(0.45);
     assert_int_equal(cache_get(c, "short", 5, NULL, NULL), 0);
     assert_int_equal(cache_get(c, "long", 4, NULL, NULL), 2);
     r = redisCommand(rc, "DEL %s", key);
@@ -327,7 +294,7 @@ static void cache_open_picks_the_implementation_by_url(void **state)
     struct cache_memory_params mp = cache_memory_default_params();
     struct ar_err err = {AR_OK, 0, {0}};
     struct cache *c = (struct cache *)1;
-    redisContext *rc = direct(url);
+    redisContext *rc = th_redis_direct(url);
     redisReply *r;
     char key[64];
     (void)state;
@@ -384,8 +351,8 @@ static void redis_down_means_fast_misses_then_recovery_by_itself(void **state)
     struct timing tg = {0, 0, 0}, tp = {0, 0, 0};
     double t_restart, t_back = -1;
     (void)state;
-    th_private_start(&g_priv, "redis");
-    p.url = g_priv.url;
+    th_private_start(&th_priv, "redis");
+    p.url = th_priv.url;
     p.ttl_s = 60;
     assert_int_equal(cache_redis_create(&p, &c, NULL), AR_OK);
     assert_int_equal(cache_memory_create(&mp, &l1), AR_OK);
@@ -396,7 +363,7 @@ static void redis_down_means_fast_misses_then_recovery_by_itself(void **state)
     cache_stats(c, &s0);
     assert_int_equal(s0.errors, 0);
 
-    th_private_stop(&g_priv);
+    th_private_stop(&th_priv);
     /* ~1 s of traffic against a dead server */
     for (double end = ar_time_s() + 1.0; ar_time_s() < end;) {
         double t0 = ar_time_s();
@@ -405,7 +372,7 @@ static void redis_down_means_fast_misses_then_recovery_by_itself(void **state)
         t0 = ar_time_s();
         assert_int_equal(cache_put(c, "k", 1, "v", 1), AR_EUNAVAIL);
         timed(&tp, t0);
-        sleep_s(0.002);
+        th_sleep_s(0.002);
     }
     assert_false(cache_redis_healthy(c));
     assert_false(cache_redis_healthy(t)); /* the tiered cache over it says so too */
@@ -420,14 +387,14 @@ static void redis_down_means_fast_misses_then_recovery_by_itself(void **state)
     assert_true(tg.n > 100);
     assert_true(tg.n_slow + tp.n_slow <= 8);
 
-    th_private_restart(&g_priv);
+    th_private_restart(&th_priv);
     t_restart = ar_time_s();
     while (ar_time_s() - t_restart < 8.0) {
         if (cache_put(c, "k", 1, "again", 5) == AR_OK) {
             t_back = ar_time_s() - t_restart;
             break;
         }
-        sleep_s(0.01);
+        th_sleep_s(0.01);
     }
     /* the backoff had reached at most 1.6 s after ~1 s of outage (0.1, 0.2, 0.4, 0.8 ...) */
     if (t_back < 0)
@@ -442,7 +409,7 @@ static void redis_down_means_fast_misses_then_recovery_by_itself(void **state)
         ar_free(v);
     }
     cache_destroy(t);
-    th_private_cleanup(&g_priv);
+    th_private_cleanup(&th_priv);
 }
 
 static void a_cache_created_while_redis_is_down_connects_later(void **state)
@@ -452,9 +419,9 @@ static void a_cache_created_while_redis_is_down_connects_later(void **state)
     char url[300];
     double t0, t_back = -1;
     (void)state;
-    th_private_start(&g_priv, "redis");
-    snprintf(url, sizeof(url), "%s", g_priv.url);
-    th_private_stop(&g_priv);
+    th_private_start(&th_priv, "redis");
+    snprintf(url, sizeof(url), "%s", th_priv.url);
+    th_private_stop(&th_priv);
     p.url = url;
     p.backoff_max_ms = 400;
     t0 = ar_time_s();
@@ -463,14 +430,14 @@ static void a_cache_created_while_redis_is_down_connects_later(void **state)
     assert_false(cache_redis_healthy(c));
     assert_int_equal(cache_get(c, "k", 1, NULL, NULL), 0);
     assert_int_equal(cache_put(c, "k", 1, "v", 1), AR_EUNAVAIL);
-    th_private_restart(&g_priv);
+    th_private_restart(&th_priv);
     t0 = ar_time_s();
     while (ar_time_s() - t0 < 5.0) {
         if (cache_put(c, "k", 1, "v", 1) == AR_OK) {
             t_back = ar_time_s() - t0;
             break;
         }
-        sleep_s(0.01);
+        th_sleep_s(0.01);
     }
     if (t_back < 0)
         fail_msg("never connected");
@@ -478,7 +445,7 @@ static void a_cache_created_while_redis_is_down_connects_later(void **state)
     assert_true(cache_redis_healthy(c));
     assert_int_equal(cache_get(c, "k", 1, NULL, NULL), 2);
     cache_destroy(c);
-    th_private_cleanup(&g_priv);
+    th_private_cleanup(&th_priv);
 }
 
 /* A server that takes connections and never answers: each call would wait for the command
@@ -613,9 +580,9 @@ int main(void)
         cmocka_unit_test(a_reply_put_by_one_instance_is_an_l2_then_l1_hit_on_another),
         cmocka_unit_test(cache_open_picks_the_implementation_by_url),
         cmocka_unit_test_teardown(redis_down_means_fast_misses_then_recovery_by_itself,
-                                  teardown_private),
+                                  th_private_teardown),
         cmocka_unit_test_teardown(a_cache_created_while_redis_is_down_connects_later,
-                                  teardown_private),
+                                  th_private_teardown),
         cmocka_unit_test(a_server_that_never_answers_costs_one_command_timeout),
         cmocka_unit_test(threads_share_one_cache_and_its_connections),
     };

@@ -8,56 +8,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-/* ./bin/autoreply, or $AR_BIN (tests/run.sh points it at the build being tested) */
-static const char *bin_path(void)
-{
-    const char *b = getenv("AR_BIN");
-    return b && *b ? b : "./bin/autoreply";
-}
+#include "harness/process.h"
+
 #define DEMO "models/autoreply-demo-q8_0.gguf"
 
-struct run {
-    int status; /* exit code, or 128 + signal */
-    char *out, *err;
-};
-
-/* Runs the binary with argv (NULL-terminated; argv[0] is only its name), stdout and stderr
- * captured in files. */
-static struct run run_argv(char *const argv[])
-{
-    struct run r = {0};
-    char out_path[] = "/tmp/ar_cli_out_XXXXXX", err_path[] = "/tmp/ar_cli_err_XXXXXX";
-    int fo = mkstemp(out_path), fe = mkstemp(err_path), st = 0;
-    pid_t pid;
-    assert_true(fo >= 0 && fe >= 0);
-    pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        int devnull = open("/dev/null", O_RDONLY);
-        dup2(devnull, 0);
-        dup2(fo, 1);
-        dup2(fe, 2);
-        execv(bin_path(), argv);
-        _exit(127);
-    }
-    waitpid(pid, &st, 0);
-    close(fo);
-    close(fe);
-    r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-    r.out = th_read_file(out_path, NULL);
-    r.err = th_read_file(err_path, NULL);
-    unlink(out_path);
-    unlink(err_path);
-    return r;
-}
-
-#define RUN(...) run_argv((char *const[]){"autoreply", __VA_ARGS__, NULL})
-
-static void run_free(struct run *r)
-{
-    free(r->out);
-    free(r->err);
-}
+/* Runs the binary with the arguments, stdout and stderr captured. */
+#define RUN(...)                                                                                   \
+    th_run_exec(th_bin_path(), (char *const[]){"autoreply", __VA_ARGS__, NULL}, NULL, false)
 
 static int count_lines(const char *s)
 {
@@ -69,7 +26,7 @@ static int count_lines(const char *s)
 
 /* A failed command: non-zero exit, not a crash, and exactly one line on stderr that says what
  * is wrong (containing `needle`). */
-static void expect_clean_failure(struct run *r, const char *needle)
+static void expect_clean_failure(struct th_run *r, const char *needle)
 {
     if (r->status == 0 || r->status >= 128 || !strstr(r->err, needle) || count_lines(r->err) != 1)
         fail_msg("status %d, stderr: %s", r->status, r->err);
@@ -78,7 +35,7 @@ static void expect_clean_failure(struct run *r, const char *needle)
 static void check_fixtures_passes_on_shared_fixtures(void **state)
 {
     char dir[512];
-    struct run r;
+    struct th_run r;
     (void)state;
     th_shared_path(dir, sizeof(dir), "fixtures");
     r = RUN("check-fixtures", dir);
@@ -86,21 +43,21 @@ static void check_fixtures_passes_on_shared_fixtures(void **state)
         fail_msg("check-fixtures failed:\n%s\n%s", r.out, r.err);
     assert_non_null(strstr(r.out, " 0 failed"));
     assert_null(strstr(r.out, "FAIL"));
-    run_free(&r);
+    th_run_free(&r);
 }
 
 static void check_fixtures_fails_on_a_missing_directory(void **state)
 {
-    struct run r = RUN("check-fixtures", "/nonexistent/fixtures");
+    struct th_run r = RUN("check-fixtures", "/nonexistent/fixtures");
     (void)state;
     expect_clean_failure(&r, "/nonexistent/fixtures");
-    run_free(&r);
+    th_run_free(&r);
 }
 
 static void generate_answers_a_review_through_the_chat_template(void **state)
 {
-    struct run r = RUN("generate", "-m", DEMO, "--chat", "--temp", "0", "-n", "120", "-p",
-                       "评分：5星\n评价：物流很快，包装完好");
+    struct th_run r = RUN("generate", "-m", DEMO, "--chat", "--temp", "0", "-n", "120", "-p",
+                          "评分：5星\n评价：物流很快，包装完好");
     (void)state;
     assert_int_equal(r.status, 0);
     /* a Chinese reply (CJK bytes), and the run stopped at the end-of-turn token */
@@ -108,75 +65,75 @@ static void generate_answers_a_review_through_the_chat_template(void **state)
     assert_true((unsigned char)r.out[0] >= 0xe4);
     assert_null(strstr(r.out, "<|im_end|>"));
     assert_non_null(strstr(r.err, "stopped: end of turn"));
-    run_free(&r);
+    th_run_free(&r);
 }
 
 static void generate_is_deterministic_for_a_seed(void **state)
 {
-    struct run a = RUN("generate", "-m", DEMO, "--chat", "--temp", "0.9", "--seed", "7", "-n",
-                       "40", "-p", "Rating: 2 stars\nReview: arrived broken");
-    struct run b = RUN("generate", "-m", DEMO, "--chat", "--temp", "0.9", "--seed", "7", "-n",
-                       "40", "-p", "Rating: 2 stars\nReview: arrived broken");
+    struct th_run a = RUN("generate", "-m", DEMO, "--chat", "--temp", "0.9", "--seed", "7", "-n",
+                          "40", "-p", "Rating: 2 stars\nReview: arrived broken");
+    struct th_run b = RUN("generate", "-m", DEMO, "--chat", "--temp", "0.9", "--seed", "7", "-n",
+                          "40", "-p", "Rating: 2 stars\nReview: arrived broken");
     (void)state;
     assert_int_equal(a.status, 0);
     assert_int_equal(b.status, 0);
     assert_string_equal(a.out, b.out);
-    run_free(&a);
-    run_free(&b);
+    th_run_free(&a);
+    th_run_free(&b);
 }
 
 static void generate_rejects_bad_input_with_one_line(void **state)
 {
-    struct run r;
+    struct th_run r;
     char big[40000];
     (void)state;
     r = RUN("generate", "-m", "/nonexistent.gguf", "-p", "hi");
     expect_clean_failure(&r, "/nonexistent.gguf");
-    run_free(&r);
+    th_run_free(&r);
     r = RUN("generate", "-m", DEMO, "-p", "hi", "-t", "0");
     expect_clean_failure(&r, "-t");
-    run_free(&r);
+    th_run_free(&r);
     r = RUN("generate", "-m", DEMO, "-p", "hi", "-n", "99999999999");
     expect_clean_failure(&r, "-n");
-    run_free(&r);
+    th_run_free(&r);
     r = RUN("generate", "-m", DEMO, "-p", "hi", "--temp", "abc");
     expect_clean_failure(&r, "--temp");
-    run_free(&r);
+    th_run_free(&r);
     /* a prompt longer than the context (512 tokens) */
     for (size_t i = 0; i + 1 < sizeof(big); i++)
         big[i] = (char)('a' + i % 26);
     big[sizeof(big) - 1] = '\0';
     r = RUN("generate", "-m", DEMO, "-p", big);
     expect_clean_failure(&r, "context");
-    run_free(&r);
+    th_run_free(&r);
     r = RUN("generate", "-m", "README.md", "-p", "hi");
     expect_clean_failure(&r, "README.md");
-    run_free(&r);
+    th_run_free(&r);
     r = RUN("frobnicate");
     expect_clean_failure(&r, "frobnicate");
-    run_free(&r);
+    th_run_free(&r);
 }
 
 static void inspect_prints_metadata_and_tensors(void **state)
 {
-    struct run r = RUN("inspect", "-m", DEMO);
+    struct th_run r = RUN("inspect", "-m", DEMO);
     (void)state;
     assert_int_equal(r.status, 0);
     assert_non_null(strstr(r.out, "general.architecture"));
     assert_non_null(strstr(r.out, "\"llama\""));
     assert_non_null(strstr(r.out, "blk.3.ffn_down.weight"));
     assert_non_null(strstr(r.out, "parameters: 6220032"));
-    run_free(&r);
+    th_run_free(&r);
 }
 
 static void tokenize_prints_ids(void **state)
 {
-    struct run r = RUN("tokenize", "-m", DEMO, "--ids", "<|im_start|>user");
+    struct th_run r = RUN("tokenize", "-m", DEMO, "--ids", "<|im_start|>user");
     (void)state;
     assert_int_equal(r.status, 0);
     /* <|im_start|> is id 3 in the demo vocabulary (model card) */
     assert_int_equal(strncmp(r.out, "3 ", 2), 0);
-    run_free(&r);
+    th_run_free(&r);
 }
 
 static bool file_exists(const char *p)
@@ -188,7 +145,7 @@ static bool file_exists(const char *p)
 static void quantize_round_trip_and_no_partial_output(void **state)
 {
     char dir[] = "/tmp/ar_cli_q_XXXXXX", f32[256], q8[256], q4[256], bad[256], fx[512];
-    struct run r;
+    struct th_run r;
     (void)state;
     assert_non_null(mkdtemp(dir));
     snprintf(f32, sizeof(f32), "%s/m-f32.gguf", dir);
@@ -198,35 +155,35 @@ static void quantize_round_trip_and_no_partial_output(void **state)
     r = RUN("gen-model", "--arch", "llama", "--n-embd", "256", "--n-layer", "2", "--n-head", "4",
             "--n-head-kv", "2", "--n-ff", "512", "--n-vocab", "300", "--type", "f32", "-o", f32);
     assert_int_equal(r.status, 0);
-    run_free(&r);
+    th_run_free(&r);
     r = RUN("quantize", f32, q8, "q8_0");
     assert_int_equal(r.status, 0);
-    run_free(&r);
+    th_run_free(&r);
     r = RUN("quantize", f32, q4, "q4_k_m");
     assert_int_equal(r.status, 0);
-    run_free(&r);
+    th_run_free(&r);
     r = RUN("inspect", q4);
     assert_int_equal(r.status, 0);
     assert_non_null(strstr(r.out, "q4_K"));
     assert_non_null(strstr(r.out, "q6_K")); /* output matrix and the mixed layers */
-    run_free(&r);
+    th_run_free(&r);
     /* both quantized files run; ids in, ids out (no vocabulary) */
     r = RUN("generate", "-m", q8, "--ids", "-p", "1 2 3", "-n", "4", "--temp", "0");
     assert_int_equal(r.status, 0);
-    run_free(&r);
+    th_run_free(&r);
     /* a quantized input is refused and no output file is left behind */
     r = RUN("quantize", q8, bad, "q4_0");
     expect_clean_failure(&r, "F32, F16 or BF16");
     assert_false(file_exists(bad));
-    run_free(&r);
+    th_run_free(&r);
     r = RUN("quantize", f32, bad, "q3_x");
     expect_clean_failure(&r, "q3_x");
     assert_false(file_exists(bad));
-    run_free(&r);
+    th_run_free(&r);
     snprintf(fx, sizeof(fx), "%s/no-such-dir/out.gguf", dir);
     r = RUN("quantize", f32, fx, "q8_0");
     assert_true(r.status != 0 && r.status < 128);
-    run_free(&r);
+    th_run_free(&r);
     unlink(f32);
     unlink(q8);
     unlink(q4);

@@ -4,6 +4,7 @@
  * and exports every family the alert rules in deploy/prometheus/alerts.yml read. */
 #include "harness/harness.h"
 #include "harness/http_client.h"
+#include "harness/process.h"
 #include "harness/promtool.h"
 
 #include <ctype.h>
@@ -17,13 +18,6 @@
 
 #define DEMO "models/autoreply-demo-q8_0.gguf"
 #define ALERTS "deploy/prometheus/alerts.yml"
-
-
-static const char *bin_path(void)
-{
-    const char *b = getenv("AR_BIN");
-    return b && *b ? b : "./bin/autoreply";
-}
 
 static double wall_s(void)
 {
@@ -57,8 +51,8 @@ static void spawn_serve(void)
         dup2(in, 0);
         dup2(out, 1);
         dup2(out, 2);
-        execl(bin_path(), "autoreply", "serve", "-m", DEMO, "--port", "0", "--data-dir", data, "-t",
-              "1", "--parallel", "4", (char *)NULL);
+        execl(th_bin_path(), "autoreply", "serve", "-m", DEMO, "--port", "0", "--data-dir", data,
+              "-t", "1", "--parallel", "4", (char *)NULL);
         _exit(127);
     }
 }

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "harness/http_client.h"
+#include "harness/process.h"
 
 /* serve learns --store/--cache/--queue/--instance-name (and answers with X-Autoreply-Instance)
  * in the fleet-store, fleet-cache, fleet-queue and fleet-http branches. Until those are merged
@@ -27,67 +28,13 @@
 #define CONF "deploy/nginx/autoreply.conf"
 #define FLEET "deploy/fleet.sh"
 
-static const char *bin_path(void)
-{
-    const char *b = getenv("AR_BIN");
-    return b && *b ? b : "./bin/autoreply";
-}
-
 static const char *nginx_path(void)
 {
     const char *b = getenv("AR_NGINX");
     return b && *b ? b : "/usr/sbin/nginx";
 }
 
-/* ---- running commands ------------------------------------------------------------------------ */
-
-struct run {
-    int status; /* exit code, or 128 + signal */
-    char *out, *err;
-};
-
-static void run_free(struct run *r)
-{
-    free(r->out);
-    free(r->err);
-    memset(r, 0, sizeof(*r));
-}
-
-/* Runs `sh -c cmd` (formatted), stdout and stderr captured in files, stdin closed. */
-static struct run sh_run(const char *fmt, ...)
-{
-    struct run r = {0};
-    char cmd[4096];
-    char out_path[] = "/tmp/ar_deploy_out_XXXXXX", err_path[] = "/tmp/ar_deploy_err_XXXXXX";
-    int fo = mkstemp(out_path), fe = mkstemp(err_path), st = 0;
-    va_list ap;
-    pid_t pid;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof(cmd), fmt, ap);
-    va_end(ap);
-    assert_true(fo >= 0 && fe >= 0);
-    pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        int devnull = open("/dev/null", O_RDONLY);
-        dup2(devnull, 0);
-        dup2(fo, 1);
-        dup2(fe, 2);
-        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-        _exit(127);
-    }
-    waitpid(pid, &st, 0);
-    close(fo);
-    close(fe);
-    r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-    r.out = th_read_file(out_path, NULL);
-    r.err = th_read_file(err_path, NULL);
-    unlink(out_path);
-    unlink(err_path);
-    assert_non_null(r.out);
-    assert_non_null(r.err);
-    return r;
-}
+/* ---- processes ------------------------------------------------------------------------------- */
 
 /* A /proc file, read to its end (they report size 0, so th_read_file reads nothing); NULL when
  * it cannot be opened. NUL-terminated; *len its length. Caller frees. */
@@ -181,22 +128,6 @@ static int children_of(int ppid, int *pids, int max)
     }
     closedir(d);
     return n;
-}
-
-/* A loopback TCP port nobody listens on now. */
-static int free_port(void)
-{
-    struct sockaddr_in a = {0};
-    socklen_t len = sizeof(a);
-    int fd = socket(AF_INET, SOCK_STREAM, 0), port;
-    assert_true(fd >= 0);
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
-    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
-    port = ntohs(a.sin_port);
-    close(fd);
-    return port;
 }
 
 /* ---- a small reader of nginx configuration --------------------------------------------------- */
@@ -401,15 +332,15 @@ static void write_wrapper(const char *dir, const char *conf)
     fclose(f);
 }
 
-static struct run nginx_t(const char *dir)
+static struct th_run nginx_t(const char *dir)
 {
-    return sh_run("'%s' -t -c %s/nginx.conf -p %s -e %s/error.log", nginx_path(), dir, dir, dir);
+    return th_sh_run("'%s' -t -c %s/nginx.conf -p %s -e %s/error.log", nginx_path(), dir, dir, dir);
 }
 
 static void shipped_nginx_config_passes_nginx_t(void **state)
 {
     char dir[] = "/tmp/ar_deploy_ngx_XXXXXX", broken[600];
-    struct run r;
+    struct th_run r;
     char *text, *typo;
     FILE *f;
     (void)state;
@@ -419,7 +350,7 @@ static void shipped_nginx_config_passes_nginx_t(void **state)
     if (r.status != 0)
         fail_msg("nginx -t on %s: status %d\n%s%s", CONF, r.status, r.out, r.err);
     assert_non_null(strstr(r.err, "test is successful"));
-    run_free(&r);
+    th_run_free(&r);
 
     /* the same check catches a broken copy: one misspelt directive */
     text = th_read_file(CONF, NULL);
@@ -436,7 +367,7 @@ static void shipped_nginx_config_passes_nginx_t(void **state)
     r = nginx_t(dir);
     assert_int_not_equal(r.status, 0);
     assert_non_null(strstr(r.err, "least_comm"));
-    run_free(&r);
+    th_run_free(&r);
     {
         char cmd[700];
         snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
@@ -448,11 +379,11 @@ static void shipped_nginx_config_has_what_the_fleet_needs(void **state)
 {
     struct ngx root, *http = &root;
     const struct ngx *up, *srv, *d, *loc;
-    struct run help;
+    struct th_run help;
     int n_servers = 0;
     (void)state;
     ngx_load(CONF, &root);
-    help = sh_run("'%s' serve --help", bin_path());
+    help = th_sh_run("'%s' serve --help", th_bin_path());
     assert_int_equal(help.status, 0);
 
     /* the upstream: least connections, shared state, failure handling, kept-alive connections */
@@ -533,7 +464,7 @@ static void shipped_nginx_config_has_what_the_fleet_needs(void **state)
     d = ngx_need(loc, "proxy_read_timeout", NULL, "completions");
     assert_true(ngx_seconds(d->args[1]) >= 60);
 
-    run_free(&help);
+    th_run_free(&help);
     ngx_free(&root);
 }
 
@@ -613,21 +544,21 @@ static int get_via(int port, const char *path, int *upstream, char *instance, si
 static void fleet_balances_survives_a_killed_instance_and_stops_everything(void **state)
 {
     struct proc p[8], again;
-    struct run r;
+    struct th_run r;
     const struct proc *i1, *i2, *ngx;
-    int n, nginx_port = free_port(), seen1 = 0, seen2 = 0, workers[16], n_workers;
+    int n, nginx_port = th_free_port(), seen1 = 0, seen2 = 0, workers[16], n_workers;
     int old_i2;
     char state_file[400], *text;
     (void)state;
     snprintf(fleet_dir, sizeof(fleet_dir), "/tmp/ar_fleet_XXXXXX");
     assert_non_null(mkdtemp(fleet_dir));
 
-    r = sh_run("timeout 300 sh %s up --instances 2 --port %d --dir %s --bin '%s' --wait 120%s",
-               FLEET, nginx_port, fleet_dir, bin_path(), FLEET_FULL ? "" : " --no-backends");
+    r = th_sh_run("timeout 300 sh %s up --instances 2 --port %d --dir %s --bin '%s' --wait 120%s",
+                  FLEET, nginx_port, fleet_dir, th_bin_path(), FLEET_FULL ? "" : " --no-backends");
     if (r.status != 0)
         fail_msg("fleet.sh up: status %d\nstdout: %s\nstderr: %s", r.status, r.out, r.err);
     n = parse_procs(r.out, p, 8);
-    run_free(&r);
+    th_run_free(&r);
 
     /* the printed lines: the servers (when shared), i1, i2, then nginx, each running */
     assert_int_equal(n, FLEET_FULL ? 6 : 3);
@@ -697,21 +628,21 @@ static void fleet_balances_survives_a_killed_instance_and_stops_everything(void 
     }
 
     /* kill i2: nginx skips it, every request still answered (by i1) */
-    r = sh_run("timeout 60 sh %s kill i2 --dir %s", FLEET, fleet_dir);
+    r = th_sh_run("timeout 60 sh %s kill i2 --dir %s", FLEET, fleet_dir);
     assert_int_equal(r.status, 0);
     {
         char want[128];
         snprintf(want, sizeof(want), "i2 pid %d killed\n", i2->pid);
         assert_string_equal(r.out, want);
     }
-    run_free(&r);
+    th_run_free(&r);
     assert_false(alive(i2->pid));
     for (int k = 0; k < 8; k++) {
         int up;
         assert_int_equal(get_via(nginx_port, "/health", &up, NULL, 0), 200);
         assert_int_equal(up, i1->port);
     }
-    r = sh_run("timeout 60 sh %s status --dir %s", FLEET, fleet_dir);
+    r = th_sh_run("timeout 60 sh %s status --dir %s", FLEET, fleet_dir);
     assert_int_equal(r.status, 3); /* not everything runs */
     {
         char want[400];
@@ -720,14 +651,14 @@ static void fleet_balances_survives_a_killed_instance_and_stops_everything(void 
         snprintf(want, sizeof(want), "i1 pid %d %s running\n", i1->pid, i1->url);
         assert_non_null(strstr(r.out, want));
     }
-    run_free(&r);
+    th_run_free(&r);
 
     /* start it again: same port; nginx takes it back once its fail_timeout has passed */
-    r = sh_run("timeout 180 sh %s start 2 --dir %s", FLEET, fleet_dir);
+    r = th_sh_run("timeout 180 sh %s start 2 --dir %s", FLEET, fleet_dir);
     if (r.status != 0)
         fail_msg("fleet.sh start 2: status %d\n%s", r.status, r.err);
     assert_int_equal(parse_procs(r.out, &again, 1), 1);
-    run_free(&r);
+    th_run_free(&r);
     assert_string_equal(again.name, "i2");
     assert_string_equal(again.url, i2->url);
     assert_true(alive(again.pid));
@@ -745,9 +676,9 @@ static void fleet_balances_survives_a_killed_instance_and_stops_everything(void 
         if (!back)
             fail_msg("restarted i2 got no request through nginx within 30 s");
     }
-    r = sh_run("timeout 60 sh %s status --dir %s", FLEET, fleet_dir);
+    r = th_sh_run("timeout 60 sh %s status --dir %s", FLEET, fleet_dir);
     assert_int_equal(r.status, 0);
-    run_free(&r);
+    th_run_free(&r);
 
     /* down stops every process it started, nginx's workers included; down again is harmless */
     n_workers = children_of(ngx->pid, workers, 16);
@@ -758,10 +689,10 @@ static void fleet_balances_survives_a_killed_instance_and_stops_everything(void 
         int found[16], n_found = procs_mentioning(fleet_dir, found, 16);
         assert_true(n_found >= 3);
     }
-    r = sh_run("timeout 120 sh %s down --dir %s", FLEET, fleet_dir);
+    r = th_sh_run("timeout 120 sh %s down --dir %s", FLEET, fleet_dir);
     if (r.status != 0)
         fail_msg("fleet.sh down: status %d\n%s", r.status, r.err);
-    run_free(&r);
+    th_run_free(&r);
     for (int i = 0; i < n; i++)
         if (alive(p[i].pid))
             fail_msg("%s (pid %d) still runs after down", p[i].name, p[i].pid);
@@ -775,24 +706,24 @@ static void fleet_balances_survives_a_killed_instance_and_stops_everything(void 
     }
     assert_int_equal(http_try(nginx_port, "GET", "/health", NULL, NULL, 0, &(struct resp){0}),
                      false);
-    r = sh_run("timeout 60 sh %s down --dir %s", FLEET, fleet_dir);
+    r = th_sh_run("timeout 60 sh %s down --dir %s", FLEET, fleet_dir);
     assert_int_equal(r.status, 0);
-    run_free(&r);
+    th_run_free(&r);
 }
 
 /* An instance that cannot start: up fails with the reason from its log and leaves nothing
  * running. */
 static void fleet_up_fails_clearly_when_an_instance_cannot_start(void **state)
 {
-    struct run r;
+    struct th_run r;
     int left[8];
     char pidfile[400];
     (void)state;
     snprintf(fleet_dir, sizeof(fleet_dir), "/tmp/ar_fleet_XXXXXX");
     assert_non_null(mkdtemp(fleet_dir));
-    r = sh_run("timeout 120 sh %s up --instances 2 --port %d --dir %s --bin '%s' --no-backends "
-               "--wait 30 -- --no-such-flag",
-               FLEET, free_port(), fleet_dir, bin_path());
+    r = th_sh_run("timeout 120 sh %s up --instances 2 --port %d --dir %s --bin '%s' --no-backends "
+                  "--wait 30 -- --no-such-flag",
+                  FLEET, th_free_port(), fleet_dir, th_bin_path());
     assert_int_not_equal(r.status, 0);
     assert_true(r.status < 124); /* failed by itself, not by the timeout */
     assert_string_equal(r.out, "");
@@ -800,7 +731,7 @@ static void fleet_up_fails_clearly_when_an_instance_cannot_start(void **state)
     assert_non_null(strstr(r.err, "exited"));
     /* the instance's own message, from its log */
     assert_non_null(strstr(r.err, "unknown option '--no-such-flag'"));
-    run_free(&r);
+    th_run_free(&r);
     assert_int_equal(procs_mentioning(fleet_dir, left, 8), 0);
     snprintf(pidfile, sizeof(pidfile), "%s/nginx/nginx.pid", fleet_dir);
     assert_int_not_equal(access(pidfile, F_OK), 0);
@@ -811,7 +742,7 @@ static void fleet_up_refuses_a_port_in_use(void **state)
 {
     struct sockaddr_in a = {0};
     socklen_t len = sizeof(a);
-    struct run r;
+    struct th_run r;
     int fd = socket(AF_INET, SOCK_STREAM, 0), port, left[8];
     char want[64];
     (void)state;
@@ -823,14 +754,14 @@ static void fleet_up_refuses_a_port_in_use(void **state)
     port = ntohs(a.sin_port);
     snprintf(fleet_dir, sizeof(fleet_dir), "/tmp/ar_fleet_XXXXXX");
     assert_non_null(mkdtemp(fleet_dir));
-    r = sh_run("timeout 60 sh %s up --instances 1 --port %d --dir %s --bin '%s' --no-backends",
-               FLEET, port, fleet_dir, bin_path());
+    r = th_sh_run("timeout 60 sh %s up --instances 1 --port %d --dir %s --bin '%s' --no-backends",
+                  FLEET, port, fleet_dir, th_bin_path());
     close(fd);
     assert_int_equal(r.status, 1);
     snprintf(want, sizeof(want), "port %d is in use", port);
     assert_non_null(strstr(r.err, want));
     assert_string_equal(r.out, "");
-    run_free(&r);
+    th_run_free(&r);
     assert_int_equal(procs_mentioning(fleet_dir, left, 8), 0);
 }
 
@@ -857,18 +788,18 @@ static void fleet_commands_reject_bad_input(void **state)
     assert_non_null(mkdtemp(dir));
     for (size_t i = 0; i < AR_ARRAY_LEN(cases); i++) {
         char args[512], *at;
-        struct run r;
+        struct th_run r;
         snprintf(args, sizeof(args), "%s", cases[i].args);
         if ((at = strstr(args, "DIR"))) {
             char rest[256];
             snprintf(rest, sizeof(rest), "%s", at + 3);
             snprintf(at, sizeof(args) - (size_t)(at - args), "%s%s", dir, rest);
         }
-        r = sh_run("timeout 30 sh %s %s", FLEET, args);
+        r = th_sh_run("timeout 30 sh %s %s", FLEET, args);
         if (r.status == 0 || r.status >= 124 || !strstr(r.err, cases[i].needle))
             fail_msg("fleet.sh %s: status %d, stderr: %s", args, r.status, r.err);
         assert_string_equal(r.out, "");
-        run_free(&r);
+        th_run_free(&r);
     }
     /* nothing was written there */
     assert_int_equal(rmdir(dir), 0);
@@ -888,10 +819,10 @@ static void fleet_kill_and_start_reject_an_unknown_instance(void **state)
     fclose(f);
     for (int i = 0; i < 4; i++) {
         static const char *const bad[] = {"kill i3", "start 0", "kill x1", "start i"};
-        struct run r = sh_run("timeout 30 sh %s %s --dir %s", FLEET, bad[i], fleet_dir);
+        struct th_run r = th_sh_run("timeout 30 sh %s %s --dir %s", FLEET, bad[i], fleet_dir);
         if (r.status == 0 || r.status >= 124 || !strstr(r.err, "no instance"))
             fail_msg("fleet.sh %s: status %d, stderr: %s", bad[i], r.status, r.err);
-        run_free(&r);
+        th_run_free(&r);
     }
 }
 

@@ -1,5 +1,6 @@
 /* harness.h - what every test shares: cmocka, the fixture and model paths, file and JSON
- * loading, a fixed-seed RNG. Tests run from the repository root (tests/run.sh does so). */
+ * loading, a fixed-seed RNG, sleeping. Tests run from the repository root (tests/run.sh does
+ * so). */
 #ifndef AR_TEST_HARNESS_H
 #define AR_TEST_HARNESS_H
 
@@ -10,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cmocka.h>
 #include <cjson/cJSON.h>
@@ -82,6 +84,15 @@ static inline uint64_t th_rng_u64(struct th_rng *r)
 static inline float th_rng_f32(struct th_rng *r)
 {
     return (float)((double)(th_rng_u64(r) >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+}
+
+/* Sleeps s seconds (a fraction allowed). */
+static inline void th_sleep_s(double s)
+{
+    struct timespec ts;
+    ts.tv_sec = (time_t)s;
+    ts.tv_nsec = (long)((s - (double)ts.tv_sec) * 1e9);
+    nanosleep(&ts, NULL);
 }
 
 #endif

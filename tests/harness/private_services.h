@@ -1,7 +1,8 @@
 /* private_services.h - a backend server of the test's own, for tests that stop and restart
  * it to watch a client reconnect: deploy/services.sh starts it in a mkdtemp folder on a free
  * port (or the same port again); the shared servers of tests/run.sh (AR_TEST_*_URL) are
- * never stopped. Also th_env_url: the URL of a shared server, failing the test without it. */
+ * never stopped. Also th_env_url: the URL of a shared server, failing the test without it, and
+ * th_redis_direct: a test's own connection to a Redis server, for checking what it holds. */
 #ifndef AR_TEST_PRIVATE_SERVICES_H
 #define AR_TEST_PRIVATE_SERVICES_H
 
@@ -9,6 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <hiredis/hiredis.h>
+
+#include "cache/cache.h"
 #include "harness/harness.h"
 
 /* The URL in environment variable var (tests/run.sh exports them); fails the test when it is
@@ -108,6 +112,34 @@ static inline void th_private_cleanup(struct th_private *s)
         fprintf(stderr, "warning: cleaning %s failed\n", s->dir);
     s->dir[0] = '\0';
     s->running = 0;
+}
+
+/* The private server of the current test in a test file that starts one, and the cmocka
+ * teardown that removes it whether the test passed or failed. */
+static struct th_private th_priv;
+
+static inline int th_private_teardown(void **state)
+{
+    (void)state;
+    th_private_cleanup(&th_priv);
+    return 0;
+}
+
+/* The test's own connection to the Redis server at url (redis://host:port/db), for checking
+ * what it holds; fails the test when it cannot connect. */
+static inline redisContext *th_redis_direct(const char *url)
+{
+    struct cache_redis_url u;
+    redisContext *rc;
+    redisReply *r;
+    assert_int_equal(cache_redis_url_parse(url, &u, NULL), AR_OK);
+    rc = redisConnect(u.host, u.port);
+    if (!rc || rc->err)
+        fail_msg("cannot connect to %s", url);
+    r = redisCommand(rc, "SELECT %d", u.db);
+    assert_non_null(r);
+    freeReplyObject(r);
+    return rc;
 }
 
 #endif

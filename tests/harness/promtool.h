@@ -4,13 +4,11 @@
 #ifndef AR_TEST_PROMTOOL_H
 #define AR_TEST_PROMTOOL_H
 
-#include <fcntl.h>
 #include <stdbool.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "harness/harness.h"
+#include "harness/process.h"
 
 struct promtool_run {
     int status; /* exit code, or 128 + signal */
@@ -41,45 +39,24 @@ static inline const char *promtool_path(void)
 }
 
 /* Runs promtool with args (NULL-terminated, without the program name) and input on its stdin
- * (NULL: /dev/null). */
+ * (NULL: none). */
 static inline struct promtool_run promtool(const char *const *args, const char *input)
 {
     struct promtool_run r = {0};
-    char in_path[] = "/tmp/ar_promtool_in_XXXXXX", out_path[] = "/tmp/ar_promtool_out_XXXXXX";
+    struct th_run run;
     const char *argv[16];
     const char *tool = promtool_path();
-    int fi = mkstemp(in_path), fo = mkstemp(out_path), st = 0, n = 0;
-    pid_t pid;
-    assert_true(fi >= 0 && fo >= 0);
-    if (input) {
-        size_t len = strlen(input);
-        assert_true(write(fi, input, len) == (ssize_t)len);
-    }
+    int n = 0;
     argv[n++] = "promtool";
     for (; args[n - 1]; n++) {
         assert_true(n < (int)(sizeof(argv) / sizeof(argv[0])) - 1);
         argv[n] = args[n - 1];
     }
     argv[n] = NULL;
-    pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        lseek(fi, 0, SEEK_SET);
-        dup2(fi, 0);
-        dup2(fo, 1);
-        dup2(fo, 2);
-        execv(tool, (char *const *)(void *)argv);
-        _exit(127);
-    }
-    waitpid(pid, &st, 0);
-    close(fi);
-    close(fo);
-    r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-    r.out = th_read_file(out_path, NULL);
-    if (!r.out)
-        r.out = strdup("");
-    unlink(in_path);
-    unlink(out_path);
+    run = th_run_exec(tool, (char *const *)(void *)argv, input, true);
+    r.status = run.status;
+    r.out = run.out;
+    free(run.err);
     if (r.status == 127)
         fail_msg("%s could not be run", tool);
     return r;

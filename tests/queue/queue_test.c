@@ -15,19 +15,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "harness/private_services.h"
+
 #include "base/base.h"
 #include "queue/queue.h"
 
 /* ---- helpers ----------------------------------------------------------------------------- */
-
-static const char *amqp_url(void)
-{
-    const char *u = getenv("AR_TEST_AMQP_URL");
-    if (!u || !*u)
-        fail_msg("AR_TEST_AMQP_URL is not set: start RabbitMQ (deploy/services.sh start rabbitmq "
-                 "DIR) and export its URL, or run tests/run.sh");
-    return u;
-}
 
 /* A queue name no other test (or run) uses. */
 static void unique_name(char *buf, size_t size, const char *what)
@@ -151,7 +144,7 @@ static int setup(void **state)
 {
     struct fx *x = calloc(1, sizeof(*x));
     x->kind = *(const enum kind *)*state;
-    x->url = x->kind == KIND_AMQP ? amqp_url() : NULL;
+    x->url = x->kind == KIND_AMQP ? th_env_url("AR_TEST_AMQP_URL") : NULL;
     unique_name(x->name, sizeof(x->name), "q");
     x->q = open_queue(x->url, x->name);
     *state = x;

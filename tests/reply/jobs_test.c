@@ -20,6 +20,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "harness/private_services.h"
+#include "harness/reply_fakes.h"
+
 #include "base/base.h"
 #include "queue/queue.h"
 #include "reply/reply.h"
@@ -33,14 +36,6 @@ struct fake {
     const char *mark; /* names the instance in every reply, e.g. "甲" */
 };
 
-static uint32_t fnv(const char *s)
-{
-    uint32_t h = 2166136261u;
-    for (; *s; s++)
-        h = (h ^ (uint8_t)*s) * 16777619u;
-    return h;
-}
-
 static enum ar_status fake_generate(struct reply_generator *g, const struct reply_gen_request *r,
                                     char **text, size_t *len)
 {
@@ -51,7 +46,8 @@ static enum ar_status fake_generate(struct reply_generator *g, const struct repl
         struct timespec ts = {0, (long)f->delay_ms * 1000000L};
         nanosleep(&ts, NULL);
     }
-    snprintf(buf, sizeof(buf), "感谢您的评价，%s店编号%u已记录，欢迎再来！", f->mark, fnv(r->user));
+    snprintf(buf, sizeof(buf), "感谢您的评价，%s店编号%u已记录，欢迎再来！", f->mark,
+             th_fnv32(r->user));
     *text = ar_strdup(buf);
     *len = strlen(buf);
     return *text ? AR_OK : AR_ENOMEM;
@@ -67,15 +63,6 @@ static void fake_init(struct fake *f, const char *mark, int delay_ms)
 }
 
 /* ---- helpers ----------------------------------------------------------------------------- */
-
-static const char *amqp_url(void)
-{
-    const char *u = getenv("AR_TEST_AMQP_URL");
-    if (!u || !*u)
-        fail_msg("AR_TEST_AMQP_URL is not set: start RabbitMQ (deploy/services.sh start rabbitmq "
-                 "DIR) and export its URL, or run tests/run.sh");
-    return u;
-}
 
 static void sleep_ms(int ms)
 {
@@ -407,7 +394,7 @@ static void lines_wait_while_the_store_cannot_write(void **state)
 static void two_instances_answer_each_line_exactly_once(void **state)
 {
     struct fx *x = *state;
-    const char *url = amqp_url();
+    const char *url = th_env_url("AR_TEST_AMQP_URL");
     struct inst a, b;
     char id[STORE_JOB_ID_LEN + 1], *body;
     size_t len;
@@ -447,7 +434,7 @@ static void two_instances_answer_each_line_exactly_once(void **state)
 static void killed_instance_leaves_its_lines_to_the_other(void **state)
 {
     struct fx *x = *state;
-    const char *url = amqp_url();
+    const char *url = th_env_url("AR_TEST_AMQP_URL");
     struct inst a;
     char id[STORE_JOB_ID_LEN + 1], *body;
     size_t len;
@@ -570,7 +557,7 @@ static void gate_destroy(struct queue *q)
 static void job_stored_while_the_queue_is_down_is_queued_by_the_sweeper(void **state)
 {
     struct fx *x = *state;
-    const char *url = amqp_url();
+    const char *url = th_env_url("AR_TEST_AMQP_URL");
     struct gate_queue gate;
     struct store *st;
     struct reply_service *svc;

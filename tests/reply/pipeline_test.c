@@ -13,6 +13,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "harness/reply_fakes.h"
+
 #include "base/base.h"
 #include "reply/reply.h"
 
@@ -47,14 +49,6 @@ static void fake_cancel(void *arg)
     atomic_fetch_add(&w->f->hooks_fired, 1);
     pthread_cond_signal(&w->cv);
     pthread_mutex_unlock(&w->mu);
-}
-
-static uint32_t fnv(const char *s)
-{
-    uint32_t h = 2166136261u;
-    for (; *s; s++)
-        h = (h ^ (uint8_t)*s) * 16777619u;
-    return h;
 }
 
 static enum ar_status fake_generate(struct reply_generator *g, const struct reply_gen_request *r,
@@ -113,10 +107,10 @@ static enum ar_status fake_generate(struct reply_generator *g, const struct repl
     if (!s) {
         /* answers in the language of the user turn, distinct per review */
         if (strncmp(r->user, "评分", strlen("评分")) == 0)
-            snprintf(buf, sizeof(buf), "感谢您的评价，编号%u已记录，欢迎再来！", fnv(r->user));
+            snprintf(buf, sizeof(buf), "感谢您的评价，编号%u已记录，欢迎再来！", th_fnv32(r->user));
         else
             snprintf(buf, sizeof(buf), "Thank you for your review, note %u. See you soon!",
-                     fnv(r->user));
+                     th_fnv32(r->user));
         s = buf;
     }
     *text = ar_strdup(s);
@@ -707,32 +701,6 @@ static void duplicate_ids_in_a_batch_get_409_or_the_same_reply(void **state)
 
 /* ---- a caller's token budget and cancellation ----------------------------------------------- */
 
-/* A token bucket like the server's: admission needs min(n, cap) tokens, charges may go into
- * debt. */
-struct budget {
-    pthread_mutex_t mu;
-    double level, cap;
-    int64_t charged;
-    int refused;
-};
-
-static bool budget_charge(void *user, int64_t n, bool admission, double *retry_after_s)
-{
-    struct budget *b = user;
-    bool ok = true;
-    pthread_mutex_lock(&b->mu);
-    if (admission && b->level < ((double)n < b->cap ? (double)n : b->cap)) {
-        *retry_after_s = 7.0;
-        b->refused++;
-        ok = false;
-    } else {
-        b->level -= (double)n;
-        b->charged += n;
-    }
-    pthread_mutex_unlock(&b->mu);
-    return ok;
-}
-
 static bool store_has(struct fx *x, const char *shop, const char *id)
 {
     struct store_reply row;
@@ -745,12 +713,12 @@ static bool store_has(struct fx *x, const char *shop, const char *id)
 static void generations_are_charged_to_the_caller_and_cached_answers_are_free(void **state)
 {
     struct fx *x = *state;
-    struct budget b = {PTHREAD_MUTEX_INITIALIZER, 1000, 1000, 0, 0};
+    struct th_budget b = {PTHREAD_MUTEX_INITIALIZER, 1000, 1000, 0, 0};
     struct reply_call *c;
     struct reply_review rv = review("s1", "t1", "物流很快，包装也好", 5);
     struct reply_result r;
     int64_t after_first;
-    assert_int_equal(reply_call_create(budget_charge, &b, &c), AR_OK);
+    assert_int_equal(reply_call_create(th_budget_charge, &b, &c), AR_OK);
     reply_service_answer_call(x->svc, &rv, ENGINE_PRIO_INTERACTIVE, c, &r);
     assert_int_equal(r.err, REPLY_OK);
     assert_int_equal(r.source, REPLY_SOURCE_MODEL);

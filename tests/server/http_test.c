@@ -29,6 +29,7 @@
 
 #include "base/base.h"
 #include "harness/http_client.h"
+#include "harness/process.h"
 
 #define REPLY_BATCH_MAX_TEST 256 /* reviews in one batch request (src/reply/reply.h) */
 
@@ -51,34 +52,6 @@ static double now_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static void sleep_s(double s)
-{
-    struct timespec ts = {(time_t)s, (long)((s - floor(s)) * 1e9)};
-    nanosleep(&ts, NULL);
-}
-
-static const char *bin_path(void)
-{
-    const char *b = getenv("AR_BIN");
-    return b && *b ? b : "./bin/autoreply";
-}
-
-/* A port nobody listens on right now (the kernel's pick, released again). */
-static int free_port(void)
-{
-    struct sockaddr_in a = {0};
-    socklen_t len = sizeof(a);
-    int fd = socket(AF_INET, SOCK_STREAM, 0), port;
-    assert_true(fd >= 0);
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
-    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
-    port = ntohs(a.sin_port);
-    close(fd);
-    return port;
 }
 
 /* ---- JSON answers (the client: tests/harness/http_client.h) --------------------------------- */
@@ -137,9 +110,9 @@ static void server_start(struct child *c, const char *dir, const char *const *ex
     memset(c, 0, sizeof(*c));
     snprintf(c->dir, sizeof(c->dir), "%s", dir);
     snprintf(c->log, sizeof(c->log), "%s/server-%d.log", g_tmp, ++n_started);
-    c->port = free_port();
+    c->port = th_free_port();
     snprintf(port_s, sizeof(port_s), "%d", c->port);
-    argv[n++] = bin_path();
+    argv[n++] = th_bin_path();
     argv[n++] = "serve";
     argv[n++] = "-m";
     argv[n++] = g_model;
@@ -184,11 +157,11 @@ static void server_start(struct child *c, const char *dir, const char *const *ex
                 if (g_pids[i] == c->pid)
                     g_pids[i] = 0;
             c->pid = 0;
-            fail_msg("%s serve exited (status %d): %s", bin_path(), st, log ? log : "");
+            fail_msg("%s serve exited (status %d): %s", th_bin_path(), st, log ? log : "");
         }
         if (now_s() - t0 > 60)
-            fail_msg("%s serve: not ready after 60 s", bin_path());
-        sleep_s(0.02);
+            fail_msg("%s serve: not ready after 60 s", th_bin_path());
+        th_sleep_s(0.02);
     }
 }
 
@@ -345,8 +318,8 @@ static int group_setup(void **state)
     FILE *f;
     (void)state;
     signal(SIGPIPE, SIG_IGN);
-    if (access(bin_path(), X_OK) != 0)
-        fail_msg("%s not found: build it first (make bin/autoreply)", bin_path());
+    if (access(th_bin_path(), X_OK) != 0)
+        fail_msg("%s not found: build it first (make bin/autoreply)", th_bin_path());
     th_shared_path(g_model, sizeof(g_model), "models/autoreply-demo-q8_0.gguf");
     if (access(g_model, R_OK) != 0)
         snprintf(g_model, sizeof(g_model), "models/autoreply-demo-q8_0.gguf");
@@ -756,7 +729,7 @@ static cJSON *job_wait(int port, const char *auth, const char *id, double timeou
         cJSON_Delete(j);
         if (now_s() - t0 > timeout_s)
             fail_msg("job %s not done after %.0f s", id, timeout_s);
-        sleep_s(0.05);
+        th_sleep_s(0.05);
     }
 }
 
@@ -1134,7 +1107,7 @@ static void job_survives_kill_9_with_one_reply_per_review(void **state)
         }
         if (now_s() - t0 > 60)
             fail_msg("job made no progress");
-        sleep_s(0.01);
+        th_sleep_s(0.01);
     }
     /* the file holds lines left to do */
     assert_true(db_count(dir, "SELECT COUNT(*) FROM job_items WHERE status = 'pending'") > 0);
@@ -1359,7 +1332,7 @@ static void client_leaving_mid_generation_cancels_it_and_frees_the_kv(void **sta
     /* a reply is being generated (its sequence holds KV), then the client hangs up */
     t0 = now_s();
     while (metric(c.port, "autoreply_kv_blocks_used") == base_used && now_s() - t0 < 30)
-        sleep_s(0.002);
+        th_sleep_s(0.002);
     assert_true(metric(c.port, "autoreply_kv_blocks_used") > base_used);
     close(fd);
     /* the server notices, cancels the generation in flight and starts no other: KV back to
@@ -1368,12 +1341,12 @@ static void client_leaving_mid_generation_cancels_it_and_frees_the_kv(void **sta
     while ((metric(c.port, "autoreply_kv_blocks_used") != base_used ||
             metric(c.port, "autoreply_running_sequences") != 0) &&
            now_s() - t0 < 10)
-        sleep_s(0.02);
-    sleep_s(0.5); /* not just a gap between two replies */
+        th_sleep_s(0.02);
+    th_sleep_s(0.5); /* not just a gap between two replies */
     assert_true(metric(c.port, "autoreply_kv_blocks_used") == base_used);
     assert_true(metric(c.port, "autoreply_running_sequences") == 0);
     gen1 = metric(c.port, "autoreply_generation_tokens_total");
-    sleep_s(0.5);
+    th_sleep_s(0.5);
     assert_true(metric(c.port, "autoreply_generation_tokens_total") == gen1);
     /* most of the batch was never answered, and nothing the client did not get was kept
      * beyond what was finished before it left */
@@ -1438,8 +1411,9 @@ static void serve_names_its_instance_in_every_response(void **state)
     resp_free(&r);
     assert_int_equal(server_stop(&c, SIGTERM), 0);
     /* a name with a line break is refused before anything listens */
-    snprintf(cmd, sizeof(cmd), "%s serve -m %s --port 0 --data-dir %s/bad --instance-name 'a\nb' 2>&1",
-             bin_path(), g_model, g_tmp);
+    snprintf(cmd, sizeof(cmd),
+             "%s serve -m %s --port 0 --data-dir %s/bad --instance-name 'a\nb' 2>&1", th_bin_path(),
+             g_model, g_tmp);
     assert_non_null(p = popen(cmd, "r"));
     n = fread(v, 1, sizeof(v) - 1, p);
     v[n] = '\0';

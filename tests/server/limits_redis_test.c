@@ -18,23 +18,6 @@
 #include "cache/cache.h"
 #include "server/server_internal.h"
 
-static struct th_private g_priv;
-
-static int teardown_private(void **state)
-{
-    (void)state;
-    th_private_cleanup(&g_priv);
-    return 0;
-}
-
-static void sleep_s(double s)
-{
-    struct timespec ts;
-    ts.tv_sec = (time_t)s;
-    ts.tv_nsec = (long)((s - (double)ts.tv_sec) * 1e9);
-    nanosleep(&ts, NULL);
-}
-
 /* A client name no other run or test uses. */
 static const char *client(const char *name)
 {
@@ -54,18 +37,6 @@ static struct srv_limiter *limiter(double rps, double burst, double tpm, const c
     if (url && srv_limiter_use_redis(l, url, reg, &err) != AR_OK)
         fail_msg("srv_limiter_use_redis(%s): %s", url, err.msg);
     return l;
-}
-
-static redisContext *direct(const char *url)
-{
-    struct cache_redis_url u;
-    redisContext *rc;
-    assert_int_equal(cache_redis_url_parse(url, &u, NULL), AR_OK);
-    rc = redisConnect(u.host, u.port);
-    if (!rc || rc->err)
-        fail_msg("cannot connect to %s", url);
-    freeReplyObject(redisCommand(rc, "SELECT %d", u.db));
-    return rc;
 }
 
 static double registry_value(struct metrics_registry *reg, const char *series)
@@ -121,7 +92,7 @@ static void same_answers(double rps, double burst, double tpm, const struct step
                 srv_limiter_tokens(red, name, (int64_t)steps[i].arg, steps[i].op == TOK, now, &rr);
             break;
         case SLEEP:
-            sleep_s(steps[i].arg);
+            th_sleep_s(steps[i].arg);
             continue;
         }
         if (om != orr)
@@ -183,7 +154,7 @@ static void *hammer_run(void *arg)
                             : srv_limiter_request(h->l, h->client, ar_time_s() + h->skew, &retry);
         h->admitted += ok;
         h->calls++;
-        sleep_s(h->period_s);
+        th_sleep_s(h->period_s);
     }
     return NULL;
 }
@@ -252,7 +223,7 @@ static void an_idle_client_key_expires_once_its_buckets_are_full(void **state)
 {
     const char *url = th_env_url("AR_TEST_REDIS_URL");
     struct srv_limiter *l = limiter(100, 1, 0, url, NULL);
-    redisContext *rc = direct(url);
+    redisContext *rc = th_redis_direct(url);
     const char *who = client("idle");
     redisReply *r;
     double retry;
@@ -267,7 +238,7 @@ static void an_idle_client_key_expires_once_its_buckets_are_full(void **state)
     assert_int_equal(r->type, REDIS_REPLY_STRING);
     assert_true(strtod(r->str, NULL) < 0.5); /* the request was taken */
     freeReplyObject(r);
-    sleep_s(1.2);
+    th_sleep_s(1.2);
     r = redisCommand(rc, "EXISTS ar:rl:%s", who);
     assert_int_equal(r->integer, 0);
     freeReplyObject(r);
@@ -280,7 +251,7 @@ static void a_flushed_script_is_sent_again(void **state)
     const char *url = th_env_url("AR_TEST_REDIS_URL");
     struct metrics_registry *reg = NULL;
     struct srv_limiter *l;
-    redisContext *rc = direct(url);
+    redisContext *rc = th_redis_direct(url);
     const char *who = client("flush");
     redisReply *r;
     double retry;
@@ -333,12 +304,12 @@ static void without_redis_each_instance_limits_on_its_own_buckets(void **state)
     redisContext *rc;
     redisReply *r;
     (void)state;
-    th_private_start(&g_priv, "redis");
+    th_private_start(&th_priv, "redis");
     assert_int_equal(metrics_registry_create(&reg), AR_OK);
-    l = limiter(5, 5, 0, g_priv.url, reg);
+    l = limiter(5, 5, 0, th_priv.url, reg);
     assert_true(srv_limiter_request(l, who, ar_time_s(), &retry)); /* through Redis */
     assert_true(srv_limiter_backend_healthy(l));
-    th_private_stop(&g_priv);
+    th_private_stop(&th_priv);
     /* 8 calls at once: the instance's own fresh bucket of 5 decides, quickly */
     for (int i = 0; i < 8; i++) {
         t0 = ar_time_s();
@@ -357,7 +328,7 @@ static void without_redis_each_instance_limits_on_its_own_buckets(void **state)
     assert_false(srv_limiter_backend_healthy(l));
     assert_true(registry_value(reg, ERRORS) == 8);
 
-    th_private_restart(&g_priv);
+    th_private_restart(&th_priv);
     t0 = ar_time_s();
     while (ar_time_s() - t0 < 5) {
         srv_limiter_request(l, who, ar_time_s(), &retry);
@@ -365,20 +336,20 @@ static void without_redis_each_instance_limits_on_its_own_buckets(void **state)
             t_back = ar_time_s() - t0;
             break;
         }
-        sleep_s(0.02);
+        th_sleep_s(0.02);
     }
     if (t_back < 0)
         fail_msg("the limiter did not reach Redis again within 5 s");
     assert_true(t_back < 1.0); /* the backoff was at 0.4 s after three failures */
     /* Redis holds the client's buckets again */
-    rc = direct(g_priv.url);
+    rc = th_redis_direct(th_priv.url);
     r = redisCommand(rc, "EXISTS ar:rl:%s", who);
     assert_int_equal(r->integer, 1);
     freeReplyObject(r);
     redisFree(rc);
     srv_limiter_destroy(l);
     metrics_registry_destroy(reg);
-    th_private_cleanup(&g_priv);
+    th_private_cleanup(&th_priv);
 }
 
 /* ---- two HTTP servers ----------------------------------------------------------------------- */
@@ -402,7 +373,7 @@ static struct server *start_server(const char *url, int *port)
 static void two_servers_share_a_client_request_bucket(void **state)
 {
     const char *url = th_env_url("AR_TEST_REDIS_URL");
-    redisContext *rc = direct(url);
+    redisContext *rc = th_redis_direct(url);
     struct server *a, *b;
     struct resp r;
     int pa, pb;
@@ -442,7 +413,7 @@ int main(void)
         cmocka_unit_test(a_flushed_script_is_sent_again),
         cmocka_unit_test(bad_urls_are_rejected),
         cmocka_unit_test_teardown(without_redis_each_instance_limits_on_its_own_buckets,
-                                  teardown_private),
+                                  th_private_teardown),
         cmocka_unit_test(two_servers_share_a_client_request_bucket),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -14,6 +14,7 @@
 
 #define TH_HTTP_RECV_TIMEOUT_S 20
 #include "harness/http_client.h"
+#include "harness/reply_fakes.h"
 
 #include "base/base.h"
 #include "engine/engine.h"
@@ -30,14 +31,6 @@ struct fake {
     struct reply_generator base;
     atomic_int calls;
 };
-
-static uint32_t fnv(const char *s)
-{
-    uint32_t h = 2166136261u;
-    for (; *s; s++)
-        h = (h ^ (uint8_t)*s) * 16777619u;
-    return h;
-}
 
 /* Charges the prompt first (one token per byte of the user turn), as generators must
  * (reply.h), then answers in the language of the user turn, distinct per review. */
@@ -58,10 +51,10 @@ static enum ar_status fake_generate(struct reply_generator *g, const struct repl
         return AR_EBUSY;
     }
     if (strncmp(r->user, "评分", strlen("评分")) == 0)
-        snprintf(buf, sizeof(buf), "感谢您的评价，编号%u已记录，欢迎再来！", fnv(r->user));
+        snprintf(buf, sizeof(buf), "感谢您的评价，编号%u已记录，欢迎再来！", th_fnv32(r->user));
     else
         snprintf(buf, sizeof(buf), "Thank you for your review, note %u. See you soon!",
-                 fnv(r->user));
+                 th_fnv32(r->user));
     *text = ar_strdup(buf);
     *len = strlen(buf);
     return *text ? AR_OK : AR_ENOMEM;
@@ -196,32 +189,6 @@ static double fx_metric(struct fx *x, const char *line_prefix)
             v = strtod(p + strlen(line_prefix) + 1, NULL);
     ar_free(text);
     return v;
-}
-
-/* A token bucket like the server's: admission needs min(n, cap) tokens, charges may go into
- * debt. */
-struct budget {
-    pthread_mutex_t mu;
-    double level, cap;
-    int64_t charged;
-    int refused;
-};
-
-static bool budget_charge(void *user, int64_t n, bool admission, double *retry_after_s)
-{
-    struct budget *b = user;
-    bool ok = true;
-    pthread_mutex_lock(&b->mu);
-    if (admission && b->level < ((double)n < b->cap ? (double)n : b->cap)) {
-        *retry_after_s = 7.0;
-        b->refused++;
-        ok = false;
-    } else {
-        b->level -= (double)n;
-        b->charged += n;
-    }
-    pthread_mutex_unlock(&b->mu);
-    return ok;
 }
 
 /* ---- the endpoints below HTTP (moved from tests/reply/pipeline_test.c) ---------------------- */
@@ -384,12 +351,12 @@ static void handlers_answer_reviews_batches_and_jobs(void **state)
 static void rate_limited_review_over_the_handler_is_a_429(void **state)
 {
     struct fx *x = *state;
-    struct budget b = {PTHREAD_MUTEX_INITIALIZER, 0, 1000, 0, 0};
+    struct th_budget b = {PTHREAD_MUTEX_INITIALIZER, 0, 1000, 0, 0};
     struct reply_call *c;
     struct answer a;
     cJSON *body =
         cJSON_Parse("{\"shop_id\":\"s1\",\"review_id\":\"rl\",\"text\":\"好\",\"rating\":5}");
-    assert_int_equal(reply_call_create(budget_charge, &b, &c), AR_OK);
+    assert_int_equal(reply_call_create(th_budget_charge, &b, &c), AR_OK);
     memset(&a, 0, sizeof(a));
     pthread_mutex_init(&a.mu, NULL);
     pthread_cond_init(&a.cv, NULL);

@@ -1,0 +1,47 @@
+/* reply_fakes.h - what the tests of the reply service and its endpoints share around their
+ * scripted generators: a stable number per review text (so that replies differ per review),
+ * and a caller's token budget that behaves like the server's. */
+#ifndef AR_TEST_REPLY_FAKES_H
+#define AR_TEST_REPLY_FAKES_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+/* FNV-1a of s. */
+static inline uint32_t th_fnv32(const char *s)
+{
+    uint32_t h = 2166136261u;
+    for (; *s; s++)
+        h = (h ^ (uint8_t)*s) * 16777619u;
+    return h;
+}
+
+/* A token bucket like the server's: admission needs min(n, cap) tokens, charges may go into
+ * debt. Initialise as {PTHREAD_MUTEX_INITIALIZER, level, cap, 0, 0}. */
+struct th_budget {
+    pthread_mutex_t mu;
+    double level, cap;
+    int64_t charged;
+    int refused;
+};
+
+/* The reply_call charge callback over a struct th_budget (user); refusals ask for 7 s. */
+static inline bool th_budget_charge(void *user, int64_t n, bool admission, double *retry_after_s)
+{
+    struct th_budget *b = user;
+    bool ok = true;
+    pthread_mutex_lock(&b->mu);
+    if (admission && b->level < ((double)n < b->cap ? (double)n : b->cap)) {
+        *retry_after_s = 7.0;
+        b->refused++;
+        ok = false;
+    } else {
+        b->level -= (double)n;
+        b->charged += n;
+    }
+    pthread_mutex_unlock(&b->mu);
+    return ok;
+}
+
+#endif
