@@ -868,11 +868,12 @@ static void generate_and_store(struct reply_service *svc, const struct reply_pro
 }
 
 /* The path of one review:
- *   1. stored already (idempotency): answered as stored, without the model;
- *   2. the reply cache: a hit is stored under the new id (insert-once: a reply stored meanwhile
- *      wins) and never claims anything, so it costs one read and one write of the store;
- *   3. a miss is claimed first, so that of the requests for it (on any instance sharing the
- *      store) one generates and the others wait for its stored reply. */
+ *   1. the reply cache: a hit is stored under the review's id insert-once, so an id answered
+ *      before (idempotency) gets its stored row back, checked against this text, and a new one
+ *      costs the store one statement and no claim;
+ *   2. a miss is claimed (a claim first looks the review up: an id answered before is answered
+ *      as stored, without the model), so that of the requests for a new review on any instance
+ *      sharing the store one generates and the others wait for its stored reply. */
 static void answer(struct reply_service *svc, const struct reply_review *rv,
                    enum engine_priority prio, struct reply_call *call, struct reply_result *r)
 {
@@ -893,18 +894,6 @@ static void answer(struct reply_service *svc, const struct reply_review *rv,
     }
     prof = reply_profiles_get(svc->p.profiles, rv->shop_id);
 
-    /* 1. idempotency */
-    st = store_reply_get(svc->p.store, rv->shop_id, rv->review_id, &stored, &found, &err);
-    if (st != AR_OK) {
-        set_error(r, reply_error_of_backend(st), "store: %s", err.msg);
-        return;
-    }
-    if (found) {
-        answer_from_row(prof, rv, &stored, r);
-        store_reply_fini(&stored);
-        return;
-    }
-
     review_lang = rv->lang ? rv->lang : reply_guess_lang(rv->text, rv->text_len);
     reply_lang = prof->lang_policy == REPLY_LANG_ZH   ? "zh"
                  : prof->lang_policy == REPLY_LANG_EN ? "en"
@@ -917,13 +906,22 @@ static void answer(struct reply_service *svc, const struct reply_review *rv,
     r->needs_human = negative || has_sensitive(prof, rv->text, rv->text_len);
     r->action = decide_action(prof, rv->rating, r->needs_human);
     if (prof->mode == REPLY_MODE_OFF) {
-        r->reply = ar_strdup("");
-        r->source = REPLY_SOURCE_OFF;
-        r->err = r->reply ? REPLY_OK : REPLY_EINTERNAL;
+        /* nothing is generated or stored; a review answered before is answered as stored */
+        st = store_reply_get(svc->p.store, rv->shop_id, rv->review_id, &stored, &found, &err);
+        if (st != AR_OK) {
+            set_error(r, reply_error_of_backend(st), "store: %s", err.msg);
+        } else if (found) {
+            answer_from_row(prof, rv, &stored, r);
+            store_reply_fini(&stored);
+        } else {
+            r->reply = ar_strdup("");
+            r->source = REPLY_SOURCE_OFF;
+            r->err = r->reply ? REPLY_OK : REPLY_EINTERNAL;
+        }
         return;
     }
 
-    /* 2. the reply cache (its key holds the shop, the rating bucket and the language) */
+    /* 1. the reply cache (its key holds the shop, the rating bucket and the language) */
     if (svc->p.cache && reply_normalize_key(rv->shop_id, rv->rating, review_lang, rv->text,
                                             rv->text_len, &key, &key_len) == AR_OK) {
         char *hit = NULL;
@@ -943,13 +941,13 @@ static void answer(struct reply_service *svc, const struct reply_review *rv,
         note_cache_counters(svc);
     }
 
-    /* 3. claim, then the model */
+    /* 2. claim, then the model */
     claim_owner(svc, owner, sizeof(owner));
     if (!claim_review(svc, rv, call, owner, &claim, &stored, r)) {
         ar_free(key);
         return;
     }
-    if (claim == STORE_CLAIM_STORED) { /* answered by another request meanwhile */
+    if (claim == STORE_CLAIM_STORED) { /* answered before, or by another request meanwhile */
         memset(r, 0, sizeof(*r));
         answer_from_row(prof, rv, &stored, r);
         store_reply_fini(&stored);
