@@ -742,6 +742,154 @@ static void huge_body_gets_413_before_it_is_read(void **state)
     free(raw);
 }
 
+/* Sends raw bytes on a fresh connection (then, when feed is set, 1 MB chunks while the server
+ * takes them, until it answers), reads until the server closes or 5 s pass; *secs: how long
+ * the answer (or the close) took after the bytes went out. Caller frees. */
+static char *raw_exchange(int port, const char *bytes, size_t len, bool feed, size_t *n,
+                          double *secs, size_t *fed)
+{
+    struct timeval tv = {5, 0};
+    int fd = connect_port(port);
+    double t0;
+    char *raw;
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    t0 = now_s();
+    assert_true(send_all(fd, bytes, len));
+    if (fed)
+        *fed = 0;
+    if (feed) { /* 1 MB chunks of spaces, up to 64 MB, while the server reads them */
+        static char chunk[(1 << 20) + 16];
+        int hl = snprintf(chunk, sizeof(chunk), "%x\r\n", 1 << 20);
+        memset(chunk + hl, ' ', 1 << 20);
+        memcpy(chunk + hl + (1 << 20), "\r\n", 2);
+        t0 = now_s();
+        for (int i = 0; i < 64; i++) {
+            struct pollfd p = {fd, POLLIN, 0};
+            if (poll(&p, 1, 0) > 0 || !send_all(fd, chunk, (size_t)hl + (1 << 20) + 2))
+                break;
+            *fed += 1 << 20;
+        }
+    }
+    raw = read_all(fd, n);
+    *secs = now_s() - t0;
+    close(fd);
+    return raw;
+}
+
+/* The answer to raw bytes must have this status, within a second, and be a JSON error when it
+ * is one (a 200 is a completion). */
+static void expect_framing_error(const char *bytes, size_t len, int status, const char *what)
+{
+    size_t n;
+    double secs;
+    struct resp r;
+    cJSON *j;
+    char *raw = raw_exchange(g_port, bytes, len, false, &n, &secs, NULL);
+    if (n == 0)
+        fail_msg("%s: no answer (closed or timed out after %.1f s)", what, secs);
+    parse_response(raw, n, &r);
+    if (r.status != status)
+        fail_msg("%s: status %d, want %d", what, r.status, status);
+    j = cJSON_Parse(r.body);
+    if (!j || !(status < 400 ? jstr(j, "choices.0.text") : jstr(j, "error.message")))
+        fail_msg("%s: not a JSON error: %s", what, r.body);
+    if (secs > 1.0)
+        fail_msg("%s: answered after %.1f s", what, secs);
+    cJSON_Delete(j);
+    resp_free(&r);
+    free(raw);
+}
+
+static void http_framing_errors_are_answered_at_once(void **state)
+{
+    static const char nul_target[] = "GET /health\0x HTTP/1.1\r\nHost: x\r\n\r\n";
+    static const char pct_nul_target[] = "GET /health%00x HTTP/1.1\r\nHost: x\r\n\r\n";
+    const char *body = "{\"prompt\":\"hi\",\"max_tokens\":1}";
+    char req[1024];
+    int k;
+    struct resp r;
+    (void)state;
+    /* a transfer coding we do not implement (RFC 9112: 501) */
+    k = snprintf(req, sizeof(req),
+                 "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 "Transfer-Encoding: gzip\r\n\r\n%s",
+                 body);
+    expect_framing_error(req, (size_t)k, 501, "Transfer-Encoding: gzip");
+    k = snprintf(req, sizeof(req),
+                 "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 "Transfer-Encoding: gzip, chunked\r\n\r\n%zx\r\n%s\r\n0\r\n\r\n",
+                 strlen(body), body);
+    expect_framing_error(req, (size_t)k, 501, "Transfer-Encoding: gzip, chunked");
+    /* two different lengths, or a length and chunks: which one frames the body is ambiguous
+     * (request smuggling behind a proxy that reads the other one) */
+    k = snprintf(req, sizeof(req),
+                 "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 "Content-Length: %zu\r\nContent-Length: %zu\r\n\r\n%s",
+                 strlen(body), strlen(body) + 5, body);
+    expect_framing_error(req, (size_t)k, 400, "two Content-Length headers");
+    k = snprintf(req, sizeof(req),
+                 "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 "Content-Length: %zu\r\nTransfer-Encoding: chunked\r\n\r\n%zx\r\n%s\r\n0\r\n\r\n",
+                 strlen(body), strlen(body), body);
+    expect_framing_error(req, (size_t)k, 400, "Content-Length and chunked");
+    /* a NUL in the request target must not route to the part before it */
+    expect_framing_error(nul_target, sizeof(nul_target) - 1, 400, "NUL in the target");
+    expect_framing_error(pct_nul_target, sizeof(pct_nul_target) - 1, 400, "%00 in the target");
+    /* the same lengths twice, a plain chunked body and a query string stay fine */
+    k = snprintf(req, sizeof(req),
+                 "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 "Connection: close\r\nContent-Length: %zu\r\nContent-Length: %zu\r\n\r\n%s",
+                 strlen(body), strlen(body), body);
+    expect_framing_error(req, (size_t)k, 200, "the same Content-Length twice");
+    k = snprintf(req, sizeof(req),
+                 "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 "Connection: close\r\nTransfer-Encoding: Chunked\r\n\r\n%zx\r\n%s\r\n0\r\n\r\n",
+                 strlen(body), body);
+    expect_framing_error(req, (size_t)k, 200, "chunked");
+    http(g_port, "GET", "/health?x=1", NULL, NULL, 0, &r);
+    assert_int_equal(r.status, 200);
+    resp_free(&r);
+}
+
+/* A chunked body over the route's limit gets a 413 as soon as the limit is passed (not a reset
+ * after more bytes), whether it comes in chunks or in one chunk that declares 2^64-1 bytes.
+ * Not covered, and not fixed: a chunk that declares more than the limit and then stalls is read
+ * by libmicrohttpd, which gives us neither the declared size nor a way to answer before body
+ * bytes arrive; it is closed after timeout_s like any slow sender. */
+static void expect_chunked_413(const char *head, const char *what)
+{
+    size_t n, fed;
+    double secs;
+    struct resp r;
+    char *raw = raw_exchange(g_port, head, strlen(head), true, &n, &secs, &fed);
+    if (n == 0)
+        fail_msg("%s: no answer to a chunked body over the limit (%zu bytes sent)", what, fed);
+    assert_true(fed < 8u << 20); /* it stopped taking bytes soon after the 1 MB limit */
+    assert_true(secs < 2.0);
+    parse_response(raw, n, &r);
+    assert_int_equal(r.status, 413);
+    assert_non_null(strstr(r.body, "request_too_large"));
+    resp_free(&r);
+    free(raw);
+}
+
+static void huge_chunked_body_gets_413(void **state)
+{
+    struct resp r;
+    (void)state;
+    expect_chunked_413("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                       "application/json\r\nTransfer-Encoding: chunked\r\n\r\n",
+                       "1 MB chunks");
+    expect_chunked_413("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                       "application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+                       "ffffffffffffffff\r\n",
+                       "chunk size ffffffffffffffff");
+    /* the server goes on serving */
+    http(g_port, "GET", "/health", NULL, NULL, 0, &r);
+    assert_int_equal(r.status, 200);
+    resp_free(&r);
+}
+
 static void slow_client_is_dropped_while_others_are_served(void **state)
 {
     struct server_params sp = server_default_params();
@@ -791,6 +939,8 @@ int main(void)
         cmocka_unit_test(bad_requests_get_4xx_errors),
         cmocka_unit_test(huge_body_gets_413_before_it_is_read),
         cmocka_unit_test(slow_client_is_dropped_while_others_are_served),
+        cmocka_unit_test(http_framing_errors_are_answered_at_once),
+        cmocka_unit_test(huge_chunked_body_gets_413),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
