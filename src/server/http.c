@@ -28,6 +28,11 @@
 #include "server/server_internal.h"
 
 #define WATCHDOG_PERIOD_S 0.1
+/* Near the connection limit (fewer than max_conns / CONN_RESERVE_DIV free slots) idle
+ * connections older than IDLE_EVICT_MIN_S are closed, oldest first, so that a new client gets in
+ * instead of waiting for idle ones to time out. */
+#define CONN_RESERVE_DIV 8
+#define IDLE_EVICT_MIN_S 0.2
 #define STREAM_BLOCK 16384
 
 struct route {
@@ -47,6 +52,7 @@ struct conn {
     bool receiving;  /* waiting for (the rest of) a request since phase_start */
     bool killed;     /* shut down by the watchdog */
     bool bad_target; /* the current request's target holds a NUL (set by on_uri) */
+    bool started;    /* a request line has come in since phase_start (set by on_uri) */
     double phase_start;
     struct server_req *req; /* the request whose handler runs or owes a reply */
 };
@@ -131,6 +137,7 @@ struct server {
     pthread_mutex_t conn_mu;
     pthread_cond_t conn_cv; /* n_active dropped, or the watchdog should stop */
     struct conn *conns;
+    int n_conns;
     int n_active;
     bool hard_stop; /* no new handler may start */
     bool wd_run;
@@ -148,7 +155,7 @@ struct server_params server_default_params(void)
     p.max_body = 1 << 20;
     p.timeout_s = 30;
     p.max_conns = 512;
-    p.max_conns_per_ip = 0;
+    p.max_conns_per_ip = -1; /* half of max_conns */
     p.http_threads = 1;
     p.model_name = "autoreply";
     p.retry_after_s = 1;
@@ -758,6 +765,7 @@ static void *on_uri(void *cls, const char *uri, struct MHD_Connection *c)
     if (cs) {
         pthread_mutex_lock(&s->conn_mu);
         cs->bad_target = bad;
+        cs->started = true;
         pthread_mutex_unlock(&s->conn_mu);
     }
     return NULL;
@@ -1193,6 +1201,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
         if (r->cs->req == r)
             r->cs->req = NULL;
         r->cs->receiving = true;
+        r->cs->started = false;
         r->cs->phase_start = ar_time_s();
         r->cs = NULL; /* the connection may close and free it now */
     }
@@ -1218,6 +1227,7 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
         if (s->conns)
             s->conns->prev = cs;
         s->conns = cs;
+        s->n_conns++;
         pthread_mutex_unlock(&s->conn_mu);
         *socket_context = cs;
     } else if (cs) { /* closed: the socket is still open until we return */
@@ -1228,6 +1238,7 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
             s->conns = cs->next;
         if (cs->next)
             cs->next->prev = cs->prev;
+        s->n_conns--;
         pthread_mutex_unlock(&s->conn_mu);
         ar_free(cs);
         *socket_context = NULL;
@@ -1247,6 +1258,35 @@ static bool peer_gone(int fd)
     if (n == 0)
         return true;
     return n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
+}
+
+/* Idle: waiting for a request that has not begun (a fresh or kept-alive connection). */
+static bool conn_idle(const struct conn *cs, double now)
+{
+    return cs->receiving && !cs->started && !cs->killed && cs->fd >= 0 &&
+           now - cs->phase_start >= IDLE_EVICT_MIN_S;
+}
+
+/* Near the connection limit, closes the oldest idle connections until max_conns /
+ * CONN_RESERVE_DIV slots are free (counting those already being closed as free). A client that
+ * holds idle sockets cannot lock others out; a request in progress is never cut. Under
+ * conn_mu. */
+static void evict_idle(struct server *s, double now)
+{
+    int live = 0, keep = s->p.max_conns - AR_MAX(1, s->p.max_conns / CONN_RESERVE_DIV);
+    for (struct conn *cs = s->conns; cs; cs = cs->next)
+        live += !cs->killed;
+    while (live > keep) {
+        struct conn *oldest = NULL;
+        for (struct conn *cs = s->conns; cs; cs = cs->next)
+            if (conn_idle(cs, now) && (!oldest || cs->phase_start < oldest->phase_start))
+                oldest = cs;
+        if (!oldest)
+            return;
+        shutdown(oldest->fd, SHUT_RDWR);
+        oldest->killed = true;
+        live--;
+    }
 }
 
 static void *watchdog_main(void *arg)
@@ -1285,6 +1325,7 @@ static void *watchdog_main(void *arg)
                 pthread_mutex_unlock(&r->mu);
             }
         }
+        evict_idle(s, now);
         pthread_mutex_unlock(&s->conn_mu);
         for (int i = 0; i < n_gone; i++) {
             req_abort(gone[i]);
@@ -1592,10 +1633,12 @@ enum ar_status server_start(struct server *s, struct ar_err *err)
         flags, (uint16_t)s->p.port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)ceil(s->p.timeout_s), MHD_OPTION_CONNECTION_LIMIT,
         (unsigned)s->p.max_conns, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
-        (unsigned)AR_MAX(0, s->p.max_conns_per_ip), MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
-        MHD_OPTION_NOTIFY_CONNECTION, on_connection, s, MHD_OPTION_URI_LOG_CALLBACK, on_uri, s,
-        MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s, MHD_OPTION_THREAD_POOL_SIZE,
-        (unsigned)(s->p.http_threads > 1 ? s->p.http_threads : 0), MHD_OPTION_END);
+        (unsigned)(s->p.max_conns_per_ip < 0 ? AR_MAX(1, s->p.max_conns / 2)
+                                             : s->p.max_conns_per_ip),
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_NOTIFY_CONNECTION, on_connection,
+        s, MHD_OPTION_URI_LOG_CALLBACK, on_uri, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
+        MHD_OPTION_THREAD_POOL_SIZE, (unsigned)(s->p.http_threads > 1 ? s->p.http_threads : 0),
+        MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!s->mhd) {
         int e = errno;

@@ -890,6 +890,116 @@ static void huge_chunked_body_gets_413(void **state)
     resp_free(&r);
 }
 
+/* A connected socket from src (a loopback address) to 127.0.0.1:port, receive timeout 5 s. */
+static int connect_from(const char *src, int port)
+{
+    struct sockaddr_in a = {0}, b = {0};
+    struct timeval tv = {5, 0};
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    b.sin_family = AF_INET;
+    assert_int_equal(inet_pton(AF_INET, src, &b.sin_addr), 1);
+    assert_int_equal(bind(fd, (struct sockaddr *)&b, sizeof(b)), 0);
+    a.sin_family = AF_INET;
+    a.sin_port = htons((uint16_t)port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    return fd;
+}
+
+/* GET /health on a fresh connection from src: the status, and in *secs how long it took. */
+static int health_from(const char *src, int port, double *secs)
+{
+    static const char req[] = "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    double t0 = now_s();
+    int fd = connect_from(src, port), status = -1;
+    size_t n;
+    char *raw;
+    assert_true(send_all(fd, req, sizeof(req) - 1));
+    raw = read_all(fd, &n);
+    *secs = now_s() - t0;
+    close(fd);
+    if (sscanf(raw, "HTTP/1.%*d %d", &status) != 1)
+        status = -1;
+    free(raw);
+    return status;
+}
+
+/* How many of fds the server has closed (EOF or reset) within wait_s. */
+static int n_closed(const int *fds, int n, double wait_s)
+{
+    int closed = 0;
+    double t0 = now_s();
+    bool *done = calloc((size_t)n, sizeof(*done));
+    while (now_s() - t0 < wait_s && closed < n) {
+        for (int i = 0; i < n; i++) {
+            char b;
+            ssize_t k;
+            if (done[i])
+                continue;
+            k = recv(fds[i], &b, 1, MSG_DONTWAIT);
+            if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
+                done[i] = true;
+                closed++;
+            }
+        }
+        usleep(20000);
+    }
+    free(done);
+    return closed;
+}
+
+/* More idle sockets than the server takes, from one client, must not lock others out: idle
+ * connections are closed near the limit (a request in progress is not), and one address may
+ * hold only its share of the connections. */
+static void idle_sockets_do_not_lock_others_out(void **state)
+{
+    struct server_params sp = server_default_params();
+    struct server *s;
+    int port, fds[48], busy, status;
+    double secs;
+    size_t n;
+    char *raw;
+    (void)state;
+    /* one client, no per-address limit: 48 idle sockets against 32 connections */
+    sp.max_conns = 32;
+    sp.max_conns_per_ip = 0;
+    s = make_server(&sp, g_eng, &port);
+    busy = connect_port(port);
+    assert_true(send_all(busy, "GET /health HTTP/1.1\r\nHost: x\r\n", 31)); /* not done yet */
+    usleep(300000);
+    for (int i = 0; i < 48; i++)
+        fds[i] = connect_port(port);
+    status = health_from("127.0.0.1", port, &secs);
+    assert_int_equal(status, 200);
+    assert_true(secs < 1.0);
+    assert_true(n_closed(fds, 48, 0.5) >= 48 - 32);
+    /* the request in progress was left alone: it completes */
+    assert_true(send_all(busy, "Connection: close\r\n\r\n", 21));
+    raw = read_all(busy, &n);
+    assert_int_equal(strncmp(raw, "HTTP/1.1 200", 12), 0);
+    free(raw);
+    close(busy);
+    for (int i = 0; i < 48; i++)
+        close(fds[i]);
+    server_destroy(s);
+    /* the default per-address share (half of max_conns): 127.0.0.1 holding 40 idle sockets gets
+     * the ones past 32 closed at once, and 127.0.0.2 is served at once */
+    sp = server_default_params();
+    sp.max_conns = 64;
+    s = make_server(&sp, g_eng, &port);
+    for (int i = 0; i < 40; i++)
+        fds[i] = connect_port(port);
+    assert_int_equal(n_closed(fds, 40, 1.0), 40 - 32);
+    status = health_from("127.0.0.2", port, &secs);
+    assert_int_equal(status, 200);
+    assert_true(secs < 1.0);
+    for (int i = 0; i < 40; i++)
+        close(fds[i]);
+    server_destroy(s);
+}
+
 static void slow_client_is_dropped_while_others_are_served(void **state)
 {
     struct server_params sp = server_default_params();
@@ -941,6 +1051,7 @@ int main(void)
         cmocka_unit_test(slow_client_is_dropped_while_others_are_served),
         cmocka_unit_test(http_framing_errors_are_answered_at_once),
         cmocka_unit_test(huge_chunked_body_gets_413),
+        cmocka_unit_test(idle_sockets_do_not_lock_others_out),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
