@@ -41,6 +41,8 @@ static void serve_usage(FILE *out)
             "  --max-job-body BYTES  POST /v1/jobs body limit (67108864)\n"
             "  --timeout S           a request must arrive within S seconds (30)\n"
             "  --max-conns N         open connections (512)\n"
+            "  --max-conns-per-ip N  open connections per client address (half of --max-conns;\n"
+            "                        0: no limit, e.g. behind a proxy that is the only client)\n"
             "  --model-name NAME     model id in the API (file name without .gguf)\n"
             "  --instance-name NAME  this instance in every X-Autoreply-Instance header and "
             "/health (host:port)\n"
@@ -183,6 +185,9 @@ int cmd_serve(int argc, char **argv)
         } else if (!strcmp(a, "--max-conns")) {
             INT(1, 1 << 20);
             sp.max_conns = (int)n;
+        } else if (!strcmp(a, "--max-conns-per-ip")) {
+            INT(0, 1 << 20);
+            sp.max_conns_per_ip = (int)n;
         } else if (!strcmp(a, "--model-name")) {
             VALUE();
             sp.model_name = v;

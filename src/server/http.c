@@ -28,6 +28,11 @@
 #include "server/server_internal.h"
 
 #define WATCHDOG_PERIOD_S 0.1
+/* Near the connection limit (fewer than max_conns / CONN_RESERVE_DIV free slots) idle
+ * connections older than IDLE_EVICT_MIN_S are closed, oldest first, so that a new client gets in
+ * instead of waiting for idle ones to time out. */
+#define CONN_RESERVE_DIV 8
+#define IDLE_EVICT_MIN_S 0.2
 #define STREAM_BLOCK 16384
 
 struct route {
@@ -44,8 +49,10 @@ struct route {
 struct conn {
     struct conn *prev, *next;
     int fd;
-    bool receiving; /* waiting for (the rest of) a request since phase_start */
-    bool killed;    /* shut down by the watchdog */
+    bool receiving;  /* waiting for (the rest of) a request since phase_start */
+    bool killed;     /* shut down by the watchdog */
+    bool bad_target; /* the current request's target holds a NUL (set by on_uri) */
+    bool started;    /* a request line has come in since phase_start (set by on_uri) */
     double phase_start;
     struct server_req *req; /* the request whose handler runs or owes a reply */
 };
@@ -130,6 +137,7 @@ struct server {
     pthread_mutex_t conn_mu;
     pthread_cond_t conn_cv; /* n_active dropped, or the watchdog should stop */
     struct conn *conns;
+    int n_conns;
     int n_active;
     bool hard_stop; /* no new handler may start */
     bool wd_run;
@@ -147,7 +155,7 @@ struct server_params server_default_params(void)
     p.max_body = 1 << 20;
     p.timeout_s = 30;
     p.max_conns = 512;
-    p.max_conns_per_ip = 0;
+    p.max_conns_per_ip = -1; /* half of max_conns */
     p.http_threads = 1;
     p.model_name = "autoreply";
     p.retry_after_s = 1;
@@ -744,6 +752,88 @@ static struct conn *conn_of(struct MHD_Connection *c)
     return ci ? ci->socket_context : NULL;
 }
 
+/* libmicrohttpd's view of the request line, before the target is split and unescaped: it has
+ * cut the line at the space before the version, so a target whose C string ends early has a
+ * NUL inside (MHD would route "GET /health\0x" to /health). "%00" is one too once unescaped. */
+static void *on_uri(void *cls, const char *uri, struct MHD_Connection *c)
+{
+    struct server *s = cls;
+    struct conn *cs = conn_of(c);
+    size_t n = strlen(uri);
+    size_t path_len = strcspn(uri, "?");
+    bool bad = strncmp(uri + n + 1, "HTTP/", 5) != 0 || memmem(uri, path_len, "%00", 3);
+    if (cs) {
+        pthread_mutex_lock(&s->conn_mu);
+        cs->bad_target = bad;
+        cs->started = true;
+        pthread_mutex_unlock(&s->conn_mu);
+    }
+    return NULL;
+}
+
+struct framing {
+    int n_len, n_te;
+    const char *len; /* the first Content-Length */
+    bool len_differs, te_other;
+};
+
+static enum MHD_Result framing_header(void *cls, enum MHD_ValueKind kind, const char *key,
+                                      const char *value)
+{
+    struct framing *f = cls;
+    (void)kind;
+    if (!value)
+        value = "";
+    if (!strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH)) {
+        if (f->n_len++ == 0)
+            f->len = value;
+        else if (strcmp(f->len, value))
+            f->len_differs = true;
+    } else if (!strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING)) {
+        /* the only coding we read is chunked, alone */
+        size_t a = strspn(value, " \t"), b = strlen(value);
+        while (b > a && (value[b - 1] == ' ' || value[b - 1] == '\t'))
+            b--;
+        if (f->n_te++ > 0 || b - a != 7 || strncasecmp(value + a, "chunked", 7))
+            f->te_other = true;
+    }
+    return MHD_YES;
+}
+
+/* The request's framing is one we read unambiguously; else answers it (400 or 501: the
+ * connection is then closed, its body never read) and returns false. */
+static bool framing_ok(struct server *s, struct server_req *r, struct MHD_Connection *c)
+{
+    struct framing f = {0};
+    bool bad_target = false;
+    pthread_mutex_lock(&s->conn_mu);
+    if (r->cs)
+        bad_target = r->cs->bad_target;
+    pthread_mutex_unlock(&s->conn_mu);
+    if (bad_target) {
+        server_reply_error(r, 400, "invalid_request_error", "bad_request_target",
+                           "the request target holds a NUL byte");
+        return false;
+    }
+    MHD_get_connection_values(c, MHD_HEADER_KIND, framing_header, &f);
+    if (f.te_other) {
+        server_reply_error(r, 501, "invalid_request_error", "unsupported_transfer_encoding",
+                           "the only Transfer-Encoding read is chunked");
+        return false;
+    }
+    if (f.n_te && f.n_len) {
+        server_reply_error(r, 400, "invalid_request_error", "ambiguous_length",
+                           "Content-Length and Transfer-Encoding together");
+        return false;
+    }
+    if (f.len_differs) {
+        server_reply_error(r, 400, "invalid_request_error", "ambiguous_length",
+                           "Content-Length headers that differ");
+        return false;
+    }
+    return true;
+}
+
 /* First call: headers are in. Routing, auth, limits; errors are answered before any body is
  * read (libmicrohttpd then closes the connection instead of reading the rest). */
 static void admit(struct server *s, struct server_req *r, struct MHD_Connection *c)
@@ -756,6 +846,8 @@ static void admit(struct server *s, struct server_req *r, struct MHD_Connection 
     v = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_ACCEPT);
     r->out_fmt = v && strstr(v, "msgpack") ? CODEC_MSGPACK : CODEC_JSON;
     client_address(c, r->client, sizeof(r->client));
+    if (!framing_ok(s, r, c))
+        return;
     r->route = rt;
     if (!rt) {
         if (known) {
@@ -948,6 +1040,49 @@ static void dispatch(struct server *s, struct server_req *r)
     r->route->fn(r, r->route->user);
 }
 
+/* Answers on the socket itself, for errors found while a body comes in (libmicrohttpd takes a
+ * reply only before or after the body): a JSON error, Connection: close, the write side shut so
+ * that the client reads the answer and its end at once. The caller then closes the connection;
+ * what the client has sent and we have not read is drained first so that the close is not a
+ * reset that could overtake the answer. Event-loop thread of the connection. */
+static void send_raw_error(struct server_req *r, int status, const char *reason, const char *code,
+                           const char *msg)
+{
+    char head[512], drain[4096];
+    char *body;
+    int fd = -1, hl;
+    cJSON *root = cJSON_CreateObject(), *e = cJSON_AddObjectToObject(root, "error");
+    pthread_mutex_lock(&r->srv->conn_mu);
+    if (r->cs && !r->cs->killed)
+        fd = r->cs->fd;
+    pthread_mutex_unlock(&r->srv->conn_mu);
+    pthread_mutex_lock(&r->mu);
+    r->final = true; /* nothing else goes out for this request */
+    r->status = status;
+    pthread_mutex_unlock(&r->mu);
+    if (e) {
+        cJSON_AddStringToObject(e, "message", msg);
+        cJSON_AddStringToObject(e, "type", "invalid_request_error");
+        cJSON_AddStringToObject(e, "code", code);
+    }
+    body = e ? cJSON_PrintUnformatted(root) : NULL;
+    cJSON_Delete(root);
+    if (fd >= 0 && body) {
+        hl = snprintf(head, sizeof(head),
+                      "HTTP/1.1 %d %s\r\nConnection: close\r\nContent-Type: "
+                      "application/json\r\nContent-Length: %zu\r\n%s: %s\r\n\r\n",
+                      status, reason, strlen(body), SERVER_INSTANCE_HEADER,
+                      server_instance_name(r->srv));
+        if (hl > 0 && (size_t)hl < sizeof(head) &&
+            send(fd, head, (size_t)hl, MSG_NOSIGNAL | MSG_DONTWAIT) == hl)
+            (void)!send(fd, body, strlen(body), MSG_NOSIGNAL | MSG_DONTWAIT);
+        shutdown(fd, SHUT_WR);
+        for (int i = 0; i < 256 && recv(fd, drain, sizeof(drain), MSG_DONTWAIT) > 0; i++)
+            ;
+    }
+    cJSON_free(body);
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
                                   const char *method, const char *version, const char *upload_data,
                                   size_t *upload_size, void **con_cls)
@@ -977,8 +1112,15 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return r->reply_ready ? queue_reply(r, false) : MHD_YES;
     }
     if (*upload_size) {
-        bool ok = take_body(s, r, upload_data, *upload_size);
+        bool was = r->too_large, ok = take_body(s, r, upload_data, *upload_size);
         *upload_size = 0;
+        if (ok && r->too_large && !was) {
+            /* libmicrohttpd cannot queue a reply while a body comes in: answer on the socket
+             * and close it rather than take the rest (up to a bound) or reset it */
+            send_raw_error(r, 413, "Payload Too Large", "request_too_large",
+                           "the body is larger than the limit of this route");
+            return MHD_NO;
+        }
         return ok ? MHD_YES : MHD_NO;
     }
     if (!r->handled) {
@@ -1059,6 +1201,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
         if (r->cs->req == r)
             r->cs->req = NULL;
         r->cs->receiving = true;
+        r->cs->started = false;
         r->cs->phase_start = ar_time_s();
         r->cs = NULL; /* the connection may close and free it now */
     }
@@ -1084,6 +1227,7 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
         if (s->conns)
             s->conns->prev = cs;
         s->conns = cs;
+        s->n_conns++;
         pthread_mutex_unlock(&s->conn_mu);
         *socket_context = cs;
     } else if (cs) { /* closed: the socket is still open until we return */
@@ -1094,6 +1238,7 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
             s->conns = cs->next;
         if (cs->next)
             cs->next->prev = cs->prev;
+        s->n_conns--;
         pthread_mutex_unlock(&s->conn_mu);
         ar_free(cs);
         *socket_context = NULL;
@@ -1113,6 +1258,35 @@ static bool peer_gone(int fd)
     if (n == 0)
         return true;
     return n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
+}
+
+/* Idle: waiting for a request that has not begun (a fresh or kept-alive connection). */
+static bool conn_idle(const struct conn *cs, double now)
+{
+    return cs->receiving && !cs->started && !cs->killed && cs->fd >= 0 &&
+           now - cs->phase_start >= IDLE_EVICT_MIN_S;
+}
+
+/* Near the connection limit, closes the oldest idle connections until max_conns /
+ * CONN_RESERVE_DIV slots are free (counting those already being closed as free). A client that
+ * holds idle sockets cannot lock others out; a request in progress is never cut. Under
+ * conn_mu. */
+static void evict_idle(struct server *s, double now)
+{
+    int live = 0, keep = s->p.max_conns - AR_MAX(1, s->p.max_conns / CONN_RESERVE_DIV);
+    for (struct conn *cs = s->conns; cs; cs = cs->next)
+        live += !cs->killed;
+    while (live > keep) {
+        struct conn *oldest = NULL;
+        for (struct conn *cs = s->conns; cs; cs = cs->next)
+            if (conn_idle(cs, now) && (!oldest || cs->phase_start < oldest->phase_start))
+                oldest = cs;
+        if (!oldest)
+            return;
+        shutdown(oldest->fd, SHUT_RDWR);
+        oldest->killed = true;
+        live--;
+    }
 }
 
 static void *watchdog_main(void *arg)
@@ -1151,6 +1325,7 @@ static void *watchdog_main(void *arg)
                 pthread_mutex_unlock(&r->mu);
             }
         }
+        evict_idle(s, now);
         pthread_mutex_unlock(&s->conn_mu);
         for (int i = 0; i < n_gone; i++) {
             req_abort(gone[i]);
@@ -1458,8 +1633,10 @@ enum ar_status server_start(struct server *s, struct ar_err *err)
         flags, (uint16_t)s->p.port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)ceil(s->p.timeout_s), MHD_OPTION_CONNECTION_LIMIT,
         (unsigned)s->p.max_conns, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
-        (unsigned)AR_MAX(0, s->p.max_conns_per_ip), MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
-        MHD_OPTION_NOTIFY_CONNECTION, on_connection, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
+        (unsigned)(s->p.max_conns_per_ip < 0 ? AR_MAX(1, s->p.max_conns / 2)
+                                             : s->p.max_conns_per_ip),
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_NOTIFY_CONNECTION, on_connection,
+        s, MHD_OPTION_URI_LOG_CALLBACK, on_uri, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
         MHD_OPTION_THREAD_POOL_SIZE, (unsigned)(s->p.http_threads > 1 ? s->p.http_threads : 0),
         MHD_OPTION_END);
     freeaddrinfo(ai);

@@ -32,7 +32,8 @@ struct server_params {
     double timeout_s;         /* a whole request must arrive within this; idle keep-alive
                                  connections are closed after it (30) */
     int max_conns;            /* open connections, all clients (512) */
-    int max_conns_per_ip;     /* open connections per client address (0: no limit) */
+    int max_conns_per_ip;     /* open connections per client address, more are closed at once
+                                 (0: no limit; -1, the default: half of max_conns) */
     int http_threads;         /* event-loop threads (1) */
     const char *api_key_file; /* one key per line, '#' comments; NULL: no authentication */
     bool metrics_auth;        /* /metrics needs a key too */

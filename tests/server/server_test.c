@@ -742,6 +742,264 @@ static void huge_body_gets_413_before_it_is_read(void **state)
     free(raw);
 }
 
+/* Sends raw bytes on a fresh connection (then, when feed is set, 1 MB chunks while the server
+ * takes them, until it answers), reads until the server closes or 5 s pass; *secs: how long
+ * the answer (or the close) took after the bytes went out. Caller frees. */
+static char *raw_exchange(int port, const char *bytes, size_t len, bool feed, size_t *n,
+                          double *secs, size_t *fed)
+{
+    struct timeval tv = {5, 0};
+    int fd = connect_port(port);
+    double t0;
+    char *raw;
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    t0 = now_s();
+    assert_true(send_all(fd, bytes, len));
+    if (fed)
+        *fed = 0;
+    if (feed) { /* 1 MB chunks of spaces, up to 64 MB, while the server reads them */
+        static char chunk[(1 << 20) + 16];
+        int hl = snprintf(chunk, sizeof(chunk), "%x\r\n", 1 << 20);
+        memset(chunk + hl, ' ', 1 << 20);
+        memcpy(chunk + hl + (1 << 20), "\r\n", 2);
+        t0 = now_s();
+        for (int i = 0; i < 64; i++) {
+            struct pollfd p = {fd, POLLIN, 0};
+            if (poll(&p, 1, 0) > 0 || !send_all(fd, chunk, (size_t)hl + (1 << 20) + 2))
+                break;
+            *fed += 1 << 20;
+        }
+    }
+    raw = read_all(fd, n);
+    *secs = now_s() - t0;
+    close(fd);
+    return raw;
+}
+
+/* The answer to raw bytes must have this status, within a second, and be a JSON error when it
+ * is one (a 200 is a completion). */
+static void expect_framing_error(const char *bytes, size_t len, int status, const char *what)
+{
+    size_t n;
+    double secs;
+    struct resp r;
+    cJSON *j;
+    char *raw = raw_exchange(g_port, bytes, len, false, &n, &secs, NULL);
+    if (n == 0)
+        fail_msg("%s: no answer (closed or timed out after %.1f s)", what, secs);
+    parse_response(raw, n, &r);
+    if (r.status != status)
+        fail_msg("%s: status %d, want %d", what, r.status, status);
+    j = cJSON_Parse(r.body);
+    if (!j || !(status < 400 ? jstr(j, "choices.0.text") : jstr(j, "error.message")))
+        fail_msg("%s: not a JSON error: %s", what, r.body);
+    if (secs > 1.0)
+        fail_msg("%s: answered after %.1f s", what, secs);
+    cJSON_Delete(j);
+    resp_free(&r);
+    free(raw);
+}
+
+static void http_framing_errors_are_answered_at_once(void **state)
+{
+    static const char nul_target[] = "GET /health\0x HTTP/1.1\r\nHost: x\r\n\r\n";
+    static const char pct_nul_target[] = "GET /health%00x HTTP/1.1\r\nHost: x\r\n\r\n";
+    const char *body = "{\"prompt\":\"hi\",\"max_tokens\":1}";
+    char req[1024];
+    int k;
+    struct resp r;
+    (void)state;
+    /* a transfer coding we do not implement (RFC 9112: 501) */
+    k = snprintf(req, sizeof(req),
+                 "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 "Transfer-Encoding: gzip\r\n\r\n%s",
+                 body);
+    expect_framing_error(req, (size_t)k, 501, "Transfer-Encoding: gzip");
+    k = snprintf(req, sizeof(req),
+                 "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 "Transfer-Encoding: gzip, chunked\r\n\r\n%zx\r\n%s\r\n0\r\n\r\n",
+                 strlen(body), body);
+    expect_framing_error(req, (size_t)k, 501, "Transfer-Encoding: gzip, chunked");
+    /* two different lengths, or a length and chunks: which one frames the body is ambiguous
+     * (request smuggling behind a proxy that reads the other one) */
+    k = snprintf(req, sizeof(req),
+                 "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 "Content-Length: %zu\r\nContent-Length: %zu\r\n\r\n%s",
+                 strlen(body), strlen(body) + 5, body);
+    expect_framing_error(req, (size_t)k, 400, "two Content-Length headers");
+    k = snprintf(req, sizeof(req),
+                 "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 "Content-Length: %zu\r\nTransfer-Encoding: chunked\r\n\r\n%zx\r\n%s\r\n0\r\n\r\n",
+                 strlen(body), strlen(body), body);
+    expect_framing_error(req, (size_t)k, 400, "Content-Length and chunked");
+    /* a NUL in the request target must not route to the part before it */
+    expect_framing_error(nul_target, sizeof(nul_target) - 1, 400, "NUL in the target");
+    expect_framing_error(pct_nul_target, sizeof(pct_nul_target) - 1, 400, "%00 in the target");
+    /* the same lengths twice, a plain chunked body and a query string stay fine */
+    k = snprintf(req, sizeof(req),
+                 "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 "Connection: close\r\nContent-Length: %zu\r\nContent-Length: %zu\r\n\r\n%s",
+                 strlen(body), strlen(body), body);
+    expect_framing_error(req, (size_t)k, 200, "the same Content-Length twice");
+    k = snprintf(req, sizeof(req),
+                 "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 "Connection: close\r\nTransfer-Encoding: Chunked\r\n\r\n%zx\r\n%s\r\n0\r\n\r\n",
+                 strlen(body), body);
+    expect_framing_error(req, (size_t)k, 200, "chunked");
+    http(g_port, "GET", "/health?x=1", NULL, NULL, 0, &r);
+    assert_int_equal(r.status, 200);
+    resp_free(&r);
+}
+
+/* A chunked body over the route's limit gets a 413 as soon as the limit is passed (not a reset
+ * after more bytes), whether it comes in chunks or in one chunk that declares 2^64-1 bytes.
+ * Not covered, and not fixed: a chunk that declares more than the limit and then stalls is read
+ * by libmicrohttpd, which gives us neither the declared size nor a way to answer before body
+ * bytes arrive; it is closed after timeout_s like any slow sender. */
+static void expect_chunked_413(const char *head, const char *what)
+{
+    size_t n, fed;
+    double secs;
+    struct resp r;
+    char *raw = raw_exchange(g_port, head, strlen(head), true, &n, &secs, &fed);
+    if (n == 0)
+        fail_msg("%s: no answer to a chunked body over the limit (%zu bytes sent)", what, fed);
+    assert_true(fed < 8u << 20); /* it stopped taking bytes soon after the 1 MB limit */
+    assert_true(secs < 2.0);
+    parse_response(raw, n, &r);
+    assert_int_equal(r.status, 413);
+    assert_non_null(strstr(r.body, "request_too_large"));
+    resp_free(&r);
+    free(raw);
+}
+
+static void huge_chunked_body_gets_413(void **state)
+{
+    struct resp r;
+    (void)state;
+    expect_chunked_413("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                       "application/json\r\nTransfer-Encoding: chunked\r\n\r\n",
+                       "1 MB chunks");
+    expect_chunked_413("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                       "application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+                       "ffffffffffffffff\r\n",
+                       "chunk size ffffffffffffffff");
+    /* the server goes on serving */
+    http(g_port, "GET", "/health", NULL, NULL, 0, &r);
+    assert_int_equal(r.status, 200);
+    resp_free(&r);
+}
+
+/* A connected socket from src (a loopback address) to 127.0.0.1:port, receive timeout 5 s. */
+static int connect_from(const char *src, int port)
+{
+    struct sockaddr_in a = {0}, b = {0};
+    struct timeval tv = {5, 0};
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    b.sin_family = AF_INET;
+    assert_int_equal(inet_pton(AF_INET, src, &b.sin_addr), 1);
+    assert_int_equal(bind(fd, (struct sockaddr *)&b, sizeof(b)), 0);
+    a.sin_family = AF_INET;
+    a.sin_port = htons((uint16_t)port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    return fd;
+}
+
+/* GET /health on a fresh connection from src: the status, and in *secs how long it took. */
+static int health_from(const char *src, int port, double *secs)
+{
+    static const char req[] = "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    double t0 = now_s();
+    int fd = connect_from(src, port), status = -1;
+    size_t n;
+    char *raw;
+    assert_true(send_all(fd, req, sizeof(req) - 1));
+    raw = read_all(fd, &n);
+    *secs = now_s() - t0;
+    close(fd);
+    if (sscanf(raw, "HTTP/1.%*d %d", &status) != 1)
+        status = -1;
+    free(raw);
+    return status;
+}
+
+/* How many of fds the server has closed (EOF or reset) within wait_s. */
+static int n_closed(const int *fds, int n, double wait_s)
+{
+    int closed = 0;
+    double t0 = now_s();
+    bool *done = calloc((size_t)n, sizeof(*done));
+    while (now_s() - t0 < wait_s && closed < n) {
+        for (int i = 0; i < n; i++) {
+            char b;
+            ssize_t k;
+            if (done[i])
+                continue;
+            k = recv(fds[i], &b, 1, MSG_DONTWAIT);
+            if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
+                done[i] = true;
+                closed++;
+            }
+        }
+        usleep(20000);
+    }
+    free(done);
+    return closed;
+}
+
+/* More idle sockets than the server takes, from one client, must not lock others out: idle
+ * connections are closed near the limit (a request in progress is not), and one address may
+ * hold only its share of the connections. */
+static void idle_sockets_do_not_lock_others_out(void **state)
+{
+    struct server_params sp = server_default_params();
+    struct server *s;
+    int port, fds[48], busy, status;
+    double secs;
+    size_t n;
+    char *raw;
+    (void)state;
+    /* one client, no per-address limit: 48 idle sockets against 32 connections */
+    sp.max_conns = 32;
+    sp.max_conns_per_ip = 0;
+    s = make_server(&sp, g_eng, &port);
+    busy = connect_port(port);
+    assert_true(send_all(busy, "GET /health HTTP/1.1\r\nHost: x\r\n", 31)); /* not done yet */
+    usleep(300000);
+    for (int i = 0; i < 48; i++)
+        fds[i] = connect_port(port);
+    status = health_from("127.0.0.1", port, &secs);
+    assert_int_equal(status, 200);
+    assert_true(secs < 1.0);
+    assert_true(n_closed(fds, 48, 0.5) >= 48 - 32);
+    /* the request in progress was left alone: it completes */
+    assert_true(send_all(busy, "Connection: close\r\n\r\n", 21));
+    raw = read_all(busy, &n);
+    assert_int_equal(strncmp(raw, "HTTP/1.1 200", 12), 0);
+    free(raw);
+    close(busy);
+    for (int i = 0; i < 48; i++)
+        close(fds[i]);
+    server_destroy(s);
+    /* the default per-address share (half of max_conns): 127.0.0.1 holding 40 idle sockets gets
+     * the ones past 32 closed at once, and 127.0.0.2 is served at once */
+    sp = server_default_params();
+    sp.max_conns = 64;
+    s = make_server(&sp, g_eng, &port);
+    for (int i = 0; i < 40; i++)
+        fds[i] = connect_port(port);
+    assert_int_equal(n_closed(fds, 40, 1.0), 40 - 32);
+    status = health_from("127.0.0.2", port, &secs);
+    assert_int_equal(status, 200);
+    assert_true(secs < 1.0);
+    for (int i = 0; i < 40; i++)
+        close(fds[i]);
+    server_destroy(s);
+}
+
 static void slow_client_is_dropped_while_others_are_served(void **state)
 {
     struct server_params sp = server_default_params();
@@ -791,6 +1049,9 @@ int main(void)
         cmocka_unit_test(bad_requests_get_4xx_errors),
         cmocka_unit_test(huge_body_gets_413_before_it_is_read),
         cmocka_unit_test(slow_client_is_dropped_while_others_are_served),
+        cmocka_unit_test(http_framing_errors_are_answered_at_once),
+        cmocka_unit_test(huge_chunked_body_gets_413),
+        cmocka_unit_test(idle_sockets_do_not_lock_others_out),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
