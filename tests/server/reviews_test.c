@@ -570,6 +570,75 @@ static void review_errors_reach_clients_with_their_status_and_code(void **state)
     assert_int_equal(atomic_load(&x->gen.calls), 2); /* e1 and b1; errors never reach the model */
 }
 
+/* A NUL in an id or a text is refused (400) on every review route, in JSON and MessagePack,
+ * and nothing is stored or generated for it: cJSON used to cut "victim\\u0000attacker" to shop
+ * "victim". */
+static void nul_in_ids_and_texts_is_refused_on_every_route(void **state)
+{
+    struct fx *x = *state;
+    struct resp r;
+    cJSON *j;
+    static const unsigned char mp[] = {0x84, 0xa7, 's',  'h', 'o',  'p', '_', 'i', 'd', 0xa3, 'v',
+                                       0x00, 'a',  0xa9, 'r', 'e',  'v', 'i', 'e', 'w', '_',  'i',
+                                       'd',  0xa2, 'm',  '1', 0xa4, 't', 'e', 'x', 't', 0xa2, 'o',
+                                       'k',  0xa6, 'r',  'a', 't',  'i', 'n', 'g', 0x05};
+    static const struct {
+        const char *path, *body, *code, *field;
+    } cases[] = {
+        {"/v1/reviews/reply",
+         "{\"shop_id\":\"victim\\u0000attacker\",\"review_id\":\"r1\",\"text\":\"Great\","
+         "\"rating\":5}",
+         "invalid_json", "shop_id"},
+        {"/v1/reviews/batch",
+         "{\"shop_id\":\"s1\",\"reviews\":[{\"review_id\":\"b1\",\"text\":\"ok\",\"rating\":5},{"
+         "\"review_id\":\"b2\",\"text\":\"bad\\u0000x\",\"rating\":1}]}",
+         "invalid_json", "reviews[].text"},
+        {"/v1/jobs",
+         "{\"reviews\":[{\"id\":\"j1\",\"shop_id\":\"a\\u0000b\",\"text\":\"ok\",\"rating\":5}]}",
+         "invalid_request", "shop_id"},
+        {"/v1/jobs",
+         "{\"id\":\"j1\",\"text\":\"ok\",\"rating\":5}\n{\"id\":\"j2\\u0000x\",\"text\":\"ok\","
+         "\"rating\":5}\n",
+         "invalid_request", "line 2"},
+        {"/v1/jobs",
+         "{\"jsonl\": "
+         "\"{\\\"id\\\":\\\"j3\\\",\\\"text\\\":\\\"a\\\\u0000b\\\",\\\"rating\\\":5}\\n\"}",
+         "invalid_request", "line 1"},
+        {"/v1/jobs",
+         "[{\"id\":\"j4\",\"text\":\"ok\",\"rating\":5},{\"id\":\"j5\",\"text\":\"x\\u0000\","
+         "\"rating\":5}]",
+         "invalid_request", "[].text"},
+    };
+    for (size_t i = 0; i < AR_ARRAY_LEN(cases); i++) {
+        const cJSON *m;
+        j = request(x->port, "POST", cases[i].path, cases[i].body, &r);
+        if (r.status != 400)
+            fail_msg("case %zu: status %d: %s", i, r.status, r.body);
+        assert_string_equal(error_code(j), cases[i].code);
+        m = cJSON_GetObjectItem(cJSON_GetObjectItem(j, "error"), "message");
+        assert_true(cJSON_IsString(m));
+        if (!strstr(m->valuestring, cases[i].field) || !strstr(m->valuestring, "NUL"))
+            fail_msg("case %zu: message \"%s\" does not name %s", i, m->valuestring,
+                     cases[i].field);
+        cJSON_Delete(j);
+        resp_free(&r);
+    }
+    http(x->port, "POST", "/v1/reviews/reply", "Content-Type: application/msgpack\r\n", mp,
+         sizeof(mp), &r);
+    assert_int_equal(r.status, 400);
+    resp_free(&r);
+    assert_int_equal(atomic_load(&x->gen.calls), 0);
+    /* nothing was stored under the cut id: another text for shop "victim", id "r1" is new */
+    j = request(
+        x->port, "POST", "/v1/reviews/reply",
+        "{\"shop_id\":\"victim\",\"review_id\":\"r1\",\"text\":\"Other words\",\"rating\":5}", &r);
+    assert_int_equal(r.status, 200);
+    assert_true(cJSON_IsString(cJSON_GetObjectItem(j, "reply")));
+    cJSON_Delete(j);
+    resp_free(&r);
+    assert_int_equal(atomic_load(&x->gen.calls), 1);
+}
+
 static void every_response_names_the_instance(void **state)
 {
     struct fx *x = *state;
@@ -851,6 +920,7 @@ int main(void)
         T(rate_limited_review_over_the_handler_is_a_429),
         cmocka_unit_test(every_reply_error_maps_to_one_status_and_code),
         T(review_errors_reach_clients_with_their_status_and_code),
+        T(nul_in_ids_and_texts_is_refused_on_every_route),
         T(every_response_names_the_instance),
         T(default_instance_name_is_the_host_and_port),
         cmocka_unit_test(bad_instance_names_are_refused),
