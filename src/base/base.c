@@ -228,8 +228,7 @@ struct json_frame {
     char key[JSON_NUL_KEY]; /* the object's current key, as written (escapes kept) */
 };
 
-static void json_path(const struct json_frame *f, size_t depth, bool in_key, char *out,
-                      size_t size)
+static void json_path(const struct json_frame *f, size_t depth, bool in_key, char *out, size_t size)
 {
     size_t o = 0;
     if (!out || !size)
