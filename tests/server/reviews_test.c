@@ -536,6 +536,14 @@ static void review_errors_reach_clients_with_their_status_and_code(void **state)
     assert_null(resp_header(&r, "Retry-After", v, sizeof(v)));
     cJSON_Delete(j);
     resp_free(&r);
+    /* the same text with another rating: a conflict too, never the stored 5-star answer */
+    j = request(x->port, "POST", "/v1/reviews/reply",
+                "{\"shop_id\":\"s1\",\"review_id\":\"e1\",\"text\":\"Love it\",\"rating\":1}", &r);
+    assert_int_equal(r.status, 409);
+    assert_string_equal(error_code(j), "review_id_conflict");
+    assert_null(cJSON_GetObjectItem(j, "reply"));
+    cJSON_Delete(j);
+    resp_free(&r);
     /* a bad rating: 400 before the model */
     j = request(x->port, "POST", "/v1/reviews/reply",
                 "{\"shop_id\":\"s1\",\"review_id\":\"e2\",\"text\":\"ok\",\"rating\":9}", &r);
