@@ -451,8 +451,8 @@ static int batch_items_limited(int status, const cJSON *json)
     cJSON_ArrayForEach(it, results)
     {
         const cJSON *st = cJSON_GetObjectItemCaseSensitive(it, "status");
-        const cJSON *code = cJSON_GetObjectItemCaseSensitive(
-            cJSON_GetObjectItemCaseSensitive(it, "error"), "code");
+        const cJSON *code =
+            cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(it, "error"), "code");
         if (cJSON_IsNumber(st) && st->valueint == 429 && cJSON_IsString(code) &&
             !strcmp(code->valuestring, reply_error_code(REPLY_ELIMITED)))
             n++;
