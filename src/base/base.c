@@ -7,6 +7,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 const char *ar_status_str(enum ar_status st)
@@ -215,4 +216,108 @@ double ar_time_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* ---- JSON text ------------------------------------------------------------------------- */
+
+#define JSON_NUL_FRAMES 16 /* levels named in the path (deeper ones are left out) */
+#define JSON_NUL_KEY 48    /* bytes of a key kept for the path */
+
+struct json_frame {
+    bool object;
+    char key[JSON_NUL_KEY]; /* the object's current key, as written (escapes kept) */
+};
+
+static void json_path(const struct json_frame *f, size_t depth, bool in_key, char *out, size_t size)
+{
+    size_t o = 0;
+    if (!out || !size)
+        return;
+    out[0] = '\0';
+    for (size_t i = 0; i < depth && i < JSON_NUL_FRAMES; i++) {
+        int n;
+        /* the innermost object's key is the NUL's own when the NUL sits in that key */
+        if (f[i].object && (in_key && i + 1 == depth))
+            n = snprintf(out + o, size - o, "%s(a key)", o ? "." : "");
+        else if (f[i].object)
+            n = snprintf(out + o, size - o, "%s%s", o && f[i].key[0] ? "." : "", f[i].key);
+        else
+            n = snprintf(out + o, size - o, "[]");
+        if (n < 0 || (size_t)n >= size - o)
+            return;
+        o += (size_t)n;
+    }
+}
+
+static bool is_hex0(const char *s)
+{
+    return s[0] == '0' && s[1] == '0' && s[2] == '0' && s[3] == '0';
+}
+
+bool ar_json_has_nul(const char *s, size_t len, size_t *offset, char *field, size_t field_size)
+{
+    struct json_frame f[JSON_NUL_FRAMES];
+    size_t depth = 0, i = 0;
+    bool expect_key = false; /* in an object, after '{' or ',' */
+    if (field && field_size)
+        field[0] = '\0';
+    while (i < len) {
+        char c = s[i];
+        if (c == '\0') {
+            if (offset)
+                *offset = i;
+            json_path(f, depth, false, field, field_size);
+            return true;
+        }
+        if (c == '{' || c == '[') {
+            if (depth < JSON_NUL_FRAMES) {
+                f[depth].object = c == '{';
+                f[depth].key[0] = '\0';
+            }
+            depth++;
+            expect_key = c == '{';
+            i++;
+        } else if (c == '}' || c == ']') {
+            if (depth)
+                depth--;
+            expect_key = false;
+            i++;
+        } else if (c == ',') {
+            expect_key = depth && depth <= JSON_NUL_FRAMES && f[depth - 1].object;
+            i++;
+        } else if (c == ':') {
+            expect_key = false;
+            i++;
+        } else if (c == '"') {
+            bool key = expect_key;
+            size_t k = 0, a = ++i;
+            char *kb = key && depth && depth <= JSON_NUL_FRAMES ? f[depth - 1].key : NULL;
+            while (i < len && s[i] != '"') {
+                bool nul = s[i] == '\0';
+                size_t at = i;
+                if (s[i] == '\\' && i + 1 < len) {
+                    nul = s[i + 1] == 'u' && i + 5 < len && is_hex0(s + i + 2);
+                    i += 2;
+                } else {
+                    i++;
+                }
+                if (nul) {
+                    if (offset)
+                        *offset = at;
+                    json_path(f, depth, key, field, field_size);
+                    return true;
+                }
+            }
+            if (kb) { /* the key as written, cut to its buffer */
+                k = i - a < JSON_NUL_KEY - 1 ? i - a : JSON_NUL_KEY - 1;
+                memcpy(kb, s + a, k);
+                kb[k] = '\0';
+            }
+            expect_key = false;
+            i++; /* the closing quote */
+        } else {
+            i++;
+        }
+    }
+    return false;
 }

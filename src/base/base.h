@@ -55,6 +55,17 @@ void ar_buf_puts(struct ar_buf *b, const char *s);
  * resets b. On oom frees what was built and returns NULL. */
 char *ar_buf_take(struct ar_buf *b, size_t *len);
 
+/* ---- JSON text ------------------------------------------------------------------------- */
+/* Whether the JSON text s[0..len) carries a NUL character in a string: a raw 0 byte or a
+ * \u0000 escape. cJSON decodes \u0000 into a 0 byte and every user of its strings stops
+ * there, so "victim\u0000attacker" would silently read as "victim"; callers reject such text
+ * instead. The scan follows strings and escapes from the start (an escaped backslash followed by
+ * "u0000" is text, not a NUL) and needs no valid JSON. When found: *offset (optional) is the byte
+ * of the NUL or its escape, and field (optional, field_size > 0) the path of the string, e.g.
+ * "reviews[].shop_id" ("" at the top level; a NUL in a key names the key's object, then
+ * "(a key)"). */
+bool ar_json_has_nul(const char *s, size_t len, size_t *offset, char *field, size_t field_size);
+
 /* ---- logging ------------------------------------------------------------------------- */
 void ar_log(enum ar_log_level level, const char *fmt, ...) AR_PRINTF(2, 3);
 #define AR_DEBUG(...) ar_log(AR_LOG_DEBUG, __VA_ARGS__)

@@ -102,6 +102,15 @@ static enum ar_status lines_from_jsonl(const char *body, size_t len, struct line
         }
         if (a == e)
             continue; /* blank lines are not reviews */
+        {
+            /* cJSON would cut a string at its NUL when the line is answered (the server's
+             * codec refuses the same in a parsed body; see ar_json_has_nul) */
+            char field[96];
+            if (ar_json_has_nul(body + a, e - a, NULL, field, sizeof(field)))
+                return ar_err_set(err, AR_EINVAL, (uint64_t)a,
+                                  "line %lld: \"%s\" contains a NUL character (\\u0000)",
+                                  (long long)line, field[0] ? field : "(the line)");
+        }
         if ((int64_t)l->n >= REPLY_JOB_LINES_MAX)
             return ar_err_set(err, AR_EINVAL, 0, "more than %d reviews in one job",
                               REPLY_JOB_LINES_MAX);
@@ -165,7 +174,12 @@ enum ar_status reply_job_create(struct reply_service *svc, const char *default_s
     while (a < len && (body[a] == ' ' || body[a] == '\n' || body[a] == '\r' || body[a] == '\t'))
         a++;
     if (a < len && body[a] == '[') {
-        cJSON *arr = cJSON_ParseWithLength(body, len);
+        char field[96];
+        cJSON *arr;
+        if (ar_json_has_nul(body, len, NULL, field, sizeof(field)))
+            return ar_err_set(err, AR_EINVAL, 0, "\"%s\" contains a NUL character (\\u0000)",
+                              field);
+        arr = cJSON_ParseWithLength(body, len);
         if (!cJSON_IsArray(arr)) {
             cJSON_Delete(arr);
             return ar_err_set(err, AR_EINVAL, 0, "the body is not a valid JSON array");
@@ -240,9 +254,15 @@ static enum ar_status run_chunk(struct reply_service *svc, const char *job_id, c
     bool busy = false;
 
     for (size_t i = 0; i < n; i++) {
-        parsed[i] = cJSON_Parse(items[i].input);
+        /* lines stored before NULs were refused at creation are refused here */
+        bool nul = ar_json_has_nul(items[i].input, strlen(items[i].input), NULL, NULL, 0);
+        parsed[i] = nul ? NULL : cJSON_Parse(items[i].input);
         bad[i] = false;
-        if (!parsed[i]) {
+        if (nul) {
+            snprintf(msg[i], sizeof(msg[i]), "line %lld contains a NUL character (\\u0000)",
+                     (long long)items[i].line);
+            bad[i] = true;
+        } else if (!parsed[i]) {
             snprintf(msg[i], sizeof(msg[i]), "line %lld is not valid JSON",
                      (long long)items[i].line);
             bad[i] = true;

@@ -681,7 +681,7 @@ static bool same_text(const char *a, size_t a_len, const char *b, size_t b_len)
 
 /* The answer of a review already stored: the stored record exactly (reply, needs_human,
  * sentiment, lang, model), the action decided from the stored rating; REPLY_ECONFLICT when
- * the review asked now is another text under the same id. */
+ * the review asked now is another text or another rating under the same id. */
 static void answer_from_row(const struct reply_profile *prof, const struct reply_review *rv,
                             const struct store_reply *row, struct reply_result *r)
 {
@@ -691,6 +691,15 @@ static void answer_from_row(const struct reply_profile *prof, const struct reply
                   "review_id %.60s of shop %.60s was answered for another text; a review id "
                   "stands for one review (use a new id for a new review)",
                   rv->review_id, rv->shop_id);
+        return;
+    }
+    /* the same words with other stars are another review: answering a 1-star review with a
+     * stored 5-star reply (and its action: "send" in an auto shop) would be wrong */
+    if (row->rating >= 1 && row->rating <= 5 && row->rating != rv->rating) {
+        set_error(r, REPLY_ECONFLICT,
+                  "review_id %.60s of shop %.60s was answered for a rating of %d, not %d; a "
+                  "review id stands for one review (use a new id for a new review)",
+                  rv->review_id, rv->shop_id, row->rating, rv->rating);
         return;
     }
     ar_free(r->reply);

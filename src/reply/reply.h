@@ -60,7 +60,7 @@ enum reply_error {
     REPLY_EINVAL,     /* bad input: a field missing, malformed or out of range, or a review that
                          does not fit the model's context */
     REPLY_EDUPLICATE, /* the review id appears earlier in the same batch */
-    REPLY_ECONFLICT,  /* the review id was answered before for another text */
+    REPLY_ECONFLICT,  /* the review id was answered before for another text or rating */
     REPLY_ELIMITED,   /* the caller's token budget is spent (reply_result.retry_after_s) */
     REPLY_ECANCELLED, /* the caller went away; nothing was stored */
     REPLY_EBUSY,      /* the model is overloaded or not loaded yet, or the worker queue is full */

@@ -108,6 +108,7 @@ static enum ar_status check_tree(const cJSON *j, int depth, struct ar_err *err)
 struct mp_reader {
     const uint8_t *p, *end, *start;
     struct ar_err *err;
+    const char *key; /* the innermost map key being read (names the field of an error) */
 };
 
 static enum ar_status mp_fail(struct mp_reader *r, const char *what)
@@ -138,14 +139,19 @@ static enum ar_status mp_uint(struct mp_reader *r, int n, uint64_t *v)
     return AR_OK;
 }
 
-/* A string or bin payload of n bytes as a new NUL-terminated string (validated). */
-static enum ar_status mp_str(struct mp_reader *r, uint64_t n, char **out)
+/* A string or bin payload of n bytes as a new NUL-terminated string (validated); is_key: a
+ * map key. A NUL is refused as in JSON (codec_parse): the tree's strings end at one. */
+static enum ar_status mp_str(struct mp_reader *r, uint64_t n, bool is_key, char **out)
 {
     char *s;
     if (!mp_need(r, n))
         return mp_fail(r, "truncated string");
-    if (memchr(r->p, 0, n))
-        return mp_fail(r, "string contains NUL");
+    if (memchr(r->p, 0, n)) {
+        if (is_key || !r->key)
+            return mp_fail(r, is_key ? "a key contains a NUL character" : "string contains NUL");
+        return ar_err_set(r->err, AR_EFORMAT, (uint64_t)(r->p - r->start),
+                          "msgpack: \"%.64s\" contains a NUL character", r->key);
+    }
     if (!codec_utf8_valid((const char *)r->p, n))
         return mp_fail(r, "invalid UTF-8 in a string");
     s = ar_strndup((const char *)r->p, n);
@@ -197,7 +203,7 @@ static enum ar_status mp_key(struct mp_reader *r, char **key)
         r->p--;
         return mp_fail(r, "map key is not a string");
     }
-    return mp_str(r, n, key);
+    return mp_str(r, n, true, key);
 }
 
 static enum ar_status mp_map(struct mp_reader *r, uint64_t n, int depth, cJSON **out)
@@ -213,8 +219,12 @@ static enum ar_status mp_map(struct mp_reader *r, uint64_t n, int depth, cJSON *
         char *key = NULL;
         cJSON *v = NULL;
         enum ar_status st = mp_key(r, &key);
-        if (st == AR_OK)
+        if (st == AR_OK) {
+            const char *outer = r->key;
+            r->key = key;
             st = mp_value(r, depth + 1, &v);
+            r->key = outer;
+        }
         if (st != AR_OK) {
             ar_free(key);
             cJSON_Delete(o);
@@ -259,7 +269,7 @@ static enum ar_status mp_value(struct mp_reader *r, int depth, cJSON **out)
         return mp_array(r, b & 0x0f, depth, out);
     if (b >= 0xa0 && b <= 0xbf) {
         char *s = NULL;
-        if ((st = mp_str(r, b & 0x1f, &s)) != AR_OK)
+        if ((st = mp_str(r, b & 0x1f, false, &s)) != AR_OK)
             return st;
         *out = cJSON_CreateString(s);
         ar_free(s);
@@ -281,7 +291,7 @@ static enum ar_status mp_value(struct mp_reader *r, int depth, cJSON **out)
     case 0xdb: {
         int nb = 1 << (b >= 0xd9 ? b - 0xd9 : b - 0xc4);
         char *s = NULL;
-        if ((st = mp_uint(r, nb, &u)) != AR_OK || (st = mp_str(r, u, &s)) != AR_OK)
+        if ((st = mp_uint(r, nb, &u)) != AR_OK || (st = mp_str(r, u, false, &s)) != AR_OK)
             return st;
         *out = cJSON_CreateString(s);
         ar_free(s);
@@ -355,7 +365,7 @@ enum ar_status codec_parse(enum codec_format fmt, const char *data, size_t len, 
     *out = NULL;
     if (fmt == CODEC_MSGPACK) {
         struct mp_reader r = {(const uint8_t *)data, (const uint8_t *)data + len,
-                              (const uint8_t *)data, err};
+                              (const uint8_t *)data, err, NULL};
         if (len == 0)
             return ar_err_set(err, AR_EFORMAT, 0, "empty body");
         st = mp_value(&r, 1, &j);
@@ -368,13 +378,24 @@ enum ar_status codec_parse(enum codec_format fmt, const char *data, size_t len, 
         }
     } else {
         const char *end = NULL;
-        const char *nul;
+        char field[96];
+        size_t at = 0;
         if (len == 0)
             return ar_err_set(err, AR_EFORMAT, 0, "empty body");
-        /* JSON text never holds a NUL byte; cJSON would silently cut strings at one */
-        if ((nul = memchr(data, 0, len)) != NULL)
-            return ar_err_set(err, AR_EFORMAT, (uint64_t)(nul - data),
-                              "invalid JSON: NUL byte at %zu", (size_t)(nul - data));
+        /* A NUL in a string, raw (never valid JSON) or escaped as \u0000 (valid JSON, but cJSON
+         * decodes it into a 0 byte and every reader of the tree stops there: "victim\u0000x"
+         * would be shop "victim"). No id or text of ours may hold one, and the tree cannot carry
+         * one, so the body is refused, as MessagePack's reader refuses the same byte. The raw
+         * text is scanned before parsing (ar_json_has_nul follows strings and escapes), which
+         * also names the field. */
+        if (ar_json_has_nul(data, len, &at, field, sizeof(field))) {
+            if (field[0])
+                return ar_err_set(err, AR_EFORMAT, at,
+                                  "\"%s\" contains a NUL character (\\u0000) at byte %zu", field,
+                                  at);
+            return ar_err_set(err, AR_EFORMAT, at,
+                              "invalid JSON: a NUL character (\\u0000) at byte %zu", at);
+        }
         j = cJSON_ParseWithLengthOpts(data, len, &end, false);
         if (!j) {
             size_t off = end && end >= data && end <= data + len ? (size_t)(end - data) : 0;

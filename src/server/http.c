@@ -476,15 +476,24 @@ void server_reply_json(struct server_req *req, int status, cJSON *body)
     size_t len = 0;
     enum codec_format f = req->out_fmt;
     struct metrics_child *rejected = rejection_of(req->srv, status, body);
+    bool counted;
     if (!body || codec_write(f, body, &out, &len) != AR_OK) {
         out = NULL;
         len = 1; /* marks the failure: 500 */
         status = 500;
+        rejected = NULL;
     }
     cJSON_Delete(body);
-    if (set_reply(req, status, f == CODEC_MSGPACK ? "application/msgpack" : "application/json", out,
-                  len))
+    /* A refusal is counted before it can reach the client (set_reply wakes the connection): a
+     * client reading /metrics after its 429 sees it. Not counted when this reply will not be
+     * the one sent (set_reply's conditions: a reply made already, a stream under way). */
+    pthread_mutex_lock(&req->mu);
+    counted = rejected && !req->final && !(req->stream && req->stream_queued);
+    pthread_mutex_unlock(&req->mu);
+    if (counted)
         metrics_inc(rejected, 1);
+    set_reply(req, status, f == CODEC_MSGPACK ? "application/msgpack" : "application/json", out,
+              len);
 }
 
 void srv_retry_after_header(struct server_req *req, double retry_after_s)

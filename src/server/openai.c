@@ -318,6 +318,16 @@ static void handle_completion(struct server_req *req, enum oai_kind kind)
             reply_oai_error(req, &e);
         return;
     }
+    /* one model is served: another id is OpenAI's 404, never silently answered by this one
+     * (none or "" means the served one) */
+    if (rq.model && rq.model[0] && strcmp(rq.model, server_model_name(s)) != 0) {
+        server_reply_error(req, 404, "invalid_request_error", "model_not_found",
+                           "The model '%.128s' does not exist; this server serves '%s' (see "
+                           "/v1/models)",
+                           rq.model, server_model_name(s));
+        oai_request_fini(&rq);
+        return;
+    }
     if ((st = build_prompt(tok, &rq, &ids, &n)) != AR_OK) {
         oai_request_fini(&rq);
         server_reply_error(req, st == AR_ENOMEM ? 503 : 400,

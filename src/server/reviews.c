@@ -440,16 +440,42 @@ static void http_abort(struct server_req *req, void *user)
     reply_call_cancel(user);
 }
 
+/* The items of a batch answer refused for the caller's token budget (429
+ * rate_limit_exceeded); 0 for any other answer. */
+static int batch_items_limited(int status, const cJSON *json)
+{
+    const cJSON *results = cJSON_GetObjectItemCaseSensitive(json, "results"), *it;
+    int n = 0;
+    if (status != 200 || !cJSON_IsArray(results))
+        return 0;
+    cJSON_ArrayForEach(it, results)
+    {
+        const cJSON *st = cJSON_GetObjectItemCaseSensitive(it, "status");
+        const cJSON *code =
+            cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(it, "error"), "code");
+        if (cJSON_IsNumber(st) && st->valueint == 429 && cJSON_IsString(code) &&
+            !strcmp(code->valuestring, reply_error_code(REPLY_ELIMITED)))
+            n++;
+    }
+    return n;
+}
+
 static void http_done(void *c, int status, cJSON *json, const char *text, size_t len,
                       const char *ctype)
 {
     struct http_call *hc = c;
     struct server_req *req = hc->req;
     if (json) {
+        /* a batch answers 200 with each item's status: items refused for the budget are
+         * refusals for load all the same (the HTTP core counts those of a 429 answer), and
+         * the client learns when to retry them */
+        int limited = batch_items_limited(status, json);
         if (status == 503)
             srv_retry_after_header(req, srv_retry_after_s(server_req_server(req)));
-        if (status == 429)
+        if (status == 429 || limited)
             srv_retry_after_header(req, reply_call_retry_after(hc->call));
+        if (limited)
+            metrics_inc(srv_metrics_of(server_req_server(req))->rejected_rate, limited);
         server_reply_json(req, status, json);
     } else if (text) {
         server_reply_text(req, status, ctype ? ctype : "text/plain", text, len);

@@ -3,6 +3,7 @@
 
 #include <math.h>
 #include <stdatomic.h>
+#include <string.h>
 
 #include "base/base.h"
 #include "base/cpu.h"
@@ -205,6 +206,46 @@ static void fault_injection_fails_nth_allocation(void **state)
     ar_free(a);
 }
 
+/* ar_json_has_nul against texts whose NULs (and their places) are known by construction. */
+static void json_nul_found_with_its_field(void **state)
+{
+    char field[128];
+    size_t off = 0;
+    (void)state;
+    const char *a = "{\"shop_id\":\"victim\\u0000attacker\",\"text\":\"x\"}";
+    assert_true(ar_json_has_nul(a, strlen(a), &off, field, sizeof(field)));
+    assert_string_equal(field, "shop_id");
+    assert_int_equal(off, (size_t)(strstr(a, "\\u0000") - a));
+    const char *b = "{\"reviews\":[{\"id\":\"1\",\"text\":\"ok\"},{\"text\":\"a\\u0000\"}]}";
+    assert_true(ar_json_has_nul(b, strlen(b), NULL, field, sizeof(field)));
+    assert_string_equal(field, "reviews[].text");
+    const char *c = "{\"a\\u0000b\":1}";
+    assert_true(ar_json_has_nul(c, strlen(c), NULL, field, sizeof(field)));
+    assert_string_equal(field, "(a key)");
+    const char *d = "[\"x\\u0000\"]";
+    assert_true(ar_json_has_nul(d, strlen(d), NULL, field, sizeof(field)));
+    assert_string_equal(field, "[]");
+    /* a raw 0 byte in a string */
+    const char e[] = "{\"t\":\"a\0b\"}";
+    assert_true(ar_json_has_nul(e, sizeof(e) - 1, &off, field, sizeof(field)));
+    assert_string_equal(field, "t");
+    assert_int_equal(off, 7);
+}
+
+static void json_nul_not_found_in_lookalikes(void **state)
+{
+    (void)state;
+    /* an escaped backslash then "u0000" is text; \u00001 is NUL then '1' (found); other escapes */
+    const char *a = "{\"t\":\"a\\\\u0000\",\"u\":\"\\u0001\\u1000\\\"\\u0000\"}";
+    char field[64];
+    assert_true(ar_json_has_nul(a, strlen(a), NULL, field, sizeof(field)));
+    assert_string_equal(field, "u"); /* the one after \" in u, not the one in t */
+    const char *b = "{\"t\":\"a\\\\u0000\",\"u\":\"\\u0001\\u1000 0000\"}";
+    assert_false(ar_json_has_nul(b, strlen(b), NULL, field, sizeof(field)));
+    assert_false(ar_json_has_nul("\"\\u000", 6, NULL, NULL, 0)); /* cut escape */
+    assert_false(ar_json_has_nul("", 0, NULL, NULL, 0));
+}
+
 static void err_set_formats_message(void **state)
 {
     struct ar_err e;
@@ -243,6 +284,8 @@ int main(void)
         cmocka_unit_test(pool_rejects_bad_sizes),
         cmocka_unit_test(fault_injection_fails_nth_allocation),
         cmocka_unit_test(err_set_formats_message),
+        cmocka_unit_test(json_nul_found_with_its_field),
+        cmocka_unit_test(json_nul_not_found_in_lookalikes),
         cmocka_unit_test(cpu_detection_is_consistent),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -374,14 +374,13 @@ static void same_review_id_returns_the_stored_reply(void **state)
     struct reply_result a, b;
     struct store_reply row;
     bool found = false;
-    float score_as_asked;
     ask(x, review("s1", "r7", "Great phone, fast shipping.", 2), &a);
     assert_int_equal(a.err, REPLY_OK);
     assert_true(a.needs_human); /* 2 stars */
     /* asked again with the same text (but for spacing, case and trailing punctuation) and
-     * another rating, while the model has another name: the stored record, no model call */
+     * rating, while the model has another name: the stored record, no model call */
     x->gen.base.model_name = "fake-2";
-    ask(x, review("s1", "r7", "great phone,  fast shipping!!", 5), &b);
+    ask(x, review("s1", "r7", "great phone,  fast shipping!!", 2), &b);
     assert_int_equal(b.err, REPLY_OK);
     assert_int_equal(b.source, REPLY_SOURCE_STORE);
     assert_true(b.cached);
@@ -391,11 +390,6 @@ static void same_review_id_returns_the_stored_reply(void **state)
     assert_true(b.needs_human);
     assert_int_equal(b.sentiment, a.sentiment);
     assert_true(b.sentiment_score == a.sentiment_score);
-    {
-        const char *again = "great phone,  fast shipping!!";
-        reply_sentiment_classify(again, strlen(again), "en", 5, &score_as_asked);
-    }
-    assert_true(score_as_asked != a.sentiment_score); /* recomputing would have shown */
     assert_string_equal(b.lang, a.lang);
     assert_string_equal(b.model, "fake");
     assert_int_equal(b.action, a.action);
@@ -409,8 +403,9 @@ static void same_review_id_returns_the_stored_reply(void **state)
     assert_non_null(strstr(b.error, "r7"));
     {
         cJSON *j = reply_result_to_json(&b, "r7");
-        assert_string_equal(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "error"), "code")->valuestring,
-                            "review_id_conflict");
+        assert_string_equal(
+            cJSON_GetObjectItem(cJSON_GetObjectItem(j, "error"), "code")->valuestring,
+            "review_id_conflict");
         cJSON_Delete(j);
     }
     assert_int_equal(atomic_load(&x->gen.calls), 1);
@@ -424,30 +419,50 @@ static void same_review_id_returns_the_stored_reply(void **state)
     reply_result_fini(&b);
 }
 
-static void stored_answer_keeps_the_action_of_the_stored_rating(void **state)
+static void same_id_with_another_rating_is_a_conflict(void **state)
 {
     struct fx *x = *state;
     struct reply_result a, b;
-    /* auto mode sends from 4 stars: a 3-star review is suggested, and stays so when the same
-     * review comes again claiming 5 stars */
-    ask(x, review("auto", "st1", "还行吧，一般般", 3), &a);
+    struct store_reply row;
+    bool found = false;
+    /* auto mode sends from 4 stars: a 5-star review is sent; the same text under the same id
+     * with 1 star is another review, never answered (nor sent) as the 5-star one */
+    ask(x, review("auto", "st1", "质量很好，很满意", 5), &a);
     assert_int_equal(a.err, REPLY_OK);
-    assert_int_equal(a.action, REPLY_ACTION_SUGGEST);
-    ask(x, review("auto", "st1", "还行吧，一般般", 5), &b);
+    assert_int_equal(a.action, REPLY_ACTION_SEND);
+    ask(x, review("auto", "st1", "质量很好，很满意", 1), &b);
+    assert_int_equal(b.err, REPLY_ECONFLICT);
+    assert_string_equal(reply_error_code(b.err), "review_id_conflict");
+    assert_null(b.reply);
+    assert_non_null(strstr(b.error, "rating"));
+    reply_result_fini(&b);
+    /* the stored row is unchanged and the same review still gets it */
+    assert_int_equal(store_reply_get(x->store, "auto", "st1", &row, &found, NULL), AR_OK);
+    assert_true(found);
+    assert_int_equal(row.rating, 5);
+    store_reply_fini(&row);
+    ask(x, review("auto", "st1", "质量很好，很满意", 5), &b);
+    assert_int_equal(b.err, REPLY_OK);
     assert_int_equal(b.source, REPLY_SOURCE_STORE);
-    assert_int_equal(b.action, REPLY_ACTION_SUGGEST);
+    assert_string_equal(b.reply, a.reply);
+    assert_int_equal(b.action, REPLY_ACTION_SEND);
     reply_result_fini(&a);
     reply_result_fini(&b);
-    /* a job line repeating an id with another text is a conflict too */
+    assert_int_equal(atomic_load(&x->gen.calls), 1);
+    /* job lines (duplicates answered from the store) repeating an id with another text or
+     * another rating are conflicts too */
     {
-        struct reply_review rv[2] = {review("s1", "st2", "很好用", 5), review("s1", "st2", "很难用", 1)};
-        struct reply_result res[2];
-        reply_service_answer_many(x->svc, rv, 2, ENGINE_PRIO_BULK, REPLY_DUP_SAME, res);
+        struct reply_review rv[3] = {review("s1", "st2", "很好用", 5),
+                                     review("s1", "st2", "很难用", 5),
+                                     review("s1", "st2", "很好用", 2)};
+        struct reply_result res[3];
+        reply_service_answer_many(x->svc, rv, 3, ENGINE_PRIO_BULK, REPLY_DUP_SAME, res);
         assert_int_equal(res[0].err, REPLY_OK);
         assert_int_equal(res[1].err, REPLY_ECONFLICT);
-        assert_string_equal(reply_error_code(res[1].err), "review_id_conflict");
-        reply_result_fini(&res[0]);
-        reply_result_fini(&res[1]);
+        assert_int_equal(res[2].err, REPLY_ECONFLICT);
+        assert_string_equal(reply_error_code(res[2].err), "review_id_conflict");
+        for (int i = 0; i < 3; i++)
+            reply_result_fini(&res[i]);
     }
 }
 
@@ -983,7 +998,7 @@ int main(void)
         T(repeated_review_text_is_a_cache_hit_with_the_same_reply),
         T(another_instance_finds_the_reply_in_l2_and_hits_are_counted_by_level),
         T(same_review_id_returns_the_stored_reply),
-        T(stored_answer_keeps_the_action_of_the_stored_rating),
+        T(same_id_with_another_rating_is_a_conflict),
         T(banned_word_output_is_regenerated_then_replaced),
         T(banned_word_on_the_first_try_only_keeps_the_retry),
         T(degenerate_and_empty_outputs_are_not_sent),

@@ -95,6 +95,34 @@ static void msgpack_rejects_bad_input(void **state)
     assert_int_equal(parse_st(CODEC_MSGPACK, (const char *)deep, 33), AR_EFORMAT);
 }
 
+/* A NUL in a string, escaped in JSON or raw in MessagePack, is refused naming the field:
+ * cJSON would cut the string at it ("victim\u0000attacker" read as "victim"). */
+static void nul_in_a_string_is_refused_naming_the_field(void **state)
+{
+    static const unsigned char mp_nul[] = {0x82, 0xa1, 'a', 0x01, 0xa7, 's', 'h', 'o', 'p', '_',
+                                           'i', 'd', 0xa3, 'v', 0x00, 'x'};
+    const char *js = "{\"text\":\"ok\",\"shop_id\":\"victim\\u0000attacker\",\"rating\":5}";
+    const char *esc = "{\"shop_id\":\"a\\\\u0000\"}"; /* an escaped backslash: text */
+    struct ar_err err = {0};
+    cJSON *j = NULL;
+    (void)state;
+    assert_int_equal(codec_parse(CODEC_JSON, js, strlen(js), &j, &err), AR_EFORMAT);
+    assert_null(j);
+    assert_non_null(strstr(err.msg, "\"shop_id\""));
+    assert_non_null(strstr(err.msg, "NUL"));
+    memset(&err, 0, sizeof(err));
+    assert_int_equal(codec_parse(CODEC_MSGPACK, (const char *)mp_nul, sizeof(mp_nul), &j, &err),
+                     AR_EFORMAT);
+    assert_non_null(strstr(err.msg, "\"shop_id\""));
+    j = parse_ok(CODEC_JSON, esc, strlen(esc));
+    assert_string_equal(cJSON_GetObjectItem(j, "shop_id")->valuestring, "a\\u0000");
+    cJSON_Delete(j);
+    /* other control characters are text */
+    j = parse_ok(CODEC_JSON, "{\"t\":\"a\\u0001b\"}", 16);
+    assert_int_equal(strlen(cJSON_GetObjectItem(j, "t")->valuestring), 3);
+    cJSON_Delete(j);
+}
+
 static void json_rejects_invalid_utf8_deep_nesting_and_trailing_data(void **state)
 {
     char deep[80];
@@ -353,6 +381,7 @@ int main(void)
         cmocka_unit_test(msgpack_bin_reads_as_string_and_big_ints_work),
         cmocka_unit_test(msgpack_rejects_bad_input),
         cmocka_unit_test(json_rejects_invalid_utf8_deep_nesting_and_trailing_data),
+        cmocka_unit_test(nul_in_a_string_is_refused_naming_the_field),
         cmocka_unit_test(msgpack_writer_emits_spec_bytes),
         cmocka_unit_test(utf8_checker_follows_the_standard),
         cmocka_unit_test(wrong_types_name_the_field),

@@ -536,6 +536,14 @@ static void review_errors_reach_clients_with_their_status_and_code(void **state)
     assert_null(resp_header(&r, "Retry-After", v, sizeof(v)));
     cJSON_Delete(j);
     resp_free(&r);
+    /* the same text with another rating: a conflict too, never the stored 5-star answer */
+    j = request(x->port, "POST", "/v1/reviews/reply",
+                "{\"shop_id\":\"s1\",\"review_id\":\"e1\",\"text\":\"Love it\",\"rating\":1}", &r);
+    assert_int_equal(r.status, 409);
+    assert_string_equal(error_code(j), "review_id_conflict");
+    assert_null(cJSON_GetObjectItem(j, "reply"));
+    cJSON_Delete(j);
+    resp_free(&r);
     /* a bad rating: 400 before the model */
     j = request(x->port, "POST", "/v1/reviews/reply",
                 "{\"shop_id\":\"s1\",\"review_id\":\"e2\",\"text\":\"ok\",\"rating\":9}", &r);
@@ -568,6 +576,156 @@ static void review_errors_reach_clients_with_their_status_and_code(void **state)
     cJSON_Delete(j);
     resp_free(&r);
     assert_int_equal(atomic_load(&x->gen.calls), 2); /* e1 and b1; errors never reach the model */
+}
+
+/* A NUL in an id or a text is refused (400) on every review route, in JSON and MessagePack,
+ * and nothing is stored or generated for it: cJSON used to cut "victim\\u0000attacker" to shop
+ * "victim". */
+static void nul_in_ids_and_texts_is_refused_on_every_route(void **state)
+{
+    struct fx *x = *state;
+    struct resp r;
+    cJSON *j;
+    static const unsigned char mp[] = {0x84, 0xa7, 's',  'h', 'o',  'p', '_', 'i', 'd', 0xa3, 'v',
+                                       0x00, 'a',  0xa9, 'r', 'e',  'v', 'i', 'e', 'w', '_',  'i',
+                                       'd',  0xa2, 'm',  '1', 0xa4, 't', 'e', 'x', 't', 0xa2, 'o',
+                                       'k',  0xa6, 'r',  'a', 't',  'i', 'n', 'g', 0x05};
+    static const struct {
+        const char *path, *body, *code, *field;
+    } cases[] = {
+        {"/v1/reviews/reply",
+         "{\"shop_id\":\"victim\\u0000attacker\",\"review_id\":\"r1\",\"text\":\"Great\","
+         "\"rating\":5}",
+         "invalid_json", "shop_id"},
+        {"/v1/reviews/batch",
+         "{\"shop_id\":\"s1\",\"reviews\":[{\"review_id\":\"b1\",\"text\":\"ok\",\"rating\":5},{"
+         "\"review_id\":\"b2\",\"text\":\"bad\\u0000x\",\"rating\":1}]}",
+         "invalid_json", "reviews[].text"},
+        {"/v1/jobs",
+         "{\"reviews\":[{\"id\":\"j1\",\"shop_id\":\"a\\u0000b\",\"text\":\"ok\",\"rating\":5}]}",
+         "invalid_request", "shop_id"},
+        {"/v1/jobs",
+         "{\"id\":\"j1\",\"text\":\"ok\",\"rating\":5}\n{\"id\":\"j2\\u0000x\",\"text\":\"ok\","
+         "\"rating\":5}\n",
+         "invalid_request", "line 2"},
+        {"/v1/jobs",
+         "{\"jsonl\": "
+         "\"{\\\"id\\\":\\\"j3\\\",\\\"text\\\":\\\"a\\\\u0000b\\\",\\\"rating\\\":5}\\n\"}",
+         "invalid_request", "line 1"},
+        {"/v1/jobs",
+         "[{\"id\":\"j4\",\"text\":\"ok\",\"rating\":5},{\"id\":\"j5\",\"text\":\"x\\u0000\","
+         "\"rating\":5}]",
+         "invalid_request", "[].text"},
+    };
+    for (size_t i = 0; i < AR_ARRAY_LEN(cases); i++) {
+        const cJSON *m;
+        j = request(x->port, "POST", cases[i].path, cases[i].body, &r);
+        if (r.status != 400)
+            fail_msg("case %zu: status %d: %s", i, r.status, r.body);
+        assert_string_equal(error_code(j), cases[i].code);
+        m = cJSON_GetObjectItem(cJSON_GetObjectItem(j, "error"), "message");
+        assert_true(cJSON_IsString(m));
+        if (!strstr(m->valuestring, cases[i].field) || !strstr(m->valuestring, "NUL"))
+            fail_msg("case %zu: message \"%s\" does not name %s", i, m->valuestring,
+                     cases[i].field);
+        cJSON_Delete(j);
+        resp_free(&r);
+    }
+    http(x->port, "POST", "/v1/reviews/reply", "Content-Type: application/msgpack\r\n", mp,
+         sizeof(mp), &r);
+    assert_int_equal(r.status, 400);
+    resp_free(&r);
+    assert_int_equal(atomic_load(&x->gen.calls), 0);
+    /* nothing was stored under the cut id: another text for shop "victim", id "r1" is new */
+    j = request(
+        x->port, "POST", "/v1/reviews/reply",
+        "{\"shop_id\":\"victim\",\"review_id\":\"r1\",\"text\":\"Other words\",\"rating\":5}", &r);
+    assert_int_equal(r.status, 200);
+    assert_true(cJSON_IsString(cJSON_GetObjectItem(j, "reply")));
+    cJSON_Delete(j);
+    resp_free(&r);
+    assert_int_equal(atomic_load(&x->gen.calls), 1);
+}
+
+/* Under a token limit, a batch whose items were refused for the caller's budget answers 200
+ * with per-item 429s and a Retry-After, and each refusal counts in
+ * autoreply_rejected_total{reason="rate_limit"}, as a refused /v1/reviews/reply does. */
+static void rate_limited_batch_items_carry_retry_after_and_are_counted(void **state)
+{
+    struct fx *x = *state;
+    struct server_params sp = server_default_params();
+    struct server *s = NULL;
+    struct ar_err err = {0};
+    const char *series = "autoreply_rejected_total{reason=\"rate_limit\"}";
+    char ra[16], body[2048];
+    struct resp r;
+    cJSON *j, *res;
+    int port, n_limited = 0, n = 0;
+    double before;
+    /* no limit: no Retry-After on a batch */
+    j = request(
+        x->port, "POST", "/v1/reviews/batch",
+        "{\"shop_id\":\"s1\",\"reviews\":[{\"review_id\":\"n1\",\"text\":\"ok\",\"rating\":5}]}",
+        &r);
+    assert_int_equal(r.status, 200);
+    assert_null(resp_header(&r, "Retry-After", ra, sizeof(ra)));
+    cJSON_Delete(j);
+    resp_free(&r);
+
+    sp.host = "127.0.0.1";
+    sp.port = 0;
+    sp.model_name = "demo";
+    sp.instance_name = "tpm";
+    sp.rate_tpm = 150; /* the fake charges a token per byte of the user turn: about one review */
+    if (server_create(&sp, &s, &err) != AR_OK)
+        fail_msg("server_create: %s", err.msg);
+    assert_int_equal(server_reviews_attach(s, x->svc, NULL), AR_OK);
+    if (server_start(s, &err) != AR_OK)
+        fail_msg("server_start: %s", err.msg);
+    server_set_engine(s, g_eng, g_model, g_tok);
+    port = server_port(s);
+    before = metric(port, series);
+    n += snprintf(body, sizeof(body), "{\"shop_id\":\"tpm\",\"reviews\":[");
+    for (int i = 0; i < 5; i++)
+        n += snprintf(body + n, sizeof(body) - (size_t)n,
+                      "%s{\"review_id\":\"t%d\",\"text\":\"Review number %d: the parcel came "
+                      "late and the box was torn open, but the phone itself works fine.\","
+                      "\"rating\":3}",
+                      i ? "," : "", i, i);
+    snprintf(body + n, sizeof(body) - (size_t)n, "]}");
+    j = request(port, "POST", "/v1/reviews/batch", body, &r);
+    assert_int_equal(r.status, 200);
+    res = cJSON_GetObjectItem(j, "results");
+    assert_int_equal(cJSON_GetArraySize(res), 5);
+    for (int i = 0; i < 5; i++) {
+        const cJSON *it = cJSON_GetArrayItem(res, i), *st = cJSON_GetObjectItem(it, "status");
+        if (st && st->valueint == 429) {
+            assert_string_equal(error_code(it), "rate_limit_exceeded");
+            n_limited++;
+        } else {
+            assert_true(cJSON_IsString(cJSON_GetObjectItem(it, "reply")));
+        }
+    }
+    if (n_limited < 1 || n_limited > 4)
+        fail_msg("%d of 5 items refused under a budget of about one", n_limited);
+    assert_non_null(resp_header(&r, "Retry-After", ra, sizeof(ra)));
+    assert_true(atoi(ra) >= 1);
+    cJSON_Delete(j);
+    resp_free(&r);
+    assert_true(metric(port, series) == before + n_limited);
+    /* a single review refused for the budget counts as one */
+    j = request(port, "POST", "/v1/reviews/reply",
+                "{\"shop_id\":\"tpm\",\"review_id\":\"t9\",\"text\":\"Another long review of the "
+                "same phone, with more words so that it costs tokens.\",\"rating\":4}",
+                &r);
+    assert_int_equal(r.status, 429);
+    assert_string_equal(error_code(j), "rate_limit_exceeded");
+    assert_non_null(resp_header(&r, "Retry-After", ra, sizeof(ra)));
+    cJSON_Delete(j);
+    resp_free(&r);
+    assert_true(metric(port, series) == before + n_limited + 1);
+    server_stop(s, 5);
+    server_destroy(s);
 }
 
 static void every_response_names_the_instance(void **state)
@@ -851,6 +1009,8 @@ int main(void)
         T(rate_limited_review_over_the_handler_is_a_429),
         cmocka_unit_test(every_reply_error_maps_to_one_status_and_code),
         T(review_errors_reach_clients_with_their_status_and_code),
+        T(nul_in_ids_and_texts_is_refused_on_every_route),
+        T(rate_limited_batch_items_carry_retry_after_and_are_counted),
         T(every_response_names_the_instance),
         T(default_instance_name_is_the_host_and_port),
         cmocka_unit_test(bad_instance_names_are_refused),

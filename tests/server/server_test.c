@@ -711,6 +711,70 @@ static void bad_requests_get_4xx_errors(void **state)
     cJSON_Delete(e);
 }
 
+/* A NUL in a prompt, a message or a text to tokenize is refused (cJSON cut "a\u0000bcdef" to
+ * "a"), and an unknown model is OpenAI's 404 model_not_found; the served id, none or an empty
+ * one are answered. */
+static void nul_texts_and_unknown_models_are_refused(void **state)
+{
+    const char *j = "application/json";
+    struct resp r;
+    cJSON *e;
+    int status;
+    (void)state;
+    expect_error("/tokenize", j, "{\"content\":\"a\\u0000bcdef\"}", 400, "invalid_json");
+    expect_error("/v1/chat/completions", j,
+                 "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\\u0000there\"}]}", 400,
+                 "invalid_json");
+    expect_error("/v1/chat/completions", j,
+                 "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":"
+                 "\"x\\u0000\"}]}]}",
+                 400, "invalid_json");
+    expect_error("/v1/completions", j, "{\"prompt\":\"hi\\u0000\",\"max_tokens\":2}", 400,
+                 "invalid_json");
+    /* the message names the field */
+    http(g_port, "POST", "/tokenize", "Content-Type: application/json\r\n",
+         "{\"content\":\"a\\u0000b\"}", 22, &r);
+    e = cJSON_Parse(r.body);
+    assert_non_null(strstr(jstr(e, "error.message"), "content"));
+    cJSON_Delete(e);
+    resp_free(&r);
+    /* a NUL escaped as text (\\u0000) is fine */
+    e = post_json(g_port, "/tokenize", NULL, "{\"content\":\"a\\\\u0000b\"}", &status);
+    assert_int_equal(status, 200);
+    assert_true(cJSON_GetArraySize(cJSON_GetObjectItem(e, "tokens")) > 0);
+    cJSON_Delete(e);
+
+    expect_error("/v1/chat/completions", j,
+                 "{\"model\":\"gpt-4\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}", 404,
+                 "model_not_found");
+    expect_error("/v1/completions", j, "{\"model\":\"demo2\",\"prompt\":\"hi\",\"max_tokens\":2}",
+                 404, "model_not_found");
+    http(g_port, "POST", "/v1/completions", "Content-Type: application/json\r\n",
+         "{\"model\":\"nope\",\"prompt\":\"hi\"}", 30, &r);
+    e = cJSON_Parse(r.body);
+    assert_int_equal(r.status, 404);
+    assert_string_equal(jstr(e, "error.type"), "invalid_request_error");
+    assert_string_equal(jstr(e, "error.code"), "model_not_found");
+    assert_non_null(strstr(jstr(e, "error.message"), "nope"));
+    cJSON_Delete(e);
+    resp_free(&r);
+    /* the id /v1/models lists, an empty one and none are the served model */
+    e = post_json(g_port, "/v1/completions", NULL,
+                  "{\"model\":\"demo\",\"prompt\":\"hi\",\"max_tokens\":2}", &status);
+    assert_int_equal(status, 200);
+    assert_string_equal(jstr(e, "model"), "demo");
+    cJSON_Delete(e);
+    e = post_json(g_port, "/v1/chat/completions", NULL,
+                  "{\"model\":\"\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+                  "\"max_tokens\":2}",
+                  &status);
+    assert_int_equal(status, 200);
+    cJSON_Delete(e);
+    e = post_json(g_port, "/v1/completions", NULL, "{\"prompt\":\"hi\",\"max_tokens\":2}", &status);
+    assert_int_equal(status, 200);
+    cJSON_Delete(e);
+}
+
 static void huge_body_gets_413_before_it_is_read(void **state)
 {
     int fd = connect_port(g_port);
@@ -1047,6 +1111,7 @@ int main(void)
         cmocka_unit_test(prefix_cache_hits_show_and_keep_outputs),
         cmocka_unit_test(json_and_msgpack_give_the_same_answer),
         cmocka_unit_test(bad_requests_get_4xx_errors),
+        cmocka_unit_test(nul_texts_and_unknown_models_are_refused),
         cmocka_unit_test(huge_body_gets_413_before_it_is_read),
         cmocka_unit_test(slow_client_is_dropped_while_others_are_served),
         cmocka_unit_test(http_framing_errors_are_answered_at_once),
