@@ -360,7 +360,9 @@ EOF
         mkdir -p "$dir/$name"
         : >"$dir/$name.log"
         cmd="$(quote "$BIN") serve --host 127.0.0.1 --port $p --data-dir $(quote "$dir/$name")"
-        cmd="$cmd -t $THREADS"
+        # every connection comes from nginx's one address: no per-address cap (idle ones are
+        # still closed when the instance nears --max-conns)
+        cmd="$cmd -t $THREADS --max-conns-per-ip 0"
         [ $name_flag = 1 ] && cmd="$cmd $FLAG_NAME $name"
         if [ "$BACKENDS" = 1 ]; then
             cmd="$cmd $FLAG_STORE $(quote "$store") $FLAG_CACHE $(quote "$cache")"
