@@ -58,10 +58,10 @@ enum ar_status cache_open(const char *url, const struct cache_memory_params *l1,
     if (url && *url && strcmp(url, "memory") != 0 && strncmp(url, "redis://", 8) != 0)
         return ar_err_set(err, AR_EINVAL, 0,
                           "unknown kind of cache: use memory or redis://host:port/db");
-    if ((st = cache_memory_create(&mp, &mem)) != AR_OK)
+    if (mp.max_bytes > 0 && (st = cache_memory_create(&mp, &mem)) != AR_OK)
         return ar_err_set(err, st, 0, "cannot create the in-process cache: %s", ar_status_str(st));
     if (!url || !*url || strcmp(url, "memory") == 0) {
-        *out = mem;
+        *out = mem; /* NULL without an in-process level */
         return AR_OK;
     }
     rp.url = url;
@@ -69,6 +69,10 @@ enum ar_status cache_open(const char *url, const struct cache_memory_params *l1,
     if ((st = cache_redis_create(&rp, &red, err)) != AR_OK) {
         cache_destroy(mem);
         return st;
+    }
+    if (!mem) { /* every lookup goes to Redis */
+        *out = red;
+        return AR_OK;
     }
     return cache_tiered_create(mem, red, out); /* owns both, on failure too */
 }

@@ -153,9 +153,10 @@ enum ar_status cache_tiered_create(struct cache *l1, struct cache *l2, struct ca
 /* The reply cache a server runs with, by URL: NULL, "" or "memory": in process only;
  * "redis://host:port/db": the in-process cache as L1 over Redis as L2 (cache_tiered_create,
  * Redis entries living l1->ttl_s too, the other Redis settings their defaults). l1: the
- * in-process cache's parameters (NULL: cache_memory_default_params). The caller owns *out
- * (cache_destroy). AR_EINVAL with a message for another scheme or a bad Redis URL; Redis need
- * not be up (see cache_redis_create). */
+ * in-process cache's parameters (NULL: cache_memory_default_params); l1->max_bytes 0 means no
+ * in-process level: Redis alone for a Redis URL, and no cache at all (*out NULL, AR_OK) for the
+ * others. The caller owns *out (cache_destroy). AR_EINVAL with a message for another scheme or
+ * a bad Redis URL; Redis need not be up (see cache_redis_create). */
 enum ar_status cache_open(const char *url, const struct cache_memory_params *l1, struct cache **out,
                           struct ar_err *err);
 

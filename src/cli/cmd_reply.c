@@ -557,19 +557,9 @@ int cli_reply_attach(struct server *srv, const struct cli_reply_opts *opts, stru
         o.data_dir = opts->data_dir;
     if (!open_profiles_store(&o, &cr->p))
         goto fail;
-    if (opts->l1_mb > 0)
+    if (opts->l1_mb >= 0) /* 0: no in-process level (with --cache: Redis alone) */
         cp.max_bytes = (size_t)opts->l1_mb << 20;
-    if (opts->reply_cache && opts->l1_mb == 0 && opts->cache_url) {
-        /* no in-process level: every lookup goes to Redis */
-        struct cache_redis_params rp2 = cache_redis_default_params();
-        rp2.url = opts->cache_url;
-        rp2.ttl_s = cp.ttl_s;
-        if (cache_redis_create(&rp2, &cr->p.cache, &err) != AR_OK) {
-            cli_error("serve: --cache: %s", err.msg[0] ? err.msg : "cannot create the reply cache");
-            goto fail;
-        }
-    } else if (opts->reply_cache && opts->l1_mb != 0 &&
-               cache_open(opts->cache_url, &cp, &cr->p.cache, &err) != AR_OK) {
+    if (opts->reply_cache && cache_open(opts->cache_url, &cp, &cr->p.cache, &err) != AR_OK) {
         cli_error("serve: --cache: %s", err.msg[0] ? err.msg : "cannot create the reply cache");
         goto fail;
     }

@@ -321,8 +321,20 @@ static void cache_open_picks_the_implementation_by_url(void **state)
     freeReplyObject(r);
     freeReplyObject(redisCommand(rc, "DEL ar:rc:%s", key));
     assert_true(cache_redis_healthy(c));
-    redisFree(rc);
     cache_destroy(c);
+    /* no in-process level: Redis alone, whose hits are the shared level's; no cache at all
+     * without Redis */
+    mp.max_bytes = 0;
+    assert_int_equal(cache_open(url, &mp, &c, &err), AR_OK);
+    assert_string_equal(c->ops->name, "redis");
+    assert_int_equal(cache_put(c, key, strlen(key), "v", 1), AR_OK);
+    assert_int_equal(cache_get(c, key, strlen(key), NULL, NULL), 2);
+    freeReplyObject(redisCommand(rc, "DEL ar:rc:%s", key));
+    cache_destroy(c);
+    c = (struct cache *)1;
+    assert_int_equal(cache_open(NULL, &mp, &c, &err), AR_OK);
+    assert_null(c);
+    redisFree(rc);
 }
 
 /* ---- failures ----------------------------------------------------------------------------- */
