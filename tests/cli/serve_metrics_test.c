@@ -124,11 +124,7 @@ static char *scrape(char **content_type)
 /* The value of the sample "<series> <value>" in text; NAN when there is none. */
 static double sample(const char *text, const char *series)
 {
-    size_t n = strlen(series);
-    for (const char *p = text; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL)
-        if (!strncmp(p, series, n) && p[n] == ' ')
-            return strtod(p + n + 1, NULL);
-    return (double)NAN;
+    return th_metric_sample(text, series, (double)NAN);
 }
 
 static void post_expect(const char *path, const char *body, int status, char *id, size_t id_size)

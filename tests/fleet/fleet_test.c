@@ -4,6 +4,7 @@
  * sees (statuses, replies) and what the instances report (/metrics, /health). */
 #define TH_HTTP_RECV_TIMEOUT_S 90
 #include "harness/http_client.h"
+#include "harness/process.h"
 
 #include <pthread.h>
 #include <signal.h>
@@ -13,13 +14,6 @@
 #define N_INST 3
 #define N_KEYS 64
 #define JOB_LINES 2000
-
-/* ./bin/autoreply, or $AR_BIN (tests/run.sh points it at the build being tested) */
-static const char *bin_path(void)
-{
-    const char *b = getenv("AR_BIN");
-    return b && *b ? b : "./bin/autoreply";
-}
 
 struct fleet {
     char dir[64];
@@ -33,79 +27,25 @@ static struct fleet F;
 
 /* ---- running the deployment script ----------------------------------------------------- */
 
-/* Runs a shell command, returns its stdout (caller frees) and *status its exit status. */
-static char *sh_out(const char *cmd, int *status)
+/* Runs `sh SCRIPT ARGS` (formatted) with its output captured; prints the output when it
+ * fails. Its exit status. */
+static int script(const char *path, const char *fmt, ...) AR_PRINTF(2, 3);
+static int script(const char *path, const char *fmt, ...)
 {
-    FILE *p = popen(cmd, "r");
-    size_t cap = 4096, len = 0;
-    char *buf = malloc(cap);
+    char args[512];
+    struct th_run r;
     int st;
-    assert_non_null(p);
-    for (;;) {
-        size_t k;
-        if (len + 1024 > cap)
-            buf = realloc(buf, cap *= 2);
-        k = fread(buf + len, 1, cap - len - 1, p);
-        if (k == 0)
-            break;
-        len += k;
-    }
-    buf[len] = '\0';
-    st = pclose(p);
-    *status = WIFEXITED(st) ? WEXITSTATUS(st) : 128;
-    return buf;
-}
-
-static int fleet_cmd(const char *fmt, ...) AR_PRINTF(1, 2);
-static int fleet_cmd(const char *fmt, ...)
-{
-    char args[512], cmd[1024];
     va_list ap;
-    int st;
-    char *out;
     va_start(ap, fmt);
     vsnprintf(args, sizeof(args), fmt, ap);
     va_end(ap);
-    snprintf(cmd, sizeof(cmd), "sh deploy/fleet.sh %s --dir %s 2>&1", args, F.dir);
-    out = sh_out(cmd, &st);
+    r = th_sh_run("sh %s %s 2>&1", path, args);
+    st = r.status;
     if (st != 0)
-        print_message("fleet.sh %s -> %d:\n%s\n", args, st, out);
-    free(out);
+        print_message("%s %s -> %d:\n%s\n", path, args, st, r.out);
+    th_run_free(&r);
     return st;
 }
-
-static int services_cmd(const char *fmt, ...) AR_PRINTF(1, 2);
-static int services_cmd(const char *fmt, ...)
-{
-    char args[256], cmd[1024];
-    va_list ap;
-    int st;
-    char *out;
-    va_start(ap, fmt);
-    vsnprintf(args, sizeof(args), fmt, ap);
-    va_end(ap);
-    snprintf(cmd, sizeof(cmd), "sh deploy/services.sh %s 2>&1", args);
-    out = sh_out(cmd, &st);
-    if (st != 0)
-        print_message("services.sh %s -> %d:\n%s\n", args, st, out);
-    free(out);
-    return st;
-}
-
-static int free_port(void)
-{
-    struct sockaddr_in a = {0};
-    socklen_t n = sizeof(a);
-    int fd = socket(AF_INET, SOCK_STREAM, 0), port;
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
-    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &n), 0);
-    port = ntohs(a.sin_port);
-    close(fd);
-    return port;
-}
-
 static const char *next_key(void)
 {
     const char *k;
@@ -118,10 +58,9 @@ static const char *next_key(void)
 
 static int fleet_up(void **state)
 {
-    char cmd[1024], path[128];
+    char path[128];
     FILE *kf;
-    int st;
-    char *out;
+    struct th_run r;
     (void)state;
     pthread_mutex_init(&F.key_mu, NULL);
     snprintf(F.dir, sizeof(F.dir), "/tmp/ar_fleet_test_XXXXXX");
@@ -138,26 +77,24 @@ static int fleet_up(void **state)
         fprintf(kf, "%s\n", F.keys[i]);
     }
     fclose(kf);
-    F.nginx_port = free_port();
-    snprintf(cmd, sizeof(cmd),
-             "sh deploy/fleet.sh up --instances %d --port %d --dir %s --bin %s -- "
-             "--api-key-file %s --rate-rps 10 --rate-burst 10 2>&1",
-             N_INST, F.nginx_port, F.dir, bin_path(), path);
-    out = sh_out(cmd, &st);
-    print_message("%s", out);
-    if (st != 0) {
-        print_message("fleet.sh up failed with %d\n", st);
-        free(out);
+    F.nginx_port = th_free_port();
+    r = th_sh_run("sh deploy/fleet.sh up --instances %d --port %d --dir %s --bin %s -- "
+                  "--api-key-file %s --rate-rps 10 --rate-burst 10 2>&1",
+                  N_INST, F.nginx_port, F.dir, th_bin_path(), path);
+    print_message("%s", r.out);
+    if (r.status != 0) {
+        print_message("fleet.sh up failed with %d\n", r.status);
+        th_run_free(&r);
         return -1;
     }
     /* one line per instance: "iK pid N http://127.0.0.1:PORT" */
-    for (char *l = out; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
+    for (char *l = r.out; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
         int k, pid, port;
         if (sscanf(l, "i%d pid %d http://127.0.0.1:%d", &k, &pid, &port) == 3 && k >= 1 &&
             k <= N_INST)
             F.port[k] = port;
     }
-    free(out);
+    th_run_free(&r);
     for (int k = 1; k <= N_INST; k++)
         if (F.port[k] <= 0) {
             print_message("fleet.sh up printed no port for i%d\n", k);
@@ -170,7 +107,7 @@ static int fleet_down(void **state)
 {
     char cmd[256];
     (void)state;
-    if (fleet_cmd("down") != 0)
+    if (script("deploy/fleet.sh", "down --dir %s", F.dir) != 0)
         return -1;
     snprintf(cmd, sizeof(cmd), "rm -rf %s", F.dir);
     return system(cmd) == 0 ? 0 : -1;
@@ -234,17 +171,12 @@ static double jnum(const cJSON *j, const char *k)
 static double inst_metric(int port, const char *series)
 {
     struct resp r;
-    double v = 0;
-    size_t n = strlen(series);
+    double v;
     if (!http_try(port, "GET", "/metrics", NULL, NULL, 0, &r) || r.status != 200) {
         resp_free(&r);
         return -1;
     }
-    for (const char *p = r.body; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL)
-        if (!strncmp(p, series, n) && p[n] == ' ') {
-            v = strtod(p + n + 1, NULL);
-            break;
-        }
+    v = th_metric_sample(r.body, series, 0);
     resp_free(&r);
     return v;
 }
@@ -524,7 +456,7 @@ static void restart_instance(int k)
         usleep(100000);
     if (running(pid))
         fail_msg("i%d (pid %d) still runs 30 s after SIGTERM", k, pid);
-    assert_int_equal(fleet_cmd("start %d", k), 0);
+    assert_int_equal(script("deploy/fleet.sh", "start %d --dir %s", k, F.dir), 0);
 }
 
 static void a_job_loses_nothing_when_instances_die(void **state)
@@ -555,7 +487,7 @@ static void a_job_loses_nothing_when_instances_die(void **state)
                 last_i2 = v;
         }
         if (killed_at < 0 && done >= JOB_LINES * 3 / 10) {
-            assert_int_equal(fleet_cmd("kill 2"), 0);
+            assert_int_equal(script("deploy/fleet.sh", "kill 2 --dir %s", F.dir), 0);
             killed_at = done;
         } else if (killed_at >= 0 && restarted_at < 0 && done >= JOB_LINES / 2) {
             i3_before_restart = inst_metric(F.port[3], MODEL_CALLS);
@@ -612,7 +544,7 @@ static void a_job_loses_nothing_when_instances_die(void **state)
         /* in flight at the kill: at most the killed instance's prefetch and batch (a few) */
         assert_true(twice >= -64 && twice <= 64);
     }
-    assert_int_equal(fleet_cmd("start 2"), 0);
+    assert_int_equal(script("deploy/fleet.sh", "start 2 --dir %s", F.dir), 0);
     assert_true(wait_health(F.port[2], "ok", 60));
 }
 
@@ -700,12 +632,12 @@ static void redis_down_gives_successes_and_clean_503s_and_recovers(void **state)
     for (int i = 0; i < 2; i++)
         pthread_create(&th[i], NULL, loader_main, i ? &L2 : &L);
     usleep(1500000);
-    assert_int_equal(services_cmd("stop redis %s", F.dir), 0);
+    assert_int_equal(script("deploy/services.sh", "stop redis %s", F.dir), 0);
     usleep(1000000);
     health(F.port[1], h, sizeof(h));
     assert_string_equal(h, "degraded");
     usleep(1500000);
-    assert_int_equal(services_cmd("start redis %s %d", F.dir, atoi(port_s)), 0);
+    assert_int_equal(script("deploy/services.sh", "start redis %s %d", F.dir, atoi(port_s)), 0);
     usleep(1500000);
     L.stop = true;
     L2.stop = true;
@@ -742,9 +674,9 @@ static void a_rabbitmq_restart_resumes_consumption(void **state)
     body = make_job_body(shop, 300);
     post_job(body, id, sizeof(id));
     free(body);
-    assert_int_equal(services_cmd("stop rabbitmq %s", F.dir), 0);
+    assert_int_equal(script("deploy/services.sh", "stop rabbitmq %s", F.dir), 0);
     usleep(1000000);
-    assert_int_equal(services_cmd("start rabbitmq %s %d", F.dir, atoi(port_s)), 0);
+    assert_int_equal(script("deploy/services.sh", "start rabbitmq %s %d", F.dir, atoi(port_s)), 0);
     free(port_s);
     t0 = ar_time_s();
     while ((done = job_finished(id, &total)) < 300) {
@@ -769,7 +701,7 @@ static void postgres_down_gives_clean_503s_on_what_needs_it_and_recovers(void **
     snprintf(port_path, sizeof(port_path), "%s/postgres.port", F.dir);
     port_s = th_read_file(port_path, NULL);
     assert_non_null(port_s);
-    assert_int_equal(services_cmd("stop postgres %s", F.dir), 0);
+    assert_int_equal(script("deploy/services.sh", "stop postgres %s", F.dir), 0);
     /* a review needs the store: a clean 503 with Retry-After (checked by reply_post) */
     j = reply_post(F.port[1], next_key(), shop, "pg1", "the colour is not as pictured", 3, &st,
                    NULL, 0);
@@ -784,7 +716,7 @@ static void postgres_down_gives_clean_503s_on_what_needs_it_and_recovers(void **
     resp_free(&r);
     health(F.port[1], h, sizeof(h));
     assert_string_equal(h, "degraded");
-    assert_int_equal(services_cmd("start postgres %s %d", F.dir, atoi(port_s)), 0);
+    assert_int_equal(script("deploy/services.sh", "start postgres %s %d", F.dir, atoi(port_s)), 0);
     free(port_s);
     /* back by itself (the reconnection backoff is at most 1 s) */
     {
@@ -813,7 +745,7 @@ static void nginx_stops_sending_to_a_dead_instance(void **state)
     int n_ok = 0;
     (void)state;
     snprintf(shop, sizeof(shop), "shop-dead-%08x", rnd());
-    assert_int_equal(fleet_cmd("kill 1"), 0);
+    assert_int_equal(script("deploy/fleet.sh", "kill 1 --dir %s", F.dir), 0);
     for (int i = 0; i < 30; i++) {
         char id[32], inst[64];
         int st;
@@ -828,7 +760,7 @@ static void nginx_stops_sending_to_a_dead_instance(void **state)
         cJSON_Delete(j);
     }
     assert_int_equal(n_ok, 30);
-    assert_int_equal(fleet_cmd("start 1"), 0);
+    assert_int_equal(script("deploy/fleet.sh", "start 1 --dir %s", F.dir), 0);
     assert_true(wait_health(F.port[1], "ok", 60));
 }
 

@@ -87,6 +87,17 @@ static inline float th_rng_f32(struct th_rng *r)
 }
 
 /* Sleeps s seconds (a fraction allowed). */
+/* The value of the first sample line "<series> <value>" in Prometheus text (series with its
+ * labels, e.g. "autoreply_reply_cache_hits_total{level=\"l2\"}"); absent when there is none. */
+static inline double th_metric_sample(const char *text, const char *series, double absent)
+{
+    size_t n = strlen(series);
+    for (const char *p = text; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL)
+        if (!strncmp(p, series, n) && p[n] == ' ')
+            return strtod(p + n + 1, NULL);
+    return absent;
+}
+
 static inline void th_sleep_s(double s)
 {
     struct timespec ts;

@@ -243,16 +243,10 @@ static inline cJSON *post_json(int port, const char *path, const char *extra, co
 static inline double metric(int port, const char *series)
 {
     struct resp r;
-    double v = (double)NAN;
-    size_t n = strlen(series);
+    double v;
     http(port, "GET", "/metrics", NULL, NULL, 0, &r);
     assert_int_equal(r.status, 200);
-    for (const char *p = r.body; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL) {
-        if (!strncmp(p, series, n) && p[n] == ' ') {
-            v = strtod(p + n + 1, NULL);
-            break;
-        }
-    }
+    v = th_metric_sample(r.body, series, (double)NAN);
     resp_free(&r);
     return v;
 }

@@ -213,13 +213,11 @@ static void ask(struct fx *x, struct reply_review rv, struct reply_result *res)
 
 static double metric(struct fx *x, const char *line_prefix)
 {
-    char *text = NULL, *p;
+    char *text = NULL;
     size_t len;
-    double v = -1;
+    double v;
     assert_int_equal(metrics_render(x->metrics, &text, &len), AR_OK);
-    for (p = text; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
-        if (strncmp(p, line_prefix, strlen(line_prefix)) == 0 && p[strlen(line_prefix)] == ' ')
-            v = strtod(p + strlen(line_prefix) + 1, NULL);
+    v = th_metric_sample(text, line_prefix, -1);
     ar_free(text);
     return v;
 }

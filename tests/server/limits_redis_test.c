@@ -41,13 +41,11 @@ static struct srv_limiter *limiter(double rps, double burst, double tpm, const c
 
 static double registry_value(struct metrics_registry *reg, const char *series)
 {
-    char *text = NULL, *p;
-    size_t len, n = strlen(series);
-    double v = -1;
+    char *text = NULL;
+    size_t len;
+    double v;
     assert_int_equal(metrics_render(reg, &text, &len), AR_OK);
-    for (p = text; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
-        if (!strncmp(p, series, n) && p[n] == ' ')
-            v = strtod(p + n + 1, NULL);
+    v = th_metric_sample(text, series, -1);
     ar_free(text);
     return v;
 }
