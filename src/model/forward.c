@@ -54,12 +54,24 @@ struct model_ctx {
     float *gate;    /* owned, n_ff */
     float *up;      /* owned, n_ff */
     float *hid;     /* owned, n_ff: silu(gate) * up */
-    float *rope;    /* owned, rope_dim: (cos, sin) pairs per rotated pair, set per pass */
+    float *rope;    /* owned, n_rope * rope_dim: (cos, sin) pairs per rotated pair and rope
+                     * (global, local), set per pass */
     uint8_t *act;   /* owned, act_row bytes per row: input rows in a vec_dot type */
     size_t act_row; /* max bytes of one converted input row over all matrices */
     float *scores;  /* owned, (nth * heads per KV head, score_cap) */
     int64_t score_cap;
     int32_t *out_rows; /* owned, (n_batch_max): batch row of each logits row */
+    /* mixture of experts (see run_moe) */
+    float *moe_logits;  /* owned, (n_batch_max, n_expert): router output, then probabilities */
+    int32_t *moe_sel;   /* owned, (n_batch_max, n_expert_used): chosen experts, best first */
+    float *moe_w;       /* owned, (n_batch_max, n_expert_used): their renormalized weights */
+    int32_t *moe_rows;  /* owned, (n_batch_max): rows routed to the expert being run */
+    float *moe_in;      /* owned, (n_batch_max, n_embd): those rows' normed input, gathered */
+    float *moe_gate;    /* owned, (n_batch_max, n_ff_exp) */
+    float *moe_up;      /* owned, (n_batch_max, n_ff_exp) */
+    float *moe_hid;     /* owned, (n_batch_max, n_ff_exp) */
+    float *moe_down;    /* owned, (n_batch_max, n_embd): the expert's output rows */
+    float *moe_out;     /* owned, (n_batch_max, n_expert_used, n_embd): per row and slot */
 
     /* What act holds now: rows of `act_src` converted to act_type (NULL: nothing). */
     const float *act_src;
@@ -75,6 +87,8 @@ struct model_ctx {
     /* row stages */
     const float *norm_w;    /* norm stage weights */
     bool norm_add;          /* norm stage: x += proj first */
+    const float *post_w;    /* norm stage with norm_add: proj = rmsnorm(proj) * post_w first
+                             * (the block's post norm), NULL: none */
     const float *conv_src;  /* convert stage / fused conversion source */
     int64_t conv_n;         /* elements per row */
     enum ar_type conv_type; /* AR_TYPE_F32: no conversion */
@@ -170,9 +184,15 @@ enum ar_status model_ctx_create(const struct model *m, int n_batch_max, struct a
     for (int l = 0; l < hp->n_layers; l++) {
         const struct model_layer *L = &m->layers[l];
         const struct model_mat *ws[] = {&L->wq,    &L->wk,  &L->wv,   &L->wo,
-                                        &L->wgate, &L->wup, &L->wdown};
+                                        &L->wgate, &L->wup, &L->wdown, &L->router};
         for (size_t i = 0; i < AR_ARRAY_LEN(ws); i++)
-            c->act_row = AR_MAX(c->act_row, mat_act_row(ws[i]));
+            if (ws[i]->data)
+                c->act_row = AR_MAX(c->act_row, mat_act_row(ws[i]));
+        for (int e = 0; L->exp_gate && e < hp->n_expert; e++)
+            c->act_row = AR_MAX(c->act_row,
+                                AR_MAX(mat_act_row(&L->exp_gate[e]),
+                                       AR_MAX(mat_act_row(&L->exp_up[e]),
+                                              mat_act_row(&L->exp_down[e]))));
     }
     /* grown on demand by ensure_scores; a huge context_length must not cost memory up front */
     c->score_cap = AR_MAX(AR_MIN(hp->n_ctx_train, 4096), 16);
@@ -182,13 +202,26 @@ enum ar_status model_ctx_create(const struct model *m, int n_batch_max, struct a
         alloc_rows(&c->k, n_batch_max, n_kv) || alloc_rows(&c->v, n_batch_max, n_kv) ||
         alloc_rows(&c->att, n_batch_max, n_q) || alloc_rows(&c->gate, n_batch_max, hp->n_ff) ||
         alloc_rows(&c->up, n_batch_max, hp->n_ff) || alloc_rows(&c->hid, n_batch_max, hp->n_ff) ||
-        alloc_rows(&c->rope, n_batch_max, hp->rope_dim) ||
+        alloc_rows(&c->rope, n_batch_max, (int64_t)m->n_rope * hp->rope_dim) ||
         alloc_rows(&c->scores, c->nth * (hp->n_heads / hp->n_kv_heads), c->score_cap))
         goto fail;
     if (ar_mul_overflow_u64((uint64_t)n_batch_max, AR_MAX(c->act_row, 1), &bytes) ||
         bytes > SIZE_MAX || !(c->act = ar_malloc_aligned((size_t)bytes)))
         goto fail;
     if (!(c->out_rows = ar_malloc((size_t)n_batch_max * sizeof(*c->out_rows))))
+        goto fail;
+    if (hp->n_expert > 0 &&
+        (alloc_rows(&c->moe_logits, n_batch_max, hp->n_expert) ||
+         alloc_rows(&c->moe_w, n_batch_max, hp->n_expert_used) ||
+         alloc_rows(&c->moe_in, n_batch_max, hp->n_embd) ||
+         alloc_rows(&c->moe_gate, n_batch_max, hp->n_ff_exp) ||
+         alloc_rows(&c->moe_up, n_batch_max, hp->n_ff_exp) ||
+         alloc_rows(&c->moe_hid, n_batch_max, hp->n_ff_exp) ||
+         alloc_rows(&c->moe_down, n_batch_max, hp->n_embd) ||
+         alloc_rows(&c->moe_out, n_batch_max, (int64_t)hp->n_expert_used * hp->n_embd) ||
+         !(c->moe_sel = ar_malloc((size_t)n_batch_max * (size_t)hp->n_expert_used *
+                                  sizeof(*c->moe_sel))) ||
+         !(c->moe_rows = ar_malloc((size_t)n_batch_max * sizeof(*c->moe_rows)))))
         goto fail;
     c->tmp_width = AR_MAX(AR_MAX(hp->n_embd, hp->n_ff), n_q);
     if (ar_mul_overflow_u64((uint64_t)c->nth * SMALL_ROWS, AR_MAX(c->act_row, 1), &bytes) ||
@@ -202,7 +235,8 @@ enum ar_status model_ctx_create(const struct model *m, int n_batch_max, struct a
                                         sizeof(*c->ph_seg))) ||
         !(c->ph_done = ar_malloc_aligned((size_t)c->ph_count * sizeof(*c->ph_done))))
         goto fail;
-    c->ph_ok = true;
+    /* the phase pass covers dense FFNs; mixture-of-experts layers run as stages */
+    c->ph_ok = hp->n_expert == 0;
     for (int l = 0; l < hp->n_layers; l++) {
         const struct model_layer *L = &m->layers[l];
         if (L->wk.vec_type != L->wq.vec_type || L->wv.vec_type != L->wq.vec_type ||
@@ -234,6 +268,16 @@ void model_ctx_destroy(struct model_ctx *c)
     ar_free_aligned(c->act);
     ar_free_aligned(c->scores);
     ar_free(c->out_rows);
+    ar_free_aligned(c->moe_logits);
+    ar_free_aligned(c->moe_w);
+    ar_free_aligned(c->moe_in);
+    ar_free_aligned(c->moe_gate);
+    ar_free_aligned(c->moe_up);
+    ar_free_aligned(c->moe_hid);
+    ar_free_aligned(c->moe_down);
+    ar_free_aligned(c->moe_out);
+    ar_free(c->moe_sel);
+    ar_free(c->moe_rows);
     ar_free_aligned(c->act_th);
     ar_free_aligned(c->tmp_th);
     ar_free_aligned(c->ph_seg);
@@ -295,18 +339,20 @@ static void convert_rows(struct model_ctx *c, int64_t r0, int64_t r1)
                                          c->conv_n);
 }
 
-/* Row r's RoPE (cos, sin) pairs, computed once per pass and used by every layer; angles in
- * double: pos * freq_scale * base^(-2i / rope_dim). */
+/* Row r's RoPE (cos, sin) pairs for each of the model's ropes, computed once per pass and
+ * used by every layer (see model_rope_table). */
 static void rope_table_row(struct model_ctx *c, int64_t r)
 {
-    const struct model_hparams *hp = &c->m->hp;
-    float *cs = c->rope + r * hp->rope_dim;
-    int32_t pos = c->b->pos[r];
-    for (int i = 0; i < hp->rope_dim / 2; i++) {
-        double theta = (double)pos * c->m->rope_inv_freq[i];
-        cs[2 * i] = (float)cos(theta);
-        cs[2 * i + 1] = (float)sin(theta);
-    }
+    const struct model *m = c->m;
+    for (int k = 0; k < m->n_rope; k++)
+        model_rope_table(m, k, c->b->pos[r], c->rope + (r * m->n_rope + k) * m->hp.rope_dim);
+}
+
+static void embed_scale(const struct model *m, float *x)
+{
+    if (m->hp.embd_scale != 1.0f)
+        for (int i = 0; i < m->hp.n_embd; i++)
+            x[i] *= m->hp.embd_scale;
 }
 
 static void stage_embed(void *arg, int ith, int nth)
@@ -319,9 +365,20 @@ static void stage_embed(void *arg, int ith, int nth)
         for (int64_t r = r0; r < r1; r++) {
             const uint8_t *row = (const uint8_t *)e->data + (size_t)c->b->tokens[r] * e->row_size;
             c->ops->to_float[e->type](row, c->x + r * n, n);
+            embed_scale(c->m, c->x + r * n);
             rope_table_row(c, r);
         }
     }
+}
+
+/* x += p, the output of a block: first p = rmsnorm(p) * post when the block has a post norm. */
+static void add_block_output(const struct model_ctx *c, float *x, float *p, const float *post)
+{
+    int n = c->m->hp.n_embd;
+    if (post)
+        c->ops->rmsnorm(n, p, p, post, c->m->hp.rms_eps);
+    for (int i = 0; i < n; i++)
+        x[i] += p[i];
 }
 
 /* xn[r] = rmsnorm(x[r]) * norm_w, after x += proj when norm_add; then the conversion of
@@ -334,11 +391,8 @@ static void stage_norm(void *arg, int ith, int nth)
     while (claim(c, c->n_rows, row_chunk(c), &r0, &r1)) {
         for (int64_t r = r0; r < r1; r++) {
             float *x = c->x + r * n;
-            if (c->norm_add) {
-                const float *p = c->proj + r * n;
-                for (int64_t i = 0; i < n; i++)
-                    x[i] += p[i];
-            }
+            if (c->norm_add)
+                add_block_output(c, x, c->proj + r * n, c->post_w);
             c->ops->rmsnorm((int)n, c->xn + r * n, x, c->norm_w, c->m->hp.rms_eps);
         }
         if (c->conv_type != AR_TYPE_F32)
@@ -355,7 +409,7 @@ static void stage_convert(void *arg, int ith, int nth)
         convert_rows(c, r0, r1);
 }
 
-/* hid = silu(gate) * up, then its conversion for the down projection. */
+/* hid = act(gate) * up, then its conversion for the down projection. */
 static void stage_silu(void *arg, int ith, int nth)
 {
     struct model_ctx *c = arg;
@@ -363,24 +417,10 @@ static void stage_silu(void *arg, int ith, int nth)
     (void)ith, (void)nth;
     while (claim(c, c->n_rows, row_chunk(c), &r0, &r1)) {
         for (int64_t r = r0; r < r1; r++)
-            c->ops->silu_mul((int)n, c->hid + r * n, c->gate + r * n, c->up + r * n);
+            model_act_mul(c->ops, c->m->hp.act, (int)n, c->hid + r * n, c->gate + r * n,
+                          c->up + r * n);
         if (c->conv_type != AR_TYPE_F32)
             convert_rows(c, r0, r1);
-    }
-}
-
-static void rope_rotate(float *x, int n_heads, int head_dim, int rope_dim, bool neox,
-                        const float *cs)
-{
-    int half = rope_dim / 2;
-    for (int h = 0; h < n_heads; h++, x += head_dim) {
-        for (int i = 0; i < half; i++) {
-            float cos_t = cs[2 * i], sin_t = cs[2 * i + 1];
-            int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
-            float x0 = x[a], x1 = x[b];
-            x[a] = x0 * cos_t - x1 * sin_t;
-            x[b] = x0 * sin_t + x1 * cos_t;
-        }
     }
 }
 
@@ -396,7 +436,7 @@ static void qkv_post_row(struct model_ctx *c, int64_t r, int g0, int g1)
     int bt = kv_params(c->kv)->block_tokens;
     size_t row_size = kv_row_size(c->kv);
     float *q = c->q + r * n_q, *k = c->k + r * n_kv, *v = c->v + r * n_kv;
-    const float *csp = c->rope + r * hp->rope_dim;
+    const float *csp = c->rope + (r * c->m->n_rope + L->rope) * hp->rope_dim;
     int32_t pos = c->b->pos[r];
     const struct kv_seq *s = c->seqs[c->b->seq[r]];
     int32_t block = s->blocks[pos / bt];
@@ -413,8 +453,14 @@ static void qkv_post_row(struct model_ctx *c, int64_t r, int g0, int g1)
     if (L->bv)
         for (int i = k0; i < k1; i++)
             v[i] += L->bv[i];
-    rope_rotate(q + q0, (g1 - g0) * group, hd, hp->rope_dim, hp->rope_neox, csp);
-    rope_rotate(k + k0, g1 - g0, hd, hp->rope_dim, hp->rope_neox, csp);
+    if (L->q_norm) /* per head, before rope */
+        for (int h = q0; h < q1; h += hd)
+            c->ops->rmsnorm(hd, q + h, q + h, L->q_norm, hp->rms_eps);
+    if (L->k_norm)
+        for (int h = k0; h < k1; h += hd)
+            c->ops->rmsnorm(hd, k + h, k + h, L->k_norm, hp->rms_eps);
+    model_rope_rotate(q + q0, (g1 - g0) * group, hd, hp->rope_dim, hp->rope_neox, csp);
+    model_rope_rotate(k + k0, g1 - g0, hd, hp->rope_dim, hp->rope_neox, csp);
     if (c->kv_elem == 4) {
         memcpy(kd + (size_t)k0 * 4, k + k0, (size_t)(k1 - k0) * 4);
         memcpy(vd + (size_t)k0 * 4, v + k0, (size_t)(k1 - k0) * 4);
@@ -457,21 +503,29 @@ static void attn_item(struct model_ctx *c, int ith, int64_t it)
     int32_t n_pos = c->b->pos[r] + 1;
     const struct kv_seq *s = c->seqs[c->b->seq[r]];
     size_t head_off = (size_t)kvh * (size_t)hd * es;
+    int swa = c->m->layers[c->layer].swa_window;
+    /* positions [first, n_pos) are visible: all, or the window's on a sliding layer (whose
+     * earlier blocks are never read) */
+    int32_t first = swa > 0 && n_pos > swa ? n_pos - swa : 0;
 
     if (c->fuse_post) /* no other row of this batch reads this row's K/V */
         qkv_post_row(c, r, kvh, kvh + 1);
-    for (int32_t t0 = 0, bi = 0; t0 < n_pos; t0 += bt, bi++) {
+    for (int32_t t0 = first; t0 < n_pos;) {
+        int32_t bi = t0 / bt, in = t0 % bt, nt = AR_MIN(bt - in, n_pos - t0);
         const uint8_t *kb = (const uint8_t *)kv_k_block(c->kv, c->layer, s->blocks[bi]);
-        ops->attn_scores(hd, group, AR_MIN(bt, n_pos - t0), q, kb + head_off, row_size, kt, scale,
-                         scores + t0, cap);
+        ops->attn_scores(hd, group, nt, q, kb + (size_t)in * row_size + head_off, row_size, kt,
+                         scale, scores + t0, cap);
+        t0 += nt;
     }
     for (int h = 0; h < group; h++)
-        ops->softmax(n_pos, scores + (size_t)h * cap);
+        ops->softmax(n_pos - first, scores + (size_t)h * cap + first);
     memset(out, 0, (size_t)group * (size_t)hd * sizeof(float));
-    for (int32_t t0 = 0, bi = 0; t0 < n_pos; t0 += bt, bi++) {
+    for (int32_t t0 = first; t0 < n_pos;) {
+        int32_t bi = t0 / bt, in = t0 % bt, nt = AR_MIN(bt - in, n_pos - t0);
         const uint8_t *vb = (const uint8_t *)kv_v_block(c->kv, c->layer, s->blocks[bi]);
-        ops->attn_values(hd, group, AR_MIN(bt, n_pos - t0), scores + t0, cap, vb + head_off,
+        ops->attn_values(hd, group, nt, scores + t0, cap, vb + (size_t)in * row_size + head_off,
                          row_size, kt, out);
+        t0 += nt;
     }
 }
 
@@ -521,7 +575,8 @@ static void stage_matmul(void *arg, int ith, int nth)
         int64_t n = c->conv_n;
         if (c->mm_pre == MM_PRE_SILU) {
             for (int r = 0; r < n_cols; r++)
-                c->ops->silu_mul((int)n, tmp + r * n, c->gate + r * n, c->up + r * n);
+                model_act_mul(c->ops, c->m->hp.act, (int)n, tmp + r * n, c->gate + r * n,
+                              c->up + r * n);
             src = tmp;
         }
         if (c->conv_type == AR_TYPE_F32) {
@@ -610,6 +665,52 @@ static void run_matmuls(struct model_ctx *c, const float *in, const struct mm_it
     }
 }
 
+/* proj[r] = sum over row r's chosen experts j (best first) of w[r, j] * down_j(act(gate_j
+ * xn[r]) * up_j xn[r]). Rows are grouped by expert, so each chosen expert's matrices are
+ * read once per batch, not once per row; the sum runs in the same order for every row
+ * whatever the grouping, so a row's result does not depend on the rest of the batch. */
+static void run_moe(struct model_ctx *c, const struct model_layer *L)
+{
+    const struct model_hparams *hp = &c->m->hp;
+    int n_rows = c->n_rows, ne = hp->n_expert, k = hp->n_expert_used;
+    int64_t n_embd = hp->n_embd, n_ff = hp->n_ff_exp;
+    struct mm_item route = {&L->router, c->moe_logits, (size_t)ne};
+    run_matmuls(c, c->xn, &route, 1);
+    for (int r = 0; r < n_rows; r++)
+        model_moe_route(c->ops, hp, c->moe_logits + (size_t)r * ne, c->moe_sel + (size_t)r * k,
+                        c->moe_w + (size_t)r * k);
+    for (int e = 0; e < ne; e++) {
+        struct mm_item gu[2] = {{&L->exp_gate[e], c->moe_gate, (size_t)n_ff},
+                                {&L->exp_up[e], c->moe_up, (size_t)n_ff}};
+        struct mm_item down = {&L->exp_down[e], c->moe_down, (size_t)n_embd};
+        int cnt = 0;
+        for (int i = 0; i < n_rows * k; i++)
+            if (c->moe_sel[i] == e)
+                c->moe_rows[cnt++] = i; /* row i / k, slot i % k */
+        if (cnt == 0)
+            continue;
+        for (int i = 0; i < cnt; i++)
+            memcpy(c->moe_in + i * n_embd, c->xn + (c->moe_rows[i] / k) * n_embd,
+                   (size_t)n_embd * sizeof(float));
+        c->n_rows = cnt;
+        c->act_src = NULL;
+        run_matmuls(c, c->moe_in, gu, 2);
+        for (int i = 0; i < cnt; i++)
+            model_act_mul(c->ops, hp->act, (int)n_ff, c->moe_hid + i * n_ff,
+                          c->moe_gate + i * n_ff, c->moe_up + i * n_ff);
+        c->act_src = NULL;
+        run_matmuls(c, c->moe_hid, &down, 1);
+        for (int i = 0; i < cnt; i++)
+            memcpy(c->moe_out + (size_t)c->moe_rows[i] * (size_t)n_embd,
+                   c->moe_down + i * n_embd, (size_t)n_embd * sizeof(float));
+    }
+    c->n_rows = n_rows;
+    c->act_src = NULL;
+    for (int r = 0; r < n_rows; r++)
+        model_moe_combine(hp, c->moe_out + (size_t)r * k * n_embd, c->moe_w + (size_t)r * k,
+                          c->proj + r * n_embd);
+}
+
 /* Moves the residual and attention rows listed in out_rows (ascending) to the front and
  * shrinks the row count: the rest of the last layer and the output run on those only. */
 static void compact_rows(struct model_ctx *c, int n_out)
@@ -689,17 +790,16 @@ static void ph_set_input(struct model_ctx *c, const float *src, int64_t n, enum 
     c->mm_x_row = c->act_row;
 }
 
-/* x += proj (unless first), xn = rmsnorm(x) * w, then xn as the input of matrix `next`. */
-static void ph_norm(struct model_ctx *c, bool add, const float *w, const struct model_mat *next)
+/* x += proj (unless first; proj post-normed by post unless NULL), xn = rmsnorm(x) * w, then
+ * xn as the input of matrix `next`. */
+static void ph_norm(struct model_ctx *c, bool add, const float *post, const float *w,
+                    const struct model_mat *next)
 {
     int64_t n = c->m->hp.n_embd;
     for (int r = 0; r < c->n_rows; r++) {
         float *x = c->x + r * n;
-        if (add) {
-            const float *p = c->proj + r * n;
-            for (int64_t i = 0; i < n; i++)
-                x[i] += p[i];
-        }
+        if (add)
+            add_block_output(c, x, c->proj + r * n, post);
         c->ops->rmsnorm((int)n, c->xn + r * n, x, w, c->m->hp.rms_eps);
     }
     ph_set_input(c, c->xn, n, next->vec_type);
@@ -728,20 +828,20 @@ static int ph_finish(struct model_ctx *c, int p)
         ph_set_input(c, c->att, (int64_t)hp->n_heads * hp->head_dim, L->wo.vec_type);
         break;
     case PH_WO:
-        ph_norm(c, true, L->ffn_norm, &L->wgate);
+        ph_norm(c, true, L->post_attn_norm, L->ffn_norm, &L->wgate);
         break;
     case PH_GU:
         for (int r = 0; r < c->n_rows; r++)
-            c->ops->silu_mul((int)hp->n_ff, c->hid + (size_t)r * (size_t)hp->n_ff,
-                             c->gate + (size_t)r * (size_t)hp->n_ff,
-                             c->up + (size_t)r * (size_t)hp->n_ff);
+            model_act_mul(c->ops, hp->act, hp->n_ff, c->hid + (size_t)r * (size_t)hp->n_ff,
+                          c->gate + (size_t)r * (size_t)hp->n_ff,
+                          c->up + (size_t)r * (size_t)hp->n_ff);
         ph_set_input(c, c->hid, hp->n_ff, L->wdown.vec_type);
         break;
     case PH_DOWN:
         if (l + 1 < hp->n_layers)
-            ph_norm(c, true, m->layers[l + 1].attn_norm, &m->layers[l + 1].wq);
+            ph_norm(c, true, L->post_ffn_norm, m->layers[l + 1].attn_norm, &m->layers[l + 1].wq);
         else
-            ph_norm(c, true, m->output_norm, &m->output);
+            ph_norm(c, true, L->post_ffn_norm, m->output_norm, &m->output);
         break;
     default:
         break;
@@ -875,9 +975,10 @@ static void forward_phases(struct model_ctx *c)
         const struct model_mat *e = &m->tok_embd;
         const uint8_t *row = (const uint8_t *)e->data + (size_t)c->b->tokens[r] * e->row_size;
         c->ops->to_float[e->type](row, c->x + r * n, n);
+        embed_scale(m, c->x + r * n);
         rope_table_row(c, r);
     }
-    ph_norm(c, false, m->layers[0].attn_norm, &m->layers[0].wq);
+    ph_norm(c, false, NULL, m->layers[0].attn_norm, &m->layers[0].wq);
     ph_open(c, 0);
     atomic_store_explicit(&c->ph_cur, 0, memory_order_release);
     ar_pool_run_shared(c->pool, stage_pass, c);
@@ -983,6 +1084,7 @@ enum ar_status model_forward(struct model_ctx *c, struct kv_cache *kv, struct kv
         /* attention block: x += Wo · attn(rmsnorm(x) * attn_norm) */
         c->norm_w = L->attn_norm;
         c->norm_add = l > 0; /* the previous layer's ffn output */
+        c->post_w = l > 0 ? m->layers[l - 1].post_ffn_norm : NULL;
         set_conv(c, c->xn, hp->n_embd, L->wq.vec_type);
         run_stage(c, stage_norm);
         note_act(c, c->xn, L->wq.vec_type);
@@ -999,9 +1101,17 @@ enum ar_status model_forward(struct model_ctx *c, struct kv_cache *kv, struct kv
         }
         run_matmuls(c, c->att, &o, 1);
 
-        /* feed-forward block: x += Wdown · (silu(Wgate · h) * (Wup · h)) */
+        /* feed-forward block: x += Wdown · (act(Wgate · h) * (Wup · h)), or the experts' */
         c->norm_w = L->ffn_norm;
         c->norm_add = true;
+        c->post_w = L->post_attn_norm;
+        if (L->exp_gate) {
+            set_conv(c, c->xn, hp->n_embd, L->router.vec_type);
+            run_stage(c, stage_norm);
+            note_act(c, c->xn, L->router.vec_type);
+            run_moe(c, L);
+            continue;
+        }
         set_conv(c, c->xn, hp->n_embd, L->wgate.vec_type);
         run_stage(c, stage_norm);
         note_act(c, c->xn, L->wgate.vec_type);
@@ -1029,6 +1139,7 @@ enum ar_status model_forward(struct model_ctx *c, struct kv_cache *kv, struct kv
         assert(c->n_rows == n_out);
         c->norm_w = m->output_norm;
         c->norm_add = true;
+        c->post_w = m->layers[hp->n_layers - 1].post_ffn_norm;
         set_conv(c, c->xn, hp->n_embd, m->output.vec_type);
         run_stage(c, stage_norm);
         note_act(c, c->xn, m->output.vec_type);

@@ -14,17 +14,6 @@
 #define MODEL_MAX_LAYERS 4096
 #define MODEL_MAX_VOCAB (1 << 26)
 
-const char *model_arch_name(enum model_arch a)
-{
-    switch (a) {
-    case MODEL_ARCH_LLAMA:
-        return "llama";
-    case MODEL_ARCH_QWEN2:
-        return "qwen2";
-    }
-    return "?";
-}
-
 /* ---- metadata ------------------------------------------------------------------------ */
 
 /* Reads "<arch>.<suffix>" as an integer in [lo, hi]. Absent: *out = def and OK when
@@ -102,9 +91,45 @@ static enum ar_status read_rope_scaling(const struct gguf_file *f, const char *a
     return AR_OK;
 }
 
-static enum ar_status read_hparams(const struct gguf_file *f, struct model_hparams *hp,
-                                   struct ar_err *err)
+/* What only some families have: scaled embeddings, sliding-window layers, experts. */
+static enum ar_status read_arch_extras(const struct gguf_file *f, const struct model_arch_desc *d,
+                                       struct model_hparams *hp, struct ar_err *err)
 {
+    const char *arch = d->name;
+    enum ar_status st;
+    bool found;
+    hp->embd_scale = d->embd_scaled ? sqrtf((float)hp->n_embd) : 1.0f;
+    hp->rope_freq_base_swa = hp->rope_freq_base;
+    if (d->sliding_window) {
+        /* llama.cpp's defaults when the converter leaves the keys out: every 6th layer global,
+         * local base 10000 */
+        if ((st = read_int(f, arch, "attention.sliding_window", true, 0, 1, INT32_MAX,
+                           &hp->swa_window, err)) != AR_OK ||
+            (st = read_int(f, arch, "attention.sliding_window_pattern", false, 6, 1,
+                           MODEL_MAX_LAYERS, &hp->swa_pattern, err)) != AR_OK ||
+            (st = read_float(f, arch, "rope.freq_base_swa", 10000.0f, &hp->rope_freq_base_swa,
+                             &found, err)) != AR_OK)
+            return st;
+        if (!(hp->rope_freq_base_swa > 0.0f))
+            return ar_err_set(err, AR_EFORMAT, 0, "rope.freq_base_swa %g is not positive",
+                              (double)hp->rope_freq_base_swa);
+    }
+    if (d->moe) {
+        if ((st = read_int(f, arch, "expert_count", true, 0, 1, 4096, &hp->n_expert, err)) !=
+                AR_OK ||
+            (st = read_int(f, arch, "expert_used_count", true, 0, 1, hp->n_expert,
+                           &hp->n_expert_used, err)) != AR_OK ||
+            (st = read_int(f, arch, "expert_feed_forward_length", true, 0, 1, MODEL_MAX_DIM,
+                           &hp->n_ff_exp, err)) != AR_OK)
+            return st;
+    }
+    return AR_OK;
+}
+
+static enum ar_status read_hparams(const struct gguf_file *f, struct model_hparams *hp,
+                                   const struct model_arch_desc **desc, struct ar_err *err)
+{
+    const struct model_arch_desc *d;
     struct gguf_str arch_s;
     const char *arch;
     const struct gguf_arr *tokens;
@@ -115,17 +140,14 @@ static enum ar_status read_hparams(const struct gguf_file *f, struct model_hpara
     memset(hp, 0, sizeof(*hp));
     if (!gguf_get_str(f, "general.architecture", &arch_s))
         return ar_err_set(err, AR_EFORMAT, 0, "missing metadata key general.architecture");
-    if (str_eq(arch_s, "llama")) {
-        hp->arch = MODEL_ARCH_LLAMA;
-        hp->rope_neox = false;
-    } else if (str_eq(arch_s, "qwen2")) {
-        hp->arch = MODEL_ARCH_QWEN2;
-        hp->rope_neox = true;
-    } else {
+    if (!(d = model_arch_find(arch_s.ptr, arch_s.len)))
         return ar_err_set(err, AR_ENOTSUP, 0, "unsupported architecture '%.*s'",
                           (int)AR_MIN(arch_s.len, 64), arch_s.ptr);
-    }
-    arch = model_arch_name(hp->arch);
+    *desc = d;
+    hp->arch = d->arch;
+    hp->rope_neox = d->rope_neox;
+    hp->act = d->act;
+    arch = d->name;
 
     if ((st = read_int(f, arch, "embedding_length", true, 0, 1, MODEL_MAX_DIM, &hp->n_embd,
                        err)) != AR_OK ||
@@ -181,6 +203,17 @@ static enum ar_status read_hparams(const struct gguf_file *f, struct model_hpara
                           (double)hp->rope_freq_base);
     if ((st = read_rope_scaling(f, arch, hp, err)) != AR_OK)
         return st;
+    if ((st = read_float(f, arch, "rope.scaling.attn_factor", 1.0f, &hp->rope_attn_factor, &found,
+                         err)) != AR_OK)
+        return st;
+    if (!(hp->rope_attn_factor > 0.0f))
+        return ar_err_set(err, AR_EFORMAT, 0, "rope.scaling.attn_factor %g is not positive",
+                          (double)hp->rope_attn_factor);
+    if ((st = read_int(f, arch, "rope.scaling.original_context_length", false, 0, 0, INT32_MAX,
+                       &hp->n_ctx_orig, err)) != AR_OK)
+        return st;
+    if ((st = read_arch_extras(f, d, hp, err)) != AR_OK)
+        return st;
 
     /* vocabulary: <arch>.vocab_size, else the token list; checked against token_embd later */
     if ((st = read_int(f, arch, "vocab_size", false, 0, 1, MODEL_MAX_VOCAB, &vocab, err)) != AR_OK)
@@ -212,26 +245,13 @@ static bool shape_is(const struct gguf_tensor *t, int64_t ne0, int64_t ne1)
     return t->ne[0] == ne0 && t->ne[1] == ne1 && t->ne[2] == 1 && t->ne[3] == 1;
 }
 
-/* Locates a weight matrix n_in -> n_out and checks shape, type and byte size. n_out < 0
- * accepts any row count (token_embd before the vocabulary size is known). */
-static enum ar_status load_mat(const struct gguf_file *f, int layer, const char *what,
-                               int64_t n_in, int64_t n_out, struct model_mat *out,
-                               struct ar_err *err)
+/* Checks tensor t (name) as n_out rows of n_in elements: type, row size, byte size. */
+static enum ar_status check_mat(const struct gguf_tensor *t, const char *name, int64_t n_in,
+                                int64_t n_out, struct model_mat *out, struct ar_err *err)
 {
-    char name[96];
-    const struct gguf_tensor *t = find_tensor(f, name, sizeof(name), layer, what);
     const struct kernel_ops *ops = kernels_get();
     enum ar_type vt;
     size_t row;
-    if (!t)
-        return ar_err_set(err, AR_EFORMAT, 0, "missing tensor %s", name);
-    if (n_out < 0)
-        n_out = t->ne[1];
-    if (!shape_is(t, n_in, n_out) || n_out < 1)
-        return ar_err_set(err, AR_EFORMAT, 0,
-                          "tensor %s has shape [%lld, %lld, %lld, %lld], expected [%lld, %lld]",
-                          name, (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2],
-                          (long long)t->ne[3], (long long)n_in, (long long)n_out);
     if ((unsigned)t->type >= AR_TYPE_COUNT || !ar_type_info(t->type)->supported ||
         (vt = kernels_vec_dot_type(t->type)) == AR_TYPE_COUNT || !ops->gemm[t->type] ||
         !ops->to_float[t->type] || (vt != AR_TYPE_F32 && !ops->from_float[vt]))
@@ -253,6 +273,26 @@ static enum ar_status load_mat(const struct gguf_file *f, int layer, const char 
     out->n_out = n_out;
     out->row_size = row;
     return AR_OK;
+}
+
+/* Locates a weight matrix n_in -> n_out and checks shape, type and byte size. n_out < 0
+ * accepts any row count (token_embd before the vocabulary size is known). */
+static enum ar_status load_mat(const struct gguf_file *f, int layer, const char *what,
+                               int64_t n_in, int64_t n_out, struct model_mat *out,
+                               struct ar_err *err)
+{
+    char name[96];
+    const struct gguf_tensor *t = find_tensor(f, name, sizeof(name), layer, what);
+    if (!t)
+        return ar_err_set(err, AR_EFORMAT, 0, "missing tensor %s", name);
+    if (n_out < 0)
+        n_out = t->ne[1];
+    if (!shape_is(t, n_in, n_out) || n_out < 1)
+        return ar_err_set(err, AR_EFORMAT, 0,
+                          "tensor %s has shape [%lld, %lld, %lld, %lld], expected [%lld, %lld]",
+                          name, (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2],
+                          (long long)t->ne[3], (long long)n_in, (long long)n_out);
+    return check_mat(t, name, n_in, n_out, out, err);
 }
 
 /* Locates an F32 vector of n elements (norm weights, biases). Absent: *out = NULL, which is
@@ -284,12 +324,136 @@ static uint64_t mat_bytes(const struct model_mat *w)
     return (uint64_t)w->row_size * (uint64_t)w->n_out;
 }
 
+/* Rows [r0, r0 + n) of w as a matrix of their own (a view: fused projections are stored as
+ * one tensor whose rows are the parts one after another). */
+static struct model_mat mat_rows(const struct model_mat *w, int64_t r0, int64_t n)
+{
+    struct model_mat v = *w;
+    v.data = (const uint8_t *)w->data + (size_t)r0 * w->row_size;
+    v.n_out = n;
+    return v;
+}
+
+/* A 3-D expert tensor: n_expert matrices n_in -> n_out one after another (GGUF ne
+ * {n_in, n_out, n_expert}); out[e] views expert e. */
+static enum ar_status load_experts(const struct gguf_file *f, int layer, const char *what,
+                                   int64_t n_in, int64_t n_out, int n_expert,
+                                   struct model_mat **out, struct ar_err *err)
+{
+    char name[96];
+    const struct gguf_tensor *t = find_tensor(f, name, sizeof(name), layer, what);
+    struct model_mat all;
+    enum ar_status st;
+    if (!t)
+        return ar_err_set(err, AR_EFORMAT, 0, "missing tensor %s", name);
+    if (t->ne[0] != n_in || t->ne[1] != n_out || t->ne[2] != n_expert || t->ne[3] != 1)
+        return ar_err_set(err, AR_EFORMAT, 0,
+                          "tensor %s has shape [%lld, %lld, %lld, %lld], expected [%lld, %lld, %d]",
+                          name, (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2],
+                          (long long)t->ne[3], (long long)n_in, (long long)n_out, n_expert);
+    /* checked as one matrix of n_expert * n_out rows, then cut into experts */
+    if ((st = check_mat(t, name, n_in, n_out * n_expert, &all, err)) != AR_OK)
+        return st;
+    if (!(*out = ar_calloc((size_t)n_expert, sizeof(**out))))
+        return AR_ENOMEM;
+    for (int e = 0; e < n_expert; e++)
+        (*out)[e] = mat_rows(&all, (int64_t)e * n_out, n_out);
+    return AR_OK;
+}
+
+/* Attention weights: separate q/k/v (with optional biases) or one fused qkv tensor. */
+static enum ar_status load_attention(const struct gguf_file *f, const struct model_arch_desc *d,
+                                     const struct model_hparams *hp, int l,
+                                     struct model_layer *L, struct ar_err *err)
+{
+    int64_t n_q = (int64_t)hp->n_heads * hp->head_dim;
+    int64_t n_kv = (int64_t)hp->n_kv_heads * hp->head_dim;
+    enum ar_status st;
+    if (d->fused_qkv) {
+        struct model_mat qkv;
+        const float *b;
+        if ((st = load_mat(f, l, "attn_qkv.weight", hp->n_embd, n_q + 2 * n_kv, &qkv, err)) ||
+            (st = load_vec(f, l, "attn_qkv.bias", n_q + 2 * n_kv, false, &b, err)))
+            return st;
+        L->wq = mat_rows(&qkv, 0, n_q);
+        L->wk = mat_rows(&qkv, n_q, n_kv);
+        L->wv = mat_rows(&qkv, n_q + n_kv, n_kv);
+        if (b) {
+            L->bq = b;
+            L->bk = b + n_q;
+            L->bv = b + n_q + n_kv;
+        }
+    } else if ((st = load_vec(f, l, "attn_q.bias", n_q, false, &L->bq, err)) ||
+               (st = load_vec(f, l, "attn_k.bias", n_kv, false, &L->bk, err)) ||
+               (st = load_vec(f, l, "attn_v.bias", n_kv, false, &L->bv, err)) ||
+               (st = load_mat(f, l, "attn_q.weight", hp->n_embd, n_q, &L->wq, err)) ||
+               (st = load_mat(f, l, "attn_k.weight", hp->n_embd, n_kv, &L->wk, err)) ||
+               (st = load_mat(f, l, "attn_v.weight", hp->n_embd, n_kv, &L->wv, err))) {
+        return st;
+    }
+    if ((st = load_mat(f, l, "attn_output.weight", n_q, hp->n_embd, &L->wo, err)))
+        return st;
+    if (d->qk_norm &&
+        ((st = load_vec(f, l, "attn_q_norm.weight", hp->head_dim, true, &L->q_norm, err)) ||
+         (st = load_vec(f, l, "attn_k_norm.weight", hp->head_dim, true, &L->k_norm, err))))
+        return st;
+    if (d->post_norms &&
+        (st = load_vec(f, l, "post_attention_norm.weight", hp->n_embd, true, &L->post_attn_norm,
+                       err)))
+        return st;
+    return AR_OK;
+}
+
+/* FFN weights: dense (separate or fused gate+up) or a router and experts. */
+static enum ar_status load_ffn(const struct gguf_file *f, const struct model_arch_desc *d,
+                               const struct model_hparams *hp, int l, struct model_layer *L,
+                               struct ar_err *err)
+{
+    enum ar_status st;
+    if (d->post_norms &&
+        (st = load_vec(f, l, "post_ffw_norm.weight", hp->n_embd, true, &L->post_ffn_norm, err)))
+        return st;
+    if (d->moe) {
+        if ((st = load_mat(f, l, "ffn_gate_inp.weight", hp->n_embd, hp->n_expert, &L->router,
+                           err)) ||
+            (st = load_experts(f, l, "ffn_gate_exps.weight", hp->n_embd, hp->n_ff_exp,
+                               hp->n_expert, &L->exp_gate, err)) ||
+            (st = load_experts(f, l, "ffn_up_exps.weight", hp->n_embd, hp->n_ff_exp,
+                               hp->n_expert, &L->exp_up, err)) ||
+            (st = load_experts(f, l, "ffn_down_exps.weight", hp->n_ff_exp, hp->n_embd,
+                               hp->n_expert, &L->exp_down, err)))
+            return st;
+        return AR_OK;
+    }
+    if (d->fused_gate_up) {
+        struct model_mat gu;
+        if ((st = load_mat(f, l, "ffn_up.weight", hp->n_embd, 2 * (int64_t)hp->n_ff, &gu, err)))
+            return st;
+        L->wgate = mat_rows(&gu, 0, hp->n_ff);
+        L->wup = mat_rows(&gu, hp->n_ff, hp->n_ff);
+    } else if ((st = load_mat(f, l, "ffn_gate.weight", hp->n_embd, hp->n_ff, &L->wgate, err)) ||
+               (st = load_mat(f, l, "ffn_up.weight", hp->n_embd, hp->n_ff, &L->wup, err))) {
+        return st;
+    }
+    return load_mat(f, l, "ffn_down.weight", hp->n_ff, hp->n_embd, &L->wdown, err);
+}
+
+/* Bytes of layer L's matrices, counting n_experts of its experts. */
+static uint64_t layer_bytes(const struct model_layer *L, int n_experts)
+{
+    uint64_t b = mat_bytes(&L->wq) + mat_bytes(&L->wk) + mat_bytes(&L->wv) + mat_bytes(&L->wo);
+    if (!L->exp_gate)
+        return b + mat_bytes(&L->wgate) + mat_bytes(&L->wup) + mat_bytes(&L->wdown);
+    return b + mat_bytes(&L->router) +
+           (uint64_t)n_experts * (mat_bytes(&L->exp_gate[0]) + mat_bytes(&L->exp_up[0]) +
+                                  mat_bytes(&L->exp_down[0]));
+}
+
 static enum ar_status load_tensors(struct model *m, struct ar_err *err)
 {
     const struct gguf_file *f = m->file;
+    const struct model_arch_desc *d = m->desc;
     struct model_hparams *hp = &m->hp;
-    int64_t n_q = (int64_t)hp->n_heads * hp->head_dim;
-    int64_t n_kv = (int64_t)hp->n_kv_heads * hp->head_dim;
     enum ar_status st;
 
     if ((st = load_mat(f, -1, "token_embd.weight", hp->n_embd, hp->n_vocab ? hp->n_vocab : -1,
@@ -311,6 +475,7 @@ static enum ar_status load_tensors(struct model *m, struct ar_err *err)
         hp->tied_output = true;
     }
     m->weight_bytes = mat_bytes(&m->output);
+    m->active_weight_bytes = m->weight_bytes;
 
     m->layers = ar_calloc((size_t)hp->n_layers, sizeof(*m->layers));
     if (!m->layers)
@@ -319,20 +484,57 @@ static enum ar_status load_tensors(struct model *m, struct ar_err *err)
         struct model_layer *L = &m->layers[l];
         if ((st = load_vec(f, l, "attn_norm.weight", hp->n_embd, true, &L->attn_norm, err)) ||
             (st = load_vec(f, l, "ffn_norm.weight", hp->n_embd, true, &L->ffn_norm, err)) ||
-            (st = load_vec(f, l, "attn_q.bias", n_q, false, &L->bq, err)) ||
-            (st = load_vec(f, l, "attn_k.bias", n_kv, false, &L->bk, err)) ||
-            (st = load_vec(f, l, "attn_v.bias", n_kv, false, &L->bv, err)) ||
-            (st = load_mat(f, l, "attn_q.weight", hp->n_embd, n_q, &L->wq, err)) ||
-            (st = load_mat(f, l, "attn_k.weight", hp->n_embd, n_kv, &L->wk, err)) ||
-            (st = load_mat(f, l, "attn_v.weight", hp->n_embd, n_kv, &L->wv, err)) ||
-            (st = load_mat(f, l, "attn_output.weight", n_q, hp->n_embd, &L->wo, err)) ||
-            (st = load_mat(f, l, "ffn_gate.weight", hp->n_embd, hp->n_ff, &L->wgate, err)) ||
-            (st = load_mat(f, l, "ffn_up.weight", hp->n_embd, hp->n_ff, &L->wup, err)) ||
-            (st = load_mat(f, l, "ffn_down.weight", hp->n_ff, hp->n_embd, &L->wdown, err)))
+            (st = load_attention(f, d, hp, l, L, err)) || (st = load_ffn(f, d, hp, l, L, err)))
             return st;
-        m->weight_bytes += mat_bytes(&L->wq) + mat_bytes(&L->wk) + mat_bytes(&L->wv) +
-                           mat_bytes(&L->wo) + mat_bytes(&L->wgate) + mat_bytes(&L->wup) +
-                           mat_bytes(&L->wdown);
+        L->swa_window = model_layer_is_swa(hp, l) ? hp->swa_window : 0;
+        L->rope = L->swa_window ? 1 : 0;
+        m->weight_bytes += layer_bytes(L, hp->n_expert);
+        m->active_weight_bytes += layer_bytes(L, hp->n_expert_used);
+    }
+    return AR_OK;
+}
+
+/* base^(-2i/n_rot) * freq_scale / factor_i for each rotated pair i. */
+static enum ar_status make_rope(struct model_rope *r, int rope_dim, float base, float scale,
+                                const float *factors, float mscale)
+{
+    int half = rope_dim / 2;
+    if (!(r->inv_freq = ar_malloc((size_t)half * sizeof(*r->inv_freq))))
+        return AR_ENOMEM;
+    for (int i = 0; i < half; i++)
+        r->inv_freq[i] = (double)scale * pow((double)base, -2.0 * i / rope_dim) /
+                         (factors ? (double)factors[i] : 1.0);
+    r->mscale = mscale;
+    return AR_OK;
+}
+
+/* The global rope (with LongRoPE factors: the short ones, which llama.cpp uses while the
+ * context stays within original_context_length) and, for sliding-window models, the local
+ * one (its own base, no scaling). */
+static enum ar_status load_ropes(struct model *m, struct ar_err *err)
+{
+    const struct model_hparams *hp = &m->hp;
+    const float *factors = NULL, *factors_long = NULL;
+    enum ar_status st;
+    if (m->desc->rope_factors &&
+        ((st = load_vec(m->file, -1, "rope_factors_short.weight", hp->rope_dim / 2, false,
+                        &factors, err)) ||
+         (st = load_vec(m->file, -1, "rope_factors_long.weight", hp->rope_dim / 2, false,
+                        &factors_long, err))))
+        return st;
+    for (int i = 0; factors && i < hp->rope_dim / 2; i++)
+        if (!(factors[i] > 0.0f) || !isfinite(factors[i]))
+            return ar_err_set(err, AR_EFORMAT, 0, "rope_factors_short.weight[%d] = %g", i,
+                              (double)factors[i]);
+    if ((st = make_rope(&m->rope[0], hp->rope_dim, hp->rope_freq_base, hp->rope_freq_scale,
+                        factors, hp->rope_attn_factor)) != AR_OK)
+        return st;
+    m->n_rope = 1;
+    if (hp->swa_window > 0) {
+        if ((st = make_rope(&m->rope[1], hp->rope_dim, hp->rope_freq_base_swa, 1.0f, NULL,
+                            1.0f)) != AR_OK)
+            return st;
+        m->n_rope = 2;
     }
     return AR_OK;
 }
@@ -343,7 +545,6 @@ enum ar_status model_load(const char *path, struct model **out, struct ar_err *e
 {
     enum ar_status st;
     struct model *m;
-    int half;
     if (!path || !out)
         return ar_err_set(err, AR_EINVAL, 0, "model_load: NULL argument");
     m = ar_calloc(1, sizeof(*m));
@@ -351,19 +552,12 @@ enum ar_status model_load(const char *path, struct model **out, struct ar_err *e
         return ar_err_set(err, AR_ENOMEM, 0, "out of memory");
     if ((st = gguf_open(path, &m->file, err)) != AR_OK)
         goto fail;
-    if ((st = read_hparams(m->file, &m->hp, err)) != AR_OK)
+    if ((st = read_hparams(m->file, &m->hp, &m->desc, err)) != AR_OK)
         goto fail;
     if ((st = load_tensors(m, err)) != AR_OK)
         goto fail;
-    half = m->hp.rope_dim / 2;
-    m->rope_inv_freq = ar_malloc((size_t)half * sizeof(*m->rope_inv_freq));
-    if (!m->rope_inv_freq) {
-        st = AR_ENOMEM;
+    if ((st = load_ropes(m, err)) != AR_OK)
         goto fail;
-    }
-    for (int i = 0; i < half; i++)
-        m->rope_inv_freq[i] = (double)m->hp.rope_freq_scale *
-                              pow((double)m->hp.rope_freq_base, -2.0 * i / m->hp.rope_dim);
     *out = m;
     return AR_OK;
 fail:
@@ -377,7 +571,13 @@ void model_destroy(struct model *m)
 {
     if (!m)
         return;
-    ar_free(m->rope_inv_freq);
+    for (int i = 0; i < 2; i++)
+        ar_free(m->rope[i].inv_freq);
+    for (int l = 0; m->layers && l < m->hp.n_layers; l++) {
+        ar_free(m->layers[l].exp_gate);
+        ar_free(m->layers[l].exp_up);
+        ar_free(m->layers[l].exp_down);
+    }
     ar_free(m->layers);
     gguf_close(m->file);
     ar_free(m);
@@ -396,6 +596,11 @@ const struct gguf_file *model_gguf(const struct model *m)
 uint64_t model_weight_bytes(const struct model *m)
 {
     return m->weight_bytes;
+}
+
+uint64_t model_active_weight_bytes(const struct model *m)
+{
+    return m->active_weight_bytes;
 }
 
 void model_kv_params(const struct model *m, int block_tokens, int64_t n_blocks, enum ar_type type,

@@ -1,5 +1,8 @@
-/* model.h - transformer architectures (llama, qwen2) over GGUF weights: hyperparameters
- * from metadata, and one forward pass over a batch of tokens from many sequences.
+/* model.h - transformer architectures (llama, qwen2, qwen3, qwen3moe, glm4, chatglm, gemma3,
+ * phi3) over GGUF weights: hyperparameters from metadata, and one forward pass over a batch of
+ * tokens from many sequences. What differs between the architectures is data (arch.c): which
+ * norms sit where, rope style and rotated dimensions, fused projections, biases, dense or
+ * mixture-of-experts FFN, the activation and scaling constants.
  * The model is immutable after load and may be shared by threads; a model_ctx holds one
  * caller's scratch buffers and thread pool. */
 #ifndef AR_MODEL_H
@@ -13,7 +16,20 @@
 #include "../gguf/gguf.h"
 #include "../kv/kv.h"
 
-enum model_arch { MODEL_ARCH_LLAMA, MODEL_ARCH_QWEN2 };
+enum model_arch {
+    MODEL_ARCH_LLAMA,
+    MODEL_ARCH_QWEN2,
+    MODEL_ARCH_QWEN3,
+    MODEL_ARCH_QWEN3MOE,
+    MODEL_ARCH_GLM4,
+    MODEL_ARCH_CHATGLM,
+    MODEL_ARCH_GEMMA3,
+    MODEL_ARCH_PHI3,
+    MODEL_ARCH_COUNT
+};
+
+/* The FFN's gate activation: out = act(gate) * up. */
+enum model_act { MODEL_ACT_SILU, MODEL_ACT_GELU_TANH };
 
 struct model_hparams {
     enum model_arch arch;
@@ -25,12 +41,22 @@ struct model_hparams {
     int head_dim;    /* n_embd / n_heads unless the file says otherwise */
     int n_ff;
     int n_ctx_train; /* <arch>.context_length */
-    int rope_dim;    /* rotated dimensions per head */
-    bool rope_neox;  /* qwen2: halves rotated; llama: adjacent pairs */
+    int rope_dim;    /* rotated dimensions per head (the rest pass through) */
+    bool rope_neox;  /* pairs (i, i + rope_dim/2); else adjacent pairs (2i, 2i+1) */
     float rope_freq_base;
-    float rope_freq_scale; /* 1 / linear scaling factor */
+    float rope_freq_scale; /* 1 / linear scaling factor (global layers) */
+    float rope_freq_base_swa; /* sliding-window layers' base (gemma3); their scale is 1 */
+    float rope_attn_factor;   /* cos and sin multiplied by it (phi3 LongRoPE), else 1 */
+    int n_ctx_orig;           /* rope.scaling.original_context_length, 0 if absent */
     float rms_eps;
     bool tied_output; /* output matrix is token_embd */
+    enum model_act act;
+    float embd_scale;   /* embeddings multiplied by it (gemma3: sqrt(n_embd)), else 1 */
+    int swa_window;     /* sliding-window layers see the query and window-1 earlier positions */
+    int swa_pattern;    /* layer il is sliding iff swa_window and il % pattern < pattern - 1 */
+    int n_expert;       /* 0: dense FFN */
+    int n_expert_used;  /* experts per token (top-k of the router's softmax) */
+    int n_ff_exp;       /* each expert's hidden width */
 };
 
 struct model;
@@ -43,8 +69,14 @@ const struct model_hparams *model_hparams(const struct model *m);
 /* The underlying file (for the tokenizer, inspect ...): borrowed, valid until destroy. */
 const struct gguf_file *model_gguf(const struct model *m);
 const char *model_arch_name(enum model_arch a);
-/* Bytes of weights read for one decode step (all matrices once). */
+/* Bytes of all weight matrices in the file. */
 uint64_t model_weight_bytes(const struct model *m);
+/* Bytes of weights one token reads in a decode step: every dense matrix once, and of a
+ * mixture-of-experts FFN only n_expert_used experts (the router always). Equals
+ * model_weight_bytes for dense models. */
+uint64_t model_active_weight_bytes(const struct model *m);
+/* Whether layer il attends over a sliding window (hp->swa_window positions) only. */
+bool model_layer_is_swa(const struct model_hparams *hp, int il);
 /* KV geometry for this model with n_blocks blocks of block_tokens tokens of type type. */
 void model_kv_params(const struct model *m, int block_tokens, int64_t n_blocks, enum ar_type type,
                      struct kv_params *out);
@@ -75,5 +107,13 @@ void model_ctx_destroy(struct model_ctx *ctx);
  * ((number of rows asking) x n_vocab floats). */
 enum ar_status model_forward(struct model_ctx *ctx, struct kv_cache *kv, struct kv_seq *const *seqs,
                              const struct model_batch *b, float *logits);
+
+/* The reference forward pass (reference.c): one sequence, one thread, every step of every
+ * layer written out plainly, f32 K/V in its own buffers, scalar kernels. It is the readable
+ * definition of each architecture; model_forward is held to it by tests. Runs tokens
+ * [0, n) at positions 0..n-1 and writes n_vocab logits for every position to logits
+ * (n x n_vocab). */
+enum ar_status model_forward_reference(const struct model *m, const int32_t *tokens, int n,
+                                       float *logits);
 
 #endif

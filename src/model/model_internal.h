@@ -16,30 +16,94 @@ struct model_mat {
     size_t row_size;
 };
 
+/* A fixed description of one architecture: what its layers contain and how they combine.
+ * Everything else comes from the file's metadata and which tensors it holds. */
+struct model_arch_desc {
+    enum model_arch arch;
+    const char *name;      /* general.architecture */
+    bool rope_neox;        /* NEOX pairs (i, i + n_rot/2), else NORM pairs (2i, 2i+1) */
+    enum model_act act;    /* FFN gate activation */
+    bool fused_qkv;        /* attn_qkv: q rows, then k rows, then v rows (bias likewise) */
+    bool fused_gate_up;    /* ffn_up holds the gate rows, then the up rows (no ffn_gate) */
+    bool qk_norm;          /* per-head RMSNorm of q and k (attn_q_norm, attn_k_norm) */
+    bool post_norms;       /* post_attention_norm and post_ffw_norm on each block's output */
+    bool moe;              /* mixture-of-experts FFN (ffn_gate_inp, ffn_*_exps) */
+    bool embd_scaled;      /* embeddings multiplied by sqrt(n_embd) */
+    bool sliding_window;   /* gemma3's interleaved sliding-window layers */
+    bool rope_factors;     /* LongRoPE factors (rope_factors_short/long), attn_factor */
+};
+
+/* The description of the architecture named s (len bytes), or NULL. */
+const struct model_arch_desc *model_arch_find(const char *s, size_t len);
+const struct model_arch_desc *model_arch_desc(enum model_arch a);
+
+/* One rope configuration: layers of the same kind share it. */
+struct model_rope {
+    double *inv_freq; /* owned, (rope_dim / 2): freq_scale * base^(-2i/rope_dim) / factor_i */
+    float mscale;     /* cos and sin are multiplied by it */
+};
+
 struct model_layer {
     const float *attn_norm; /* (n_embd) */
     const float *ffn_norm;  /* (n_embd) */
     const float *bq;        /* (n_heads * head_dim) or NULL */
     const float *bk;        /* (n_kv_heads * head_dim) or NULL */
     const float *bv;        /* (n_kv_heads * head_dim) or NULL */
+    const float *q_norm;    /* (head_dim) or NULL: per-head norm of q before rope */
+    const float *k_norm;    /* (head_dim) or NULL */
+    const float *post_attn_norm; /* (n_embd) or NULL: norm of the attention block's output */
+    const float *post_ffn_norm;  /* (n_embd) or NULL: norm of the FFN block's output */
     struct model_mat wq;    /* n_embd -> n_heads * head_dim */
     struct model_mat wk;    /* n_embd -> n_kv_heads * head_dim */
     struct model_mat wv;    /* n_embd -> n_kv_heads * head_dim */
     struct model_mat wo;    /* n_heads * head_dim -> n_embd */
+    /* dense FFN (n_expert == 0); views into a fused ffn_up where the file fuses them */
     struct model_mat wgate; /* n_embd -> n_ff */
     struct model_mat wup;   /* n_embd -> n_ff */
     struct model_mat wdown; /* n_ff -> n_embd */
+    /* mixture of experts: router and, per expert e, views into the 3-D tensors */
+    struct model_mat router;   /* n_embd -> n_expert */
+    struct model_mat *exp_gate; /* owned, (n_expert): n_embd -> n_ff_exp */
+    struct model_mat *exp_up;   /* owned, (n_expert): n_embd -> n_ff_exp */
+    struct model_mat *exp_down; /* owned, (n_expert): n_ff_exp -> n_embd */
+    int rope;       /* index into model.rope */
+    int swa_window; /* 0: attends to every earlier position */
 };
 
 struct model {
     struct gguf_file *file; /* owned */
+    const struct model_arch_desc *desc;
     struct model_hparams hp;
     struct model_mat tok_embd;  /* n_embd x n_vocab: row t is token t's embedding */
     struct model_mat output;    /* n_embd -> n_vocab (may be tok_embd's data) */
     const float *output_norm;   /* (n_embd) */
     struct model_layer *layers; /* owned, (n_layers) */
-    double *rope_inv_freq;      /* owned, (rope_dim / 2): freq_scale * base^(-2i/rope_dim) */
+    struct model_rope rope[2];  /* [0] global layers, [1] sliding-window layers (gemma3) */
+    int n_rope;                 /* 1 or 2 */
     uint64_t weight_bytes;
+    uint64_t active_weight_bytes;
 };
+
+struct kernel_ops;
+/* out[i] = act(gate[i]) * up[i] over n: SiLU through ops (the kernels' silu_mul), GELU(tanh)
+ * in plain C. Both passes call it, so they agree bit for bit. */
+void model_act_mul(const struct kernel_ops *ops, enum model_act act, int n, float *out,
+                   const float *gate, const float *up);
+
+/* The (cos, sin) pairs of rope k at position pos into cs (rope_dim floats): angle
+ * pos * inv_freq[i] in double, both multiplied by the rope's mscale. */
+void model_rope_table(const struct model *m, int k, int32_t pos, float *cs);
+/* Rotates the first rope_dim dims of n_heads heads of x (head_dim apart) by cs: NEOX pairs
+ * (i, i + rope_dim/2), else adjacent pairs; the other dims stay. */
+void model_rope_rotate(float *x, int n_heads, int head_dim, int rope_dim, bool neox,
+                       const float *cs);
+/* A mixture-of-experts router: logits (n_expert, overwritten by their softmax) -> the
+ * n_expert_used most probable experts, best first (lowest index on ties), in sel and their
+ * probabilities renormalized to sum 1 in w. */
+void model_moe_route(const struct kernel_ops *ops, const struct model_hparams *hp, float *logits,
+                     int32_t *sel, float *w);
+/* out = sum_j w[j] * outs[j] over the n_expert_used expert outputs (n_embd each), j in order. */
+void model_moe_combine(const struct model_hparams *hp, const float *outs, const float *w,
+                       float *out);
 
 #endif
