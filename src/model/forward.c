@@ -1,5 +1,6 @@
 /* forward.c - one transformer forward pass over a batch of (token, position, sequence) rows,
- * with K/V in the paged cache. Each step of a layer is a parallel stage on the pool: row
+ * with K/V in the paged cache: the fast form of reference.c's pass (same steps, same
+ * per-family data; tests hold the two together). Each step of a layer is a parallel stage on the pool: row
  * stages (norms, RoPE, activations) split batch rows, matmul stages split weight rows (so
  * each thread streams its share of every matrix once per batch), attention splits
  * (row, head) pairs. Small batches of distinct sequences (decode) run the whole pass as one

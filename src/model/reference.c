@@ -1,8 +1,9 @@
 /* reference.c - the transformer, written to be read. One sequence, one thread, no batching
  * tricks: a loop over layers in which every step of every architecture is visible, in the
  * order llama.cpp computes it. The matrix products round their input rows to the weight's
- * activation type (as llama.cpp's CPU backend does) and use the scalar reference kernels, so
- * this pass is the definition the fast pass (forward.c) is held to by tests.
+ * activation type (as llama.cpp's CPU backend does) and use the running CPU's kernel variant
+ * (the one the fast pass uses; the kernel tests hold each variant to the scalar reference),
+ * so this pass is the definition the fast pass (forward.c) is held to by tests.
  *
  * Shapes: T tokens, E = n_embd, H = n_heads, G = n_kv_heads, D = head_dim, F = n_ff (or
  * n_ff_exp), V = n_vocab. */
@@ -163,7 +164,7 @@ static enum ar_status ref_alloc(struct ref *r, const struct model *m, int n)
     size_t F = (size_t)AR_MAX(hp->n_ff, hp->n_ff_exp), act = 0;
     memset(r, 0, sizeof(*r));
     r->m = m;
-    r->ops = kernels_ref();
+    r->ops = kernels_get();
     /* the widest input row in any activation type: 4 bytes an element bounds them all */
     act = 4 * AR_MAX(AR_MAX(E, F), (size_t)hp->n_heads * D) + 64;
     r->x = ar_calloc(T * E, sizeof(float));

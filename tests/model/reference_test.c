@@ -1,0 +1,281 @@
+/* reference_test.c - the reference pass (model_forward_reference) against llama.cpp's
+ * fixtures and an exact float64 forward (independent truth for the reference itself), and the
+ * fast pass (model_forward: batched, threaded, paged K/V) held to the reference for every
+ * model file of every family in ../shared/fixtures and ../shared/fixtures-arch: one prefill
+ * batch, token-by-token decode, two threads, and small K/V blocks so sliding windows start
+ * inside a block. */
+#include "harness/harness.h"
+
+#include <dirent.h>
+#include <math.h>
+
+#include "base/base.h"
+#include "base/pool.h"
+#include "kv/kv.h"
+#include "model/model.h"
+
+#define PATH_LEN 512
+#define MAX_MODELS 64
+
+/* Both passes use the same kernel variant's dot products, but the fast pass tiles them (gemm)
+ * and attends block by block, so float sums may round differently. The bound is about 5e-4
+ * of the logits' spread (std about 4): far below any fixture tolerance, and a wrong step (a
+ * missing norm, a wrong rope) moves logits by units. Both keep K/V in f32 here: with f16 K/V
+ * one flipped activation rounding on a quantized file moves logits by ~0.1, which says
+ * nothing about the pass (model_test bounds f16 against f32 K/V). */
+#define FAST_VS_REF_MAX 2e-3
+
+struct fx {
+    char folder[32]; /* "fixtures" or "fixtures-arch" */
+    char name[64];   /* model file without .gguf */
+};
+
+static int list_models(struct fx *out, int max)
+{
+    static const char *folders[] = {"fixtures", "fixtures-arch"};
+    int k = 0;
+    for (size_t f = 0; f < AR_ARRAY_LEN(folders); f++) {
+        char rel[64], dir[PATH_LEN];
+        struct dirent **ents;
+        int n;
+        snprintf(rel, sizeof(rel), "%s/models", folders[f]);
+        n = scandir(th_shared_path(dir, sizeof(dir), rel), &ents, NULL, alphasort);
+        if (n < 0)
+            fail_msg("cannot list %s", dir);
+        for (int i = 0; i < n; i++) {
+            size_t len = strlen(ents[i]->d_name);
+            if (len > 5 && len < 64 && strcmp(ents[i]->d_name + len - 5, ".gguf") == 0 &&
+                k < max) {
+                snprintf(out[k].folder, sizeof(out[k].folder), "%s", folders[f]);
+                memcpy(out[k].name, ents[i]->d_name, len - 5);
+                out[k].name[len - 5] = '\0';
+                k++;
+            }
+            free(ents[i]);
+        }
+        free(ents);
+    }
+    return k;
+}
+
+static struct model *load(const struct fx *x)
+{
+    char rel[160], path[PATH_LEN];
+    struct model *m = NULL;
+    struct ar_err err = {0};
+    snprintf(rel, sizeof(rel), "%s/models/%s.gguf", x->folder, x->name);
+    if (model_load(th_shared_path(path, sizeof(path), rel), &m, &err) != AR_OK)
+        fail_msg("model_load %s: %s", path, err.msg);
+    return m;
+}
+
+static cJSON *load_json(const struct fx *x, const char *kind)
+{
+    char rel[192], path[PATH_LEN];
+    snprintf(rel, sizeof(rel), "%s/%s/%s.json", x->folder, kind, x->name);
+    return th_read_json(th_shared_path(path, sizeof(path), rel));
+}
+
+/* The prompt of case ci from the fixture JSON. */
+static int32_t *prompt_of(const cJSON *j, int ci, int *n)
+{
+    const cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "cases"), ci);
+    const cJSON *p = cJSON_GetObjectItem(c, "prompt_tokens");
+    int len = cJSON_GetArraySize(p);
+    int32_t *v = malloc(sizeof(*v) * (size_t)len);
+    assert_non_null(v);
+    for (int i = 0; i < len; i++)
+        v[i] = (int32_t)cJSON_GetArrayItem(p, i)->valuedouble;
+    *n = len;
+    return v;
+}
+
+static double max_abs_diff(const float *a, const float *b, size_t n)
+{
+    double d = 0;
+    for (size_t i = 0; i < n; i++)
+        d = fmax(d, fabs((double)a[i] - (double)b[i]));
+    return d;
+}
+
+/* The acceptance bound for the every-position logits of the 8-token case: as check-fixtures,
+ * twice llama.cpp's own distance to the exact forward, at least 1e-3. */
+static double bound_all8(const struct fx *x)
+{
+    char rel[96], path[PATH_LEN], arch[32], type[16];
+    const char *dash;
+    cJSON *tol, *e;
+    double b = -1;
+    /* tiny-<arch>-<type> */
+    dash = strrchr(x->name, '-');
+    assert_non_null(dash);
+    snprintf(arch, sizeof(arch), "%.*s", (int)(dash - x->name - 5), x->name + 5);
+    snprintf(type, sizeof(type), "%s", dash + 1);
+    snprintf(rel, sizeof(rel), "%.31s/tolerances.json", x->folder);
+    tol = th_read_json(th_shared_path(path, sizeof(path), rel));
+    cJSON_ArrayForEach(e, tol)
+    {
+        if (strcmp(cJSON_GetObjectItem(e, "arch")->valuestring, arch) ||
+            strcmp(cJSON_GetObjectItem(e, "type")->valuestring, type))
+            continue;
+        b = fmax(1e-3, 2 * fmax(cJSON_GetObjectItem(e, "max_abs_vs_numpy_same_file")->valuedouble,
+                                cJSON_GetObjectItem(e, "max_abs_all8_vs_numpy_same_file")
+                                    ->valuedouble));
+    }
+    cJSON_Delete(tol);
+    if (b < 0)
+        fail_msg("no tolerance for %s %s", arch, type);
+    return b;
+}
+
+/* The reference pass's logits at every position of the 8-token case are within the fixture
+ * bound of the exact float64 forward (logits_numpy, all_logits). */
+static void reference_matches_exact_math(const struct fx *x, struct model *m)
+{
+    cJSON *np = load_json(x, "logits_numpy");
+    int n, n_vocab = model_hparams(m)->n_vocab;
+    int32_t *toks = prompt_of(np, 1, &n);
+    const cJSON *all =
+        cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(np, "cases"), 1), "all_logits_8");
+    float *got = malloc(sizeof(float) * (size_t)n * (size_t)n_vocab);
+    double worst = 0, bound = bound_all8(x);
+    assert_non_null(got);
+    assert_int_equal(n, 8);
+    assert_int_equal(cJSON_GetArraySize(all), n);
+    assert_int_equal(model_forward_reference(m, toks, n, got), AR_OK);
+    for (int p = 0; p < n; p++) {
+        const cJSON *row = cJSON_GetArrayItem(all, p);
+        assert_int_equal(cJSON_GetArraySize(row), n_vocab);
+        for (int i = 0; i < n_vocab; i++)
+            worst = fmax(worst, fabs((double)got[(size_t)p * n_vocab + i] -
+                                     cJSON_GetArrayItem(row, i)->valuedouble));
+    }
+    if (!(worst <= bound))
+        fail_msg("%s/%s: reference vs exact forward max %g > %g", x->folder, x->name, worst,
+                 bound);
+    free(got);
+    free(toks);
+    cJSON_Delete(np);
+}
+
+/* The fast pass on tokens: one batch asking every position's logits (with nth threads), and
+ * token by token; both within bound of ref (n x n_vocab). */
+static void fast_matches(const struct fx *x, struct model *m, const int32_t *toks, int n,
+                         const float *ref, int nth, int block_tokens, enum ar_type kv_type,
+                         double bound)
+{
+    int n_vocab = model_hparams(m)->n_vocab;
+    struct ar_pool *pool = NULL;
+    struct model_ctx *ctx;
+    struct kv_params kp;
+    struct kv_cache *kv = NULL;
+    struct kv_seq seq_a, seq_b, *s = &seq_a, *s2 = &seq_b;
+    float *got = malloc(sizeof(float) * (size_t)n * (size_t)n_vocab);
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)n), *seq = calloc((size_t)n, sizeof(int32_t));
+    uint8_t *want = malloc((size_t)n);
+    double d_batch, d_step = 0;
+    assert_true(got && pos && seq && want);
+    if (nth > 1)
+        assert_int_equal(ar_pool_create(nth, &pool), AR_OK);
+    assert_int_equal(model_ctx_create(m, n, pool, &ctx), AR_OK);
+    model_kv_params(m, block_tokens, 2 * ((n + block_tokens - 1) / block_tokens), kv_type, &kp);
+    assert_int_equal(kv_create(&kp, &kv), AR_OK);
+    kv_seq_init(s);
+    kv_seq_init(s2);
+
+    /* one batch, every position's logits */
+    for (int i = 0; i < n; i++) {
+        pos[i] = i;
+        want[i] = 1;
+    }
+    assert_int_equal(kv_seq_reserve(kv, s, n), AR_OK);
+    struct model_batch b = {.n_tokens = n, .tokens = toks, .pos = pos, .seq = seq,
+                            .logits = want, .n_seqs = 1};
+    assert_int_equal(model_forward(ctx, kv, &s, &b, got), AR_OK);
+    d_batch = max_abs_diff(got, ref, (size_t)n * (size_t)n_vocab);
+
+    /* token by token (the decode path), in a second sequence */
+    assert_int_equal(kv_seq_reserve(kv, s2, n), AR_OK);
+    for (int i = 0; i < n; i++) {
+        struct model_batch one = {.n_tokens = 1, .tokens = toks + i, .pos = pos + i, .seq = seq,
+                                  .n_seqs = 1};
+        assert_int_equal(model_forward(ctx, kv, &s2, &one, got), AR_OK);
+        d_step = fmax(d_step, max_abs_diff(got, ref + (size_t)i * n_vocab, (size_t)n_vocab));
+    }
+    if (!(d_batch <= bound) || !(d_step <= bound))
+        fail_msg("%s/%s (%d tokens, %d threads, blocks of %d, %s K/V): fast vs reference: batch "
+                 "%g, decode %g > %g",
+                 x->folder, x->name, n, nth, block_tokens, kv_type == AR_TYPE_F32 ? "f32" : "f16",
+                 d_batch, d_step, bound);
+    kv_seq_fini(kv, s);
+    kv_seq_fini(kv, s2);
+    kv_destroy(kv);
+    model_ctx_destroy(ctx);
+    ar_pool_destroy(pool);
+    free(got);
+    free(pos);
+    free(seq);
+    free(want);
+}
+
+static void every_model_fast_pass_follows_the_reference(void **state)
+{
+    static struct fx fx[MAX_MODELS];
+    int n_models = list_models(fx, MAX_MODELS), archs_seen = 0;
+    char last_arch[32] = "";
+    (void)state;
+    assert_true(n_models >= 38); /* 14 in fixtures, 24 in fixtures-arch */
+    for (int k = 0; k < n_models; k++) {
+        struct model *m = load(&fx[k]);
+        cJSON *j = load_json(&fx[k], "logits");
+        int n_vocab = model_hparams(m)->n_vocab, n;
+        /* the 64-token case (it crosses gemma3's 64-position window with the greedy steps; the
+         * 300-token one crosses it in the prompt) */
+        int ci = model_hparams(m)->swa_window > 0 ? 3 : 2;
+        int32_t *toks = prompt_of(j, ci, &n);
+        float *ref = malloc(sizeof(float) * (size_t)n * (size_t)n_vocab);
+        char arch[32];
+        assert_non_null(ref);
+        snprintf(arch, sizeof(arch), "%s", model_arch_name(model_hparams(m)->arch));
+        if (strcmp(arch, last_arch)) {
+            archs_seen++;
+            snprintf(last_arch, sizeof(last_arch), "%s", arch);
+        }
+
+        reference_matches_exact_math(&fx[k], m);
+        assert_int_equal(model_forward_reference(m, toks, n, ref), AR_OK);
+        fast_matches(&fx[k], m, toks, n, ref, 1, 16, AR_TYPE_F32, FAST_VS_REF_MAX);
+        fast_matches(&fx[k], m, toks, n, ref, 2, 7, AR_TYPE_F32, FAST_VS_REF_MAX);
+        free(ref);
+        free(toks);
+        cJSON_Delete(j);
+        model_destroy(m);
+    }
+    assert_int_equal(archs_seen, 8); /* llama qwen2 chatglm gemma3 glm4 phi3 qwen3 qwen3moe */
+}
+
+/* The reference refuses what it cannot run instead of reading out of bounds. */
+static void reference_rejects_bad_arguments(void **state)
+{
+    struct fx x = {"fixtures-arch", "tiny-qwen3-f32"};
+    struct model *m = load(&x);
+    int32_t good[2] = {1, 2}, bad[2] = {1, 1 << 30};
+    float out[2048];
+    (void)state;
+    assert_int_equal(model_forward_reference(m, bad, 2, out), AR_EINVAL);
+    assert_int_equal(model_forward_reference(m, good, 0, out), AR_EINVAL);
+    assert_int_equal(model_forward_reference(m, NULL, 2, out), AR_EINVAL);
+    assert_int_equal(model_forward_reference(m, good, 2, out), AR_OK);
+    for (int i = 0; i < 2048; i++)
+        assert_true(isfinite(out[i]));
+    model_destroy(m);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(every_model_fast_pass_follows_the_reference),
+        cmocka_unit_test(reference_rejects_bad_arguments),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
