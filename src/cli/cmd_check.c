@@ -192,10 +192,13 @@ struct diff {
     int64_t n;
 };
 
-static void diff_add(struct diff *d, const float *ours, cJSON *ref)
+/* Adds |ours - ref| over one logit vector; false (nothing added) when ref is not n numbers. */
+static bool diff_add(struct diff *d, const float *ours, cJSON *ref, int n)
 {
     cJSON *v;
     int64_t i = 0;
+    if (cJSON_GetArraySize(ref) != n)
+        return false;
     cJSON_ArrayForEach(v, ref)
     {
         double e = fabs((double)ours[i++] - cJSON_GetNumberValue(v));
@@ -204,6 +207,7 @@ static void diff_add(struct diff *d, const float *ours, cJSON *ref)
         d->sum_sq += e * e;
         d->n++;
     }
+    return true;
 }
 
 static double diff_rms(const struct diff *d)
@@ -224,7 +228,77 @@ static int read_ids(cJSON *arr, int32_t *ids, int max)
     return n;
 }
 
-/* One model file: every case of logits_numpy/<name> and logits/<name>. */
+/* Greedy continuations are compared with llama.cpp's (logits/<m>.json: greedy_tokens, and
+ * greedy_margins = its top1 - top2 logit at each step). Our logits differ from llama.cpp's by at
+ * most e where we can measure it (every prompt-case logit vector, below: d_cpp), and if no logit
+ * moves by more than e, top1 - top2 moves by at most 2e: so at a step where llama.cpp's margin
+ * exceeds 2e the argmax is decided and ours must equal llama.cpp's; below it the two may
+ * legitimately differ. The threshold is measured per file against llama.cpp, not taken from
+ * the tolerance against exact numpy: we round matmul activations as llama.cpp does, so on
+ * quantized files we sit closer to llama.cpp than to exact math (../fixtures: rms 3-5x closer,
+ * max abs 0.11-0.22 vs 0.29-0.60, except qwen2 q4_0 at 0.31 where one rounding decision
+ * flips); the former rule (margin > twice the numpy tolerance, i.e. 4x llama.cpp's own error
+ * against numpy, stopping at the first undecided step) compared 0 steps in three files.
+ * GREEDY_FLOOR covers what the measurement cannot see: the fixtures' 6 significant digits and
+ * the summation order of F32 files, where e is about 5e-5. The greedy steps sit at positions
+ * up to prompt + 32, inside the range of the 1..300-token prompts measured; a decided step that
+ * differs is a failure even so (a bug, or error growing past what the prompts show).
+ * Every step feeds llama.cpp's token (equal to ours wherever the step is decided), so our
+ * context stays llama.cpp's and a step after an undecided one is still comparable: stopping
+ * at the first undecided step instead would leave 0-2 steps in several cases of ../fixtures.
+ * GREEDY_MIN_STEPS decided steps are required in every case, else it fails: step 0 comes from
+ * the prefill logits alone, so 4 steps put at least 3 tokens through the one-token decode
+ * path, each reading K/V that earlier decode calls wrote to the cache. (Measured with this
+ * rule on ../fixtures: 17 to 32 decided steps per case of 32.) */
+#define GREEDY_MIN_STEPS 4
+#define GREEDY_FLOOR 1e-3
+
+struct greedy {
+    int n_decided, n_agree; /* steps whose margin exceeds the threshold; those where we agree */
+    int first_bad;          /* first decided step where we differ, -1 if none */
+    int32_t ours, ref;      /* the tokens there */
+    double margin;
+};
+
+/* One case's greedy run after its prompt has been prefilled (logits: the last position). */
+static enum ar_status greedy_compare(struct cli_runner *r, float *logits, cJSON *ref_case,
+                                     double threshold, struct greedy *out, struct ar_err *err)
+{
+    cJSON *toks = cJSON_GetObjectItem(ref_case, "greedy_tokens");
+    cJSON *margins = cJSON_GetObjectItem(ref_case, "greedy_margins");
+    int n_vocab = cli_runner_n_vocab(r), n = cJSON_GetArraySize(toks);
+    *out = (struct greedy){.first_bad = -1};
+    if (!cJSON_IsArray(toks) || !cJSON_IsArray(margins) || cJSON_GetArraySize(margins) != n)
+        return ar_err_set(err, AR_EFORMAT, 0, "greedy_tokens / greedy_margins missing or unequal");
+    for (int g = 0; g < n; g++) {
+        int32_t ref = (int32_t)cJSON_GetNumberValue(cJSON_GetArrayItem(toks, g));
+        double margin = cJSON_GetNumberValue(cJSON_GetArrayItem(margins, g));
+        int32_t ours = cli_argmax(logits, n_vocab);
+        if (ref < 0 || ref >= n_vocab)
+            return ar_err_set(err, AR_EFORMAT, 0, "greedy token %d out of the vocabulary", ref);
+        if (margin > threshold) {
+            out->n_decided++;
+            if (ours == ref) {
+                out->n_agree++;
+            } else if (out->first_bad < 0) {
+                out->first_bad = g;
+                out->ours = ours;
+                out->ref = ref;
+                out->margin = margin;
+            }
+        }
+        if (g + 1 < n) {
+            enum ar_status st = cli_runner_decode(r, ref, &logits, err);
+            if (st != AR_OK)
+                return st;
+        }
+    }
+    return AR_OK;
+}
+
+/* One model file: every case of logits_numpy/<name> and logits/<name>. Logits are held to
+ * exact math (tolerance from tolerances.json); their distance to llama.cpp is measured and
+ * sets the greedy threshold (above). */
 static void check_model_logits(const char *dir, const char *name, cJSON *tols, int *n_fail,
                                int n_threads)
 {
@@ -234,7 +308,9 @@ static void check_model_logits(const char *dir, const char *name, cJSON *tols, i
     struct ar_err err = {0};
     const char *arch, *type;
     struct diff d_np = {0}, d_cpp = {0};
-    int greedy_ok = 0, greedy_total = 0, greedy_bad = 0;
+    int greedy_decided = 0, greedy_agree = 0;
+    char per_case[128] = ""; /* decided steps of each case, "28 27 21 25" */
+    bool fail = false, prompt_fail = false; /* prompt_fail: a case could not be run at all */
     snprintf(path, sizeof(path), "%s/logits_numpy/%s", dir, name);
     ref_np = cli_read_json(path);
     snprintf(path, sizeof(path), "%s/logits/%s", dir, name);
@@ -270,67 +346,81 @@ static void check_model_logits(const char *dir, const char *name, cJSON *tols, i
     cJSON *cases_cpp = cJSON_GetObjectItem(ref_cpp, "cases");
     int n_cases = cJSON_GetArraySize(cases_cpp);
     int n_vocab = cli_runner_n_vocab(r);
+    int32_t prompt[4096];
+    if (n_cases < 1 || cJSON_GetArraySize(cases_np) != n_cases) {
+        printf("FAIL %s: %d llama.cpp cases, %d numpy cases\n", name, n_cases,
+               cJSON_GetArraySize(cases_np));
+        (*n_fail)++;
+        goto done;
+    }
+    /* pass 1: the prompts' logits against both references */
     for (int c = 0; c < n_cases; c++) {
         cJSON *cc = cJSON_GetArrayItem(cases_cpp, c), *cn = cJSON_GetArrayItem(cases_np, c);
-        int32_t prompt[4096], gen[64];
         int n_prompt = read_ids(cJSON_GetObjectItem(cc, "prompt_tokens"), prompt, 4096);
         cJSON *all8_np = cJSON_GetObjectItem(cn, "all_logits_8");
         cJSON *all8_cpp = cJSON_GetObjectItem(cc, "all_logits_8");
         bool want_all = cJSON_IsArray(all8_np);
         float *logits;
-        if (n_prompt > 4096 || !cn) {
+        if (n_prompt > 4096 || n_prompt < 1) {
             printf("FAIL %s: case %d malformed\n", name, c);
-            (*n_fail)++;
+            prompt_fail = true;
             continue;
         }
         if (cli_runner_prefill(r, prompt, n_prompt, want_all, &logits, &err) != AR_OK) {
             printf("FAIL %s: case %d: %s\n", name, c, err.msg);
-            (*n_fail)++;
+            prompt_fail = true;
             continue;
         }
-        diff_add(&d_np, logits + (size_t)(want_all ? n_prompt - 1 : 0) * (size_t)n_vocab,
-                 cJSON_GetObjectItem(cn, "last_logits"));
-        diff_add(&d_cpp, logits + (size_t)(want_all ? n_prompt - 1 : 0) * (size_t)n_vocab,
-                 cJSON_GetObjectItem(cc, "last_logits"));
-        if (want_all) {
-            for (int p = 0; p < n_prompt && p < cJSON_GetArraySize(all8_np); p++) {
-                diff_add(&d_np, logits + (size_t)p * (size_t)n_vocab,
-                         cJSON_GetArrayItem(all8_np, p));
-                if (cJSON_IsArray(all8_cpp))
-                    diff_add(&d_cpp, logits + (size_t)p * (size_t)n_vocab,
-                             cJSON_GetArrayItem(all8_cpp, p));
-            }
+        const float *last = logits + (size_t)(want_all ? n_prompt - 1 : 0) * (size_t)n_vocab;
+        bool ok = diff_add(&d_np, last, cJSON_GetObjectItem(cn, "last_logits"), n_vocab) &&
+                  diff_add(&d_cpp, last, cJSON_GetObjectItem(cc, "last_logits"), n_vocab);
+        for (int p = 0; want_all && p < n_prompt && p < cJSON_GetArraySize(all8_np); p++) {
+            const float *row = logits + (size_t)p * (size_t)n_vocab;
+            ok = ok && diff_add(&d_np, row, cJSON_GetArrayItem(all8_np, p), n_vocab) &&
+                 (!cJSON_IsArray(all8_cpp) ||
+                  diff_add(&d_cpp, row, cJSON_GetArrayItem(all8_cpp, p), n_vocab));
         }
-        /* greedy continuation, one token per forward call (the KV-cache path) */
-        int n_gen = read_ids(cJSON_GetObjectItem(cn, "greedy_tokens"), gen, 64);
-        cJSON *margins = cJSON_GetObjectItem(cn, "greedy_margins");
-        int32_t tok = cli_argmax(logits + (size_t)(want_all ? n_prompt - 1 : 0) * (size_t)n_vocab,
-                                 n_vocab);
-        for (int g = 0; g < n_gen && g < 64; g++) {
-            double margin = cJSON_GetNumberValue(cJSON_GetArrayItem(margins, g));
-            if (margin <= 2 * tol_max)
-                break; /* below this the sequences may legitimately diverge */
-            greedy_total++;
-            if (tok != gen[g]) {
-                greedy_bad++;
-                break;
-            }
-            greedy_ok++;
-            if (g + 1 < n_gen) {
-                if (cli_runner_decode(r, tok, &logits, &err) != AR_OK) {
-                    printf("FAIL %s: case %d decode: %s\n", name, c, err.msg);
-                    (*n_fail)++;
-                    break;
-                }
-                tok = cli_argmax(logits, n_vocab);
-            }
+        if (!ok) {
+            printf("FAIL %s: case %d: a logit vector is not %d numbers\n", name, c, n_vocab);
+            prompt_fail = true;
         }
     }
-    bool fail = d_np.max_abs > tol_max || diff_rms(&d_np) > tol_rms || greedy_bad;
+    /* pass 2: greedy runs, decided where llama.cpp's margin exceeds twice the distance just
+     * measured (no llama.cpp logits at all: nothing measured, nothing decided) */
+    double threshold = d_cpp.n ? 2 * d_cpp.max_abs + GREEDY_FLOOR : (double)INFINITY;
+    for (int c = 0; c < n_cases && !prompt_fail; c++) {
+        cJSON *cc = cJSON_GetArrayItem(cases_cpp, c);
+        int n_prompt = read_ids(cJSON_GetObjectItem(cc, "prompt_tokens"), prompt, 4096);
+        struct greedy g;
+        float *logits;
+        if (cli_runner_prefill(r, prompt, n_prompt, false, &logits, &err) != AR_OK ||
+            greedy_compare(r, logits, cc, threshold, &g, &err) != AR_OK) {
+            printf("FAIL %s: case %d greedy: %s\n", name, c, err.msg);
+            prompt_fail = true;
+            break;
+        }
+        if (g.first_bad >= 0) {
+            printf("     %s: case %d (%d tokens) greedy step %d: ours %d, llama.cpp %d, though "
+                   "its margin %.4f > %.4f\n",
+                   name, c, n_prompt, g.first_bad, g.ours, g.ref, g.margin, threshold);
+            fail = true;
+        }
+        if (g.n_decided < GREEDY_MIN_STEPS) {
+            printf("     %s: case %d (%d tokens): only %d greedy steps have a llama.cpp margin "
+                   "> %.4f, %d needed: this fixture cannot decide the greedy run\n",
+                   name, c, n_prompt, g.n_decided, threshold, GREEDY_MIN_STEPS);
+            fail = true;
+        }
+        greedy_decided += g.n_decided;
+        greedy_agree += g.n_agree;
+        snprintf(per_case + strlen(per_case), sizeof(per_case) - strlen(per_case), "%s%d",
+                 c ? " " : "", g.n_decided);
+    }
+    fail = fail || prompt_fail || d_np.max_abs > tol_max || diff_rms(&d_np) > tol_rms;
     printf("%s %-24s vs numpy max %.5f rms %.5f (limit %.4f / %.4f) | vs llama.cpp max %.5f "
-           "rms %.5f | greedy %d/%d agree while margin > %.3f\n",
+           "rms %.5f | greedy %d/%d agree, margin > %.4f (per case %s)\n",
            fail ? "FAIL" : "ok  ", name, d_np.max_abs, diff_rms(&d_np), tol_max, tol_rms,
-           d_cpp.max_abs, diff_rms(&d_cpp), greedy_ok, greedy_total, 2 * tol_max);
+           d_cpp.max_abs, diff_rms(&d_cpp), greedy_agree, greedy_decided, threshold, per_case);
     if (fail)
         (*n_fail)++;
 done:
@@ -353,7 +443,11 @@ static int check_logits(const char *dir, int *n_fail, int n_threads)
         cli_free_names(names, n);
         return 0;
     }
-    printf("== logits (%d model files)\n", n);
+    printf("== logits (%d model files): last-position and 8-position logits vs exact numpy "
+           "(limit from tolerances.json) and vs llama.cpp (measured);\n"
+           "   greedy vs llama.cpp's tokens, llama.cpp's token fed at each step, compared where "
+           "its top1-top2 margin > 2 x max|ours - llama.cpp| + %g, >= %d such steps per case\n",
+           n, GREEDY_FLOOR, GREEDY_MIN_STEPS);
     for (int i = 0; i < n; i++)
         check_model_logits(dir, names[i], tols, n_fail, n_threads);
     cJSON_Delete(tols);

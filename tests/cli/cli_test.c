@@ -46,6 +46,105 @@ static void check_fixtures_passes_on_shared_fixtures(void **state)
     th_run_free(&r);
 }
 
+/* check-fixtures on a folder holding one file of shared/fixtures (tiny-qwen2-q6_k), its numpy
+ * reference and the tolerances, with llama.cpp's greedy run in logits/ changed by edit. */
+#define EDITED_MODEL "tiny-qwen2-q6_k"
+
+static struct th_run check_edited_greedy(void (*edit)(cJSON *cases))
+{
+    char dir[] = "/tmp/ar_cli_fx_XXXXXX", shared[4096], src[8192], dst[2][512];
+    static const char *const links[3] = {"models", "tolerances.json",
+                                         "logits_numpy/" EDITED_MODEL ".json"};
+    struct th_run r;
+    cJSON *ref;
+    char *text;
+    FILE *f;
+    assert_non_null(realpath(th_shared_path(src, sizeof(src), "fixtures"), shared));
+    assert_non_null(mkdtemp(dir));
+    snprintf(dst[0], sizeof(dst[0]), "%s/logits_numpy", dir);
+    snprintf(dst[1], sizeof(dst[1]), "%s/logits", dir);
+    assert_int_equal(mkdir(dst[0], 0700), 0);
+    assert_int_equal(mkdir(dst[1], 0700), 0);
+    for (int i = 0; i < 3; i++) {
+        snprintf(src, sizeof(src), "%s/%s", shared, links[i]);
+        snprintf(dst[0], sizeof(dst[0]), "%s/%s", dir, links[i]);
+        assert_int_equal(symlink(src, dst[0]), 0);
+    }
+    snprintf(src, sizeof(src), "%s/logits/" EDITED_MODEL ".json", shared);
+    assert_non_null(ref = th_read_json(src));
+    edit(cJSON_GetObjectItem(ref, "cases"));
+    snprintf(dst[0], sizeof(dst[0]), "%s/logits/" EDITED_MODEL ".json", dir);
+    assert_non_null(text = cJSON_PrintUnformatted(ref));
+    assert_non_null(f = fopen(dst[0], "w"));
+    assert_true(fputs(text, f) >= 0);
+    assert_int_equal(fclose(f), 0);
+    free(text);
+    cJSON_Delete(ref);
+    r = RUN("check-fixtures", dir);
+    unlink(dst[0]);
+    for (int i = 0; i < 3; i++) {
+        snprintf(dst[0], sizeof(dst[0]), "%s/%s", dir, links[i]);
+        unlink(dst[0]);
+    }
+    snprintf(dst[0], sizeof(dst[0]), "%s/logits_numpy", dir);
+    snprintf(dst[1], sizeof(dst[1]), "%s/logits", dir);
+    rmdir(dst[0]);
+    rmdir(dst[1]);
+    rmdir(dir);
+    return r;
+}
+
+/* every margin 0: no step can be decided, which must fail rather than pass as "0/0" */
+static void zero_margins(cJSON *cases)
+{
+    cJSON *c, *m;
+    cJSON_ArrayForEach(c, cases)
+    {
+        cJSON_ArrayForEach(m, cJSON_GetObjectItem(c, "greedy_margins"))
+        {
+            cJSON_SetNumberValue(m, 0);
+        }
+    }
+}
+
+/* one token changed at a decode step whose margin is far above any threshold (> 2, where the
+ * file's threshold is about 0.43) */
+static void wrong_decided_token(cJSON *cases)
+{
+    cJSON *c = cJSON_GetArrayItem(cases, 0);
+    cJSON *toks = cJSON_GetObjectItem(c, "greedy_tokens");
+    cJSON *margins = cJSON_GetObjectItem(c, "greedy_margins");
+    for (int g = 1; g < cJSON_GetArraySize(margins); g++) {
+        if (cJSON_GetArrayItem(margins, g)->valuedouble > 2) {
+            cJSON *t = cJSON_GetArrayItem(toks, g);
+            int other = (t->valueint + 1) % 1024; /* tiny-qwen2: 1024 tokens */
+            cJSON_SetNumberValue(t, other);
+            return;
+        }
+    }
+    fail_msg("no greedy step with a margin above 2 in " EDITED_MODEL " case 0");
+}
+
+static void check_fixtures_fails_when_no_greedy_step_is_decided(void **state)
+{
+    struct th_run r = check_edited_greedy(zero_margins);
+    (void)state;
+    assert_int_equal(r.status, 1);
+    assert_non_null(strstr(r.out, "cannot decide the greedy run"));
+    assert_non_null(strstr(r.out, "FAIL " EDITED_MODEL ".json"));
+    th_run_free(&r);
+}
+
+static void check_fixtures_fails_on_a_wrong_decided_greedy_token(void **state)
+{
+    struct th_run r = check_edited_greedy(wrong_decided_token);
+    (void)state;
+    assert_int_equal(r.status, 1);
+    assert_non_null(strstr(r.out, "case 0 (1 tokens) greedy step"));
+    assert_non_null(strstr(r.out, "FAIL " EDITED_MODEL ".json"));
+    th_run_free(&r);
+}
+
 static void check_fixtures_fails_on_a_missing_directory(void **state)
 {
     struct th_run r = RUN("check-fixtures", "/nonexistent/fixtures");
@@ -195,6 +294,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(check_fixtures_passes_on_shared_fixtures),
         cmocka_unit_test(check_fixtures_fails_on_a_missing_directory),
+        cmocka_unit_test(check_fixtures_fails_when_no_greedy_step_is_decided),
+        cmocka_unit_test(check_fixtures_fails_on_a_wrong_decided_greedy_token),
         cmocka_unit_test(generate_answers_a_review_through_the_chat_template),
         cmocka_unit_test(generate_is_deterministic_for_a_seed),
         cmocka_unit_test(generate_rejects_bad_input_with_one_line),

@@ -176,6 +176,105 @@ static struct bound bound_for(const char *arch, const char *type)
 
 /* ---- golden logits ------------------------------------------------------------------- */
 
+/* Greedy runs are held to llama.cpp's continuation by the rule of `check-fixtures`
+ * (src/cli/cmd_check.c explains it at length): a step is decided where llama.cpp's top1 - top2
+ * margin exceeds 2 x the largest |ours - llama.cpp| measured over the file's prompt logits, plus
+ * GREEDY_FLOOR for the fixtures' 6 digits (no logit error that size can flip the argmax);
+ * llama.cpp's token is fed at every step, so steps after an undecided one stay comparable; every
+ * case needs GREEDY_MIN_STEPS decided steps (step 0 comes from the prefill alone, so 4 put at
+ * least 3 tokens through the one-token decode path and its cache reads). F32 files are compared
+ * at every step, as llama.cpp and exact math agree on all 32 tokens there. */
+#define GREEDY_MIN_STEPS 4
+#define GREEDY_FLOOR 1e-3
+
+/* Pass 1 of a fixture file: each case's prompt logits against exact numpy (must be within the
+ * bound) and against llama.cpp (measured); returns the largest |ours - llama.cpp|. */
+static double check_prompt_logits(const char *name, struct model_ctx *ctx, struct kv_cache *kv,
+                                  const cJSON *np_cases, const cJSON *lc_cases, struct bound bnd,
+                                  int nv, float *logits)
+{
+    double max_cpp = 0;
+    for (int ci = 0; ci < cJSON_GetArraySize(np_cases); ci++) {
+        const cJSON *nc = cJSON_GetArrayItem(np_cases, ci);
+        const cJSON *lcase = cJSON_GetArrayItem(lc_cases, ci);
+        const cJSON *all8 = cJSON_GetObjectItem(nc, "all_logits_8");
+        const cJSON *all8_lc = cJSON_GetObjectItem(lcase, "all_logits_8");
+        int n;
+        int32_t *tokens = json_ints(cJSON_GetObjectItem(nc, "prompt_tokens"), &n);
+        struct kv_seq s;
+        const float *last;
+        struct diff dn, dl;
+        kv_seq_init(&s);
+
+        /* the whole prompt as one batch; every row's logits in the 8-token case */
+        run_seq(ctx, kv, &s, tokens, n, 0, all8 != NULL, logits);
+        last = all8 ? logits + (size_t)(n - 1) * nv : logits;
+        dn = diff_logits(last, cJSON_GetObjectItem(nc, "last_logits"), nv);
+        dl = diff_logits(last, cJSON_GetObjectItem(lcase, "last_logits"), nv);
+        max_cpp = fmax(max_cpp, dl.max_abs);
+        printf("  %-20s %3d tokens: vs numpy max %.2e rms %.2e (bound %.2e / %.2e); "
+               "vs llama.cpp max %.2e rms %.2e\n",
+               name, n, dn.max_abs, dn.rms, bnd.max_abs, bnd.rms, dl.max_abs, dl.rms);
+        if (dn.max_abs > bnd.max_abs || dn.rms > bnd.rms)
+            fail_msg("%s case %d: logits differ from numpy by max %g rms %g", name, ci,
+                     dn.max_abs, dn.rms);
+        if (all8) {
+            assert_int_equal(cJSON_GetArraySize(all8), n);
+            for (int r = 0; r < n; r++) {
+                const float *row = logits + (size_t)r * nv;
+                struct diff d = diff_logits(row, cJSON_GetArrayItem(all8, r), nv);
+                if (d.max_abs > bnd.max_abs_all8 || d.rms > bnd.rms)
+                    fail_msg("%s row %d of 8: max %g rms %g", name, r, d.max_abs, d.rms);
+                if (all8_lc)
+                    max_cpp = fmax(max_cpp,
+                                   diff_logits(row, cJSON_GetArrayItem(all8_lc, r), nv).max_abs);
+            }
+        }
+        kv_seq_fini(kv, &s);
+        free(tokens);
+    }
+    return max_cpp;
+}
+
+/* Pass 2: one case's greedy run against llama.cpp's (rule above); returns the decided steps. */
+static int check_greedy_case(const char *name, int ci, bool every_step, double threshold,
+                             struct model_ctx *ctx, struct kv_cache *kv, const cJSON *lcase,
+                             int nv, float *logits)
+{
+    int n, n_greedy, n_margin, decided = 0;
+    int32_t *tokens = json_ints(cJSON_GetObjectItem(lcase, "prompt_tokens"), &n);
+    int32_t *greedy = json_ints(cJSON_GetObjectItem(lcase, "greedy_tokens"), &n_greedy);
+    double *margin = json_doubles(cJSON_GetObjectItem(lcase, "greedy_margins"), &n_margin);
+    struct kv_seq s;
+    assert_int_equal(n_greedy, n_margin);
+    kv_seq_init(&s);
+    run_seq(ctx, kv, &s, tokens, n, 0, false, logits);
+    for (int i = 0; i < n_greedy; i++) {
+        int32_t tok = argmax(logits, nv);
+        assert_true(greedy[i] >= 0 && greedy[i] < nv);
+        if (every_step || margin[i] > threshold) {
+            decided++;
+            if (tok != greedy[i])
+                fail_msg("%s case %d: greedy token %d is %d, llama.cpp %d (margin %g > %g)",
+                         name, ci, i, tok, greedy[i], margin[i], threshold);
+        }
+        if (i + 1 < n_greedy)
+            run_seq(ctx, kv, &s, &greedy[i], 1, n + i, false, logits);
+    }
+    printf("  %-20s %3d tokens: greedy %d of %d steps %s, all equal to llama.cpp's\n", name, n,
+           decided, n_greedy, every_step ? "compared (F32)" : "decided");
+    if (decided < GREEDY_MIN_STEPS)
+        fail_msg("%s case %d: only %d greedy steps have a llama.cpp margin > %g, %d needed: the "
+                 "fixture cannot decide this greedy run",
+                 name, ci, decided, threshold, GREEDY_MIN_STEPS);
+    kv_seq_fini(kv, &s);
+    assert_int_equal(kv_n_free(kv), 32);
+    free(tokens);
+    free(greedy);
+    free(margin);
+    return decided;
+}
+
 static void check_model_against_fixtures(const char *name)
 {
     cJSON *np = load_fixture_json("logits_numpy", name);
@@ -197,67 +296,15 @@ static void check_model_against_fixtures(const char *name)
     assert_int_equal(cJSON_GetObjectItem(lc, "n_vocab")->valueint, nv);
     assert_int_equal(model_ctx_create(m, 320, NULL, &ctx), AR_OK);
     assert_int_equal(cJSON_GetArraySize(np_cases), cJSON_GetArraySize(lc_cases));
+    assert_true(cJSON_GetArraySize(lc_cases) > 0);
 
-    for (int ci = 0; ci < cJSON_GetArraySize(np_cases); ci++) {
-        const cJSON *nc = cJSON_GetArrayItem(np_cases, ci);
-        const cJSON *lcase = cJSON_GetArrayItem(lc_cases, ci);
-        const cJSON *all8 = cJSON_GetObjectItem(nc, "all_logits_8");
-        int n, n_greedy, n_margin;
-        int32_t *tokens = json_ints(cJSON_GetObjectItem(nc, "prompt_tokens"), &n);
-        int32_t *greedy = json_ints(cJSON_GetObjectItem(lcase, "greedy_tokens"), &n_greedy);
-        double *margin = json_doubles(cJSON_GetObjectItem(lcase, "greedy_margins"), &n_margin);
-        struct kv_seq s;
-        const float *last;
-        struct diff dn, dl;
-        assert_int_equal(n_greedy, n_margin);
-        kv_seq_init(&s);
-
-        /* the whole prompt as one batch; every row's logits in the 8-token case */
-        run_seq(ctx, kv, &s, tokens, n, 0, all8 != NULL, logits);
-        last = all8 ? logits + (size_t)(n - 1) * nv : logits;
-        dn = diff_logits(last, cJSON_GetObjectItem(nc, "last_logits"), nv);
-        dl = diff_logits(last, cJSON_GetObjectItem(lcase, "last_logits"), nv);
-        printf("  %-20s %3d tokens: vs numpy max %.2e rms %.2e (bound %.2e / %.2e); "
-               "vs llama.cpp max %.2e rms %.2e\n",
-               name, n, dn.max_abs, dn.rms, bnd.max_abs, bnd.rms, dl.max_abs, dl.rms);
-        if (dn.max_abs > bnd.max_abs || dn.rms > bnd.rms)
-            fail_msg("%s case %d: logits differ from numpy by max %g rms %g", name, ci,
-                     dn.max_abs, dn.rms);
-        if (all8) {
-            assert_int_equal(cJSON_GetArraySize(all8), n);
-            for (int r = 0; r < n; r++) {
-                struct diff d = diff_logits(logits + (size_t)r * nv, cJSON_GetArrayItem(all8, r), nv);
-                if (d.max_abs > bnd.max_abs_all8 || d.rms > bnd.rms)
-                    fail_msg("%s row %d of 8: max %g rms %g", name, r, d.max_abs, d.rms);
-            }
-        }
-
-        /* greedy decode, one token per forward call, against llama.cpp's continuation while
-         * its margin is clear of our tolerance (F32: all of it) */
-        int followed = 0;
-        for (int i = 0; i < n_greedy; i++) {
-            int32_t tok = argmax(last, nv);
-            if (!is_f32 && margin[i] <= 2 * bnd.max_abs)
-                break;
-            if (tok != greedy[i])
-                fail_msg("%s case %d: greedy token %d is %d, llama.cpp %d (margin %g)", name, ci,
-                         i, tok, greedy[i], margin[i]);
-            followed++;
-            if (i + 1 < n_greedy) {
-                run_seq(ctx, kv, &s, &tok, 1, n + i, false, logits);
-                last = logits;
-            }
-        }
-        printf("  %-20s %3d tokens: greedy equal for %d of %d steps checked\n", name, n, followed,
-               n_greedy);
-        if (is_f32)
-            assert_int_equal(followed, n_greedy);
-        kv_seq_fini(kv, &s);
-        assert_int_equal(kv_n_free(kv), 32);
-        free(tokens);
-        free(greedy);
-        free(margin);
-    }
+    double max_cpp = check_prompt_logits(name, ctx, kv, np_cases, lc_cases, bnd, nv, logits);
+    double threshold = 2 * max_cpp + GREEDY_FLOOR;
+    printf("  %-20s greedy decided where llama.cpp's margin > %.4f = 2 x %.4f + %g\n", name,
+           threshold, max_cpp, GREEDY_FLOOR);
+    for (int ci = 0; ci < cJSON_GetArraySize(lc_cases); ci++)
+        check_greedy_case(name, ci, is_f32, threshold, ctx, kv,
+                          cJSON_GetArrayItem(lc_cases, ci), nv, logits);
     free(logits);
     model_ctx_destroy(ctx);
     kv_destroy(kv);
