@@ -437,7 +437,42 @@ static void h_completions(struct server_req *req, void *user)
     handle_completion(req, OAI_COMPLETION);
 }
 
-/* ---- models, tokenize, detokenize -------------------------------------------------------- */
+/* ---- models, apply-template, tokenize, detokenize ---------------------------------------- */
+
+/* POST /apply-template {"messages": [...]}: the prompt text a chat request with these
+ * messages runs on, rendered in the model's own chat format -> {"prompt": text}. */
+static void h_apply_template(struct server_req *req, void *user)
+{
+    struct server *s = server_req_server(req);
+    const struct tokenizer *tok = server_tokenizer(s);
+    struct oai_request rq;
+    struct oai_error e = {0};
+    char *text = NULL;
+    size_t len = 0;
+    cJSON *o;
+    enum ar_status st;
+    (void)user;
+    st = oai_request_parse(OAI_CHAT, server_req_body(req), server_n_ctx(s), tokenizer_n_vocab(tok),
+                           &rq, &e);
+    if (st == AR_OK)
+        st = tokenizer_chat_format(tokenizer_chat_family(tok), rq.msgs, rq.n_msgs, true, &text,
+                                   &len);
+    else if (st != AR_ENOMEM) {
+        oai_request_fini(&rq);
+        reply_oai_error(req, &e);
+        return;
+    }
+    oai_request_fini(&rq);
+    if (st != AR_OK || !(o = cJSON_CreateObject())) {
+        ar_free(text);
+        server_reply_error(req, 503, "server_error", "out_of_memory", "out of memory");
+        return;
+    }
+    cJSON_AddStringToObject(o, "prompt", text);
+    cJSON_AddStringToObject(o, "template", tokenizer_chat_name(tokenizer_chat_family(tok)));
+    ar_free(text);
+    server_reply_json(req, 200, o);
+}
 
 static void h_models(struct server_req *req, void *user)
 {
@@ -700,6 +735,8 @@ enum ar_status openai_register(struct server *s)
         {"POST", "/v1/completions", h_completions, NULL, SERVER_ROUTE_ENGINE | SERVER_ROUTE_BODY,
          0},
         {"GET", "/v1/models", h_models, NULL, 0, 0},
+        {"POST", "/apply-template", h_apply_template, NULL, SERVER_ROUTE_ENGINE | SERVER_ROUTE_BODY,
+         0},
         {"POST", "/tokenize", h_tokenize, NULL, SERVER_ROUTE_ENGINE | SERVER_ROUTE_BODY, 0},
         {"POST", "/detokenize", h_detokenize, NULL, SERVER_ROUTE_ENGINE | SERVER_ROUTE_BODY, 0},
         {"GET", "/health", h_health, NULL, SERVER_ROUTE_PUBLIC, 0},
