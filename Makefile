@@ -156,6 +156,7 @@ bench: $(BENCH_BINS) $(BIN)
 
 check-fixtures: $(BIN)
 	$(BIN) check-fixtures ../shared/fixtures
+	$(BIN) check-fixtures ../shared/fixtures-arch
 
 deps:
 	sh tools/install-deps.sh

@@ -32,18 +32,30 @@ static void expect_clean_failure(struct th_run *r, const char *needle)
         fail_msg("status %d, stderr: %s", r->status, r->err);
 }
 
-static void check_fixtures_passes_on_shared_fixtures(void **state)
+static void check_fixtures_passes_on(const char *folder)
 {
     char dir[512];
     struct th_run r;
-    (void)state;
-    th_shared_path(dir, sizeof(dir), "fixtures");
+    th_shared_path(dir, sizeof(dir), folder);
     r = RUN("check-fixtures", dir);
     if (r.status != 0)
-        fail_msg("check-fixtures failed:\n%s\n%s", r.out, r.err);
+        fail_msg("check-fixtures %s failed:\n%s\n%s", folder, r.out, r.err);
     assert_non_null(strstr(r.out, " 0 failed"));
     assert_null(strstr(r.out, "FAIL"));
     th_run_free(&r);
+}
+
+static void check_fixtures_passes_on_shared_fixtures(void **state)
+{
+    (void)state;
+    check_fixtures_passes_on("fixtures");
+}
+
+/* the new families' folder: logits, greedy runs, dequantization, tokenizers, chat templates */
+static void check_fixtures_passes_on_shared_fixtures_arch(void **state)
+{
+    (void)state;
+    check_fixtures_passes_on("fixtures-arch");
 }
 
 /* check-fixtures on a folder holding one file of shared/fixtures (tiny-qwen2-q6_k), its numpy
@@ -293,6 +305,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(check_fixtures_passes_on_shared_fixtures),
+        cmocka_unit_test(check_fixtures_passes_on_shared_fixtures_arch),
         cmocka_unit_test(check_fixtures_fails_on_a_missing_directory),
         cmocka_unit_test(check_fixtures_fails_when_no_greedy_step_is_decided),
         cmocka_unit_test(check_fixtures_fails_on_a_wrong_decided_greedy_token),
