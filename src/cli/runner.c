@@ -55,6 +55,7 @@ enum ar_status cli_runner_open(const char *path, int n_threads, enum ar_type kv_
         ar_err_set(err, st, 0, "cannot allocate scratch buffers for %d tokens", r->n_batch);
         goto fail;
     }
+    model_ctx_set_n_ctx(r->ctx, n_ctx);
     r->pos = ar_malloc(sizeof(int32_t) * (size_t)n_ctx);
     r->seq_idx = ar_calloc((size_t)n_ctx, sizeof(int32_t));
     r->want = ar_malloc((size_t)n_ctx);

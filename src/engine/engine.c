@@ -729,6 +729,7 @@ enum ar_status engine_create(const struct model *m, const struct tokenizer *tok,
         ar_err_set(err, st, 0, "cannot create the model context");
         goto fail;
     }
+    model_ctx_set_n_ctx(e->mctx, e->n_ctx);
     e->b_tok = ar_malloc((size_t)e->p.n_batch * sizeof(*e->b_tok));
     e->b_pos = ar_malloc((size_t)e->p.n_batch * sizeof(*e->b_pos));
     e->b_seq = ar_malloc((size_t)e->p.n_batch * sizeof(*e->b_seq));

@@ -75,9 +75,8 @@ void model_act_mul(const struct kernel_ops *ops, enum model_act act, int n, floa
 
 /* ---- math both passes share ------------------------------------------------------------- */
 
-void model_rope_table(const struct model *m, int k, int32_t pos, float *cs)
+void model_rope_table(const struct model *m, const struct model_rope *r, int32_t pos, float *cs)
 {
-    const struct model_rope *r = &m->rope[k];
     for (int i = 0; i < m->hp.rope_dim / 2; i++) {
         double theta = (double)pos * r->inv_freq[i];
         cs[2 * i] = (float)cos(theta) * r->mscale;

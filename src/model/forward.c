@@ -43,6 +43,7 @@ struct model_ctx {
     struct ar_pool *pool; /* borrowed */
     int nth;
     int n_batch_max;
+    int64_t n_ctx; /* the context the caller runs (model_ctx_set_n_ctx); 0: unset */
 
     /* scratch, (n_batch_max, width) row-major, allocated once */
     float *x;       /* owned, n_embd: the residual stream */
@@ -251,6 +252,12 @@ fail:
     return st;
 }
 
+void model_ctx_set_n_ctx(struct model_ctx *c, int64_t n_ctx)
+{
+    if (c)
+        c->n_ctx = n_ctx;
+}
+
 void model_ctx_destroy(struct model_ctx *c)
 {
     if (!c)
@@ -346,7 +353,8 @@ static void rope_table_row(struct model_ctx *c, int64_t r)
 {
     const struct model *m = c->m;
     for (int k = 0; k < m->n_rope; k++)
-        model_rope_table(m, k, c->b->pos[r], c->rope + (r * m->n_rope + k) * m->hp.rope_dim);
+        model_rope_table(m, model_rope_for(m, k, c->n_ctx), c->b->pos[r],
+                         c->rope + (r * m->n_rope + k) * m->hp.rope_dim);
 }
 
 static void embed_scale(const struct model *m, float *x)

@@ -509,8 +509,8 @@ static enum ar_status make_rope(struct model_rope *r, int rope_dim, float base, 
 }
 
 /* The global rope (with LongRoPE factors: the short ones, which llama.cpp uses while the
- * context stays within original_context_length) and, for sliding-window models, the local
- * one (its own base, no scaling). */
+ * context stays within original_context_length, and the long ones kept for longer contexts)
+ * and, for sliding-window models, the local one (its own base, no scaling). */
 static enum ar_status load_ropes(struct model *m, struct ar_err *err)
 {
     const struct model_hparams *hp = &m->hp;
@@ -526,8 +526,16 @@ static enum ar_status load_ropes(struct model *m, struct ar_err *err)
         if (!(factors[i] > 0.0f) || !isfinite(factors[i]))
             return ar_err_set(err, AR_EFORMAT, 0, "rope_factors_short.weight[%d] = %g", i,
                               (double)factors[i]);
+    for (int i = 0; factors_long && i < hp->rope_dim / 2; i++)
+        if (!(factors_long[i] > 0.0f) || !isfinite(factors_long[i]))
+            return ar_err_set(err, AR_EFORMAT, 0, "rope_factors_long.weight[%d] = %g", i,
+                              (double)factors_long[i]);
     if ((st = make_rope(&m->rope[0], hp->rope_dim, hp->rope_freq_base, hp->rope_freq_scale,
                         factors, hp->rope_attn_factor)) != AR_OK)
+        return st;
+    if (factors_long && hp->n_ctx_orig > 0 &&
+        (st = make_rope(&m->rope_long, hp->rope_dim, hp->rope_freq_base, hp->rope_freq_scale,
+                        factors_long, hp->rope_attn_factor)) != AR_OK)
         return st;
     m->n_rope = 1;
     if (hp->swa_window > 0) {
@@ -573,6 +581,7 @@ void model_destroy(struct model *m)
         return;
     for (int i = 0; i < 2; i++)
         ar_free(m->rope[i].inv_freq);
+    ar_free(m->rope_long.inv_freq);
     for (int l = 0; m->layers && l < m->hp.n_layers; l++) {
         ar_free(m->layers[l].exp_gate);
         ar_free(m->layers[l].exp_up);
@@ -586,6 +595,13 @@ void model_destroy(struct model *m)
 const struct model_hparams *model_hparams(const struct model *m)
 {
     return &m->hp;
+}
+
+const struct model_rope *model_rope_for(const struct model *m, int k, int64_t n_ctx)
+{
+    if (k == 0 && m->rope_long.inv_freq && n_ctx > m->hp.n_ctx_orig)
+        return &m->rope_long;
+    return &m->rope[k];
 }
 
 const struct gguf_file *model_gguf(const struct model *m)

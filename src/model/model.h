@@ -100,6 +100,10 @@ struct model_ctx;
 enum ar_status model_ctx_create(const struct model *m, int n_batch_max, struct ar_pool *pool,
                                 struct model_ctx **out);
 void model_ctx_destroy(struct model_ctx *ctx);
+/* The context length the caller runs sequences up to (its KV capacity per sequence). Only
+ * LongRoPE models (phi3) depend on it: beyond their original_context_length they use the
+ * long rope factors, as llama.cpp does. Unset (0): the short factors. */
+void model_ctx_set_n_ctx(struct model_ctx *ctx, int64_t n_ctx);
 
 /* Runs the batch: writes K/V of every row into its sequence's blocks (which must already be
  * reserved to cover the position), attends causally within each sequence, and writes

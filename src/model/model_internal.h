@@ -80,6 +80,9 @@ struct model {
     struct model_layer *layers; /* owned, (n_layers) */
     struct model_rope rope[2];  /* [0] global layers, [1] sliding-window layers (gemma3) */
     int n_rope;                 /* 1 or 2 */
+    /* LongRoPE (phi3): rope[0] carries the short factors; this one the long factors, used
+     * instead when the context exceeds n_ctx_orig (inv_freq NULL when the file has none) */
+    struct model_rope rope_long;
     uint64_t weight_bytes;
     uint64_t active_weight_bytes;
 };
@@ -90,9 +93,13 @@ struct kernel_ops;
 void model_act_mul(const struct kernel_ops *ops, enum model_act act, int n, float *out,
                    const float *gate, const float *up);
 
-/* The (cos, sin) pairs of rope k at position pos into cs (rope_dim floats): angle
+/* Rope k (0 global, 1 sliding-window layers) for a context of n_ctx tokens: LongRoPE's long
+ * factors replace the short ones beyond original_context_length, as llama.cpp chooses by its
+ * context size. */
+const struct model_rope *model_rope_for(const struct model *m, int k, int64_t n_ctx);
+/* The (cos, sin) pairs of rope r at position pos into cs (rope_dim floats): angle
  * pos * inv_freq[i] in double, both multiplied by the rope's mscale. */
-void model_rope_table(const struct model *m, int k, int32_t pos, float *cs);
+void model_rope_table(const struct model *m, const struct model_rope *r, int32_t pos, float *cs);
 /* Rotates the first rope_dim dims of n_heads heads of x (head_dim apart) by cs: NEOX pairs
  * (i, i + rope_dim/2), else adjacent pairs; the other dims stay. */
 void model_rope_rotate(float *x, int n_heads, int head_dim, int rope_dim, bool neox,

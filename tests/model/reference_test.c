@@ -13,6 +13,7 @@
 #include "base/pool.h"
 #include "kv/kv.h"
 #include "model/model.h"
+#include "model/model_internal.h" /* model_rope_for, model_rope_table */
 
 #define PATH_LEN 512
 #define MAX_MODELS 64
@@ -271,11 +272,77 @@ static void reference_rejects_bad_arguments(void **state)
     model_destroy(m);
 }
 
+/* Last-position logits of toks through the fast pass at context n_ctx (one thread). */
+static void fast_last(struct model *m, const int32_t *toks, int n, int64_t n_ctx, float *out)
+{
+    struct model_ctx *ctx;
+    struct kv_params kp;
+    struct kv_cache *kv = NULL;
+    struct kv_seq s;
+    int32_t pos[16], seq[16] = {0};
+    struct kv_seq *sp = &s;
+    assert_true(n <= 16);
+    for (int i = 0; i < n; i++)
+        pos[i] = i;
+    assert_int_equal(model_ctx_create(m, n, NULL, &ctx), AR_OK);
+    model_ctx_set_n_ctx(ctx, n_ctx);
+    model_kv_params(m, 16, 1, AR_TYPE_F32, &kp);
+    assert_int_equal(kv_create(&kp, &kv), AR_OK);
+    kv_seq_init(&s);
+    assert_int_equal(kv_seq_reserve(kv, &s, n), AR_OK);
+    struct model_batch b = {.n_tokens = n, .tokens = toks, .pos = pos, .seq = seq, .n_seqs = 1};
+    assert_int_equal(model_forward(ctx, kv, &sp, &b, out), AR_OK);
+    kv_seq_fini(kv, &s);
+    kv_destroy(kv);
+    model_ctx_destroy(ctx);
+}
+
+/* Phi-3/Phi-4 LongRoPE: within original_context_length (4096) the short factors, beyond it the
+ * long ones (llama.cpp's choice by context size), each angle p * base^(-2i/n_rot) / factor_i
+ * with cos and sin scaled by attn_factor; the factors are read here straight from the file. */
+static void phi3_switches_to_long_rope_factors_beyond_the_original_context(void **state)
+{
+    struct fx x = {"fixtures-arch", "tiny-phi3-f32"};
+    struct model *m = load(&x);
+    const struct model_hparams *hp = model_hparams(m);
+    const struct gguf_tensor *tl = gguf_find_tensor(model_gguf(m), "rope_factors_long.weight");
+    const struct gguf_tensor *ts = gguf_find_tensor(model_gguf(m), "rope_factors_short.weight");
+    int32_t toks[8] = {5, 17, 300, 41, 9, 700, 2, 88};
+    int n_vocab = hp->n_vocab;
+    float *a = malloc(sizeof(float) * (size_t)n_vocab), *b = malloc(sizeof(float) * (size_t)n_vocab),
+          *c = malloc(sizeof(float) * (size_t)n_vocab), cs[256];
+    (void)state;
+    assert_true(a && b && c && tl && ts);
+    assert_int_equal(hp->n_ctx_orig, 4096);
+    assert_int_equal(hp->rope_dim, 48);
+    for (int ctx_i = 0; ctx_i < 2; ctx_i++) {
+        int64_t n_ctx = ctx_i ? 8192 : 4096;
+        const float *ff = (const float *)(ctx_i ? tl : ts)->data;
+        int32_t p = 77;
+        model_rope_table(m, model_rope_for(m, 0, n_ctx), p, cs);
+        for (int i = 0; i < hp->rope_dim / 2; i++) {
+            double th = p * pow((double)hp->rope_freq_base, -2.0 * i / hp->rope_dim) / (double)ff[i];
+            assert_true(fabs((double)cs[2 * i] - cos(th) * (double)hp->rope_attn_factor) < 1e-5);
+            assert_true(fabs((double)cs[2 * i + 1] - sin(th) * (double)hp->rope_attn_factor) < 1e-5);
+        }
+    }
+    fast_last(m, toks, 8, 0, a);    /* unset: short */
+    fast_last(m, toks, 8, 4096, b); /* at the limit: still short */
+    fast_last(m, toks, 8, 8192, c); /* beyond: long */
+    assert_memory_equal(a, b, sizeof(float) * (size_t)n_vocab);
+    assert_true(max_abs_diff(a, c, (size_t)n_vocab) > 0.01);
+    free(a);
+    free(b);
+    free(c);
+    model_destroy(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(every_model_fast_pass_follows_the_reference),
         cmocka_unit_test(reference_rejects_bad_arguments),
+        cmocka_unit_test(phi3_switches_to_long_rope_factors_beyond_the_original_context),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
