@@ -551,15 +551,29 @@ static enum ar_status load_ropes(struct model *m, struct ar_err *err)
 
 enum ar_status model_load(const char *path, struct model **out, struct ar_err *err)
 {
+    struct gguf_file *f;
     enum ar_status st;
-    struct model *m;
     if (!path || !out)
         return ar_err_set(err, AR_EINVAL, 0, "model_load: NULL argument");
+    if ((st = gguf_open(path, &f, err)) != AR_OK)
+        return st;
+    return model_load_gguf(f, out, err);
+}
+
+enum ar_status model_load_gguf(struct gguf_file *f, struct model **out, struct ar_err *err)
+{
+    enum ar_status st;
+    struct model *m;
+    if (!f || !out) {
+        gguf_close(f);
+        return ar_err_set(err, AR_EINVAL, 0, "model_load_gguf: NULL argument");
+    }
     m = ar_calloc(1, sizeof(*m));
-    if (!m)
+    if (!m) {
+        gguf_close(f);
         return ar_err_set(err, AR_ENOMEM, 0, "out of memory");
-    if ((st = gguf_open(path, &m->file, err)) != AR_OK)
-        goto fail;
+    }
+    m->file = f;
     if ((st = read_hparams(m->file, &m->hp, &m->desc, err)) != AR_OK)
         goto fail;
     if ((st = load_tensors(m, err)) != AR_OK)

@@ -64,6 +64,9 @@ struct model;
 /* Opens and validates a GGUF model; the caller owns *out (model_destroy). Weights stay
  * mmapped and are never copied. */
 enum ar_status model_load(const char *path, struct model **out, struct ar_err *err);
+/* The same over an opened file, which the model then owns (closed by model_destroy, or here
+ * on failure). */
+enum ar_status model_load_gguf(struct gguf_file *f, struct model **out, struct ar_err *err);
 void model_destroy(struct model *m);
 const struct model_hparams *model_hparams(const struct model *m);
 /* The underlying file (for the tokenizer, inspect ...): borrowed, valid until destroy. */
