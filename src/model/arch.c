@@ -124,13 +124,13 @@ void model_moe_route(const struct kernel_ops *ops, const struct model_hparams *h
         w[j] /= sum;
 }
 
-void model_moe_combine(const struct model_hparams *hp, const float *outs, const float *w,
+void model_moe_combine(const struct model_hparams *hp, const float *const *outs, const float *w,
                        float *out)
 {
     for (int i = 0; i < hp->n_embd; i++) {
         float acc = 0.0f;
         for (int j = 0; j < hp->n_expert_used; j++)
-            acc += w[j] * outs[(size_t)j * (size_t)hp->n_embd + i];
+            acc += w[j] * outs[j][i];
         out[i] = acc;
     }
 }

@@ -30,11 +30,16 @@
 #define MM_TILE_COLS 64
 #define MM_MAX_MATS 3
 
-/* One matmul of a stage: out[j * ldy + i] = dot(w row i, input row j). */
+/* One matmul of a stage: out[j * ldy + i] = dot(w row i, input row j). Its input rows are
+ * the stage's (x NULL: c->mm_x, c->n_rows of them) or its own (x: n_cols rows, x_row bytes
+ * apart, already in w's activation type). */
 struct mm_item {
     const struct model_mat *w;
     float *out;
     size_t ldy;
+    const void *x;
+    size_t x_row;
+    int n_cols;
 };
 
 struct model_ctx {
@@ -64,16 +69,21 @@ struct model_ctx {
     int64_t score_cap;
     int32_t *out_rows; /* owned, (n_batch_max): batch row of each logits row */
     /* mixture of experts (see run_moe) */
-    float *moe_logits;  /* owned, (n_batch_max, n_expert): router output, then probabilities */
-    int32_t *moe_sel;   /* owned, (n_batch_max, n_expert_used): chosen experts, best first */
-    float *moe_w;       /* owned, (n_batch_max, n_expert_used): their renormalized weights */
-    int32_t *moe_rows;  /* owned, (n_batch_max): rows routed to the expert being run */
-    float *moe_in;      /* owned, (n_batch_max, n_embd): those rows' normed input, gathered */
-    float *moe_gate;    /* owned, (n_batch_max, n_ff_exp) */
-    float *moe_up;      /* owned, (n_batch_max, n_ff_exp) */
-    float *moe_hid;     /* owned, (n_batch_max, n_ff_exp) */
-    float *moe_down;    /* owned, (n_batch_max, n_embd): the expert's output rows */
-    float *moe_out;     /* owned, (n_batch_max, n_expert_used, n_embd): per row and slot */
+    /* A "pair" is (row, slot): row r's slot-th chosen expert; pairs are sorted by expert so
+     * each expert's input rows lie together. P = n_batch_max * n_expert_used pairs at most. */
+    float *moe_logits;   /* owned, (n_batch_max, n_expert): router output, then probabilities */
+    int32_t *moe_sel;    /* owned, (P): chosen experts, each row's best first */
+    float *moe_w;        /* owned, (P): their renormalized weights */
+    int32_t *moe_order;  /* owned, (P): sorted position -> pair r * n_expert_used + slot */
+    int32_t *moe_pos;    /* owned, (P): pair -> sorted position */
+    int32_t *moe_start;  /* owned, (n_expert + 1): each expert's first sorted position */
+    struct mm_item *moe_items; /* owned, (2 * n_expert) */
+    uint8_t *moe_act;    /* owned, (P, act_row): gate/up inputs, then down inputs */
+    uint8_t *moe_act_up; /* owned, (P, act_row): up's inputs when its type differs from gate's */
+    float *moe_gate;     /* owned, (P, n_ff_exp) */
+    float *moe_up;       /* owned, (P, n_ff_exp) */
+    float *moe_down;     /* owned, (P, n_embd): each pair's expert output */
+    int moe_pairs;       /* pairs of the running step */
 
     /* What act holds now: rows of `act_src` converted to act_type (NULL: nothing). */
     const float *act_src;
@@ -95,8 +105,11 @@ struct model_ctx {
     int64_t conv_n;         /* elements per row */
     enum ar_type conv_type; /* AR_TYPE_F32: no conversion */
     /* matmul stage */
-    struct mm_item mm[MM_MAX_MATS];
+    const struct mm_item *mm; /* (n_mm) borrowed from the caller for the stage */
     int n_mm;
+    int64_t *mm_units; /* owned, (max items + 1): first work unit of each item (mm_plan) */
+    int64_t *mm_call;  /* owned, (max items): weight rows per unit of each item */
+    int mm_max;        /* items a stage may hold */
     const void *mm_x; /* input rows */
     size_t mm_x_row;  /* bytes between input rows */
     /* small batches: each thread makes its own copy of the matmul input (no extra stage) */
@@ -212,19 +225,29 @@ enum ar_status model_ctx_create(const struct model *m, int n_batch_max, struct a
         goto fail;
     if (!(c->out_rows = ar_malloc((size_t)n_batch_max * sizeof(*c->out_rows))))
         goto fail;
-    if (hp->n_expert > 0 &&
-        (alloc_rows(&c->moe_logits, n_batch_max, hp->n_expert) ||
-         alloc_rows(&c->moe_w, n_batch_max, hp->n_expert_used) ||
-         alloc_rows(&c->moe_in, n_batch_max, hp->n_embd) ||
-         alloc_rows(&c->moe_gate, n_batch_max, hp->n_ff_exp) ||
-         alloc_rows(&c->moe_up, n_batch_max, hp->n_ff_exp) ||
-         alloc_rows(&c->moe_hid, n_batch_max, hp->n_ff_exp) ||
-         alloc_rows(&c->moe_down, n_batch_max, hp->n_embd) ||
-         alloc_rows(&c->moe_out, n_batch_max, (int64_t)hp->n_expert_used * hp->n_embd) ||
-         !(c->moe_sel = ar_malloc((size_t)n_batch_max * (size_t)hp->n_expert_used *
-                                  sizeof(*c->moe_sel))) ||
-         !(c->moe_rows = ar_malloc((size_t)n_batch_max * sizeof(*c->moe_rows)))))
+    c->mm_max = AR_MAX(MM_MAX_MATS, 2 * hp->n_expert);
+    if (!(c->mm_units = ar_malloc((size_t)(c->mm_max + 1) * sizeof(*c->mm_units))) ||
+        !(c->mm_call = ar_malloc((size_t)c->mm_max * sizeof(*c->mm_call))))
         goto fail;
+    if (hp->n_expert > 0) {
+        int64_t pairs = (int64_t)n_batch_max * hp->n_expert_used;
+        if (alloc_rows(&c->moe_logits, n_batch_max, hp->n_expert) ||
+            alloc_rows(&c->moe_w, n_batch_max, hp->n_expert_used) ||
+            alloc_rows(&c->moe_gate, (int)pairs, hp->n_ff_exp) ||
+            alloc_rows(&c->moe_up, (int)pairs, hp->n_ff_exp) ||
+            alloc_rows(&c->moe_down, (int)pairs, hp->n_embd) ||
+            !(c->moe_sel = ar_malloc((size_t)pairs * sizeof(*c->moe_sel))) ||
+            !(c->moe_order = ar_malloc((size_t)pairs * sizeof(*c->moe_order))) ||
+            !(c->moe_pos = ar_malloc((size_t)pairs * sizeof(*c->moe_pos))) ||
+            !(c->moe_start = ar_malloc((size_t)(hp->n_expert + 1) * sizeof(*c->moe_start))) ||
+            !(c->moe_items = ar_calloc((size_t)(2 * hp->n_expert), sizeof(*c->moe_items))) ||
+            ar_mul_overflow_u64((uint64_t)pairs, AR_MAX(c->act_row, 4 * (size_t)hp->n_ff_exp +
+                                                                       4 * (size_t)hp->n_embd),
+                                &bytes) ||
+            bytes > SIZE_MAX || !(c->moe_act = ar_malloc_aligned((size_t)bytes)) ||
+            !(c->moe_act_up = ar_malloc_aligned((size_t)bytes)))
+            goto fail;
+    }
     c->tmp_width = AR_MAX(AR_MAX(hp->n_embd, hp->n_ff), n_q);
     if (ar_mul_overflow_u64((uint64_t)c->nth * SMALL_ROWS, AR_MAX(c->act_row, 1), &bytes) ||
         bytes > SIZE_MAX || !(c->act_th = ar_malloc_aligned((size_t)bytes)))
@@ -276,16 +299,20 @@ void model_ctx_destroy(struct model_ctx *c)
     ar_free_aligned(c->act);
     ar_free_aligned(c->scores);
     ar_free(c->out_rows);
+    ar_free(c->mm_units);
+    ar_free(c->mm_call);
     ar_free_aligned(c->moe_logits);
     ar_free_aligned(c->moe_w);
-    ar_free_aligned(c->moe_in);
     ar_free_aligned(c->moe_gate);
     ar_free_aligned(c->moe_up);
-    ar_free_aligned(c->moe_hid);
     ar_free_aligned(c->moe_down);
-    ar_free_aligned(c->moe_out);
+    ar_free_aligned(c->moe_act);
+    ar_free_aligned(c->moe_act_up);
     ar_free(c->moe_sel);
-    ar_free(c->moe_rows);
+    ar_free(c->moe_order);
+    ar_free(c->moe_pos);
+    ar_free(c->moe_start);
+    ar_free(c->moe_items);
     ar_free_aligned(c->act_th);
     ar_free_aligned(c->tmp_th);
     ar_free_aligned(c->ph_seg);
@@ -598,12 +625,10 @@ static void stage_matmul(void *arg, int ith, int nth)
             mm_x_row = c->act_row;
         }
     }
-    /* work units: blocks of mm_call_rows weight rows, numbered across the stage's matrices */
-    int64_t units[MM_MAX_MATS + 1] = {0}, u0, u1, call[MM_MAX_MATS];
-    for (int k = 0; k < c->n_mm; k++) {
-        call[k] = mm_call_rows(c->mm[k].w, n_cols, c->nth);
-        units[k + 1] = units[k] + (c->mm[k].w->n_out + call[k] - 1) / call[k];
-    }
+    /* work units: blocks of mm_call rows weight rows, numbered across the stage's matrices
+     * (mm_plan) */
+    const int64_t *units = c->mm_units, *call = c->mm_call;
+    int64_t u0, u1;
     while (claim(c, units[c->n_mm], 1, &u0, &u1)) {
         int k = 0;
         while (u0 >= units[k + 1])
@@ -613,13 +638,32 @@ static void stage_matmul(void *arg, int ith, int nth)
         int64_t i = (u0 - units[k]) * call[k];
         int nr = (int)AR_MIN(call[k], w->n_out - i);
         const uint8_t *wr = (const uint8_t *)w->data + (size_t)i * w->row_size;
-        for (int j = 0; j < n_cols; j += MM_TILE_COLS) {
-            int nc = AR_MIN(MM_TILE_COLS, n_cols - j);
+        const void *x = it->x ? it->x : mm_x;
+        size_t x_row = it->x ? it->x_row : mm_x_row;
+        int cols = it->x ? it->n_cols : n_cols;
+        for (int j = 0; j < cols; j += MM_TILE_COLS) {
+            int nc = AR_MIN(MM_TILE_COLS, cols - j);
             c->ops->gemm[w->type]((int)w->n_in, nr, nc, wr, w->row_size,
-                                  (const uint8_t *)mm_x + (size_t)j * mm_x_row, mm_x_row,
+                                  (const uint8_t *)x + (size_t)j * x_row, x_row,
                                   it->out + (size_t)j * it->ldy + i, it->ldy);
         }
     }
+}
+
+/* Runs the n items (at most mm_max) as one matmul stage: numbers their work units. */
+static void run_mm_stage(struct model_ctx *c, const struct mm_item *items, int n)
+{
+    assert(n <= c->mm_max);
+    c->mm = items;
+    c->n_mm = n;
+    c->mm_units[0] = 0;
+    for (int k = 0; k < n; k++) {
+        int cols = items[k].x ? items[k].n_cols : c->n_rows;
+        c->mm_call[k] = mm_call_rows(items[k].w, cols, c->nth);
+        c->mm_units[k + 1] =
+            c->mm_units[k] + (items[k].w->n_out + c->mm_call[k] - 1) / c->mm_call[k];
+    }
+    run_stage(c, stage_matmul);
 }
 
 /* Sets the conversion fields for input rows src (n elements each) to type t. */
@@ -665,59 +709,133 @@ static void run_matmuls(struct model_ctx *c, const float *in, const struct mm_it
             c->mm_x = c->act;
             c->mm_x_row = c->act_row; /* converted rows sit act_row bytes apart */
         }
-        c->n_mm = e - k;
-        for (int i = 0; i < c->n_mm; i++)
-            c->mm[i] = items[k + i];
-        run_stage(c, stage_matmul);
+        run_mm_stage(c, items + k, e - k);
         c->mm_pre = MM_PRE_NONE;
         k = e;
     }
 }
 
+/* Sorted pairs [p0, p1): hid = act(gate) * up, converted for the down projection into
+ * moe_act (the gate/up inputs there are spent). */
+static void stage_moe_act(void *arg, int ith, int nth)
+{
+    struct model_ctx *c = arg;
+    const struct model_hparams *hp = &c->m->hp;
+    int64_t n = hp->n_ff_exp, p0, p1;
+    enum ar_type vt = c->conv_type;
+    size_t row = vt == AR_TYPE_F32 ? (size_t)n * sizeof(float) : c->act_row;
+    (void)ith, (void)nth;
+    while (claim(c, c->moe_pairs, AR_MAX(1, c->moe_pairs / (4 * c->nth)), &p0, &p1)) {
+        for (int64_t p = p0; p < p1; p++) {
+            float *g = c->moe_gate + p * n; /* act(gate) * up in place of gate */
+            model_act_mul(c->ops, hp->act, (int)n, g, g, c->moe_up + p * n);
+            if (vt == AR_TYPE_F32)
+                memcpy(c->moe_act + (size_t)p * row, g, (size_t)n * sizeof(float));
+            else
+                c->ops->from_float[vt](g, c->moe_act + (size_t)p * row, n);
+        }
+    }
+}
+
+/* Copies row r of xn, as type vt (from act when converted), to sorted position p of dst. */
+static void moe_gather(struct model_ctx *c, uint8_t *dst, enum ar_type vt, int r, int p)
+{
+    int64_t n = c->m->hp.n_embd;
+    if (vt == AR_TYPE_F32)
+        memcpy(dst + (size_t)p * (size_t)n * sizeof(float), c->xn + r * n,
+               (size_t)n * sizeof(float));
+    else
+        memcpy(dst + (size_t)p * c->act_row, c->act + (size_t)r * c->act_row, c->act_row);
+}
+
 /* proj[r] = sum over row r's chosen experts j (best first) of w[r, j] * down_j(act(gate_j
- * xn[r]) * up_j xn[r]). Rows are grouped by expert, so each chosen expert's matrices are
- * read once per batch, not once per row; the sum runs in the same order for every row
- * whatever the grouping, so a row's result does not depend on the rest of the batch. */
+ * xn[r]) * up_j xn[r]). The step's (row, expert) pairs are sorted by expert, so each chosen
+ * expert's matrices are read once per step, not once per row, and all experts run in one
+ * stage for gate/up and one for down. The sum runs in the same order for every row whatever
+ * the grouping, so a row's result does not depend on the rest of the batch. */
 static void run_moe(struct model_ctx *c, const struct model_layer *L)
 {
     const struct model_hparams *hp = &c->m->hp;
-    int n_rows = c->n_rows, ne = hp->n_expert, k = hp->n_expert_used;
+    int n_rows = c->n_rows, ne = hp->n_expert, k = hp->n_expert_used, n_items = 0;
+    int n_pairs = n_rows * k;
     int64_t n_embd = hp->n_embd, n_ff = hp->n_ff_exp;
-    struct mm_item route = {&L->router, c->moe_logits, (size_t)ne};
+    enum ar_type vt_g = L->exp_gate[0].vec_type, vt_u = L->exp_up[0].vec_type;
+    enum ar_type vt_d = L->exp_down[0].vec_type;
+    struct mm_item route = {.w = &L->router, .out = c->moe_logits, .ldy = (size_t)ne};
+    const float *outs[MODEL_MAX_EXPERTS_USED];
+
     run_matmuls(c, c->xn, &route, 1);
     for (int r = 0; r < n_rows; r++)
         model_moe_route(c->ops, hp, c->moe_logits + (size_t)r * ne, c->moe_sel + (size_t)r * k,
                         c->moe_w + (size_t)r * k);
+    /* counting sort of the pairs by expert (stable: within an expert, by row) */
+    memset(c->moe_start, 0, (size_t)(ne + 1) * sizeof(*c->moe_start));
+    for (int i = 0; i < n_pairs; i++)
+        c->moe_start[c->moe_sel[i] + 1]++;
+    for (int e = 0; e < ne; e++)
+        c->moe_start[e + 1] += c->moe_start[e];
+    for (int i = 0; i < n_pairs; i++) {
+        int p = c->moe_start[c->moe_sel[i]]++; /* advances to the expert's end */
+        c->moe_order[p] = i;
+        c->moe_pos[i] = p;
+    }
+    for (int e = ne; e > 0; e--) /* back to each expert's start */
+        c->moe_start[e] = c->moe_start[e - 1];
+    c->moe_start[0] = 0;
+
+    /* gate/up inputs: each pair's row of xn in the experts' activation type(s) */
+    if (vt_g != AR_TYPE_F32 || vt_u != AR_TYPE_F32) {
+        enum ar_type vt = vt_g != AR_TYPE_F32 ? vt_g : vt_u;
+        set_conv(c, c->xn, n_embd, vt);
+        run_stage(c, stage_convert);
+        note_act(c, c->xn, vt);
+    }
+    for (int p = 0; p < n_pairs; p++)
+        moe_gather(c, c->moe_act, vt_g, c->moe_order[p] / k, p);
+    if (vt_u != vt_g) {
+        if (vt_g != AR_TYPE_F32 && vt_u != AR_TYPE_F32) {
+            set_conv(c, c->xn, n_embd, vt_u);
+            run_stage(c, stage_convert);
+            note_act(c, c->xn, vt_u);
+        }
+        for (int p = 0; p < n_pairs; p++)
+            moe_gather(c, c->moe_act_up, vt_u, c->moe_order[p] / k, p);
+    }
     for (int e = 0; e < ne; e++) {
-        struct mm_item gu[2] = {{&L->exp_gate[e], c->moe_gate, (size_t)n_ff},
-                                {&L->exp_up[e], c->moe_up, (size_t)n_ff}};
-        struct mm_item down = {&L->exp_down[e], c->moe_down, (size_t)n_embd};
-        int cnt = 0;
-        for (int i = 0; i < n_rows * k; i++)
-            if (c->moe_sel[i] == e)
-                c->moe_rows[cnt++] = i; /* row i / k, slot i % k */
+        int p0 = c->moe_start[e], cnt = c->moe_start[e + 1] - p0;
+        size_t rg = vt_g == AR_TYPE_F32 ? (size_t)n_embd * 4 : c->act_row;
+        size_t ru = vt_u == AR_TYPE_F32 ? (size_t)n_embd * 4 : c->act_row;
+        const uint8_t *xu = vt_u == vt_g ? c->moe_act : c->moe_act_up;
         if (cnt == 0)
             continue;
-        for (int i = 0; i < cnt; i++)
-            memcpy(c->moe_in + i * n_embd, c->xn + (c->moe_rows[i] / k) * n_embd,
-                   (size_t)n_embd * sizeof(float));
-        c->n_rows = cnt;
-        c->act_src = NULL;
-        run_matmuls(c, c->moe_in, gu, 2);
-        for (int i = 0; i < cnt; i++)
-            model_act_mul(c->ops, hp->act, (int)n_ff, c->moe_hid + i * n_ff,
-                          c->moe_gate + i * n_ff, c->moe_up + i * n_ff);
-        c->act_src = NULL;
-        run_matmuls(c, c->moe_hid, &down, 1);
-        for (int i = 0; i < cnt; i++)
-            memcpy(c->moe_out + (size_t)c->moe_rows[i] * (size_t)n_embd,
-                   c->moe_down + i * n_embd, (size_t)n_embd * sizeof(float));
+        c->moe_items[n_items++] = (struct mm_item){&L->exp_gate[e], c->moe_gate + p0 * n_ff,
+                                                   (size_t)n_ff, c->moe_act + p0 * rg, rg, cnt};
+        c->moe_items[n_items++] = (struct mm_item){&L->exp_up[e], c->moe_up + p0 * n_ff,
+                                                   (size_t)n_ff, xu + p0 * ru, ru, cnt};
     }
-    c->n_rows = n_rows;
+    run_mm_stage(c, c->moe_items, n_items);
+
+    /* act(gate) * up, as the down projections' input */
+    c->moe_pairs = n_pairs;
+    set_conv(c, NULL, n_ff, vt_d);
+    run_stage(c, stage_moe_act);
     c->act_src = NULL;
-    for (int r = 0; r < n_rows; r++)
-        model_moe_combine(hp, c->moe_out + (size_t)r * k * n_embd, c->moe_w + (size_t)r * k,
-                          c->proj + r * n_embd);
+    n_items = 0;
+    for (int e = 0; e < ne; e++) {
+        int p0 = c->moe_start[e], cnt = c->moe_start[e + 1] - p0;
+        size_t rd = vt_d == AR_TYPE_F32 ? (size_t)n_ff * 4 : c->act_row;
+        if (cnt == 0)
+            continue;
+        c->moe_items[n_items++] = (struct mm_item){&L->exp_down[e], c->moe_down + p0 * n_embd,
+                                                   (size_t)n_embd, c->moe_act + p0 * rd, rd, cnt};
+    }
+    run_mm_stage(c, c->moe_items, n_items);
+
+    for (int r = 0; r < n_rows; r++) {
+        for (int j = 0; j < k; j++)
+            outs[j] = c->moe_down + (size_t)c->moe_pos[r * k + j] * (size_t)n_embd;
+        model_moe_combine(hp, outs, c->moe_w + (size_t)r * k, c->proj + r * n_embd);
+    }
 }
 
 /* Moves the residual and attention rows listed in out_rows (ascending) to the front and
@@ -761,24 +879,24 @@ static int ph_mats(const struct model_ctx *c, int p, struct mm_item *it)
     int l = p / PH_PER_LAYER;
     const struct model_layer *L = &m->layers[AR_MIN(l, hp->n_layers - 1)];
     if (l == hp->n_layers) {
-        it[0] = (struct mm_item){&m->output, c->logits, (size_t)hp->n_vocab};
+        it[0] = (struct mm_item){.w = &m->output, .out = c->logits, .ldy = (size_t)hp->n_vocab};
         return 1;
     }
     switch (p % PH_PER_LAYER) {
     case PH_QKV:
-        it[0] = (struct mm_item){&L->wq, c->q, (size_t)L->wq.n_out};
-        it[1] = (struct mm_item){&L->wk, c->k, (size_t)L->wk.n_out};
-        it[2] = (struct mm_item){&L->wv, c->v, (size_t)L->wv.n_out};
+        it[0] = (struct mm_item){.w = &L->wq, .out = c->q, .ldy = (size_t)L->wq.n_out};
+        it[1] = (struct mm_item){.w = &L->wk, .out = c->k, .ldy = (size_t)L->wk.n_out};
+        it[2] = (struct mm_item){.w = &L->wv, .out = c->v, .ldy = (size_t)L->wv.n_out};
         return 3;
     case PH_WO:
-        it[0] = (struct mm_item){&L->wo, c->proj, (size_t)hp->n_embd};
+        it[0] = (struct mm_item){.w = &L->wo, .out = c->proj, .ldy = (size_t)hp->n_embd};
         return 1;
     case PH_GU:
-        it[0] = (struct mm_item){&L->wgate, c->gate, (size_t)hp->n_ff};
-        it[1] = (struct mm_item){&L->wup, c->up, (size_t)hp->n_ff};
+        it[0] = (struct mm_item){.w = &L->wgate, .out = c->gate, .ldy = (size_t)hp->n_ff};
+        it[1] = (struct mm_item){.w = &L->wup, .out = c->up, .ldy = (size_t)hp->n_ff};
         return 2;
     case PH_DOWN:
-        it[0] = (struct mm_item){&L->wdown, c->proj, (size_t)hp->n_embd};
+        it[0] = (struct mm_item){.w = &L->wdown, .out = c->proj, .ldy = (size_t)hp->n_embd};
         return 1;
     default:
         return 0;
@@ -1081,13 +1199,13 @@ enum ar_status model_forward(struct model_ctx *c, struct kv_cache *kv, struct kv
     run_stage(c, stage_embed);
     for (int l = 0; l < hp->n_layers; l++) {
         const struct model_layer *L = &m->layers[l];
-        struct mm_item qkv[3] = {{&L->wq, c->q, (size_t)L->wq.n_out},
-                                 {&L->wk, c->k, (size_t)L->wk.n_out},
-                                 {&L->wv, c->v, (size_t)L->wv.n_out}};
-        struct mm_item o = {&L->wo, c->proj, (size_t)hp->n_embd};
-        struct mm_item gu[2] = {{&L->wgate, c->gate, (size_t)hp->n_ff},
-                                {&L->wup, c->up, (size_t)hp->n_ff}};
-        struct mm_item d = {&L->wdown, c->proj, (size_t)hp->n_embd};
+        struct mm_item qkv[3] = {{.w = &L->wq, .out = c->q, .ldy = (size_t)L->wq.n_out},
+                                 {.w = &L->wk, .out = c->k, .ldy = (size_t)L->wk.n_out},
+                                 {.w = &L->wv, .out = c->v, .ldy = (size_t)L->wv.n_out}};
+        struct mm_item o = {.w = &L->wo, .out = c->proj, .ldy = (size_t)hp->n_embd};
+        struct mm_item gu[2] = {{.w = &L->wgate, .out = c->gate, .ldy = (size_t)hp->n_ff},
+                                {.w = &L->wup, .out = c->up, .ldy = (size_t)hp->n_ff}};
+        struct mm_item d = {.w = &L->wdown, .out = c->proj, .ldy = (size_t)hp->n_embd};
         c->layer = l;
 
         /* attention block: x += Wo · attn(rmsnorm(x) * attn_norm) */
@@ -1130,9 +1248,7 @@ enum ar_status model_forward(struct model_ctx *c, struct kv_cache *kv, struct kv
             /* silu and its conversion inside the down projection's stage, per thread */
             set_conv(c, c->gate, hp->n_ff, L->wdown.vec_type);
             c->mm_pre = MM_PRE_SILU;
-            c->n_mm = 1;
-            c->mm[0] = d;
-            run_stage(c, stage_matmul);
+            run_mm_stage(c, &d, 1);
             c->mm_pre = MM_PRE_NONE;
             c->act_src = NULL;
         } else {
@@ -1144,7 +1260,7 @@ enum ar_status model_forward(struct model_ctx *c, struct kv_cache *kv, struct kv
 
     /* final norm and output matrix over the rows that want logits (now rows 0..n_out-1) */
     if (n_out > 0) {
-        struct mm_item out = {&m->output, logits, (size_t)hp->n_vocab};
+        struct mm_item out = {.w = &m->output, .out = logits, .ldy = (size_t)hp->n_vocab};
         assert(c->n_rows == n_out);
         c->norm_w = m->output_norm;
         c->norm_add = true;

@@ -117,8 +117,10 @@ static enum ar_status read_arch_extras(const struct gguf_file *f, const struct m
     if (d->moe) {
         if ((st = read_int(f, arch, "expert_count", true, 0, 1, 4096, &hp->n_expert, err)) !=
                 AR_OK ||
-            (st = read_int(f, arch, "expert_used_count", true, 0, 1, hp->n_expert,
-                           &hp->n_expert_used, err)) != AR_OK ||
+            /* real models use 2..8 experts a token; both passes keep them on the stack */
+            (st = read_int(f, arch, "expert_used_count", true, 0, 1,
+                           AR_MIN(hp->n_expert, MODEL_MAX_EXPERTS_USED), &hp->n_expert_used,
+                           err)) != AR_OK ||
             (st = read_int(f, arch, "expert_feed_forward_length", true, 0, 1, MODEL_MAX_DIM,
                            &hp->n_ff_exp, err)) != AR_OK)
             return st;

@@ -43,6 +43,9 @@ struct model_rope {
     float mscale;     /* cos and sin are multiplied by it */
 };
 
+/* Experts a token may use (the passes keep their outputs' pointers on the stack). */
+#define MODEL_MAX_EXPERTS_USED 64
+
 struct model_layer {
     const float *attn_norm; /* (n_embd) */
     const float *ffn_norm;  /* (n_embd) */
@@ -110,7 +113,7 @@ void model_rope_rotate(float *x, int n_heads, int head_dim, int rope_dim, bool n
 void model_moe_route(const struct kernel_ops *ops, const struct model_hparams *hp, float *logits,
                      int32_t *sel, float *w);
 /* out = sum_j w[j] * outs[j] over the n_expert_used expert outputs (n_embd each), j in order. */
-void model_moe_combine(const struct model_hparams *hp, const float *outs, const float *w,
+void model_moe_combine(const struct model_hparams *hp, const float *const *outs, const float *w,
                        float *out);
 
 #endif

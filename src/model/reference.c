@@ -64,14 +64,17 @@ static void ffn(const struct ref *r, const struct model_mat *gate, const struct 
 static void moe(const struct ref *r, const struct model_layer *L, const float *h, float *out)
 {
     const struct model_hparams *hp = &r->m->hp;
-    int32_t sel[64];
-    float w[64];
+    int32_t sel[MODEL_MAX_EXPERTS_USED];
+    float w[MODEL_MAX_EXPERTS_USED];
+    const float *outs[MODEL_MAX_EXPERTS_USED];
     matvec(r, &L->router, h, r->rl);
     model_moe_route(r->ops, hp, r->rl, sel, w);
-    for (int j = 0; j < hp->n_expert_used; j++)
+    for (int j = 0; j < hp->n_expert_used; j++) {
+        outs[j] = r->eo + (size_t)j * (size_t)hp->n_embd;
         ffn(r, &L->exp_gate[sel[j]], &L->exp_up[sel[j]], &L->exp_down[sel[j]], h,
             r->eo + (size_t)j * (size_t)hp->n_embd);
-    model_moe_combine(hp, r->eo, w, out);
+    }
+    model_moe_combine(hp, outs, w, out);
 }
 
 /* att (H*D) = causal attention of position p's query heads over keys/values 0..p (or the
@@ -198,7 +201,7 @@ enum ar_status model_forward_reference(const struct model *m, const int32_t *tok
     const struct model_hparams *hp;
     struct ref r;
     enum ar_status st;
-    if (!m || !tokens || !logits || n < 1 || n > (1 << 20) || m->hp.n_expert_used > 64)
+    if (!m || !tokens || !logits || n < 1 || n > (1 << 20) || m->hp.n_expert_used > MODEL_MAX_EXPERTS_USED)
         return AR_EINVAL;
     hp = &m->hp;
     for (int t = 0; t < n; t++)
