@@ -36,12 +36,13 @@ static struct tokenizer *load_shared(const char *rel)
     return load_path(th_shared_path(path, sizeof(path), rel));
 }
 
-/* Vocabulary of a fixture's "vocab" name. */
-static struct tokenizer *load_vocab(const char *name)
+/* Vocabulary of a fixture's "vocab" name; root is the fixture folder ("fixtures",
+ * "fixtures-arch") whose models/ holds the tiny models. */
+static struct tokenizer *load_vocab(const char *root, const char *name)
 {
     char rel[512];
-    if (strcmp(name, "tiny-llama") == 0 || strcmp(name, "tiny-qwen2") == 0)
-        snprintf(rel, sizeof(rel), "fixtures/models/%s-f32.gguf", name);
+    if (strncmp(name, "tiny-", 5) == 0)
+        snprintf(rel, sizeof(rel), "%s/models/%s-f32.gguf", root, name);
     else
         snprintf(rel, sizeof(rel), "fixtures/tokenizer/vocabs/ggml-vocab-%s.gguf", name);
     return load_shared(rel);
@@ -124,7 +125,7 @@ static bool valid_utf8(const char *p, size_t n)
 
 /* ---- llama.cpp fixtures ------------------------------------------------------------------- */
 
-static int check_fixture_file(const char *path)
+static int check_fixture_file(const char *root, const char *path)
 {
     cJSON *arr = th_read_json(path), *e;
     struct tokenizer *tok = NULL;
@@ -148,7 +149,7 @@ static int check_fixture_file(const char *path)
         assert_non_null(detok);
         if (!tok || strcmp(vocab, v) != 0) {
             tokenizer_destroy(tok);
-            tok = load_vocab(v);
+            tok = load_vocab(root, v);
             snprintf(vocab, sizeof(vocab), "%s", v);
             assert_int_equal(tokenizer_add_bos(tok),
                              cJSON_IsTrue(cJSON_GetObjectItem(e, "add_bos")));
@@ -187,26 +188,45 @@ static int check_fixture_file(const char *path)
     return n_bad;
 }
 
-static void every_fixture_file_matches_llama_cpp_ids_and_text(void **state)
+/* Checks every tok-*.json of root/tokenizer; returns the mismatches, *n_files the files. */
+static int check_fixture_dir(const char *root, int *n_files)
 {
-    char dir[1024], path[2048];
+    char rel[256], dir[1024], path[2048];
     DIR *d;
     struct dirent *de;
-    int n_files = 0, n_bad = 0;
-    (void)state;
-    d = opendir(th_shared_path(dir, sizeof(dir), "fixtures/tokenizer"));
+    int n_bad = 0;
+    snprintf(rel, sizeof(rel), "%s/tokenizer", root);
+    d = opendir(th_shared_path(dir, sizeof(dir), rel));
     assert_non_null(d);
+    *n_files = 0;
     while ((de = readdir(d))) {
         size_t l = strlen(de->d_name);
         if (strncmp(de->d_name, "tok-", 4) != 0 || l < 9 || strcmp(de->d_name + l - 5, ".json"))
             continue;
         snprintf(path, sizeof(path), "%s/%s", dir, de->d_name);
-        n_bad += check_fixture_file(path);
-        n_files++;
+        n_bad += check_fixture_file(root, path);
+        (*n_files)++;
     }
     closedir(d);
+    return n_bad;
+}
+
+static void every_fixture_file_matches_llama_cpp_ids_and_text(void **state)
+{
+    int n_files = 0;
+    (void)state;
+    assert_int_equal(check_fixture_dir("fixtures", &n_files), 0);
     assert_true(n_files >= 6);
-    assert_int_equal(n_bad, 0);
+}
+
+/* The vocabularies of the newer families: qwen2 (Qwen3), glm4 and chatglm-bpe (GLM-4),
+ * gpt-4o (Phi-4-mini) pre-tokenizers and Gemma 3's SPM without space prefix. */
+static void family_fixture_files_match_llama_cpp_ids_and_text(void **state)
+{
+    int n_files = 0;
+    (void)state;
+    assert_int_equal(check_fixture_dir("fixtures-arch", &n_files), 0);
+    assert_true(n_files >= 5);
 }
 
 /* Inputs are each followed by "\n__ggml_vocab_test__\n"; the .out file has one line of
@@ -623,7 +643,7 @@ static void encode_time_is_linear_in_input_size(void **state)
     static const char *const vocabs[] = {"tiny-qwen2", "tiny-llama", "deepseek-llm"};
     (void)state;
     for (size_t m = 0; m < AR_ARRAY_LEN(vocabs); m++) {
-        struct tokenizer *tok = load_vocab(vocabs[m]);
+        struct tokenizer *tok = load_vocab("fixtures", vocabs[m]);
         for (int kind = m == 2 ? 2 : 0; kind < 4; kind++) { /* the big vocab: regex cases */
             size_t n1 = kind == 0 ? (1u << 20) : m == 2 ? (1u << 17) : (1u << 20);
             size_t k = kind == 0 ? 2 : 4;
@@ -670,11 +690,12 @@ static void byte_char(int b, char out[3], size_t *len)
     }
 }
 
-/* Vocabulary: id b (0..255) is the character of byte b, 256 "123", 257 "45", 258 "'M"; merge "4 5". */
+/* Vocabulary: id b (0..255) is the character of byte b, 256 "123", 257 "45", 258 "'M",
+ * 259 "oW"; merges "4 5" and "o W". */
 static struct tokenizer *synthetic_bpe(const char *pre)
 {
     static char chars[256][3];
-    struct gguf_str toks[259], merge = {"4 5", 3};
+    struct gguf_str toks[260], merges[] = {{"4 5", 3}, {"o W", 3}};
     struct gguf_writer *w = NULL;
     char dir[] = "/tmp/tokenizer_test_XXXXXX", path[64];
     struct gguf_file *f = NULL;
@@ -688,11 +709,12 @@ static struct tokenizer *synthetic_bpe(const char *pre)
     toks[256] = (struct gguf_str){"123", 3};
     toks[257] = (struct gguf_str){"45", 2};
     toks[258] = (struct gguf_str){"'M", 2};
+    toks[259] = (struct gguf_str){"oW", 2};
     assert_int_equal(gguf_writer_create(&w), AR_OK);
     assert_int_equal(gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2"), AR_OK);
     assert_int_equal(gguf_writer_set_str(w, "tokenizer.ggml.pre", pre), AR_OK);
-    assert_int_equal(gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", toks, 259), AR_OK);
-    assert_int_equal(gguf_writer_set_arr_str(w, "tokenizer.ggml.merges", &merge, 1), AR_OK);
+    assert_int_equal(gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", toks, 260), AR_OK);
+    assert_int_equal(gguf_writer_set_arr_str(w, "tokenizer.ggml.merges", merges, 2), AR_OK);
     assert_int_equal(gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", 0), AR_OK);
     assert_non_null(mkdtemp(dir));
     snprintf(path, sizeof(path), "%s/v.gguf", dir);
@@ -709,38 +731,62 @@ static struct tokenizer *synthetic_bpe(const char *pre)
 static void pre_tokenizers_split_as_their_published_patterns(void **state)
 {
     static const char text[] = "I'M 12345 x";
+    static const char text_case[] = "xoWo\xc3\xa9/\nAB";
     /* expected pieces worked out by hand from each pattern:
      * llama3: "I" "'M" " " "123" "45" " x"  (digits in threes, whole-word tokens kept)
+     * glm4:   the same pieces, but "123" and "'M" are merged from characters (no merges
+     *         ignored), and add_special adds no BOS
      * qwen2:  "I" "'" "M" " " "1" "2" "3" "4" "5" " x"  (single digits, merges applied)
-     * gpt-2:  "I" "'" "M" " 12345" " x"  (lower-case contractions only) */
+     * gpt-2:  "I" "'" "M" " 12345" " x"  (lower-case contractions only)
+     * gpt-4o: "I'M" (capitals, then the contraction) " " "123" "45" " x"
+     * On "xoWoé/\nAB" gpt-4o cuts before the capital W ("xo" "Woé" "/\n" "AB": é is a letter
+     * that counts as lower case, "/" takes the newline), so "o W" never merges; the
+     * others keep "xoWoé" whole and merge it. */
     static const int32_t want_llama3[] = {'I', 258, ' ', 256, 257, ' ', 'x'};
+    static const int32_t want_glm4[] = {'I', '\'', 'M', ' ', '1', '2', '3', 257, ' ', 'x'};
     static const int32_t want_qwen2[] = {'I', '\'', 'M', ' ', '1', '2', '3', '4', '5', ' ', 'x'};
     static const int32_t want_gpt2[] = {'I', '\'', 'M', ' ', '1', '2', '3', 257, ' ', 'x'};
+    static const int32_t want_gpt4o[] = {'I', '\'', 'M', ' ', '1', '2', '3', 257, ' ', 'x'};
+    static const int32_t case_merged[] = {'x', 259, 'o', 0xc3, 0xa9, '/', '\n', 'A', 'B'};
+    static const int32_t case_cut[] = {'x', 'o', 'W', 'o', 0xc3, 0xa9, '/', '\n', 'A', 'B'};
     static const struct {
         const char *pre;
+        const char *text;
         const int32_t *want;
         int64_t n;
     } cases[] = {
-        {"llama-bpe", want_llama3, AR_ARRAY_LEN(want_llama3)},
-        {"qwen2", want_qwen2, AR_ARRAY_LEN(want_qwen2)},
-        {"gpt-2", want_gpt2, AR_ARRAY_LEN(want_gpt2)},
+        {"llama-bpe", text, want_llama3, AR_ARRAY_LEN(want_llama3)},
+        {"glm4", text, want_glm4, AR_ARRAY_LEN(want_glm4)},
+        {"chatglm-bpe", text, want_glm4, AR_ARRAY_LEN(want_glm4)},
+        {"qwen2", text, want_qwen2, AR_ARRAY_LEN(want_qwen2)},
+        {"gpt-2", text, want_gpt2, AR_ARRAY_LEN(want_gpt2)},
+        {"gpt-4o", text, want_gpt4o, AR_ARRAY_LEN(want_gpt4o)},
+        {"llama-bpe", text_case, case_merged, AR_ARRAY_LEN(case_merged)},
+        {"glm4", text_case, case_merged, AR_ARRAY_LEN(case_merged)},
+        {"qwen2", text_case, case_merged, AR_ARRAY_LEN(case_merged)},
+        {"gpt-4o", text_case, case_cut, AR_ARRAY_LEN(case_cut)},
     };
     (void)state;
     for (size_t c = 0; c < AR_ARRAY_LEN(cases); c++) {
         struct tokenizer *tok = synthetic_bpe(cases[c].pre);
-        int64_t n;
-        int32_t *ids = encode(tok, text, strlen(text), false, false, &n);
+        const char *t = cases[c].text;
+        int64_t n, n_sp;
+        int32_t *ids = encode(tok, t, strlen(t), false, false, &n);
+        int32_t *ids_sp = encode(tok, t, strlen(t), true, false, &n_sp);
         size_t len;
         char *back = decode(tok, ids, n, false, &len);
         if (n != cases[c].n || memcmp(ids, cases[c].want, (size_t)n * sizeof(int32_t)) != 0) {
-            printf("  pre %s\n", cases[c].pre);
+            printf("  pre %s on \"%s\"\n", cases[c].pre, t);
             print_ids("want", cases[c].want, cases[c].n);
             print_ids("got", ids, n);
             fail();
         }
-        assert_string_equal(back, text);
+        /* only Llama 3's pre-tokenizer implies a BOS (id 0 here) */
+        assert_int_equal(n_sp, n + (strcmp(cases[c].pre, "llama-bpe") == 0));
+        assert_string_equal(back, t);
         ar_free(back);
         ar_free(ids);
+        ar_free(ids_sp);
         tokenizer_destroy(tok);
     }
 }
@@ -979,6 +1025,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(every_fixture_file_matches_llama_cpp_ids_and_text),
+        cmocka_unit_test(family_fixture_files_match_llama_cpp_ids_and_text),
         cmocka_unit_test(vocab_test_pairs_match_reference_ids),
         cmocka_unit_test(demo_model_recognizes_chat_tokens_only_with_parse_special),
         cmocka_unit_test(qwen2_end_tokens_are_eog_and_not_split_from_text),
