@@ -991,8 +991,21 @@ static void chat_family_is_detected_from_template_markers(void **state)
         {"[gMASK]<sop>{% for item in messages %}<|{{ item['role'] }}|>\n{{ item['content'] "
          "}}{% endfor %}",
          TOKENIZER_CHAT_GLM4, true},
-        {"{% for m in messages %}{{'<|user|>' + '\\n' + m['content'] + '<|end|>'}}{% endfor %}",
-         TOKENIZER_CHAT_CHATML, false}, /* Phi-3: not one of ours */
+        {"{% for m in messages %}{{'<|user|>' + '\\n' + m['content'] + '<|end|>'}}{% endfor %}"
+         "{{ '<|assistant|>' }}",
+         TOKENIZER_CHAT_PHI3, true},
+        {"{% for m in messages %}{{'<|user|>' + '\\n' + m['content'] + '</s>'}}{% endfor %}"
+         "{{ '<|assistant|>' }}",
+         TOKENIZER_CHAT_CHATML, false}, /* Falcon 3: not one of ours */
+        {"{{'<|im_start|>' + role + '<|im_sep|>'}}", TOKENIZER_CHAT_PHI4, true},
+        {"{{'<|im_start|>'}}{% if enable_thinking is false %}{{'<think>\\n\\n</think>'}}",
+         TOKENIZER_CHAT_QWEN3, true},
+        {"{{ bos_token }}{{'<start_of_turn>' + role}}", TOKENIZER_CHAT_GEMMA, true},
+        {"[gMASK]sop{% for m in messages %}<|{{ m.role }}|>\n {{ m.content }}{% endfor %}",
+         TOKENIZER_CHAT_CHATGLM3, true},
+        {"{% for item in messages %}<|{{ item['role'] }}|>\n{{ item['content'] }}{% endfor %}"
+         "<|assistant|>{# <|user|> #}",
+         TOKENIZER_CHAT_GLMEDGE, true},
         {"plain text template", TOKENIZER_CHAT_CHATML, false},
         {NULL, TOKENIZER_CHAT_CHATML, false},
     };
@@ -1014,11 +1027,236 @@ static void model_templates_map_to_their_families(void **state)
     (void)state;
     assert_int_equal(tokenizer_chat_family(qwen), TOKENIZER_CHAT_CHATML);
     assert_non_null(strstr(tokenizer_chat_template(qwen), "<|im_start|>"));
-    assert_int_equal(tokenizer_chat_family(phi), TOKENIZER_CHAT_CHATML); /* fallback */
+    assert_int_equal(tokenizer_chat_family(phi), TOKENIZER_CHAT_PHI3);
     assert_int_equal(tokenizer_chat_stops(TOKENIZER_CHAT_LLAMA3, &stops), 1);
     assert_string_equal(stops[0], "<|eot_id|>");
     tokenizer_destroy(qwen);
     tokenizer_destroy(phi);
+}
+
+/* ---- chat formats against llama.cpp ------------------------------------------------------- */
+
+/* fixtures-arch/chat/templates.json: every conversation rendered in its named format must be
+ * llama.cpp's text, and every real model template must be detected as the format llama.cpp
+ * chose for it. */
+static void chat_fixture_conversations_render_as_llama_cpp(void **state)
+{
+    static const char *const names[] = {"chatml",  "llama3", "chatglm3", "chatglm4",
+                                        "glmedge", "gemma",  "phi3",     "phi4"};
+    char path[1024];
+    cJSON *arr = th_read_json(th_shared_path(path, sizeof(path), "fixtures-arch/chat/templates.json"));
+    const cJSON *e;
+    int n = 0, n_bad = 0, n_detect = 0, seen[AR_ARRAY_LEN(names)] = {0};
+    (void)state;
+    assert_non_null(arr);
+    cJSON_ArrayForEach(e, arr)
+    {
+        const char *name = cJSON_GetStringValue(cJSON_GetObjectItem(e, "template"));
+        const char *jinja = cJSON_GetStringValue(cJSON_GetObjectItem(e, "template_string"));
+        const char *want = cJSON_GetStringValue(cJSON_GetObjectItem(e, "expected"));
+        const cJSON *msgs = cJSON_GetObjectItem(e, "messages"), *m;
+        struct tokenizer_chat_msg v[16];
+        enum tokenizer_chat fam = TOKENIZER_CHAT_COUNT;
+        size_t k = 0, len = 0;
+        char *got = NULL;
+        assert_non_null(name);
+        assert_non_null(want);
+        for (size_t i = 0; i < AR_ARRAY_LEN(names); i++)
+            seen[i] += strcmp(names[i], name) == 0;
+        assert_true(tokenizer_chat_from_name(name, &fam));
+        cJSON_ArrayForEach(m, msgs)
+        {
+            assert_true(k < AR_ARRAY_LEN(v));
+            v[k].role = cJSON_GetStringValue(cJSON_GetObjectItem(m, "role"));
+            v[k].content = cJSON_GetStringValue(cJSON_GetObjectItem(m, "content"));
+            k++;
+        }
+        assert_int_equal(tokenizer_chat_format(fam, v, k,
+                                               cJSON_IsTrue(cJSON_GetObjectItem(e, "add_ass")),
+                                               &got, &len),
+                         AR_OK);
+        if (len != strlen(want) || memcmp(got, want, len) != 0) {
+            printf("  %s: got \"%s\"\n    want \"%s\"\n", name, got, want);
+            n_bad++;
+        }
+        ar_free(got);
+        if (jinja) {
+            bool known = false;
+            enum tokenizer_chat det = tokenizer_chat_detect(jinja, strlen(jinja), &known);
+            if (!known || strcmp(tokenizer_chat_name(det), name) != 0) {
+                printf("  %s: template detected as %s (known %d)\n",
+                       cJSON_GetStringValue(cJSON_GetObjectItem(e, "template_file")),
+                       tokenizer_chat_name(det), known);
+                n_bad++;
+            }
+            n_detect++;
+        }
+        n++;
+    }
+    printf("  %d conversations, %d from template texts, %d mismatches\n", n, n_detect, n_bad);
+    for (size_t i = 0; i < AR_ARRAY_LEN(names); i++)
+        assert_true(seen[i] > 0);
+    assert_true(n_detect > 0);
+    assert_int_equal(n_bad, 0);
+    assert_false(tokenizer_chat_from_name("no-such-format", NULL));
+    cJSON_Delete(arr);
+}
+
+/* The string literal that Qwen3's own template writes when thinking is disabled, with its
+ * Jinja "\\n" escapes undone. */
+static char *qwen3_no_thinking_text(const char *tmpl)
+{
+    const char *p = strstr(tmpl, "enable_thinking is false"), *q, *end;
+    char *out, *o;
+    assert_non_null(p);
+    q = strchr(p, '\'');
+    assert_non_null(q);
+    end = strchr(++q, '\'');
+    assert_non_null(end);
+    out = o = ar_malloc((size_t)(end - q) + 1);
+    assert_non_null(out);
+    for (; q < end; q++) {
+        if (q[0] == '\\' && q[1] == 'n') {
+            *o++ = '\n';
+            q++;
+        } else {
+            *o++ = *q;
+        }
+    }
+    *o = '\0';
+    return out;
+}
+
+static void qwen3_generation_prompt_turns_thinking_off(void **state)
+{
+    struct tokenizer *qwen3 = load_shared("fixtures-arch/models/tiny-qwen3-f32.gguf");
+    struct tokenizer *qwen2 = load_shared("fixtures/models/tiny-qwen2-f32.gguf");
+    const struct tokenizer_chat_msg msgs[] = {{"system", "S"}, {"user", "Hi"}};
+    char *plain = NULL, *think = NULL, *no_gen = NULL, *block;
+    size_t n_plain, n_think, n_no_gen;
+    (void)state;
+    assert_int_equal(tokenizer_chat_family(qwen3), TOKENIZER_CHAT_QWEN3);
+    assert_string_equal(tokenizer_chat_name(TOKENIZER_CHAT_QWEN3), "chatml"); /* llama.cpp's */
+    assert_int_equal(tokenizer_chat_family(qwen2), TOKENIZER_CHAT_CHATML);
+    block = qwen3_no_thinking_text(tokenizer_chat_template(qwen3));
+    assert_int_equal(tokenizer_chat_format(TOKENIZER_CHAT_CHATML, msgs, 2, true, &plain, &n_plain),
+                     AR_OK);
+    assert_int_equal(tokenizer_chat_format(TOKENIZER_CHAT_QWEN3, msgs, 2, true, &think, &n_think),
+                     AR_OK);
+    assert_int_equal(
+        tokenizer_chat_format(TOKENIZER_CHAT_QWEN3, msgs, 2, false, &no_gen, &n_no_gen), AR_OK);
+    /* the generation prompt is ChatML's followed by the template's own empty think block */
+    assert_true(strlen(block) > 0);
+    assert_int_equal(n_think, n_plain + strlen(block));
+    assert_memory_equal(think, plain, n_plain);
+    assert_string_equal(think + n_plain, block);
+    assert_null(strstr(no_gen, "<think>"));
+    assert_true(n_plain > n_no_gen && memcmp(plain, no_gen, n_no_gen) == 0);
+    ar_free(block);
+    ar_free(plain);
+    ar_free(think);
+    ar_free(no_gen);
+    tokenizer_destroy(qwen3);
+    tokenizer_destroy(qwen2);
+}
+
+/* Each family's end-of-turn markers are tokens of its models' vocabularies and among the stop
+ * ids; GLM-4's converter names "<|user|>" as its end of turn. */
+static void family_stops_are_tokens_of_their_models(void **state)
+{
+    static const struct {
+        const char *model;
+        enum tokenizer_chat fam;
+        const char *stop;
+    } cases[] = {
+        {"fixtures-arch/models/tiny-qwen3-f32.gguf", TOKENIZER_CHAT_QWEN3, "<|im_end|>"},
+        {"fixtures-arch/models/tiny-glm4-f32.gguf", TOKENIZER_CHAT_GLM4, "<|user|>"},
+        {"fixtures-arch/models/tiny-glm4-f32.gguf", TOKENIZER_CHAT_GLM4, "<|observation|>"},
+        {"fixtures-arch/models/tiny-chatglm-f32.gguf", TOKENIZER_CHAT_GLM4, "<|user|>"},
+        {"fixtures-arch/models/tiny-chatglm-f32.gguf", TOKENIZER_CHAT_GLM4, "<|observation|>"},
+        {"fixtures-arch/models/tiny-gemma3-f32.gguf", TOKENIZER_CHAT_GEMMA, "<end_of_turn>"},
+        {"fixtures-arch/models/tiny-phi3-f32.gguf", TOKENIZER_CHAT_PHI3, "<|end|>"},
+    };
+    (void)state;
+    for (size_t c = 0; c < AR_ARRAY_LEN(cases); c++) {
+        struct tokenizer *tok = load_shared(cases[c].model);
+        const char *const *strs;
+        int32_t ids[8];
+        int n_strs, n_ids;
+        bool listed = false, in_ids = false, eos_in = false;
+        int32_t id = tokenizer_find(tok, cases[c].stop, strlen(cases[c].stop));
+        assert_int_equal(tokenizer_chat_family(tok), cases[c].fam);
+        assert_true(id >= 0);
+        n_strs = tokenizer_chat_stops(cases[c].fam, &strs);
+        for (int i = 0; i < n_strs; i++)
+            listed |= strcmp(strs[i], cases[c].stop) == 0;
+        n_ids = tokenizer_chat_stop_ids(tok, cases[c].fam, ids, 8);
+        assert_true(n_ids <= 8);
+        for (int i = 0; i < n_ids; i++) {
+            in_ids |= ids[i] == id;
+            eos_in |= ids[i] == tokenizer_eos(tok);
+        }
+        if (!listed || !in_ids || !eos_in)
+            fail_msg("%s: stop %s listed %d, in ids %d, eos in ids %d", cases[c].model,
+                     cases[c].stop, listed, in_ids, eos_in);
+        if (cases[c].fam == TOKENIZER_CHAT_GLM4 && strcmp(cases[c].stop, "<|user|>") == 0)
+            assert_int_equal(tokenizer_eot(tok), id);
+        tokenizer_destroy(tok);
+    }
+}
+
+/* ---- think blocks ------------------------------------------------------------------------- */
+
+static void think_blocks_never_reach_the_text(void **state)
+{
+    /* expected texts worked out from the rule: a block and the whitespace after it go,
+     * everything else stays */
+    static const struct {
+        const char *in, *want;
+    } cases[] = {
+        {"<think>\nplan the reply\n</think>\n\n谢谢您的好评！", "谢谢您的好评！"},
+        {"<think>\n\n</think>\n\nHello", "Hello"},
+        {"no thoughts here", "no thoughts here"},
+        {"A <think>x</think> B", "A B"},
+        {"<think>never closed, hidden", ""},
+        {"ok<think>", "ok"},
+        {"a < b <thinking> <thin", "a < b <thinking> <thin"},
+        {"<<think>x</think>y", "<y"},
+        {"<think>a</thin</think>b", "b"},
+        {"<think>a<</think>b", "b"},
+        {"</think>stays", "</think>stays"},
+        {"你好<think>想一想</think>\n世界<think>再想</think>！", "你好世界！"},
+        {"", ""},
+    };
+    (void)state;
+    for (size_t c = 0; c < AR_ARRAY_LEN(cases); c++) {
+        const char *in = cases[c].in, *want = cases[c].want;
+        size_t n = strlen(in);
+        char *whole = ar_strndup(in, n);
+        assert_int_equal(tokenizer_strip_think(whole, n), strlen(want));
+        assert_memory_equal(whole, want, strlen(want));
+        ar_free(whole);
+        /* streamed in three pieces cut anywhere: the same text, and no piece ever carries
+         * anything of a block */
+        for (size_t i = 0; i <= n; i++)
+            for (size_t j = i; j <= n; j++) {
+                struct tokenizer_think t;
+                char out[256];
+                size_t k = 0, cuts[4] = {0, i, j, n};
+                tokenizer_think_init(&t);
+                for (int p = 0; p < 3; p++) {
+                    size_t got = tokenizer_think_push(&t, in + cuts[p], cuts[p + 1] - cuts[p],
+                                                      out + k);
+                    assert_true(got <= cuts[p + 1] - cuts[p] + 8);
+                    k += got;
+                    assert_true(k <= strlen(want));
+                    assert_memory_equal(out, want, k); /* a prefix of the answer */
+                }
+                k += tokenizer_think_flush(&t, out + k);
+                assert_int_equal(k, strlen(want));
+                assert_memory_equal(out, want, k);
+            }
+    }
 }
 
 int main(void)
@@ -1044,6 +1282,10 @@ int main(void)
         cmocka_unit_test(other_families_render_their_markers),
         cmocka_unit_test(chat_family_is_detected_from_template_markers),
         cmocka_unit_test(model_templates_map_to_their_families),
+        cmocka_unit_test(chat_fixture_conversations_render_as_llama_cpp),
+        cmocka_unit_test(qwen3_generation_prompt_turns_thinking_off),
+        cmocka_unit_test(family_stops_are_tokens_of_their_models),
+        cmocka_unit_test(think_blocks_never_reach_the_text),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
