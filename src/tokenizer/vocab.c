@@ -25,9 +25,10 @@
 /* GPT-4o (o200k) as the reference runs it: its pattern's Unicode case classes are spelled
  * "a letter that is not a-z" (upper) and "a letter that is not A-Z" (lower), so only ASCII
  * letters have a case, combining marks are not letters, and the case-insensitive
- * contractions are spelled out. */
-#define TOK_RE_GPT4O_UPPER "(?:(?=\\p{L})[^a-z])"
-#define TOK_RE_GPT4O_LOWER "(?:(?=\\p{L})[^A-Z])"
+ * contractions are spelled out. "Not a non-letter and not a-z" says the same as one class,
+ * which PCRE2 repeats without a backtracking frame per character. */
+#define TOK_RE_GPT4O_UPPER "[^\\P{L}a-z]"
+#define TOK_RE_GPT4O_LOWER "[^\\P{L}A-Z]"
 #define TOK_RE_GPT4O_CONTR "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
 #define TOK_RE_GPT4O                                                                          \
     "[^\\r\\n\\p{L}\\p{N}]?" TOK_RE_GPT4O_UPPER "*" TOK_RE_GPT4O_LOWER "+" TOK_RE_GPT4O_CONTR   \
