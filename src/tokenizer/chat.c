@@ -37,8 +37,10 @@ enum tokenizer_chat tokenizer_chat_detect(const char *tmpl, size_t len, bool *kn
         fam = TOKENIZER_CHAT_PHI3;
     else if (HAS("[gMASK]<sop>"))
         fam = TOKENIZER_CHAT_GLM4;
+    else if (HAS("<|assistant|>") && HAS("<|user|>") && HAS("</s>"))
+        ok = false; /* Falcon 3 */
     else if (HAS("<|assistant|>") && HAS("<|user|>"))
-        HAS("</s>") ? (void)(ok = false) /* Falcon 3 */ : (void)(fam = TOKENIZER_CHAT_GLMEDGE);
+        fam = TOKENIZER_CHAT_GLMEDGE;
     else if (HAS("<|{{ item['role'] }}|>") && HAS("<|begin_of_image|>"))
         fam = TOKENIZER_CHAT_GLMEDGE;
     else if ((HAS("<|user|>") && HAS("<|endoftext|>")) /* Zephyr */ ||
@@ -67,7 +69,7 @@ enum tokenizer_chat tokenizer_chat_detect(const char *tmpl, size_t len, bool *kn
 
 static const char *const chat_names[TOKENIZER_CHAT_COUNT] = {
     [TOKENIZER_CHAT_CHATML] = "chatml",     [TOKENIZER_CHAT_LLAMA3] = "llama3",
-    [TOKENIZER_CHAT_LLAMA2] = "llama2",     [TOKENIZER_CHAT_MISTRAL] = "mistral",
+    [TOKENIZER_CHAT_LLAMA2] = "llama2-sys", [TOKENIZER_CHAT_MISTRAL] = "llama2",
     [TOKENIZER_CHAT_GLM4] = "chatglm4",     [TOKENIZER_CHAT_CHATGLM3] = "chatglm3",
     [TOKENIZER_CHAT_GLMEDGE] = "glmedge",   [TOKENIZER_CHAT_GEMMA] = "gemma",
     [TOKENIZER_CHAT_PHI3] = "phi3",         [TOKENIZER_CHAT_PHI4] = "phi4",
@@ -91,9 +93,10 @@ bool tokenizer_chat_from_name(const char *name, enum tokenizer_chat *fam)
                 *fam = (enum tokenizer_chat)i;
             return true;
         }
-    if (strcmp(name, "glm4") == 0) { /* our earlier name of GLM-4's format */
+    /* our earlier names */
+    if (strcmp(name, "glm4") == 0 || strcmp(name, "mistral") == 0) {
         if (fam)
-            *fam = TOKENIZER_CHAT_GLM4;
+            *fam = name[0] == 'g' ? TOKENIZER_CHAT_GLM4 : TOKENIZER_CHAT_MISTRAL;
         return true;
     }
     return false;
@@ -360,7 +363,7 @@ int tokenizer_chat_stop_ids(const struct tokenizer *tok, enum tokenizer_chat fam
     return n;
 }
 
-/* ---- think blocks ----------------------------------------------------------------------------- */
+/* ---- think blocks -------------------------------------------------------------------------- */
 
 enum { THINK_OUT = 0, THINK_IN, THINK_WS };
 

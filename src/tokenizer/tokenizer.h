@@ -146,8 +146,9 @@ enum ar_status tokenizer_stream_flush(struct tokenizer_stream *st, const char **
 enum tokenizer_chat {
     TOKENIZER_CHAT_CHATML = 0, /* <|im_start|>role\ncontent<|im_end|>\n */
     TOKENIZER_CHAT_LLAMA3,     /* <|start_header_id|>role<|end_header_id|>\n\ncontent<|eot_id|> */
-    TOKENIZER_CHAT_LLAMA2,     /* [INST] <<SYS>>\nsys\n<</SYS>>\n\nuser [/INST]reply</s> */
-    TOKENIZER_CHAT_MISTRAL,    /* [INST] user [/INST]reply</s> (system folded into the turn) */
+    TOKENIZER_CHAT_LLAMA2,     /* "llama2-sys": [INST] <<SYS>>\nsys\n<</SYS>>\n\nuser [/INST]a</s> */
+    TOKENIZER_CHAT_MISTRAL,    /* "llama2": [INST] user [/INST]reply</s> (system folded into the
+                                * turn; Mistral's templates without <<SYS>>) */
     TOKENIZER_CHAT_GLM4,       /* "chatglm4": [gMASK]<sop><|role|>\ncontent (GLM-4) */
     TOKENIZER_CHAT_CHATGLM3,   /* [gMASK]sop<|role|>\n content (ChatGLM3) */
     TOKENIZER_CHAT_GLMEDGE,    /* <|role|>\ncontent (GLM-Edge) */
@@ -170,11 +171,11 @@ struct tokenizer_chat_msg {
 /* Family of a template text (NULL or len 0: absent). Absent or unrecognized templates give
  * TOKENIZER_CHAT_CHATML and *known = false (known may be NULL). */
 enum tokenizer_chat tokenizer_chat_detect(const char *tmpl, size_t len, bool *known);
-/* llama.cpp's name of the format ("chatml", "chatglm4", "gemma", "phi3", ...; QWEN3 is
- * "chatml" too); never NULL. */
+/* llama.cpp's name of the format ("chatml", "llama2-sys", "chatglm4", "gemma", "phi3", ...;
+ * QWEN3 is "chatml" too); never NULL. */
 const char *tokenizer_chat_name(enum tokenizer_chat fam);
-/* The format of a llama.cpp built-in name ("chatml" gives plain ChatML); false when unknown.
- * fam may be NULL. */
+/* The format of a llama.cpp built-in name ("chatml" gives plain ChatML; our earlier names
+ * "glm4" and "mistral" are accepted too); false when unknown. fam may be NULL. */
 bool tokenizer_chat_from_name(const char *name, enum tokenizer_chat *fam);
 /* Family of the model's tokenizer.chat_template, detected at load; an absent or unknown
  * template falls back to ChatML and is reported once per process (AR_WARN). */

@@ -641,9 +641,8 @@ static double time_encode(const struct tokenizer *tok, const char *s, size_t len
  * which costs up to 1.5x per byte once, while quadratic work would show as 16x. */
 static void encode_time_is_linear_in_input_size(void **state)
 {
-    /* tiny-phi3: the gpt-4o pattern, whose letter classes are lookahead groups; kind 4 (one
-     * run of capitals) makes its first branch give back the whole run before the second
-     * takes it */
+    /* tiny-phi3: the gpt-4o pattern; kind 4 (one run of capitals) makes its first branch give
+     * back the whole run before the second takes it */
     static const char *const vocabs[] = {"tiny-qwen2", "tiny-llama", "deepseek-llm",
                                          "tiny-phi3"};
     (void)state;
