@@ -49,8 +49,7 @@ enum tokenizer_chat tokenizer_chat_detect(const char *tmpl, size_t len, bool *kn
     else if (HAS("<start_of_turn>"))
         fam = TOKENIZER_CHAT_GEMMA;
     else if (HAS("'\\n\\nAssistant: ' + eos_token") || HAS("GPT4 Correct ") ||
-             (HAS("USER: ") && HAS("ASSISTANT: ")) ||
-             (HAS("### Instruction:") && HAS("<|EOT|>")) ||
+             (HAS("USER: ") && HAS("ASSISTANT: ")) || (HAS("### Instruction:") && HAS("<|EOT|>")) ||
              (HAS("<|START_OF_TURN_TOKEN|>") && HAS("<|USER_TOKEN|>")))
         ok = false; /* Orion, OpenChat, Vicuna, DeepSeek Coder, Command-R */
     else if (HAS("<|start_header_id|>") && HAS("<|end_header_id|>"))

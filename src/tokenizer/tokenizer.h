@@ -205,9 +205,9 @@ int tokenizer_chat_stop_ids(const struct tokenizer *tok, enum tokenizer_chat fam
  * 6 ASCII bytes), so its output stays valid UTF-8 when its input is.
  * Caller storage, zero-initialised or tokenizer_think_init; one thread at a time. */
 struct tokenizer_think {
-    uint8_t state;    /* outside, inside a block, or skipping whitespace after one */
-    uint8_t matched;  /* bytes of the tag being matched so far */
-    char hold[8];     /* held start of a "<think>" tag (outside only) */
+    uint8_t state;   /* outside, inside a block, or skipping whitespace after one */
+    uint8_t matched; /* bytes of the tag being matched so far */
+    char hold[8];    /* held start of a "<think>" tag (outside only) */
 };
 
 void tokenizer_think_init(struct tokenizer_think *t);

@@ -31,8 +31,8 @@
 #define TOK_RE_GPT4O_LOWER "[^\\P{L}A-Z]"
 #define TOK_RE_GPT4O_CONTR "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
 #define TOK_RE_GPT4O                                                                          \
-    "[^\\r\\n\\p{L}\\p{N}]?" TOK_RE_GPT4O_UPPER "*" TOK_RE_GPT4O_LOWER "+" TOK_RE_GPT4O_CONTR   \
-    "|[^\\r\\n\\p{L}\\p{N}]?" TOK_RE_GPT4O_UPPER "+" TOK_RE_GPT4O_LOWER "*" TOK_RE_GPT4O_CONTR  \
+    "[^\\r\\n\\p{L}\\p{N}]?" TOK_RE_GPT4O_UPPER "*" TOK_RE_GPT4O_LOWER "+" TOK_RE_GPT4O_CONTR \
+    "|[^\\r\\n\\p{L}\\p{N}]?" TOK_RE_GPT4O_UPPER "+" TOK_RE_GPT4O_LOWER "*" TOK_RE_GPT4O_CONTR \
     "|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 
 static const char *const re_default[] = {

@@ -59,7 +59,8 @@ static void check_fixtures_fails_on_a_missing_directory(void **state)
 static void write_chat_fixture(char dir[64], int broken)
 {
     char src[512], path[128];
-    cJSON *arr = th_read_json(th_shared_path(src, sizeof(src), "fixtures-arch/chat/templates.json"));
+    cJSON *arr =
+        th_read_json(th_shared_path(src, sizeof(src), "fixtures-arch/chat/templates.json"));
     char *text;
     FILE *f;
     assert_non_null(arr);

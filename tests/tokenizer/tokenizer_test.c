@@ -594,7 +594,7 @@ static char *make_text(size_t size, int kind)
     size_t o = 0, i = 0;
     assert_non_null(s);
     while (o < size) {
-        const char *p = kind == 0 ? parts[(i * 7 + i / 3) % AR_ARRAY_LEN(parts)]
+        const char *p = kind == 0   ? parts[(i * 7 + i / 3) % AR_ARRAY_LEN(parts)]
                         : kind == 1 ? "a"
                         : kind == 2 ? " "
                         : kind == 3 ? (i % 4000 == 3999 ? "1" : " ")
@@ -643,8 +643,7 @@ static void encode_time_is_linear_in_input_size(void **state)
 {
     /* tiny-phi3: the gpt-4o pattern; kind 4 (one run of capitals) makes its first branch give
      * back the whole run before the second takes it */
-    static const char *const vocabs[] = {"tiny-qwen2", "tiny-llama", "deepseek-llm",
-                                         "tiny-phi3"};
+    static const char *const vocabs[] = {"tiny-qwen2", "tiny-llama", "deepseek-llm", "tiny-phi3"};
     (void)state;
     for (size_t m = 0; m < AR_ARRAY_LEN(vocabs); m++) {
         struct tokenizer *tok = load_vocab(m == 3 ? "fixtures-arch" : "fixtures", vocabs[m]);
@@ -1049,7 +1048,8 @@ static void chat_fixture_conversations_render_as_llama_cpp(void **state)
     static const char *const names[] = {"chatml",  "llama3", "chatglm3", "chatglm4",
                                         "glmedge", "gemma",  "phi3",     "phi4"};
     char path[1024];
-    cJSON *arr = th_read_json(th_shared_path(path, sizeof(path), "fixtures-arch/chat/templates.json"));
+    cJSON *arr =
+        th_read_json(th_shared_path(path, sizeof(path), "fixtures-arch/chat/templates.json"));
     const cJSON *e;
     int n = 0, n_bad = 0, n_detect = 0, seen[AR_ARRAY_LEN(names)] = {0};
     (void)state;
@@ -1250,8 +1250,8 @@ static void think_blocks_never_reach_the_text(void **state)
                 size_t k = 0, cuts[4] = {0, i, j, n};
                 tokenizer_think_init(&t);
                 for (int p = 0; p < 3; p++) {
-                    size_t got = tokenizer_think_push(&t, in + cuts[p], cuts[p + 1] - cuts[p],
-                                                      out + k);
+                    size_t got =
+                        tokenizer_think_push(&t, in + cuts[p], cuts[p + 1] - cuts[p], out + k);
                     assert_true(got <= cuts[p + 1] - cuts[p] + 8);
                     k += got;
                     assert_true(k <= strlen(want));
