@@ -3,6 +3,8 @@
  *   dequant/<model>.json      every dumped tensor, bit for bit
  *   logits{,_numpy}/<m>.json  every case: last-position (and all-position) logits, greedy run
  *   tokenizer/tok-*.json      every string: ids, ids with specials, detokenized text
+ *   chat/templates.json       every conversation rendered in its named format; template
+ *                             texts detected as the format llama.cpp chose
  * Nothing here knows particular fixture files: everything is discovered from DIR. */
 #include <dirent.h>
 #include <math.h>
@@ -19,6 +21,7 @@
 #include "kernels/kernels.h"
 #include "kv/kv.h"
 #include "model/model.h"
+#include "tokenizer/tokenizer.h"
 
 /* ---- small helpers ------------------------------------------------------------------------- */
 
@@ -455,6 +458,98 @@ static int check_logits(const char *dir, int *n_fail, int n_threads)
     return n;
 }
 
+/* ---- chat templates ---------------------------------------------------------------------- */
+
+/* Checks one chat/templates.json entry; *why names the first difference. */
+static bool check_chat_entry(const cJSON *e, bool *detected, const char **why)
+{
+    const char *name = cJSON_GetStringValue(cJSON_GetObjectItem(e, "template"));
+    const char *jinja = cJSON_GetStringValue(cJSON_GetObjectItem(e, "template_string"));
+    const char *want = cJSON_GetStringValue(cJSON_GetObjectItem(e, "expected"));
+    const cJSON *msgs = cJSON_GetObjectItem(e, "messages"), *m;
+    const cJSON *add_ass = cJSON_GetObjectItem(e, "add_ass");
+    struct tokenizer_chat_msg *v;
+    enum tokenizer_chat fam;
+    char *got = NULL;
+    size_t n = 0, len = 0;
+    bool ok;
+
+    *detected = jinja != NULL;
+    if (!name || !want || !cJSON_IsArray(msgs) || !cJSON_IsBool(add_ass)) {
+        *why = "malformed entry";
+        return false;
+    }
+    if (!tokenizer_chat_from_name(name, &fam)) {
+        *why = "format not supported";
+        return false;
+    }
+    if (jinja) {
+        bool known = false;
+        enum tokenizer_chat det = tokenizer_chat_detect(jinja, strlen(jinja), &known);
+        if (!known || strcmp(tokenizer_chat_name(det), name) != 0) {
+            *why = "template text detected as another format";
+            return false;
+        }
+    }
+    v = calloc((size_t)cJSON_GetArraySize(msgs) + 1, sizeof(*v));
+    if (!v) {
+        *why = "out of memory";
+        return false;
+    }
+    cJSON_ArrayForEach(m, msgs)
+    {
+        v[n].role = cJSON_GetStringValue(cJSON_GetObjectItem(m, "role"));
+        v[n].content = cJSON_GetStringValue(cJSON_GetObjectItem(m, "content"));
+        n++;
+    }
+    ok = tokenizer_chat_format(fam, v, n, cJSON_IsTrue(add_ass), &got, &len) == AR_OK;
+    *why = ok ? "rendered text differs" : "bad message";
+    ok = ok && len == strlen(want) && memcmp(got, want, len) == 0;
+    ar_free(got);
+    free(v);
+    return ok;
+}
+
+/* chat/templates.json: [{template, messages, add_ass, expected[, template_string]}]. */
+static int check_chat_templates(const char *dir, int *n_fail)
+{
+    char path[4096];
+    cJSON *j, *e;
+    int n = 0, bad = 0, n_detect = 0;
+    snprintf(path, sizeof(path), "%s/chat/templates.json", dir);
+    if (!(j = cli_read_json(path))) {
+        FILE *f = fopen(path, "rb");
+        if (!f)
+            return 0; /* no chat fixtures here */
+        fclose(f);
+        printf("FAIL chat/templates.json: not valid JSON\n");
+        (*n_fail)++;
+        return 1;
+    }
+    printf("== chat templates\n");
+    cJSON_ArrayForEach(e, j)
+    {
+        bool detected;
+        const char *why = NULL;
+        if (!check_chat_entry(e, &detected, &why)) {
+            const char *name = cJSON_GetStringValue(cJSON_GetObjectItem(e, "template"));
+            const char *file = cJSON_GetStringValue(cJSON_GetObjectItem(e, "template_file"));
+            if (bad < 5)
+                printf("     entry %d (%s%s%s): %s\n", n, name ? name : "?", file ? ", " : "",
+                       file ? file : "", why);
+            bad++;
+        }
+        n_detect += detected;
+        n++;
+    }
+    printf("%s chat templates: %d/%d match (%d detected from template text)\n",
+           bad || !n ? "FAIL" : "ok  ", n - bad, n, n_detect);
+    if (bad || !n)
+        (*n_fail)++;
+    cJSON_Delete(j);
+    return 1;
+}
+
 int cmd_check_fixtures(int argc, char **argv)
 {
     const char *dir = NULL;
@@ -488,6 +583,7 @@ int cmd_check_fixtures(int argc, char **argv)
     n_checked += check_dequant(dir, &n_fail);
     n_checked += check_logits(dir, &n_fail, (int)n_threads);
     n_checked += cli_check_tokenizer_fixtures(dir, &n_fail);
+    n_checked += check_chat_templates(dir, &n_fail);
     if (!n_checked) {
         cli_error("check-fixtures: no fixtures found in %s", dir);
         return 1;

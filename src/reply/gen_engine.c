@@ -80,21 +80,45 @@ static enum ar_status flush_run(const struct tokenizer *tok, struct ar_buf *run,
     return st;
 }
 
+static bool is_blank(char c)
+{
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
+}
+
+/* Appends s, without leading and trailing whitespace when trim is set: the Llama 3 and Gemma
+ * formats trim every message, which the placeholders would otherwise hide. */
+static void put_content(struct ar_buf *b, const char *s, bool trim)
+{
+    size_t n = strlen(s), a = 0;
+    while (trim && a < n && is_blank(s[a]))
+        a++;
+    while (trim && n > a && is_blank(s[n - 1]))
+        n--;
+    ar_buf_put(b, s + a, n - a);
+}
+
 enum ar_status reply_prompt_tokens(const struct tokenizer *tok, const char *system,
                                    const char *user, int32_t **ids, int64_t *n)
 {
     struct tokenizer_chat_msg msgs[2] = {{"system", PH_SYSTEM}, {"user", PH_USER}};
-    enum tokenizer_chat fam = tokenizer_chat_family(tok);
+    enum tokenizer_chat fam;
     char *fmt = NULL;
     size_t fmt_len = 0, i = 0;
     struct ar_buf run = {0};
     struct ivec out = {0};
     bool rstrip = false;
     enum ar_status st;
-    bool has_system = system && *system;
+    bool trim, has_system = system && *system;
 
     if (!tok || !user)
         return AR_EINVAL;
+    fam = tokenizer_chat_family(tok);
+    trim = fam == TOKENIZER_CHAT_LLAMA3 || fam == TOKENIZER_CHAT_GEMMA;
+    if (has_system && trim) { /* a blank system message is no system message there */
+        has_system = false;
+        for (const char *c = system; *c && !has_system; c++)
+            has_system = !is_blank(*c);
+    }
     st = tokenizer_chat_format(fam, has_system ? msgs : msgs + 1, has_system ? 2 : 1, true, &fmt,
                                &fmt_len);
     if (st != AR_OK)
@@ -109,12 +133,12 @@ enum ar_status reply_prompt_tokens(const struct tokenizer *tok, const char *syst
         size_t l;
         if (fmt[i] == '\x01' && fmt_len - i >= sizeof(PH_USER) - 1) {
             if (!memcmp(fmt + i, PH_SYSTEM, sizeof(PH_SYSTEM) - 1)) {
-                ar_buf_puts(&run, system);
+                put_content(&run, system, trim);
                 i += sizeof(PH_SYSTEM) - 1;
                 continue;
             }
             if (!memcmp(fmt + i, PH_USER, sizeof(PH_USER) - 1)) {
-                ar_buf_puts(&run, user);
+                put_content(&run, user, trim);
                 i += sizeof(PH_USER) - 1;
                 continue;
             }

@@ -618,6 +618,8 @@ static int generate(struct reply_service *svc, const struct reply_profile *prof,
         }
         if (st != AR_OK)
             break; /* a later attempt failed: the fallback answers */
+        /* a reasoning model's <think> blocks are never part of a reply */
+        out_len = tokenizer_strip_think(out, out_len);
         g = reply_guard_check(prof, reply_lang, out, out_len, &fixed);
         ar_free(out);
         if (g == REPLY_GUARD_OK) {

@@ -61,6 +61,7 @@ struct gen {
     struct engine *eng;
     enum oai_kind kind;
     bool stream, include_usage;
+    struct tokenizer_think think; /* chat: what of the streamed text is outside <think> */
     uint64_t id; /* engine request id */
     char cid[48];
     double created;
@@ -162,12 +163,32 @@ static cJSON *chunk(const struct gen *g, const char *text, size_t len, bool role
     return o;
 }
 
+/* Streams text; a chat's content leaves out <think> blocks (a reasoning model's thoughts). */
+static void stream_text(struct gen *g, const char *text, size_t len)
+{
+    char small[512], *vis = small;
+    size_t k;
+    if (g->kind != OAI_CHAT) {
+        if (len)
+            send_event(g->req, chunk(g, text, len, false, NULL));
+        return;
+    }
+    if (len + 8 > sizeof(small) && !(vis = ar_malloc(len + 8)))
+        return;
+    k = len ? tokenizer_think_push(&g->think, text, len, vis)
+            : tokenizer_think_flush(&g->think, vis);
+    if (k)
+        send_event(g->req, chunk(g, vis, k, false, NULL));
+    if (vis != small)
+        ar_free(vis);
+}
+
 static void on_token(void *user, int32_t token, const char *text, size_t len)
 {
     struct gen *g = user;
     (void)token;
     if (g->stream && len)
-        send_event(g->req, chunk(g, text, len, false, NULL));
+        stream_text(g, text, len);
 }
 
 static void observe_result(struct gen *g, const struct engine_result *res)
@@ -212,6 +233,7 @@ static void on_done(void *user, const struct engine_result *res)
         return;
     }
     if (g->stream) {
+        stream_text(g, NULL, 0); /* a held "<thi..." that was not a tag after all */
         send_event(req, chunk(g, NULL, 0, false, finish));
         if (g->include_usage) {
             cJSON *o =
@@ -239,10 +261,17 @@ static void on_done(void *user, const struct engine_result *res)
     cJSON_AddNumberToObject(c, "index", 0);
     if (g->kind == OAI_CHAT) {
         cJSON *msg = cJSON_AddObjectToObject(c, "message");
-        if (msg) {
+        char *content = ar_strndup(res->text ? res->text : "", res->text_len);
+        if (msg && content) {
             cJSON_AddStringToObject(msg, "role", "assistant");
-            add_text(msg, "content", res->text ? res->text : "", res->text_len);
+            add_text(msg, "content", content, tokenizer_strip_think(content, res->text_len));
+        } else {
+            ar_free(content);
+            cJSON_Delete(o);
+            server_reply_error(req, 500, "server_error", "internal_error", "out of memory");
+            return;
         }
+        ar_free(content);
     } else {
         add_text(c, "text", res->text ? res->text : "", res->text_len);
         cJSON_AddNullToObject(c, "logprobs");
@@ -380,6 +409,7 @@ static void handle_completion(struct server_req *req, enum oai_kind kind)
     g->kind = kind;
     g->stream = rq.stream;
     g->include_usage = rq.include_usage;
+    tokenizer_think_init(&g->think);
     g->prompt = ids;
     g->n_prompt = (int)n;
     g->created = (double)time(NULL);

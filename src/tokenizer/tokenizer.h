@@ -141,13 +141,25 @@ enum ar_status tokenizer_stream_flush(struct tokenizer_stream *st, const char **
 /* ---- chat templates --------------------------------------------------------------------- */
 
 /* Prompt formats, recognized from the Jinja text of tokenizer.chat_template by marker
- * strings (no Jinja is executed). */
+ * strings (no Jinja is executed) the way llama.cpp recognizes its built-in formats, and
+ * rendered exactly as llama.cpp's built-in (non-Jinja) formatter renders them. */
 enum tokenizer_chat {
     TOKENIZER_CHAT_CHATML = 0, /* <|im_start|>role\ncontent<|im_end|>\n */
     TOKENIZER_CHAT_LLAMA3,     /* <|start_header_id|>role<|end_header_id|>\n\ncontent<|eot_id|> */
-    TOKENIZER_CHAT_LLAMA2,     /* [INST] <<SYS>>\nsys\n<</SYS>>\n\nuser [/INST]reply</s> */
-    TOKENIZER_CHAT_MISTRAL,    /* [INST] user [/INST]reply</s> (system folded into the turn) */
-    TOKENIZER_CHAT_GLM4,       /* [gMASK]<sop><|role|>\ncontent */
+    TOKENIZER_CHAT_LLAMA2,     /* "llama2-sys": [INST] <<SYS>>\nsys\n<</SYS>>\n\nuser [/INST]a</s> */
+    TOKENIZER_CHAT_MISTRAL,    /* "llama2": [INST] user [/INST]reply</s> (system folded into the
+                                * turn; Mistral's templates without <<SYS>>) */
+    TOKENIZER_CHAT_GLM4,       /* "chatglm4": [gMASK]<sop><|role|>\ncontent (GLM-4) */
+    TOKENIZER_CHAT_CHATGLM3,   /* [gMASK]sop<|role|>\n content (ChatGLM3) */
+    TOKENIZER_CHAT_GLMEDGE,    /* <|role|>\ncontent (GLM-Edge) */
+    TOKENIZER_CHAT_GEMMA,      /* <start_of_turn>user\ncontent<end_of_turn>\n; system folded into
+                                * the first user turn, assistant called "model", trimmed */
+    TOKENIZER_CHAT_PHI3,       /* <|role|>\ncontent<|end|>\n (Phi-3, and Phi-4-mini as llama.cpp
+                                * renders it) */
+    TOKENIZER_CHAT_PHI4,       /* <|im_start|>role<|im_sep|>content<|im_end|> */
+    TOKENIZER_CHAT_QWEN3,      /* ChatML whose generation prompt ends in an empty think block
+                                * ("<think>\n\n</think>\n\n": thinking off); llama.cpp calls it
+                                * "chatml" */
     TOKENIZER_CHAT_COUNT
 };
 
@@ -159,7 +171,12 @@ struct tokenizer_chat_msg {
 /* Family of a template text (NULL or len 0: absent). Absent or unrecognized templates give
  * TOKENIZER_CHAT_CHATML and *known = false (known may be NULL). */
 enum tokenizer_chat tokenizer_chat_detect(const char *tmpl, size_t len, bool *known);
-const char *tokenizer_chat_name(enum tokenizer_chat fam); /* "chatml", ...; never NULL */
+/* llama.cpp's name of the format ("chatml", "llama2-sys", "chatglm4", "gemma", "phi3", ...;
+ * QWEN3 is "chatml" too); never NULL. */
+const char *tokenizer_chat_name(enum tokenizer_chat fam);
+/* The format of a llama.cpp built-in name ("chatml" gives plain ChatML; our earlier names
+ * "glm4" and "mistral" are accepted too); false when unknown. fam may be NULL. */
+bool tokenizer_chat_from_name(const char *name, enum tokenizer_chat *fam);
 /* Family of the model's tokenizer.chat_template, detected at load; an absent or unknown
  * template falls back to ChatML and is reported once per process (AR_WARN). */
 enum tokenizer_chat tokenizer_chat_family(const struct tokenizer *tok);
@@ -178,5 +195,29 @@ int tokenizer_chat_stops(enum tokenizer_chat fam, const char *const **strs);
  * duplicates; writes at most cap of them and returns how many there are. */
 int tokenizer_chat_stop_ids(const struct tokenizer *tok, enum tokenizer_chat fam, int32_t *ids,
                             int cap);
+
+/* ---- think blocks ----------------------------------------------------------------------- */
+
+/* Reasoning models (Qwen3, ...) may write "<think>...</think>" before their answer. These
+ * remove every such block, and the whitespace right after its "</think>", from generated text,
+ * so that only the answer reaches a reply. A block that is never closed hides the rest of
+ * the text. The streaming form holds back only a possible start of a "<think>" tag (at most
+ * 6 ASCII bytes), so its output stays valid UTF-8 when its input is.
+ * Caller storage, zero-initialised or tokenizer_think_init; one thread at a time. */
+struct tokenizer_think {
+    uint8_t state;   /* outside, inside a block, or skipping whitespace after one */
+    uint8_t matched; /* bytes of the tag being matched so far */
+    char hold[8];    /* held start of a "<think>" tag (outside only) */
+};
+
+void tokenizer_think_init(struct tokenizer_think *t);
+/* Filters in[0..n) into out, which must hold n + 8 bytes; returns the bytes written. */
+size_t tokenizer_think_push(struct tokenizer_think *t, const char *in, size_t n, char *out);
+/* End of text: writes what was held back (out holds 8 bytes), returns its length, and resets
+ * t. */
+size_t tokenizer_think_flush(struct tokenizer_think *t, char *out);
+/* Whole-text form, in place: returns the new length (s is NUL-terminated there if it was
+ * longer). */
+size_t tokenizer_strip_think(char *s, size_t n);
 
 #endif

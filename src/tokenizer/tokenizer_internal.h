@@ -17,7 +17,9 @@ enum tok_pre {
     TOK_PRE_GPT2,
     TOK_PRE_LLAMA3,
     TOK_PRE_QWEN2,
-    TOK_PRE_DEEPSEEK_LLM
+    TOK_PRE_DEEPSEEK_LLM,
+    TOK_PRE_CHATGLM4, /* "glm4", "chatglm-bpe": Llama 3's split, merges kept, no implicit BOS */
+    TOK_PRE_GPT4O     /* "gpt-4o" (Phi-4-mini): o200k split */
 };
 
 /* One BPE merge "left right": both strings live in tokenizer.merge_text. */

@@ -22,6 +22,19 @@
     "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|" \
     "\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 
+/* GPT-4o (o200k) as the reference runs it: its pattern's Unicode case classes are spelled
+ * "a letter that is not a-z" (upper) and "a letter that is not A-Z" (lower), so only ASCII
+ * letters have a case, combining marks are not letters, and the case-insensitive
+ * contractions are spelled out. "Not a non-letter and not a-z" says the same as one class,
+ * which PCRE2 repeats without a backtracking frame per character. */
+#define TOK_RE_GPT4O_UPPER "[^\\P{L}a-z]"
+#define TOK_RE_GPT4O_LOWER "[^\\P{L}A-Z]"
+#define TOK_RE_GPT4O_CONTR "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
+#define TOK_RE_GPT4O                                                                          \
+    "[^\\r\\n\\p{L}\\p{N}]?" TOK_RE_GPT4O_UPPER "*" TOK_RE_GPT4O_LOWER "+" TOK_RE_GPT4O_CONTR \
+    "|[^\\r\\n\\p{L}\\p{N}]?" TOK_RE_GPT4O_UPPER "+" TOK_RE_GPT4O_LOWER "*" TOK_RE_GPT4O_CONTR \
+    "|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+
 static const char *const re_default[] = {
     "[\\p{P}\\$\\+<=>\\^~\\|]+",
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)",
@@ -31,6 +44,7 @@ static const char *const re_default[] = {
 static const char *const re_gpt2[] = {TOK_RE_GPT2};
 static const char *const re_llama3[] = {TOK_RE_LLAMA3};
 static const char *const re_qwen2[] = {TOK_RE_QWEN2};
+static const char *const re_gpt4o[] = {TOK_RE_GPT4O};
 static const char *const re_deepseek_llm[] = {
     "[\\r\\n]",
     /* Latin, Greek, Cyrillic, ... cased letters */
@@ -624,6 +638,11 @@ static enum tok_pre pre_from_name(struct gguf_str s, bool present)
             return TOK_PRE_GPT2;
     if (str_eq(s, "deepseek-llm"))
         return TOK_PRE_DEEPSEEK_LLM;
+    /* GLM-4 splits like Llama 3 but keeps its merges and has no implicit BOS */
+    if (str_eq(s, "glm4") || str_eq(s, "chatglm-bpe"))
+        return TOK_PRE_CHATGLM4;
+    if (str_eq(s, "gpt-4o") || str_eq(s, "llama4"))
+        return TOK_PRE_GPT4O;
     if (!atomic_flag_test_and_set(&warned_pre))
         AR_WARN("tokenizer: unknown pre-tokenizer '%.*s', using 'default'",
                 (int)AR_MIN(s.len, 64), s.ptr);
@@ -636,7 +655,9 @@ static enum ar_status compile_regexes(struct tokenizer *tok, struct ar_err *err)
     size_t n;
     switch (tok->pre) {
     case TOK_PRE_GPT2: pats = re_gpt2; n = AR_ARRAY_LEN(re_gpt2); break;
-    case TOK_PRE_LLAMA3: pats = re_llama3; n = AR_ARRAY_LEN(re_llama3); break;
+    case TOK_PRE_LLAMA3:
+    case TOK_PRE_CHATGLM4: pats = re_llama3; n = AR_ARRAY_LEN(re_llama3); break;
+    case TOK_PRE_GPT4O: pats = re_gpt4o; n = AR_ARRAY_LEN(re_gpt4o); break;
     case TOK_PRE_QWEN2: pats = re_qwen2; n = AR_ARRAY_LEN(re_qwen2); break;
     case TOK_PRE_DEEPSEEK_LLM: pats = re_deepseek_llm; n = AR_ARRAY_LEN(re_deepseek_llm); break;
     default: pats = re_default; n = AR_ARRAY_LEN(re_default); break;

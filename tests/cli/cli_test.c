@@ -165,6 +165,67 @@ static void check_fixtures_fails_on_a_missing_directory(void **state)
     th_run_free(&r);
 }
 
+/* Writes DIR/chat/templates.json with llama.cpp's chat fixture, entry `broken` (if >= 0)
+ * given another expected text, into a fresh directory (returned in dir). */
+static void write_chat_fixture(char dir[64], int broken)
+{
+    char src[512], path[128];
+    cJSON *arr =
+        th_read_json(th_shared_path(src, sizeof(src), "fixtures-arch/chat/templates.json"));
+    char *text;
+    FILE *f;
+    assert_non_null(arr);
+    if (broken >= 0) {
+        cJSON *e = cJSON_GetArrayItem(arr, broken);
+        assert_non_null(e);
+        cJSON_ReplaceItemInObject(e, "expected", cJSON_CreateString("<|im_start|>nothing"));
+    }
+    snprintf(dir, 64, "/tmp/cli_chat_XXXXXX");
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof(path), "%s/chat", dir);
+    assert_int_equal(mkdir(path, 0700), 0);
+    snprintf(path, sizeof(path), "%s/chat/templates.json", dir);
+    text = cJSON_Print(arr);
+    assert_non_null(f = fopen(path, "w"));
+    fputs(text, f);
+    fclose(f);
+    free(text);
+    cJSON_Delete(arr);
+}
+
+static void remove_chat_fixture(const char *dir)
+{
+    char path[128];
+    snprintf(path, sizeof(path), "%s/chat/templates.json", dir);
+    unlink(path);
+    snprintf(path, sizeof(path), "%s/chat", dir);
+    rmdir(path);
+    rmdir(dir);
+}
+
+/* chat/templates.json: llama.cpp's text for every conversation passes; one changed expected
+ * text fails the run and is named. */
+static void check_fixtures_checks_chat_templates(void **state)
+{
+    char dir[64];
+    struct th_run r;
+    (void)state;
+    write_chat_fixture(dir, -1);
+    r = RUN("check-fixtures", dir);
+    if (r.status != 0 || !strstr(r.out, "ok   chat templates: 91/91"))
+        fail_msg("status %d:\n%s\n%s", r.status, r.out, r.err);
+    th_run_free(&r);
+    remove_chat_fixture(dir);
+
+    write_chat_fixture(dir, 5);
+    r = RUN("check-fixtures", dir);
+    if (r.status != 1 || !strstr(r.out, "FAIL chat templates: 90/91") ||
+        !strstr(r.out, "entry 5 ") || !strstr(r.out, " 1 failed"))
+        fail_msg("status %d:\n%s\n%s", r.status, r.out, r.err);
+    th_run_free(&r);
+    remove_chat_fixture(dir);
+}
+
 static void generate_answers_a_review_through_the_chat_template(void **state)
 {
     struct th_run r = RUN("generate", "-m", DEMO, "--chat", "--temp", "0", "-n", "120", "-p",
@@ -309,6 +370,7 @@ int main(void)
         cmocka_unit_test(check_fixtures_fails_on_a_missing_directory),
         cmocka_unit_test(check_fixtures_fails_when_no_greedy_step_is_decided),
         cmocka_unit_test(check_fixtures_fails_on_a_wrong_decided_greedy_token),
+        cmocka_unit_test(check_fixtures_checks_chat_templates),
         cmocka_unit_test(generate_answers_a_review_through_the_chat_template),
         cmocka_unit_test(generate_is_deterministic_for_a_seed),
         cmocka_unit_test(generate_rejects_bad_input_with_one_line),

@@ -282,11 +282,61 @@ static void banned_word_the_model_likes_never_appears(void **state)
            n);
 }
 
+/* The newer families through reply_prompt_tokens: the tokens of the format's own text (the
+ * formatter is held to llama.cpp by the tokenizer tests), review text never parsed for
+ * specials. Qwen3's prompt ends in its empty think block (thinking off); Gemma trims and folds
+ * the system message into the user turn. */
+static void family_prompts_equal_their_formatted_text(void **state)
+{
+    static const struct {
+        const char *model;
+        enum tokenizer_chat fam;
+        const char *sys, *user;
+    } cases[] = {
+        {"fixtures-arch/models/tiny-qwen3-f32.gguf", TOKENIZER_CHAT_QWEN3, "Be kind.",
+         "评分：5星\n评价：好"},
+        {"fixtures-arch/models/tiny-gemma3-f32.gguf", TOKENIZER_CHAT_GEMMA, " Be kind.\n",
+         "  评分：5星\n评价：好 \n"},
+        {"fixtures-arch/models/tiny-gemma3-f32.gguf", TOKENIZER_CHAT_GEMMA, "  ", "好"},
+        {"fixtures-arch/models/tiny-glm4-f32.gguf", TOKENIZER_CHAT_GLM4, "Be kind.", "好"},
+        {"fixtures-arch/models/tiny-phi3-f32.gguf", TOKENIZER_CHAT_PHI3, "Be kind.", "好"},
+    };
+    (void)state;
+    for (size_t c = 0; c < AR_ARRAY_LEN(cases); c++) {
+        char path[512];
+        struct gguf_file *f = NULL;
+        struct tokenizer *tok = NULL;
+        struct tokenizer_chat_msg msgs[2] = {{"system", cases[c].sys}, {"user", cases[c].user}};
+        char *text = NULL;
+        size_t len = 0;
+        int32_t *a = NULL, *b = NULL;
+        int64_t na = 0, nb = 0;
+        assert_int_equal(gguf_open(th_shared_path(path, sizeof(path), cases[c].model), &f, NULL),
+                         AR_OK);
+        assert_int_equal(tokenizer_load(f, &tok, NULL), AR_OK);
+        gguf_close(f);
+        assert_int_equal(tokenizer_chat_family(tok), cases[c].fam);
+        assert_int_equal(tokenizer_chat_format(cases[c].fam, msgs, 2, true, &text, &len), AR_OK);
+        if (cases[c].fam == TOKENIZER_CHAT_QWEN3)
+            assert_non_null(strstr(text, "<|im_start|>assistant\n<think>\n\n</think>\n\n"));
+        assert_int_equal(reply_prompt_tokens(tok, cases[c].sys, cases[c].user, &a, &na), AR_OK);
+        assert_int_equal(tokenizer_encode(tok, text, len, true, true, &b, &nb), AR_OK);
+        if (na != nb || memcmp(a, b, (size_t)na * sizeof(int32_t)) != 0)
+            fail_msg("%s: prompt tokens differ from the formatted text \"%s\"", cases[c].model,
+                     text);
+        ar_free(a);
+        ar_free(b);
+        ar_free(text);
+        tokenizer_destroy(tok);
+    }
+}
+
 int main(void)
 {
     char path[512];
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(prompt_tokens_equal_whole_prompt_encoding),
+        cmocka_unit_test(family_prompts_equal_their_formatted_text),
         cmocka_unit_test(system_tokens_are_shared_by_every_review_of_a_shop),
         cmocka_unit_test(review_text_cannot_add_control_tokens),
         cmocka_unit_test(fifty_reviews_get_replies_in_their_language),

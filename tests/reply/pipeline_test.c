@@ -514,6 +514,23 @@ static void degenerate_and_empty_outputs_are_not_sent(void **state)
     reply_result_fini(&r);
 }
 
+/* A reasoning model's thoughts never reach the reply; an answer that was all thinking (the
+ * block never closed) is an empty output and is regenerated. */
+static void think_blocks_are_not_part_of_the_reply(void **state)
+{
+    struct fx *x = *state;
+    struct reply_result r;
+    x->gen.script[0] = "<think>\nThe customer is happy. 谢谢 is banned here.";
+    x->gen.script[1] = "<think>\nThe customer is happy; thank them.\n</think>\n\n"
+                       "感谢您的支持，期待再次光临。";
+    ask(x, review("s1", "t1", "东西很好", 5), &r);
+    assert_int_equal(r.err, REPLY_OK);
+    assert_int_equal(r.source, REPLY_SOURCE_MODEL);
+    assert_int_equal(r.attempts, 2);
+    assert_string_equal(r.reply, "感谢您的支持，期待再次光临。");
+    reply_result_fini(&r);
+}
+
 static void fixed_reply_language_falls_back_in_that_language(void **state)
 {
     struct fx *x = *state;
@@ -1000,6 +1017,7 @@ int main(void)
         T(banned_word_output_is_regenerated_then_replaced),
         T(banned_word_on_the_first_try_only_keeps_the_retry),
         T(degenerate_and_empty_outputs_are_not_sent),
+        T(think_blocks_are_not_part_of_the_reply),
         T(fixed_reply_language_falls_back_in_that_language),
         T(low_ratings_always_need_a_human),
         T(sensitive_words_need_a_human_even_at_five_stars),

@@ -36,12 +36,13 @@ static struct tokenizer *load_shared(const char *rel)
     return load_path(th_shared_path(path, sizeof(path), rel));
 }
 
-/* Vocabulary of a fixture's "vocab" name. */
-static struct tokenizer *load_vocab(const char *name)
+/* Vocabulary of a fixture's "vocab" name; root is the fixture folder ("fixtures",
+ * "fixtures-arch") whose models/ holds the tiny models. */
+static struct tokenizer *load_vocab(const char *root, const char *name)
 {
     char rel[512];
-    if (strcmp(name, "tiny-llama") == 0 || strcmp(name, "tiny-qwen2") == 0)
-        snprintf(rel, sizeof(rel), "fixtures/models/%s-f32.gguf", name);
+    if (strncmp(name, "tiny-", 5) == 0)
+        snprintf(rel, sizeof(rel), "%s/models/%s-f32.gguf", root, name);
     else
         snprintf(rel, sizeof(rel), "fixtures/tokenizer/vocabs/ggml-vocab-%s.gguf", name);
     return load_shared(rel);
@@ -124,7 +125,7 @@ static bool valid_utf8(const char *p, size_t n)
 
 /* ---- llama.cpp fixtures ------------------------------------------------------------------- */
 
-static int check_fixture_file(const char *path)
+static int check_fixture_file(const char *root, const char *path)
 {
     cJSON *arr = th_read_json(path), *e;
     struct tokenizer *tok = NULL;
@@ -148,7 +149,7 @@ static int check_fixture_file(const char *path)
         assert_non_null(detok);
         if (!tok || strcmp(vocab, v) != 0) {
             tokenizer_destroy(tok);
-            tok = load_vocab(v);
+            tok = load_vocab(root, v);
             snprintf(vocab, sizeof(vocab), "%s", v);
             assert_int_equal(tokenizer_add_bos(tok),
                              cJSON_IsTrue(cJSON_GetObjectItem(e, "add_bos")));
@@ -187,26 +188,45 @@ static int check_fixture_file(const char *path)
     return n_bad;
 }
 
-static void every_fixture_file_matches_llama_cpp_ids_and_text(void **state)
+/* Checks every tok-*.json of root/tokenizer; returns the mismatches, *n_files the files. */
+static int check_fixture_dir(const char *root, int *n_files)
 {
-    char dir[1024], path[2048];
+    char rel[256], dir[1024], path[2048];
     DIR *d;
     struct dirent *de;
-    int n_files = 0, n_bad = 0;
-    (void)state;
-    d = opendir(th_shared_path(dir, sizeof(dir), "fixtures/tokenizer"));
+    int n_bad = 0;
+    snprintf(rel, sizeof(rel), "%s/tokenizer", root);
+    d = opendir(th_shared_path(dir, sizeof(dir), rel));
     assert_non_null(d);
+    *n_files = 0;
     while ((de = readdir(d))) {
         size_t l = strlen(de->d_name);
         if (strncmp(de->d_name, "tok-", 4) != 0 || l < 9 || strcmp(de->d_name + l - 5, ".json"))
             continue;
         snprintf(path, sizeof(path), "%s/%s", dir, de->d_name);
-        n_bad += check_fixture_file(path);
-        n_files++;
+        n_bad += check_fixture_file(root, path);
+        (*n_files)++;
     }
     closedir(d);
+    return n_bad;
+}
+
+static void every_fixture_file_matches_llama_cpp_ids_and_text(void **state)
+{
+    int n_files = 0;
+    (void)state;
+    assert_int_equal(check_fixture_dir("fixtures", &n_files), 0);
     assert_true(n_files >= 6);
-    assert_int_equal(n_bad, 0);
+}
+
+/* The vocabularies of the newer families: qwen2 (Qwen3), glm4 and chatglm-bpe (GLM-4),
+ * gpt-4o (Phi-4-mini) pre-tokenizers and Gemma 3's SPM without space prefix. */
+static void family_fixture_files_match_llama_cpp_ids_and_text(void **state)
+{
+    int n_files = 0;
+    (void)state;
+    assert_int_equal(check_fixture_dir("fixtures-arch", &n_files), 0);
+    assert_true(n_files >= 5);
 }
 
 /* Inputs are each followed by "\n__ggml_vocab_test__\n"; the .out file has one line of
@@ -574,10 +594,11 @@ static char *make_text(size_t size, int kind)
     size_t o = 0, i = 0;
     assert_non_null(s);
     while (o < size) {
-        const char *p = kind == 0 ? parts[(i * 7 + i / 3) % AR_ARRAY_LEN(parts)]
+        const char *p = kind == 0   ? parts[(i * 7 + i / 3) % AR_ARRAY_LEN(parts)]
                         : kind == 1 ? "a"
                         : kind == 2 ? " "
-                                    : (i % 4000 == 3999 ? "1" : " ");
+                        : kind == 3 ? (i % 4000 == 3999 ? "1" : " ")
+                                    : "A";
         size_t l = AR_MIN(strlen(p), size - o);
         memcpy(s + o, p, l);
         o += l;
@@ -620,11 +641,14 @@ static double time_encode(const struct tokenizer *tok, const char *s, size_t len
  * which costs up to 1.5x per byte once, while quadratic work would show as 16x. */
 static void encode_time_is_linear_in_input_size(void **state)
 {
-    static const char *const vocabs[] = {"tiny-qwen2", "tiny-llama", "deepseek-llm"};
+    /* tiny-phi3: the gpt-4o pattern; kind 4 (one run of capitals) makes its first branch give
+     * back the whole run before the second takes it */
+    static const char *const vocabs[] = {"tiny-qwen2", "tiny-llama", "deepseek-llm", "tiny-phi3"};
     (void)state;
     for (size_t m = 0; m < AR_ARRAY_LEN(vocabs); m++) {
-        struct tokenizer *tok = load_vocab(vocabs[m]);
-        for (int kind = m == 2 ? 2 : 0; kind < 4; kind++) { /* the big vocab: regex cases */
+        struct tokenizer *tok = load_vocab(m == 3 ? "fixtures-arch" : "fixtures", vocabs[m]);
+        for (int kind = m == 2 ? 2 : 0; kind < (m == 3 ? 5 : 4); kind++) {
+            /* the big vocab: regex cases only */
             size_t n1 = kind == 0 ? (1u << 20) : m == 2 ? (1u << 17) : (1u << 20);
             size_t k = kind == 0 ? 2 : 4;
             char *a = make_text(n1, kind), *b = make_text(k * n1, kind);
@@ -670,11 +694,12 @@ static void byte_char(int b, char out[3], size_t *len)
     }
 }
 
-/* Vocabulary: id b (0..255) is the character of byte b, 256 "123", 257 "45", 258 "'M"; merge "4 5". */
+/* Vocabulary: id b (0..255) is the character of byte b, 256 "123", 257 "45", 258 "'M",
+ * 259 "oW"; merges "4 5" and "o W". */
 static struct tokenizer *synthetic_bpe(const char *pre)
 {
     static char chars[256][3];
-    struct gguf_str toks[259], merge = {"4 5", 3};
+    struct gguf_str toks[260], merges[] = {{"4 5", 3}, {"o W", 3}};
     struct gguf_writer *w = NULL;
     char dir[] = "/tmp/tokenizer_test_XXXXXX", path[64];
     struct gguf_file *f = NULL;
@@ -688,11 +713,12 @@ static struct tokenizer *synthetic_bpe(const char *pre)
     toks[256] = (struct gguf_str){"123", 3};
     toks[257] = (struct gguf_str){"45", 2};
     toks[258] = (struct gguf_str){"'M", 2};
+    toks[259] = (struct gguf_str){"oW", 2};
     assert_int_equal(gguf_writer_create(&w), AR_OK);
     assert_int_equal(gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2"), AR_OK);
     assert_int_equal(gguf_writer_set_str(w, "tokenizer.ggml.pre", pre), AR_OK);
-    assert_int_equal(gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", toks, 259), AR_OK);
-    assert_int_equal(gguf_writer_set_arr_str(w, "tokenizer.ggml.merges", &merge, 1), AR_OK);
+    assert_int_equal(gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", toks, 260), AR_OK);
+    assert_int_equal(gguf_writer_set_arr_str(w, "tokenizer.ggml.merges", merges, 2), AR_OK);
     assert_int_equal(gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", 0), AR_OK);
     assert_non_null(mkdtemp(dir));
     snprintf(path, sizeof(path), "%s/v.gguf", dir);
@@ -709,38 +735,62 @@ static struct tokenizer *synthetic_bpe(const char *pre)
 static void pre_tokenizers_split_as_their_published_patterns(void **state)
 {
     static const char text[] = "I'M 12345 x";
+    static const char text_case[] = "xoWo\xc3\xa9/\nAB";
     /* expected pieces worked out by hand from each pattern:
      * llama3: "I" "'M" " " "123" "45" " x"  (digits in threes, whole-word tokens kept)
+     * glm4:   the same pieces, but "123" and "'M" are merged from characters (no merges
+     *         ignored), and add_special adds no BOS
      * qwen2:  "I" "'" "M" " " "1" "2" "3" "4" "5" " x"  (single digits, merges applied)
-     * gpt-2:  "I" "'" "M" " 12345" " x"  (lower-case contractions only) */
+     * gpt-2:  "I" "'" "M" " 12345" " x"  (lower-case contractions only)
+     * gpt-4o: "I'M" (capitals, then the contraction) " " "123" "45" " x"
+     * On "xoWoé/\nAB" gpt-4o cuts before the capital W ("xo" "Woé" "/\n" "AB": é is a letter
+     * that counts as lower case, "/" takes the newline), so "o W" never merges; the
+     * others keep "xoWoé" whole and merge it. */
     static const int32_t want_llama3[] = {'I', 258, ' ', 256, 257, ' ', 'x'};
+    static const int32_t want_glm4[] = {'I', '\'', 'M', ' ', '1', '2', '3', 257, ' ', 'x'};
     static const int32_t want_qwen2[] = {'I', '\'', 'M', ' ', '1', '2', '3', '4', '5', ' ', 'x'};
     static const int32_t want_gpt2[] = {'I', '\'', 'M', ' ', '1', '2', '3', 257, ' ', 'x'};
+    static const int32_t want_gpt4o[] = {'I', '\'', 'M', ' ', '1', '2', '3', 257, ' ', 'x'};
+    static const int32_t case_merged[] = {'x', 259, 'o', 0xc3, 0xa9, '/', '\n', 'A', 'B'};
+    static const int32_t case_cut[] = {'x', 'o', 'W', 'o', 0xc3, 0xa9, '/', '\n', 'A', 'B'};
     static const struct {
         const char *pre;
+        const char *text;
         const int32_t *want;
         int64_t n;
     } cases[] = {
-        {"llama-bpe", want_llama3, AR_ARRAY_LEN(want_llama3)},
-        {"qwen2", want_qwen2, AR_ARRAY_LEN(want_qwen2)},
-        {"gpt-2", want_gpt2, AR_ARRAY_LEN(want_gpt2)},
+        {"llama-bpe", text, want_llama3, AR_ARRAY_LEN(want_llama3)},
+        {"glm4", text, want_glm4, AR_ARRAY_LEN(want_glm4)},
+        {"chatglm-bpe", text, want_glm4, AR_ARRAY_LEN(want_glm4)},
+        {"qwen2", text, want_qwen2, AR_ARRAY_LEN(want_qwen2)},
+        {"gpt-2", text, want_gpt2, AR_ARRAY_LEN(want_gpt2)},
+        {"gpt-4o", text, want_gpt4o, AR_ARRAY_LEN(want_gpt4o)},
+        {"llama-bpe", text_case, case_merged, AR_ARRAY_LEN(case_merged)},
+        {"glm4", text_case, case_merged, AR_ARRAY_LEN(case_merged)},
+        {"qwen2", text_case, case_merged, AR_ARRAY_LEN(case_merged)},
+        {"gpt-4o", text_case, case_cut, AR_ARRAY_LEN(case_cut)},
     };
     (void)state;
     for (size_t c = 0; c < AR_ARRAY_LEN(cases); c++) {
         struct tokenizer *tok = synthetic_bpe(cases[c].pre);
-        int64_t n;
-        int32_t *ids = encode(tok, text, strlen(text), false, false, &n);
+        const char *t = cases[c].text;
+        int64_t n, n_sp;
+        int32_t *ids = encode(tok, t, strlen(t), false, false, &n);
+        int32_t *ids_sp = encode(tok, t, strlen(t), true, false, &n_sp);
         size_t len;
         char *back = decode(tok, ids, n, false, &len);
         if (n != cases[c].n || memcmp(ids, cases[c].want, (size_t)n * sizeof(int32_t)) != 0) {
-            printf("  pre %s\n", cases[c].pre);
+            printf("  pre %s on \"%s\"\n", cases[c].pre, t);
             print_ids("want", cases[c].want, cases[c].n);
             print_ids("got", ids, n);
             fail();
         }
-        assert_string_equal(back, text);
+        /* only Llama 3's pre-tokenizer implies a BOS (id 0 here) */
+        assert_int_equal(n_sp, n + (strcmp(cases[c].pre, "llama-bpe") == 0));
+        assert_string_equal(back, t);
         ar_free(back);
         ar_free(ids);
+        ar_free(ids_sp);
         tokenizer_destroy(tok);
     }
 }
@@ -945,8 +995,21 @@ static void chat_family_is_detected_from_template_markers(void **state)
         {"[gMASK]<sop>{% for item in messages %}<|{{ item['role'] }}|>\n{{ item['content'] "
          "}}{% endfor %}",
          TOKENIZER_CHAT_GLM4, true},
-        {"{% for m in messages %}{{'<|user|>' + '\\n' + m['content'] + '<|end|>'}}{% endfor %}",
-         TOKENIZER_CHAT_CHATML, false}, /* Phi-3: not one of ours */
+        {"{% for m in messages %}{{'<|user|>' + '\\n' + m['content'] + '<|end|>'}}{% endfor %}"
+         "{{ '<|assistant|>' }}",
+         TOKENIZER_CHAT_PHI3, true},
+        {"{% for m in messages %}{{'<|user|>' + '\\n' + m['content'] + '</s>'}}{% endfor %}"
+         "{{ '<|assistant|>' }}",
+         TOKENIZER_CHAT_CHATML, false}, /* Falcon 3: not one of ours */
+        {"{{'<|im_start|>' + role + '<|im_sep|>'}}", TOKENIZER_CHAT_PHI4, true},
+        {"{{'<|im_start|>'}}{% if enable_thinking is false %}{{'<think>\\n\\n</think>'}}",
+         TOKENIZER_CHAT_QWEN3, true},
+        {"{{ bos_token }}{{'<start_of_turn>' + role}}", TOKENIZER_CHAT_GEMMA, true},
+        {"[gMASK]sop{% for m in messages %}<|{{ m.role }}|>\n {{ m.content }}{% endfor %}",
+         TOKENIZER_CHAT_CHATGLM3, true},
+        {"{% for item in messages %}<|{{ item['role'] }}|>\n{{ item['content'] }}{% endfor %}"
+         "<|assistant|>{# <|user|> #}",
+         TOKENIZER_CHAT_GLMEDGE, true},
         {"plain text template", TOKENIZER_CHAT_CHATML, false},
         {NULL, TOKENIZER_CHAT_CHATML, false},
     };
@@ -968,17 +1031,244 @@ static void model_templates_map_to_their_families(void **state)
     (void)state;
     assert_int_equal(tokenizer_chat_family(qwen), TOKENIZER_CHAT_CHATML);
     assert_non_null(strstr(tokenizer_chat_template(qwen), "<|im_start|>"));
-    assert_int_equal(tokenizer_chat_family(phi), TOKENIZER_CHAT_CHATML); /* fallback */
+    assert_int_equal(tokenizer_chat_family(phi), TOKENIZER_CHAT_PHI3);
     assert_int_equal(tokenizer_chat_stops(TOKENIZER_CHAT_LLAMA3, &stops), 1);
     assert_string_equal(stops[0], "<|eot_id|>");
     tokenizer_destroy(qwen);
     tokenizer_destroy(phi);
 }
 
+/* ---- chat formats against llama.cpp ------------------------------------------------------- */
+
+/* fixtures-arch/chat/templates.json: every conversation rendered in its named format must be
+ * llama.cpp's text, and every real model template must be detected as the format llama.cpp
+ * chose for it. */
+static void chat_fixture_conversations_render_as_llama_cpp(void **state)
+{
+    static const char *const names[] = {"chatml",  "llama3", "chatglm3", "chatglm4",
+                                        "glmedge", "gemma",  "phi3",     "phi4"};
+    char path[1024];
+    cJSON *arr =
+        th_read_json(th_shared_path(path, sizeof(path), "fixtures-arch/chat/templates.json"));
+    const cJSON *e;
+    int n = 0, n_bad = 0, n_detect = 0, seen[AR_ARRAY_LEN(names)] = {0};
+    (void)state;
+    assert_non_null(arr);
+    cJSON_ArrayForEach(e, arr)
+    {
+        const char *name = cJSON_GetStringValue(cJSON_GetObjectItem(e, "template"));
+        const char *jinja = cJSON_GetStringValue(cJSON_GetObjectItem(e, "template_string"));
+        const char *want = cJSON_GetStringValue(cJSON_GetObjectItem(e, "expected"));
+        const cJSON *msgs = cJSON_GetObjectItem(e, "messages"), *m;
+        struct tokenizer_chat_msg v[16];
+        enum tokenizer_chat fam = TOKENIZER_CHAT_COUNT;
+        size_t k = 0, len = 0;
+        char *got = NULL;
+        assert_non_null(name);
+        assert_non_null(want);
+        for (size_t i = 0; i < AR_ARRAY_LEN(names); i++)
+            seen[i] += strcmp(names[i], name) == 0;
+        assert_true(tokenizer_chat_from_name(name, &fam));
+        cJSON_ArrayForEach(m, msgs)
+        {
+            assert_true(k < AR_ARRAY_LEN(v));
+            v[k].role = cJSON_GetStringValue(cJSON_GetObjectItem(m, "role"));
+            v[k].content = cJSON_GetStringValue(cJSON_GetObjectItem(m, "content"));
+            k++;
+        }
+        assert_int_equal(tokenizer_chat_format(fam, v, k,
+                                               cJSON_IsTrue(cJSON_GetObjectItem(e, "add_ass")),
+                                               &got, &len),
+                         AR_OK);
+        if (len != strlen(want) || memcmp(got, want, len) != 0) {
+            printf("  %s: got \"%s\"\n    want \"%s\"\n", name, got, want);
+            n_bad++;
+        }
+        ar_free(got);
+        if (jinja) {
+            bool known = false;
+            enum tokenizer_chat det = tokenizer_chat_detect(jinja, strlen(jinja), &known);
+            if (!known || strcmp(tokenizer_chat_name(det), name) != 0) {
+                printf("  %s: template detected as %s (known %d)\n",
+                       cJSON_GetStringValue(cJSON_GetObjectItem(e, "template_file")),
+                       tokenizer_chat_name(det), known);
+                n_bad++;
+            }
+            n_detect++;
+        }
+        n++;
+    }
+    printf("  %d conversations, %d from template texts, %d mismatches\n", n, n_detect, n_bad);
+    for (size_t i = 0; i < AR_ARRAY_LEN(names); i++)
+        assert_true(seen[i] > 0);
+    assert_true(n_detect > 0);
+    assert_int_equal(n_bad, 0);
+    assert_false(tokenizer_chat_from_name("no-such-format", NULL));
+    cJSON_Delete(arr);
+}
+
+/* The string literal that Qwen3's own template writes when thinking is disabled, with its
+ * Jinja "\\n" escapes undone. */
+static char *qwen3_no_thinking_text(const char *tmpl)
+{
+    const char *p = strstr(tmpl, "enable_thinking is false"), *q, *end;
+    char *out, *o;
+    assert_non_null(p);
+    q = strchr(p, '\'');
+    assert_non_null(q);
+    end = strchr(++q, '\'');
+    assert_non_null(end);
+    out = o = ar_malloc((size_t)(end - q) + 1);
+    assert_non_null(out);
+    for (; q < end; q++) {
+        if (q[0] == '\\' && q[1] == 'n') {
+            *o++ = '\n';
+            q++;
+        } else {
+            *o++ = *q;
+        }
+    }
+    *o = '\0';
+    return out;
+}
+
+static void qwen3_generation_prompt_turns_thinking_off(void **state)
+{
+    struct tokenizer *qwen3 = load_shared("fixtures-arch/models/tiny-qwen3-f32.gguf");
+    struct tokenizer *qwen2 = load_shared("fixtures/models/tiny-qwen2-f32.gguf");
+    const struct tokenizer_chat_msg msgs[] = {{"system", "S"}, {"user", "Hi"}};
+    char *plain = NULL, *think = NULL, *no_gen = NULL, *block;
+    size_t n_plain, n_think, n_no_gen;
+    (void)state;
+    assert_int_equal(tokenizer_chat_family(qwen3), TOKENIZER_CHAT_QWEN3);
+    assert_string_equal(tokenizer_chat_name(TOKENIZER_CHAT_QWEN3), "chatml"); /* llama.cpp's */
+    assert_int_equal(tokenizer_chat_family(qwen2), TOKENIZER_CHAT_CHATML);
+    block = qwen3_no_thinking_text(tokenizer_chat_template(qwen3));
+    assert_int_equal(tokenizer_chat_format(TOKENIZER_CHAT_CHATML, msgs, 2, true, &plain, &n_plain),
+                     AR_OK);
+    assert_int_equal(tokenizer_chat_format(TOKENIZER_CHAT_QWEN3, msgs, 2, true, &think, &n_think),
+                     AR_OK);
+    assert_int_equal(
+        tokenizer_chat_format(TOKENIZER_CHAT_QWEN3, msgs, 2, false, &no_gen, &n_no_gen), AR_OK);
+    /* the generation prompt is ChatML's followed by the template's own empty think block */
+    assert_true(strlen(block) > 0);
+    assert_int_equal(n_think, n_plain + strlen(block));
+    assert_memory_equal(think, plain, n_plain);
+    assert_string_equal(think + n_plain, block);
+    assert_null(strstr(no_gen, "<think>"));
+    assert_true(n_plain > n_no_gen && memcmp(plain, no_gen, n_no_gen) == 0);
+    ar_free(block);
+    ar_free(plain);
+    ar_free(think);
+    ar_free(no_gen);
+    tokenizer_destroy(qwen3);
+    tokenizer_destroy(qwen2);
+}
+
+/* Each family's end-of-turn markers are tokens of its models' vocabularies and among the stop
+ * ids; GLM-4's converter names "<|user|>" as its end of turn. */
+static void family_stops_are_tokens_of_their_models(void **state)
+{
+    static const struct {
+        const char *model;
+        enum tokenizer_chat fam;
+        const char *stop;
+    } cases[] = {
+        {"fixtures-arch/models/tiny-qwen3-f32.gguf", TOKENIZER_CHAT_QWEN3, "<|im_end|>"},
+        {"fixtures-arch/models/tiny-glm4-f32.gguf", TOKENIZER_CHAT_GLM4, "<|user|>"},
+        {"fixtures-arch/models/tiny-glm4-f32.gguf", TOKENIZER_CHAT_GLM4, "<|observation|>"},
+        {"fixtures-arch/models/tiny-chatglm-f32.gguf", TOKENIZER_CHAT_GLM4, "<|user|>"},
+        {"fixtures-arch/models/tiny-chatglm-f32.gguf", TOKENIZER_CHAT_GLM4, "<|observation|>"},
+        {"fixtures-arch/models/tiny-gemma3-f32.gguf", TOKENIZER_CHAT_GEMMA, "<end_of_turn>"},
+        {"fixtures-arch/models/tiny-phi3-f32.gguf", TOKENIZER_CHAT_PHI3, "<|end|>"},
+    };
+    (void)state;
+    for (size_t c = 0; c < AR_ARRAY_LEN(cases); c++) {
+        struct tokenizer *tok = load_shared(cases[c].model);
+        const char *const *strs;
+        int32_t ids[8];
+        int n_strs, n_ids;
+        bool listed = false, in_ids = false, eos_in = false;
+        int32_t id = tokenizer_find(tok, cases[c].stop, strlen(cases[c].stop));
+        assert_int_equal(tokenizer_chat_family(tok), cases[c].fam);
+        assert_true(id >= 0);
+        n_strs = tokenizer_chat_stops(cases[c].fam, &strs);
+        for (int i = 0; i < n_strs; i++)
+            listed |= strcmp(strs[i], cases[c].stop) == 0;
+        n_ids = tokenizer_chat_stop_ids(tok, cases[c].fam, ids, 8);
+        assert_true(n_ids <= 8);
+        for (int i = 0; i < n_ids; i++) {
+            in_ids |= ids[i] == id;
+            eos_in |= ids[i] == tokenizer_eos(tok);
+        }
+        if (!listed || !in_ids || !eos_in)
+            fail_msg("%s: stop %s listed %d, in ids %d, eos in ids %d", cases[c].model,
+                     cases[c].stop, listed, in_ids, eos_in);
+        if (cases[c].fam == TOKENIZER_CHAT_GLM4 && strcmp(cases[c].stop, "<|user|>") == 0)
+            assert_int_equal(tokenizer_eot(tok), id);
+        tokenizer_destroy(tok);
+    }
+}
+
+/* ---- think blocks ------------------------------------------------------------------------- */
+
+static void think_blocks_never_reach_the_text(void **state)
+{
+    /* expected texts worked out from the rule: a block and the whitespace after it go,
+     * everything else stays */
+    static const struct {
+        const char *in, *want;
+    } cases[] = {
+        {"<think>\nplan the reply\n</think>\n\n谢谢您的好评！", "谢谢您的好评！"},
+        {"<think>\n\n</think>\n\nHello", "Hello"},
+        {"no thoughts here", "no thoughts here"},
+        {"A <think>x</think> B", "A B"},
+        {"<think>never closed, hidden", ""},
+        {"ok<think>", "ok"},
+        {"a < b <thinking> <thin", "a < b <thinking> <thin"},
+        {"<<think>x</think>y", "<y"},
+        {"<think>a</thin</think>b", "b"},
+        {"<think>a<</think>b", "b"},
+        {"</think>stays", "</think>stays"},
+        {"你好<think>想一想</think>\n世界<think>再想</think>！", "你好世界！"},
+        {"", ""},
+    };
+    (void)state;
+    for (size_t c = 0; c < AR_ARRAY_LEN(cases); c++) {
+        const char *in = cases[c].in, *want = cases[c].want;
+        size_t n = strlen(in);
+        char *whole = ar_strndup(in, n);
+        assert_int_equal(tokenizer_strip_think(whole, n), strlen(want));
+        assert_memory_equal(whole, want, strlen(want));
+        ar_free(whole);
+        /* streamed in three pieces cut anywhere: the same text, and no piece ever carries
+         * anything of a block */
+        for (size_t i = 0; i <= n; i++)
+            for (size_t j = i; j <= n; j++) {
+                struct tokenizer_think t;
+                char out[256];
+                size_t k = 0, cuts[4] = {0, i, j, n};
+                tokenizer_think_init(&t);
+                for (int p = 0; p < 3; p++) {
+                    size_t got =
+                        tokenizer_think_push(&t, in + cuts[p], cuts[p + 1] - cuts[p], out + k);
+                    assert_true(got <= cuts[p + 1] - cuts[p] + 8);
+                    k += got;
+                    assert_true(k <= strlen(want));
+                    assert_memory_equal(out, want, k); /* a prefix of the answer */
+                }
+                k += tokenizer_think_flush(&t, out + k);
+                assert_int_equal(k, strlen(want));
+                assert_memory_equal(out, want, k);
+            }
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(every_fixture_file_matches_llama_cpp_ids_and_text),
+        cmocka_unit_test(family_fixture_files_match_llama_cpp_ids_and_text),
         cmocka_unit_test(vocab_test_pairs_match_reference_ids),
         cmocka_unit_test(demo_model_recognizes_chat_tokens_only_with_parse_special),
         cmocka_unit_test(qwen2_end_tokens_are_eog_and_not_split_from_text),
@@ -997,6 +1287,10 @@ int main(void)
         cmocka_unit_test(other_families_render_their_markers),
         cmocka_unit_test(chat_family_is_detected_from_template_markers),
         cmocka_unit_test(model_templates_map_to_their_families),
+        cmocka_unit_test(chat_fixture_conversations_render_as_llama_cpp),
+        cmocka_unit_test(qwen3_generation_prompt_turns_thinking_off),
+        cmocka_unit_test(family_stops_are_tokens_of_their_models),
+        cmocka_unit_test(think_blocks_never_reach_the_text),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
