@@ -42,6 +42,7 @@ static void spawn_serve(const char *model)
     snprintf(data, sizeof(data), "%s/var", g.dir);
     snprintf(g.log, sizeof(g.log), "%s/serve.log", g.dir);
     g.port = 0;
+    unlink(g.log); /* wait_ready must not read the previous server's log */
     g.pid = fork();
     assert_true(g.pid >= 0);
     if (g.pid == 0) {
@@ -106,7 +107,8 @@ static int teardown(void **state)
 {
     (void)state;
     stop_serve();
-    th_sh_run("rm -rf '%s'", g.dir);
+    if (!getenv("AR_KEEP"))
+        th_sh_run("rm -rf '%s'", g.dir);
     return 0;
 }
 
