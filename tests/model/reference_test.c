@@ -219,6 +219,70 @@ static void fast_matches(const struct fx *x, struct model *m, const int32_t *tok
     free(want);
 }
 
+/* Two sequences in one batch: their first n0 tokens interleaved row by row, then one decode
+ * row each per step (the small-batch pass), every row's logits within bound of the
+ * reference for its own sequence (ref_a, ref_b: n x n_vocab). Rows of one step attend only to
+ * their own sequence, and MoE groups both sequences' rows by expert. */
+static void two_sequences_match(const struct fx *x, struct model *m, const int32_t *ta,
+                                const int32_t *tb, int n, int n0, const float *ref_a,
+                                const float *ref_b, double bound)
+{
+    int n_vocab = model_hparams(m)->n_vocab, rows = 2 * n0;
+    struct ar_pool *pool = NULL;
+    struct model_ctx *ctx;
+    struct kv_params kp;
+    struct kv_cache *kv = NULL;
+    struct kv_seq sa, sb;
+    struct kv_seq *seqs[2] = {&sa, &sb};
+    float *got = malloc(sizeof(float) * (size_t)rows * (size_t)n_vocab);
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)rows), *pos = malloc(sizeof(int32_t) * (size_t)rows);
+    int32_t *seq = malloc(sizeof(int32_t) * (size_t)rows);
+    uint8_t *want = malloc((size_t)rows);
+    double d = 0;
+    assert_true(got && tok && pos && seq && want);
+    assert_int_equal(ar_pool_create(2, &pool), AR_OK);
+    assert_int_equal(model_ctx_create(m, rows, pool, &ctx), AR_OK);
+    model_kv_params(m, 8, 2 * ((n + 7) / 8), AR_TYPE_F32, &kp);
+    assert_int_equal(kv_create(&kp, &kv), AR_OK);
+    kv_seq_init(&sa);
+    kv_seq_init(&sb);
+    assert_int_equal(kv_seq_reserve(kv, &sa, n), AR_OK);
+    assert_int_equal(kv_seq_reserve(kv, &sb, n), AR_OK);
+    for (int i = 0; i < n0; i++) {
+        tok[2 * i] = ta[i], pos[2 * i] = i, seq[2 * i] = 0, want[2 * i] = 1;
+        tok[2 * i + 1] = tb[i], pos[2 * i + 1] = i, seq[2 * i + 1] = 1, want[2 * i + 1] = 1;
+    }
+    struct model_batch b = {.n_tokens = rows, .tokens = tok, .pos = pos, .seq = seq,
+                            .logits = want, .n_seqs = 2};
+    assert_int_equal(model_forward(ctx, kv, seqs, &b, got), AR_OK);
+    for (int i = 0; i < n0; i++) {
+        d = fmax(d, max_abs_diff(got + (size_t)(2 * i) * n_vocab, ref_a + (size_t)i * n_vocab,
+                                 (size_t)n_vocab));
+        d = fmax(d, max_abs_diff(got + (size_t)(2 * i + 1) * n_vocab,
+                                 ref_b + (size_t)i * n_vocab, (size_t)n_vocab));
+    }
+    for (int i = n0; i < n; i++) {
+        tok[0] = ta[i], tok[1] = tb[i], pos[0] = pos[1] = i, seq[0] = 0, seq[1] = 1;
+        b.n_tokens = 2;
+        assert_int_equal(model_forward(ctx, kv, seqs, &b, got), AR_OK);
+        d = fmax(d, max_abs_diff(got, ref_a + (size_t)i * n_vocab, (size_t)n_vocab));
+        d = fmax(d, max_abs_diff(got + n_vocab, ref_b + (size_t)i * n_vocab, (size_t)n_vocab));
+    }
+    if (!(d <= bound))
+        fail_msg("%s/%s: two sequences in one batch vs reference: %g > %g", x->folder, x->name,
+                 d, bound);
+    kv_seq_fini(kv, &sa);
+    kv_seq_fini(kv, &sb);
+    kv_destroy(kv);
+    model_ctx_destroy(ctx);
+    ar_pool_destroy(pool);
+    free(got);
+    free(tok);
+    free(pos);
+    free(seq);
+    free(want);
+}
+
 static void every_model_fast_pass_follows_the_reference(void **state)
 {
     static struct fx fx[MAX_MODELS];
@@ -247,6 +311,19 @@ static void every_model_fast_pass_follows_the_reference(void **state)
         assert_int_equal(model_forward_reference(m, toks, n, ref), AR_OK);
         fast_matches(&fx[k], m, toks, n, ref, 1, 16, AR_TYPE_F32, FAST_VS_REF_MAX);
         fast_matches(&fx[k], m, toks, n, ref, 2, 7, AR_TYPE_F32, FAST_VS_REF_MAX);
+        {
+            /* a second sequence: the same prompt reversed */
+            int32_t *rev = malloc(sizeof(int32_t) * (size_t)n);
+            float *ref_b = malloc(sizeof(float) * (size_t)n * (size_t)n_vocab);
+            int n2 = AR_MIN(n, 80);
+            assert_true(rev && ref_b);
+            for (int i = 0; i < n2; i++)
+                rev[i] = toks[n2 - 1 - i];
+            assert_int_equal(model_forward_reference(m, rev, n2, ref_b), AR_OK);
+            two_sequences_match(&fx[k], m, toks, rev, n2, 5, ref, ref_b, FAST_VS_REF_MAX);
+            free(rev);
+            free(ref_b);
+        }
         free(ref);
         free(toks);
         cJSON_Delete(j);
