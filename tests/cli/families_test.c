@@ -6,11 +6,7 @@
 #include "harness/harness.h"
 #include "harness/http_client.h"
 #include "harness/process.h"
-
-#include <fcntl.h>
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
+#include "harness/serve.h"
 
 #define PATH_LEN 512
 
@@ -31,70 +27,8 @@ static const struct family FAMILIES[] = {
 
 static struct {
     char dir[64];
-    char log[160];
-    pid_t pid;
-    int port;
+    struct th_serve srv;
 } g;
-
-static void spawn_serve(const char *model)
-{
-    char data[128];
-    snprintf(data, sizeof(data), "%s/var", g.dir);
-    snprintf(g.log, sizeof(g.log), "%s/serve.log", g.dir);
-    g.port = 0;
-    unlink(g.log); /* wait_ready must not read the previous server's log */
-    g.pid = fork();
-    assert_true(g.pid >= 0);
-    if (g.pid == 0) {
-        int in = open("/dev/null", O_RDONLY);
-        int out = open(g.log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-        dup2(in, 0);
-        dup2(out, 1);
-        dup2(out, 2);
-        execl(th_bin_path(), "autoreply", "serve", "-m", model, "--port", "0", "--data-dir", data,
-              "-t", "1", "--parallel", "2", "--kv-size", "2048", (char *)NULL);
-        _exit(127);
-    }
-}
-
-static bool wait_ready(void)
-{
-    static const char key[] = "listening on http://127.0.0.1:";
-    for (int i = 0; i < 300; i++) {
-        char *log = th_read_file(g.log, NULL);
-        const char *l = log ? strstr(log, key) : NULL;
-        bool ready = log && strstr(log, "serve: ready");
-        int st;
-        if (l)
-            g.port = atoi(l + strlen(key));
-        if (ready && g.port > 0) {
-            free(log);
-            return true;
-        }
-        if (waitpid(g.pid, &st, WNOHANG) == g.pid) {
-            fprintf(stderr, "serve exited early:\n%s\n", log ? log : "");
-            free(log);
-            g.pid = 0;
-            return false;
-        }
-        free(log);
-        usleep(100 * 1000);
-    }
-    return false;
-}
-
-static void stop_serve(void)
-{
-    int st;
-    if (g.pid <= 0)
-        return;
-    kill(g.pid, SIGTERM);
-    for (int i = 0; i < 200 && waitpid(g.pid, &st, WNOHANG) != g.pid; i++)
-        usleep(100 * 1000);
-    kill(g.pid, SIGKILL);
-    waitpid(g.pid, &st, 0);
-    g.pid = 0;
-}
 
 static int setup(void **state)
 {
@@ -106,9 +40,8 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
-    stop_serve();
-    if (!getenv("AR_KEEP"))
-        th_sh_run("rm -rf '%s'", g.dir);
+    th_serve_stop(&g.srv);
+    th_sh_run("rm -rf '%s'", g.dir);
     return 0;
 }
 
@@ -143,7 +76,7 @@ static int count_tokens(const char *text)
     cJSON_AddBoolToObject(b, "add_special", 1);
     cJSON_AddBoolToObject(b, "parse_special", 1);
     s = cJSON_PrintUnformatted(b);
-    r = post_json(g.port, "/tokenize", NULL, s, &st);
+    r = post_json(g.srv.port, "/tokenize", NULL, s, &st);
     assert_int_equal(st, 200);
     n = cJSON_GetArraySize(cJSON_GetObjectItem(r, "tokens"));
     free(s);
@@ -154,12 +87,17 @@ static int count_tokens(const char *text)
 
 static void check_family(const struct family *f, const cJSON *templates)
 {
-    char rel[128], path[PATH_LEN];
+    char rel[128], path[PATH_LEN], data[128], log[128];
+    const char *args[] = {"-m",   path, "--port",     "0", "--data-dir", data, "-t",
+                          "1",    "--parallel", "2", "--kv-size", "2048", NULL};
     const cJSON *e;
     int cases = 0;
     snprintf(rel, sizeof(rel), "fixtures-arch/models/tiny-%s-q8_0.gguf", f->arch);
-    spawn_serve(th_shared_path(path, sizeof(path), rel));
-    if (!wait_ready())
+    th_shared_path(path, sizeof(path), rel);
+    snprintf(data, sizeof(data), "%s/var", g.dir);
+    snprintf(log, sizeof(log), "%s/serve.log", g.dir);
+    th_serve_spawn(&g.srv, log, args);
+    if (!th_serve_wait_ready(&g.srv, 30))
         fail_msg("%s: serve did not start", f->arch);
 
     cJSON_ArrayForEach(e, templates)
@@ -180,7 +118,7 @@ static void check_family(const struct family *f, const cJSON *templates)
 
         /* the rendered prompt is llama.cpp's for this model's template */
         body = body_of(msgs, "");
-        r = post_json(g.port, "/apply-template", NULL, body, &st);
+        r = post_json(g.srv.port, "/apply-template", NULL, body, &st);
         assert_int_equal(st, 200);
         if (strcmp(cJSON_GetObjectItem(r, "prompt")->valuestring, want) != 0)
             fail_msg("%s: /apply-template gave\n%s\nexpected\n%s", f->arch,
@@ -191,7 +129,7 @@ static void check_family(const struct family *f, const cJSON *templates)
         /* a chat completion runs on exactly those tokens */
         n_prompt = count_tokens(want);
         body = body_of(msgs, ",\"max_tokens\":4,\"temperature\":0");
-        r = post_json(g.port, "/v1/chat/completions", NULL, body, &st);
+        r = post_json(g.srv.port, "/v1/chat/completions", NULL, body, &st);
         if (st != 200)
             fail_msg("%s: chat completion %d: %s", f->arch, st, cJSON_PrintUnformatted(r));
         assert_int_equal(
@@ -213,13 +151,13 @@ static void check_family(const struct family *f, const cJSON *templates)
         struct resp rs;
         const char *b = "{\"messages\":[{\"role\":\"user\",\"content\":\"物流很快\"}],"
                         "\"max_tokens\":3,\"stream\":true}";
-        http(g.port, "POST", "/v1/chat/completions", "Content-Type: application/json\r\n", b,
+        http(g.srv.port, "POST", "/v1/chat/completions", "Content-Type: application/json\r\n", b,
              strlen(b), &rs);
         assert_int_equal(rs.status, 200);
         assert_non_null(strstr(rs.body, "data: [DONE]"));
         resp_free(&rs);
     }
-    stop_serve();
+    th_serve_stop(&g.srv);
 }
 
 static void every_family_serves_chat_through_its_own_template(void **state)

@@ -6,6 +6,7 @@
 #include "harness/http_client.h"
 #include "harness/process.h"
 #include "harness/promtool.h"
+#include "harness/serve.h"
 
 #include <ctype.h>
 #include <fcntl.h>
@@ -28,9 +29,7 @@ static double wall_s(void)
 
 static struct {
     char dir[64];
-    char log[128];
-    pid_t pid;
-    int port;
+    struct th_serve srv;
     double spawned; /* wall clock just before fork */
     char *metrics;  /* /metrics after the traffic of group_setup */
 } g;
@@ -39,69 +38,13 @@ static struct {
 
 static void spawn_serve(void)
 {
-    char data[128];
+    char data[128], log[128];
+    const char *args[] = {"-m", DEMO, "--port", "0", "--data-dir", data, "-t", "1", "--parallel",
+                          "4", NULL};
     snprintf(data, sizeof(data), "%s/var", g.dir);
-    snprintf(g.log, sizeof(g.log), "%s/serve.log", g.dir);
+    snprintf(log, sizeof(log), "%s/serve.log", g.dir);
     g.spawned = wall_s();
-    g.pid = fork();
-    assert_true(g.pid >= 0);
-    if (g.pid == 0) {
-        int in = open("/dev/null", O_RDONLY);
-        int out = open(g.log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-        dup2(in, 0);
-        dup2(out, 1);
-        dup2(out, 2);
-        execl(th_bin_path(), "autoreply", "serve", "-m", DEMO, "--port", "0", "--data-dir", data,
-              "-t", "1", "--parallel", "4", (char *)NULL);
-        _exit(127);
-    }
-}
-
-/* Waits until the log says the model is ready, and reads the port it says it listens on. */
-static bool wait_ready(void)
-{
-    for (int i = 0; i < 600; i++) {
-        char *log = th_read_file(g.log, NULL);
-        const char *l = log ? strstr(log, "listening on http://127.0.0.1:") : NULL;
-        bool ready = log && strstr(log, "serve: ready");
-        int st;
-        if (l)
-            g.port = atoi(l + strlen("listening on http://127.0.0.1:"));
-        if (ready && g.port > 0) {
-            free(log);
-            return true;
-        }
-        if (waitpid(g.pid, &st, WNOHANG) == g.pid) {
-            fprintf(stderr, "serve exited early:\n%s\n", log ? log : "");
-            free(log);
-            g.pid = 0;
-            return false;
-        }
-        free(log);
-        usleep(100 * 1000);
-    }
-    fprintf(stderr, "serve not ready after 60 s\n");
-    return false;
-}
-
-/* SIGTERM, then its graceful stop must end the process with status 0 within 20 s. */
-static int stop_serve(void)
-{
-    int st = 0;
-    if (g.pid <= 0)
-        return -1;
-    kill(g.pid, SIGTERM);
-    for (int i = 0; i < 200; i++) {
-        if (waitpid(g.pid, &st, WNOHANG) == g.pid) {
-            g.pid = 0;
-            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-        }
-        usleep(100 * 1000);
-    }
-    kill(g.pid, SIGKILL);
-    waitpid(g.pid, &st, 0);
-    g.pid = 0;
-    return -1;
+    th_serve_spawn(&g.srv, log, args);
 }
 
 /* ---- traffic ----------------------------------------------------------------------------- */
@@ -111,7 +54,7 @@ static char *scrape(char **content_type)
     struct resp r;
     char ct[128];
     char *body;
-    http(g.port, "GET", "/metrics", NULL, NULL, 0, &r);
+    http(g.srv.port, "GET", "/metrics", NULL, NULL, 0, &r);
     assert_int_equal(r.status, 200);
     if (content_type)
         *content_type = strdup(resp_header(&r, "Content-Type", ct, sizeof(ct)) ? ct : "");
@@ -130,7 +73,7 @@ static double sample(const char *text, const char *series)
 static void post_expect(const char *path, const char *body, int status, char *id, size_t id_size)
 {
     int got;
-    cJSON *j = post_json(g.port, path, NULL, body, &got);
+    cJSON *j = post_json(g.srv.port, path, NULL, body, &got);
     if (got != status) {
         char *s = cJSON_PrintUnformatted(j);
         fail_msg("POST %s: %d, expected %d: %s", path, got, status, s);
@@ -150,7 +93,7 @@ static void wait_job_done(const char *id)
     for (int i = 0; i < 300; i++) {
         struct resp r;
         bool done;
-        http(g.port, "GET", path, NULL, NULL, 0, &r);
+        http(g.srv.port, "GET", path, NULL, NULL, 0, &r);
         assert_int_equal(r.status, 200);
         done = strstr(r.body, "\"status\":\"done\"") != NULL;
         resp_free(&r);
@@ -188,7 +131,7 @@ static void make_traffic(void)
                 "\"text\":\"Never arrived\"}]}",
                 202, id, sizeof(id));
     wait_job_done(id);
-    http(g.port, "GET", "/no/such/path", NULL, NULL, 0, &r);
+    http(g.srv.port, "GET", "/no/such/path", NULL, NULL, 0, &r);
     assert_int_equal(r.status, 404);
     resp_free(&r);
 }
@@ -200,7 +143,7 @@ static int group_setup(void **state)
     if (!mkdtemp(g.dir))
         return -1;
     spawn_serve();
-    if (!wait_ready())
+    if (!th_serve_wait_ready(&g.srv, 60))
         return -1;
     return 0;
 }
@@ -208,7 +151,7 @@ static int group_setup(void **state)
 static int group_teardown(void **state)
 {
     char cmd[128];
-    int rc = stop_serve();
+    int rc = th_serve_stop(&g.srv);
     (void)state;
     free(g.metrics);
     snprintf(cmd, sizeof(cmd), "/bin/rm -rf '%s'", g.dir);
