@@ -440,12 +440,22 @@ enum ar_status reply_review_from_json(const cJSON *j, const char *default_shop,
         snprintf(msg, msg_size, "review_id must be a string");
         return AR_EINVAL;
     }
-    if (!rv->review_id) { /* data files name it "id" */
-        rv->review_id = json_str(j, "id", &bad);
+    {
+        /* data files name it "id": either is the review's id, both only when they agree */
+        const char *id = json_str(j, "id", &bad);
         if (bad) {
             snprintf(msg, msg_size, "id (the review_id) must be a string");
             return AR_EINVAL;
         }
+        if (rv->review_id && id && strcmp(rv->review_id, id) != 0) {
+            snprintf(msg, msg_size,
+                     "review_id \"%.60s\" and id \"%.60s\" differ: both name the review's id; "
+                     "give one of them",
+                     rv->review_id, id);
+            return AR_EINVAL;
+        }
+        if (!rv->review_id)
+            rv->review_id = id;
     }
     text = cJSON_GetObjectItemCaseSensitive(j, "text");
     if (!text || cJSON_IsNull(text)) {

@@ -370,7 +370,8 @@ struct reply_review {
 /* Fills rv from a JSON object {shop_id, review_id, text, rating, product?, lang?} (strings
  * borrowed from j). shop_id may be missing when default_shop is given. A review without
  * "review_id" takes its "id" (a string) instead, as data files of reviews name it (the same
- * for single reviews, batch items and job lines); with both, "review_id" wins. On a bad field
+ * for single reviews, batch items and job lines); both may be given when they are equal (two
+ * different ones are an error: which one was meant cannot be known). On a bad field
  * returns AR_EINVAL and a message (naming the field) in msg. */
 enum ar_status reply_review_from_json(const cJSON *j, const char *default_shop,
                                       struct reply_review *rv, char *msg, size_t msg_size);

@@ -690,16 +690,22 @@ static void json_reviews_are_validated_field_by_field(void **state)
         assert_string_equal(rv.product, "茶");
         cJSON_Delete(j);
     }
-    /* "id" stands for a missing "review_id"; with both, "review_id" wins */
+    /* "id" stands for a missing "review_id"; both may be given only when they agree */
     {
         cJSON *j = cJSON_Parse("{\"shop_id\":\"s\",\"id\":\"d-1\",\"text\":\"好\",\"rating\":4}");
         assert_int_equal(reply_review_from_json(j, NULL, &rv, msg, sizeof(msg)), AR_OK);
         assert_string_equal(rv.review_id, "d-1");
         cJSON_Delete(j);
-        j = cJSON_Parse("{\"shop_id\":\"s\",\"id\":\"d-1\",\"review_id\":\"r-1\",\"text\":\"好\","
+        j = cJSON_Parse("{\"shop_id\":\"s\",\"id\":\"r-1\",\"review_id\":\"r-1\",\"text\":\"好\","
                         "\"rating\":4}");
         assert_int_equal(reply_review_from_json(j, NULL, &rv, msg, sizeof(msg)), AR_OK);
         assert_string_equal(rv.review_id, "r-1");
+        cJSON_Delete(j);
+        j = cJSON_Parse("{\"shop_id\":\"s\",\"id\":\"d-1\",\"review_id\":\"r-1\",\"text\":\"好\","
+                        "\"rating\":4}");
+        assert_int_equal(reply_review_from_json(j, NULL, &rv, msg, sizeof(msg)), AR_EINVAL);
+        if (!strstr(msg, "d-1") || !strstr(msg, "r-1") || !strstr(msg, "differ"))
+            fail_msg("\"%s\" does not name both ids", msg);
         cJSON_Delete(j);
     }
 }
