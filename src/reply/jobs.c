@@ -238,9 +238,49 @@ static char *result_line_json(int64_t line, const struct reply_result *r, const 
     return copy;
 }
 
+/* An error line of the results: {"line": N, "error": msg}, new (ar_free); NULL when out of
+ * memory. */
+static char *error_line_json(int64_t line, const char *msg)
+{
+    cJSON *j = cJSON_CreateObject();
+    char *s = NULL, *copy = NULL;
+    if (j && cJSON_AddNumberToObject(j, "line", (double)line) &&
+        cJSON_AddStringToObject(j, "error", msg ? msg : ""))
+        s = cJSON_PrintUnformatted(j);
+    cJSON_Delete(j);
+    if (s) {
+        copy = ar_strdup(s);
+        cJSON_free(s);
+    }
+    return copy;
+}
+
+/* Who hears of each line as it is stored (reply_job_run_lines). */
+struct line_sink {
+    reply_job_line_fn fn; /* NULL: nobody */
+    void *user;
+};
+
+/* Stores an error line's message and tells the sink. */
+static enum ar_status line_error(struct reply_service *svc, const char *job_id, int64_t line,
+                                 const char *msg, const struct line_sink *sink, struct ar_err *err)
+{
+    enum ar_status st = store_job_item_error(svc->p.store, job_id, line, msg, err);
+    metrics_inc(svc->m.job_items_error, 1);
+    if (st == AR_OK && sink->fn) {
+        char *js = error_line_json(line, msg);
+        if (!js)
+            return ar_err_set(err, AR_ENOMEM, 0, "out of memory");
+        sink->fn(sink->user, line, js, msg);
+        ar_free(js);
+    }
+    return st;
+}
+
 /* Answers one chunk of pending lines; false when the job must pause (busy or stopping). */
 static enum ar_status run_chunk(struct reply_service *svc, const char *job_id, const char *job_shop,
-                                struct store_item *items, size_t n, struct ar_err *err)
+                                struct store_item *items, size_t n, const struct line_sink *sink,
+                                struct ar_err *err)
 {
     struct reply_review rv[JOB_CHUNK];
     cJSON *parsed[JOB_CHUNK];
@@ -279,19 +319,19 @@ static enum ar_status run_chunk(struct reply_service *svc, const char *job_id, c
         res[idx[k]] = ok_res[k];
     for (size_t i = 0; i < n && st == AR_OK; i++) {
         if (bad[i]) {
-            st = store_job_item_error(svc->p.store, job_id, items[i].line, msg[i], err);
-            metrics_inc(svc->m.job_items_error, 1);
+            st = line_error(svc, job_id, items[i].line, msg[i], sink, err);
         } else if (res[i].err == REPLY_OK) {
             char *js = result_line_json(items[i].line, &res[i], rv[i].review_id);
             if (!js)
                 st = ar_err_set(err, AR_ENOMEM, 0, "out of memory");
             else
                 st = store_job_item_done(svc->p.store, job_id, items[i].line, js, err);
+            if (st == AR_OK && sink->fn)
+                sink->fn(sink->user, items[i].line, js, NULL);
             ar_free(js);
             metrics_inc(svc->m.job_items_done, 1);
         } else if (res[i].err != REPLY_EBUSY && res[i].err != REPLY_EUNAVAIL) {
-            st = store_job_item_error(svc->p.store, job_id, items[i].line, res[i].error, err);
-            metrics_inc(svc->m.job_items_error, 1);
+            st = line_error(svc, job_id, items[i].line, res[i].error, sink, err);
         } else {
             busy = true; /* busy or unreachable: left pending, retried on the next pass */
         }
@@ -309,6 +349,14 @@ static enum ar_status run_chunk(struct reply_service *svc, const char *job_id, c
 enum ar_status reply_job_run(struct reply_service *svc, const char *job_id,
                              reply_job_progress_fn progress, void *user, struct ar_err *err)
 {
+    return reply_job_run_lines(svc, job_id, progress, NULL, user, err);
+}
+
+enum ar_status reply_job_run_lines(struct reply_service *svc, const char *job_id,
+                                   reply_job_progress_fn progress, reply_job_line_fn line,
+                                   void *user, struct ar_err *err)
+{
+    const struct line_sink sink = {line, user};
     struct store_job_info info;
     bool found = false;
     enum ar_status st;
@@ -335,7 +383,7 @@ enum ar_status reply_job_run(struct reply_service *svc, const char *job_id,
             continue;
         }
         after = items[n - 1].line;
-        st = run_chunk(svc, job_id, info.shop_id, items, n, err);
+        st = run_chunk(svc, job_id, info.shop_id, items, n, &sink, err);
         store_items_free(items, n);
         if (st == AR_EBUSY) {
             /* the engine is full: back off a little, then retry the pending lines */
@@ -993,24 +1041,18 @@ static bool add_result_line(const struct store_item *it, void *user)
     struct ar_buf *b = user;
     if (it->status == STORE_ITEM_DONE) {
         ar_buf_puts(b, it->result);
-    } else {
-        cJSON *j = cJSON_CreateObject();
-        char *s = NULL;
-        if (j) {
-            cJSON_AddNumberToObject(j, "line", (double)it->line);
-            if (it->status == STORE_ITEM_ERROR)
-                cJSON_AddStringToObject(j, "error", it->result ? it->result : "");
-            else
-                cJSON_AddStringToObject(j, "status", "pending");
-            s = cJSON_PrintUnformatted(j);
-            cJSON_Delete(j);
-        }
+    } else if (it->status == STORE_ITEM_ERROR) {
+        char *s = error_line_json(it->line, it->result);
         if (!s) {
             b->oom = true;
             return false;
         }
         ar_buf_puts(b, s);
-        cJSON_free(s);
+        ar_free(s);
+    } else {
+        char s[64];
+        snprintf(s, sizeof(s), "{\"line\":%lld,\"status\":\"pending\"}", (long long)it->line);
+        ar_buf_puts(b, s);
     }
     ar_buf_put(b, "\n", 1);
     return !b->oom;
@@ -1027,4 +1069,35 @@ enum ar_status reply_job_results_jsonl(struct reply_service *svc, const char *jo
     }
     *out = ar_buf_take(&b, len);
     return *out ? AR_OK : ar_err_set(err, AR_ENOMEM, 0, "out of memory");
+}
+
+struct each_line {
+    reply_job_line_fn fn;
+    void *user;
+    bool oom;
+};
+
+static bool each_finished_line(const struct store_item *it, void *user)
+{
+    struct each_line *e = user;
+    if (it->status == STORE_ITEM_DONE) {
+        e->fn(e->user, it->line, it->result, NULL);
+    } else if (it->status == STORE_ITEM_ERROR) {
+        char *s = error_line_json(it->line, it->result);
+        if (!s) {
+            e->oom = true;
+            return false;
+        }
+        e->fn(e->user, it->line, s, it->result ? it->result : "");
+        ar_free(s);
+    }
+    return true;
+}
+
+enum ar_status reply_job_results_each(struct reply_service *svc, const char *job_id,
+                                      reply_job_line_fn fn, void *user, struct ar_err *err)
+{
+    struct each_line e = {fn, user, false};
+    enum ar_status st = store_job_results(svc->p.store, job_id, each_finished_line, &e, err);
+    return e.oom ? ar_err_set(err, AR_ENOMEM, 0, "out of memory") : st;
 }

@@ -483,6 +483,16 @@ typedef void (*reply_job_progress_fn)(void *user, const struct store_job_info *i
  * is stopping; AR_EINVAL for an unknown job. */
 enum ar_status reply_job_run(struct reply_service *svc, const char *job_id,
                              reply_job_progress_fn progress, void *user, struct ar_err *err);
+/* One finished line of a job, as its results show it (reply_job_results_jsonl): json is the
+ * line's result object (it carries "line") or {"line", "error"}, without a newline; error is
+ * the message of an error line, NULL for a done one. Both borrowed for the call. */
+typedef void (*reply_job_line_fn)(void *user, int64_t line, const char *json, const char *error);
+/* reply_job_run that also calls line (may be NULL) for every line as soon as its result is
+ * stored, in the order they finish (line order but for lines retried after a busy pass), so
+ * that a caller can write results out as they come (the CLI's batch). */
+enum ar_status reply_job_run_lines(struct reply_service *svc, const char *job_id,
+                                   reply_job_progress_fn progress, reply_job_line_fn line,
+                                   void *user, struct ar_err *err);
 /* Starts consuming the job queue in the background: a consumer thread holding at most
  * job_slots messages (its prefetch), job_slots line workers, and the sweeper, which also keeps
  * the gauge autoreply_job_items_pending (pending lines of unfinished jobs, from the store: the
@@ -497,6 +507,11 @@ cJSON *reply_job_info_to_json(const struct store_job_info *info);
  * for an unknown job. */
 enum ar_status reply_job_results_jsonl(struct reply_service *svc, const char *job_id,
                                        char **out, size_t *len, struct ar_err *err);
+/* Calls fn for every finished line (done or error) in line order, skipping pending ones (what
+ * a resumed run has already). fn must not call into the service. AR_EINVAL for an unknown
+ * job. */
+enum ar_status reply_job_results_each(struct reply_service *svc, const char *job_id,
+                                      reply_job_line_fn fn, void *user, struct ar_err *err);
 
 /* ---- for front ends ------------------------------------------------------------------------ */
 
