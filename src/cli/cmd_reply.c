@@ -1,14 +1,17 @@
 /* cmd_reply.c - the review-reply product on the command line: `autoreply reply` answers one
  * review, `autoreply batch` answers a JSONL file as a resumable bulk job (the store's job
- * tables, keyed by the input file's path, size and mtime), and the wiring of the product for
+ * tables, keyed by the input file's path, size and mtime; results are written out line by line
+ * as they are stored, with progress on stderr), and the wiring of the product for
  * `autoreply serve` (profiles, store, cache, service and generator; the HTTP endpoints are the
  * server's, src/server/reviews.c). */
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -312,33 +315,132 @@ int cmd_reply(int argc, char **argv)
 
 /* ---- autoreply batch ------------------------------------------------------------------------ */
 
-struct progress {
-    bool tty;
-    double last;
-    double t0;
+#define BATCH_TTY_PERIOD_S 0.25 /* the bar is redrawn at most this often */
+#define BATCH_LOG_PERIOD_S 3.0  /* a progress line when stderr is not a terminal */
+#define BATCH_NOTES_MAX 20      /* per-line errors told on stderr (all are in the results) */
+
+/* Where results go and what the user is told while they come. */
+struct batch_run {
+    int fd;           /* the -o file or stdout */
+    const char *name; /* for messages */
+    int write_errno;  /* the first failed write (0: none); the job goes on in the store */
+    bool quiet, tty;
+    int64_t total;     /* lines in the job */
+    int64_t fin0;      /* finished (done or error) before this run */
+    int64_t fin, errs; /* finished and errors so far, earlier runs included */
+    double t0, last;   /* when this run started, when progress was last shown */
+    bool bar_shown;    /* the bar is on the terminal's current line */
+    int64_t notes;     /* per-line errors told */
 };
 
-static void on_progress(void *user, const struct store_job_info *info)
+/* "45s", "1m35s", "2h03m" */
+static void fmt_duration(double s, char *out, size_t size)
 {
-    struct progress *pg = user;
-    double now = ar_time_s();
-    int64_t fin = info->n_done + info->n_failed;
-    bool last = fin >= info->n_total;
-    if (!last && now - pg->last < (pg->tty ? 0.1 : 2.0))
+    long t = s < 0 ? 0 : s > 359999999.0 ? 359999999 : (long)(s + 0.5);
+    if (t < 60)
+        snprintf(out, size, "%lds", t);
+    else if (t < 3600)
+        snprintf(out, size, "%ldm%02lds", t / 60, t % 60);
+    else
+        snprintf(out, size, "%ldh%02ldm", t / 3600, t / 60 % 60);
+}
+
+/* "40.1/s" and "ETA 1m35s" from the lines finished in this run; "" when none is yet. */
+static void batch_rate(const struct batch_run *b, double now, char *rate, char *eta, size_t size)
+{
+    double dt = now - b->t0, r = dt > 0 ? (double)(b->fin - b->fin0) / dt : 0;
+    rate[0] = eta[0] = '\0';
+    if (r <= 0)
         return;
-    pg->last = now;
-    if (pg->tty) {
-        int width = 30, fill = info->n_total ? (int)(width * fin / info->n_total) : width;
-        fprintf(stderr, "\r[%.*s%*s] %lld/%lld  %lld errors  %.0f s", fill,
-                "##############################", width - fill, "", (long long)fin,
-                (long long)info->n_total, (long long)info->n_failed, now - pg->t0);
-        if (last)
+    snprintf(rate, size, "%.1f/s", r);
+    fmt_duration((double)(b->total - b->fin) / r, eta, size);
+}
+
+static void batch_show(struct batch_run *b, bool final)
+{
+    double now = ar_time_s();
+    char rate[32], eta[32], took[32], errs[48] = "";
+    if (b->quiet || (!final && now - b->last < (b->tty ? BATCH_TTY_PERIOD_S : BATCH_LOG_PERIOD_S)))
+        return;
+    b->last = now;
+    batch_rate(b, now, rate, eta, sizeof(rate));
+    fmt_duration(now - b->t0, took, sizeof(took));
+    if (b->errs)
+        snprintf(errs, sizeof(errs), ", %lld error%s", (long long)b->errs, b->errs > 1 ? "s" : "");
+    if (b->tty) {
+        enum { WIDTH = 30 };
+        static const char hashes[WIDTH + 1] = "##############################";
+        int fill = b->total ? (int)(WIDTH * b->fin / b->total) : WIDTH;
+        /* \r and erase to the end of the line: the bar is redrawn in place */
+        fprintf(stderr, "\r\033[K[%.*s%*s] %lld/%lld%s%s%s %s %s", fill, hashes, WIDTH - fill, "",
+                (long long)b->fin, (long long)b->total, errs, rate[0] ? "  " : "", rate,
+                final ? "in" : eta[0] ? "ETA" : "", final ? took : eta);
+        b->bar_shown = !final;
+        if (final)
             fputc('\n', stderr);
+    } else if (final) {
+        fprintf(stderr, "batch: %lld/%lld done%s%s%s, took %s\n", (long long)b->fin,
+                (long long)b->total, errs, rate[0] ? ", " : "", rate, took);
     } else {
-        fprintf(stderr, "autoreply: batch %lld/%lld lines (%lld errors)\n", (long long)fin,
-                (long long)info->n_total, (long long)info->n_failed);
+        fprintf(stderr, "batch: %lld/%lld done%s%s%s%s%s\n", (long long)b->fin,
+                (long long)b->total, errs, rate[0] ? ", " : "", rate, eta[0] ? ", ETA " : "",
+                eta);
     }
     fflush(stderr);
+}
+
+/* One result line, written whole in one call (so a kill never leaves half a line) and at once:
+ * what is in the file is what the store has, and a rerun rewrites it from the store. */
+static void batch_write(struct batch_run *b, const char *json)
+{
+    struct iovec iov[2] = {{(void *)(uintptr_t)json, strlen(json)}, {(void *)(uintptr_t)"\n", 1}};
+    size_t want = iov[0].iov_len + 1;
+    ssize_t n;
+    if (b->write_errno)
+        return;
+    do
+        n = writev(b->fd, iov, 2);
+    while (n < 0 && errno == EINTR);
+    if (n < 0 || (size_t)n != want) /* a short write to a file: the disk is full */
+        b->write_errno = n < 0 ? errno : ENOSPC;
+}
+
+/* A line finished in an earlier run (the resumed output starts with them). */
+static void batch_earlier_line(void *user, int64_t line, const char *json, const char *error)
+{
+    struct batch_run *b = user;
+    (void)line;
+    batch_write(b, json);
+    b->fin0++;
+    b->fin++;
+    b->errs += error != NULL;
+}
+
+static void batch_line(void *user, int64_t line, const char *json, const char *error)
+{
+    struct batch_run *b = user;
+    batch_write(b, json);
+    b->fin++;
+    if (error) {
+        b->errs++;
+        if (!b->quiet && b->notes < BATCH_NOTES_MAX) {
+            if (b->bar_shown) /* the note goes on its own line, the bar is redrawn below it */
+                fputs("\r\033[K", stderr);
+            fprintf(stderr, "batch: line %lld: %s\n", (long long)line, error);
+            if (++b->notes == BATCH_NOTES_MAX)
+                fprintf(stderr, "batch: further line errors are only in the results\n");
+            if (b->bar_shown)
+                b->last = 0; /* the bar comes back at once */
+            b->bar_shown = false;
+        }
+    }
+    batch_show(b, false);
+}
+
+static void batch_progress(void *user, const struct store_job_info *info)
+{
+    struct batch_run *b = user;
+    b->total = info->n_total; /* the counts come from the lines as they finish */
 }
 
 static char *read_all(const char *path, size_t *len)
@@ -371,7 +473,7 @@ static char *read_all(const char *path, size_t *len)
 
 static bool write_atomic(const char *path, const char *data, size_t len)
 {
-    char tmp[PATH_MAX];
+    char tmp[PATH_MAX + 80];
     FILE *f;
     snprintf(tmp, sizeof(tmp), "%s.tmp", path);
     f = fopen(tmp, "wb");
@@ -385,6 +487,57 @@ static bool write_atomic(const char *path, const char *data, size_t len)
     return true;
 }
 
+/* The job of this exact input file (path, size, mtime, shop), remembered beside the store in
+ * map_path: the one found there (resumed), or a new one. False (reported, *rc set) when the
+ * file cannot be read or is not a job. */
+static bool batch_job(struct product *p, const struct product_opts *o, const char *input,
+                      const char *real, const char *map_path, bool quiet,
+                      char job_id[STORE_JOB_ID_LEN + 1], int *rc)
+{
+    struct ar_err err = {AR_OK, 0, {0}};
+    struct store_job_info info;
+    bool found = false;
+    FILE *f = fopen(map_path, "r");
+    size_t len = 0;
+    int64_t n = 0;
+    char *body;
+    enum ar_status st;
+    job_id[0] = '\0';
+    if (f) {
+        if (fscanf(f, "%32s", job_id) != 1)
+            job_id[0] = '\0';
+        fclose(f);
+    }
+    if (job_id[0] && (store_job_get(p->store, job_id, &info, &found, NULL) != AR_OK || !found))
+        job_id[0] = '\0';
+    if (job_id[0]) {
+        if (!quiet)
+            fprintf(stderr, "autoreply: resuming job %s (%lld of %lld lines done)\n", job_id,
+                    (long long)(info.n_done + info.n_failed), (long long)info.n_total);
+        return true;
+    }
+    if (!(body = read_all(real, &len))) {
+        cli_error("batch: cannot read %s", input);
+        return false;
+    }
+    st = reply_job_create(p->svc, o->shop, body, len, job_id, &n, &err);
+    free(body);
+    if (st != AR_OK) {
+        cli_error("batch: %s: %s", input, err.msg[0] ? err.msg : ar_status_str(st));
+        *rc = st == AR_EINVAL ? 2 : 1;
+        return false;
+    }
+    {
+        char line[STORE_JOB_ID_LEN + 2];
+        snprintf(line, sizeof(line), "%s\n", job_id);
+        if (!write_atomic(map_path, line, strlen(line)))
+            AR_WARN("batch: cannot write %s: an interrupted run will start over", map_path);
+    }
+    if (!quiet)
+        fprintf(stderr, "autoreply: job %s: %lld lines\n", job_id, (long long)n);
+    return true;
+}
+
 int cmd_batch(int argc, char **argv)
 {
     struct product_opts o = product_opts_default;
@@ -392,23 +545,31 @@ int cmd_batch(int argc, char **argv)
     const char *input = NULL, *output = NULL;
     char real[PATH_MAX], map_path[PATH_MAX + 64], job_id[STORE_JOB_ID_LEN + 1] = "";
     struct stat sb;
-    struct progress pg;
+    struct batch_run b;
+    struct store_job_info info;
     struct ar_err err = {AR_OK, 0, {0}};
+    bool quiet = false, found = false;
     uint64_t key;
-    char *results = NULL;
-    size_t results_len = 0;
     int rc = 1;
     enum ar_status st;
+    memset(&b, 0, sizeof(b));
+    b.fd = -1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         enum common_flag c = common_flag(
             argc, argv, &i, &o,
-            "usage: autoreply batch REVIEWS.jsonl [-o REPLIES.jsonl] [--shop ID]\n",
-            "  -o FILE            results, one JSON line per input line (stdout)\n"
+            "usage: autoreply batch REVIEWS.jsonl [-o REPLIES.jsonl] [--shop ID] [--quiet]\n",
+            "  -o FILE            results, one JSON line per input line, each written as soon\n"
+            "                     as it is answered (default: stdout)\n"
             "  --shop ID          shop of lines without shop_id (" DEFAULT_SHOP ")\n"
-            "Each line: {\"review_id\", \"text\", \"rating\", \"shop_id\"?, \"product\"?, "
-            "\"lang\"?}. An interrupted batch resumes where it stopped when run again\n"
-            "on the same unchanged file.\n");
+            "  -q, --quiet        no progress on stderr (a bar on a terminal, else a line every\n"
+            "                     few seconds) and no per-line notes\n"
+            "Each line: {\"review_id\" (or \"id\"), \"text\", \"rating\", \"shop_id\"?, "
+            "\"product\"?, \"lang\"?};\n"
+            "a bad line gets {\"line\": N, \"error\": \"...\"} in the results. An interrupted "
+            "batch resumes\n"
+            "where it stopped when run again on the same unchanged file (the results are "
+            "rewritten whole).\n");
         if (c == COMMON_TAKEN)
             continue;
         if (c != COMMON_NOT_OURS)
@@ -416,6 +577,8 @@ int cmd_batch(int argc, char **argv)
         if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
             if (!(output = cli_value(argc, argv, &i)))
                 return 2;
+        } else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) {
+            quiet = true;
         } else if (a[0] == '-' && a[1]) {
             cli_error("batch: unknown option '%s' (autoreply batch --help)", a);
             return 2;
@@ -434,7 +597,6 @@ int cmd_batch(int argc, char **argv)
         cli_error("batch: %s: %s", input, strerror(errno));
         return 1;
     }
-    /* the job of this exact file (path, size, mtime, shop), remembered beside the store */
     key = fnv64(real, strlen(real), 1469598103934665603ull);
     key = fnv64(&sb.st_size, sizeof(sb.st_size), key);
     key = fnv64(&sb.st_mtim, sizeof(sb.st_mtim), key);
@@ -443,68 +605,50 @@ int cmd_batch(int argc, char **argv)
              (unsigned long long)key);
     if (!product_open(&o, &p))
         goto done;
-    {
-        FILE *f = fopen(map_path, "r");
-        struct store_job_info info;
-        bool found = false;
-        if (f) {
-            if (fscanf(f, "%32s", job_id) != 1)
-                job_id[0] = '\0';
-            fclose(f);
-        }
-        if (job_id[0] && (store_job_get(p.store, job_id, &info, &found, NULL) != AR_OK || !found))
-            job_id[0] = '\0';
-        if (job_id[0])
-            fprintf(stderr, "autoreply: resuming job %s (%lld of %lld lines done)\n", job_id,
-                    (long long)(info.n_done + info.n_failed), (long long)info.n_total);
+    if (!batch_job(&p, &o, input, real, map_path, quiet, job_id, &rc))
+        goto done;
+    if ((st = store_job_get(p.store, job_id, &info, &found, &err)) != AR_OK || !found) {
+        cli_error("batch: job %s: %s", job_id, found ? err.msg : "gone from the store");
+        goto done;
     }
-    if (!job_id[0]) {
-        size_t len = 0;
-        int64_t n = 0;
-        char *body = read_all(real, &len);
-        if (!body) {
-            cli_error("batch: cannot read %s", input);
-            goto done;
-        }
-        st = reply_job_create(p.svc, o.shop, body, len, job_id, &n, &err);
-        free(body);
-        if (st != AR_OK) {
-            cli_error("batch: %s: %s", input, err.msg[0] ? err.msg : ar_status_str(st));
-            rc = st == AR_EINVAL ? 2 : 1;
-            goto done;
-        }
-        {
-            char line[STORE_JOB_ID_LEN + 2];
-            snprintf(line, sizeof(line), "%s\n", job_id);
-            if (!write_atomic(map_path, line, strlen(line)))
-                AR_WARN("batch: cannot write %s: an interrupted run will start over", map_path);
-        }
-        fprintf(stderr, "autoreply: job %s: %lld lines\n", job_id, (long long)n);
+    /* the output is opened only now (a file that is not a job leaves it alone), and starts
+     * over: first what earlier runs finished, from the store, then each line as it is answered */
+    b.name = output ? output : "stdout";
+    b.fd = output ? open(output, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644) : 1;
+    if (b.fd < 0) {
+        cli_error("batch: cannot write %s: %s", output, strerror(errno));
+        goto done;
     }
-    pg.tty = isatty(2);
-    pg.last = 0;
-    pg.t0 = ar_time_s();
-    st = reply_job_run(p.svc, job_id, on_progress, &pg, &err);
+    b.quiet = quiet;
+    b.tty = isatty(2);
+    b.total = info.n_total;
+    if ((st = reply_job_results_each(p.svc, job_id, batch_earlier_line, &b, &err)) != AR_OK) {
+        cli_error("batch: job %s: results: %s", job_id, err.msg[0] ? err.msg : ar_status_str(st));
+        goto done;
+    }
+    b.t0 = ar_time_s();
+    st = reply_job_run_lines(p.svc, job_id, batch_progress, batch_line, &b, &err);
+    if (!b.write_errno && output && fsync(b.fd) != 0 && errno != EINVAL)
+        b.write_errno = errno;
+    if (b.bar_shown && (st != AR_OK || b.write_errno)) /* the error goes below the bar */
+        fputc('\n', stderr);
     if (st != AR_OK) {
         cli_error("batch: job %s: %s (run again to resume)", job_id,
                   err.msg[0] ? err.msg : ar_status_str(st));
         goto done;
     }
-    if (reply_job_results_jsonl(p.svc, job_id, &results, &results_len, &err) != AR_OK) {
-        cli_error("batch: results: %s", err.msg);
+    if (b.write_errno) {
+        cli_error("batch: cannot write %s: %s (every reply is stored: run again to write them)",
+                  b.name, strerror(b.write_errno));
         goto done;
     }
-    if (output) {
-        if (!write_atomic(output, results, results_len)) {
-            cli_error("batch: cannot write %s: %s", output, strerror(errno));
-            goto done;
-        }
-    } else if (fwrite(results, 1, results_len, stdout) != results_len) {
-        goto done;
-    }
+    batch_show(&b, true);
     rc = 0;
 done:
-    ar_free(results);
+    if (b.fd > 1 && close(b.fd) != 0 && rc == 0) {
+        cli_error("batch: cannot write %s: %s", b.name, strerror(errno));
+        rc = 1;
+    }
     product_close(&p);
     return rc;
 }
