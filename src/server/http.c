@@ -92,11 +92,11 @@ struct server_req {
      * for what it decompresses to */
     enum { CODING_IDENTITY, CODING_GZIP, CODING_DEFLATE } coding;
     z_stream zs;
-    bool zs_live;    /* zs is initialised (inflateEnd owed) */
-    bool zs_end;     /* the compressed stream has ended */
-    bool bad_coding; /* the body is not valid data of its Content-Encoding */
+    bool zs_live;     /* zs is initialised (inflateEnd owed) */
+    bool zs_end;      /* the compressed stream has ended */
+    bool bad_coding;  /* the body is not valid data of its Content-Encoding */
     bool accept_gzip; /* Accept-Encoding allows gzip (set by admit, read-only afterwards) */
-    cJSON *json; /* owned */
+    cJSON *json;      /* owned */
     struct arena_block *arena;
     /* reply state, under mu */
     bool handled;     /* the request was fully received and dispatched */
@@ -107,8 +107,8 @@ struct server_req {
     char *out; /* owned */
     size_t out_len;
     const char *out_type;
-    bool out_gzip; /* out is gzip-compressed */
-    bool out_vary; /* out's encoding depends on Accept-Encoding */
+    bool out_gzip;    /* out is gzip-compressed */
+    bool out_vary;    /* out's encoding depends on Accept-Encoding */
     char *hdrs[8][2]; /* owned extra headers */
     int n_hdrs;
     bool stream, stream_queued, stream_end;
@@ -1119,10 +1119,13 @@ static bool inflate_body(struct server_req *r, size_t limit, const char *data, s
         size_t piece = AR_MIN(n, (size_t)UINT_MAX);
         r->zs.next_in = (const Bytef *)data;
         r->zs.avail_in = (uInt)piece;
-        while (r->zs.avail_in > 0 && !r->too_large && !r->bad_coding) {
+        /* until this input is used up and no output is pending (a full out may hold more) */
+        while (!r->too_large && !r->bad_coding) {
             int rc;
             size_t got;
             if (r->zs_end) {
+                if (r->zs.avail_in == 0)
+                    break;
                 if (r->coding != CODING_GZIP || inflateReset(&r->zs) != Z_OK) {
                     r->bad_coding = true;
                     break;
@@ -1139,8 +1142,12 @@ static bool inflate_body(struct server_req *r, size_t limit, const char *data, s
                 r->zs_end = true;
             else if (rc == Z_MEM_ERROR)
                 return false;
-            else if (rc != Z_OK) /* Z_DATA_ERROR, Z_NEED_DICT, or no progress (Z_BUF_ERROR) */
+            else if (rc == Z_BUF_ERROR && r->zs.avail_in == 0)
+                break;           /* nothing pending: it needs more input */
+            else if (rc != Z_OK) /* Z_DATA_ERROR, Z_NEED_DICT */
                 r->bad_coding = true;
+            if (!r->zs_end && r->zs.avail_in == 0 && r->zs.avail_out > 0)
+                break;
         }
         data += piece;
         n -= piece;
@@ -1214,7 +1221,8 @@ static void dispatch(struct server *s, struct server_req *r)
                            "the body is larger than %zu bytes", r->route->max_body);
         return;
     }
-    if (r->coding != CODING_IDENTITY && (r->route->flags & (SERVER_ROUTE_BODY | SERVER_ROUTE_RAW))) {
+    if (r->coding != CODING_IDENTITY &&
+        (r->route->flags & (SERVER_ROUTE_BODY | SERVER_ROUTE_RAW))) {
         /* an empty body is no compressed stream either */
         if (r->bad_coding || !r->zs_end) {
             server_reply_error(r, 400, "invalid_request_error", "invalid_content_encoding",

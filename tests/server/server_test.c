@@ -964,8 +964,12 @@ static void bad_chunk_sizes_are_answered_at_once(void **state)
     static const struct {
         const char *size;
         int status;
-    } cases[] = {{"zz", 400},   {"-5", 400}, {" 5", 400}, {"0x10", 400},
-                 {"1ffffffffffffffff", 413}, {"ffffffffffffffff0", 413}};
+    } cases[] = {{"zz", 400},
+                 {"-5", 400},
+                 {" 5", 400},
+                 {"0x10", 400},
+                 {"1ffffffffffffffff", 413},
+                 {"ffffffffffffffff0", 413}};
     (void)state;
     for (size_t i = 0; i < AR_ARRAY_LEN(cases); i++) {
         char req[512];
