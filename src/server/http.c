@@ -57,11 +57,14 @@ struct route {
 struct conn {
     struct conn *prev, *next;
     int fd;
-    bool receiving;  /* waiting for (the rest of) a request since phase_start */
-    bool killed;     /* shut down by the watchdog */
-    bool bad_target; /* the current request's target holds a NUL (set by on_uri) */
-    bool started;    /* a request line has come in since phase_start (set by on_uri) */
+    bool receiving;    /* waiting for (the rest of) a request since phase_start */
+    bool killed;       /* shut down by the watchdog */
+    bool bad_target;   /* the current request's target holds a NUL (set by on_uri) */
+    bool started;      /* a request line has come in since phase_start (set by on_uri) */
+    bool in_body;      /* the request's headers are in, its body is coming */
+    bool body_stalled; /* answered 408 by the watchdog: no body byte for body_timeout_s */
     double phase_start;
+    double body_seen;       /* when the headers or the last body bytes came (with in_body) */
     struct server_req *req; /* the request whose handler runs or owes a reply */
 };
 
@@ -172,6 +175,7 @@ struct server_params server_default_params(void)
     p.port = 8080;
     p.max_body = 1 << 20;
     p.timeout_s = 30;
+    p.body_timeout_s = 10;
     p.max_conns = 512;
     p.max_conns_per_ip = -1; /* half of max_conns */
     p.http_threads = 1;
@@ -1213,8 +1217,10 @@ static void dispatch(struct server *s, struct server_req *r)
     enum ar_status st;
     bool refused;
     pthread_mutex_lock(&s->conn_mu);
-    if (r->cs)
+    if (r->cs) {
         r->cs->receiving = false;
+        r->cs->in_body = false;
+    }
     pthread_mutex_unlock(&s->conn_mu);
     if (r->too_large) {
         server_reply_error(r, 413, "invalid_request_error", "request_too_large",
@@ -1285,22 +1291,15 @@ static void dispatch(struct server *s, struct server_req *r)
  * reply only before or after the body): a JSON error, Connection: close, the write side shut so
  * that the client reads the answer and its end at once. The caller then closes the connection;
  * what the client has sent and we have not read is drained first so that the close is not a
- * reset that could overtake the answer. Event-loop thread of the connection. */
-static void send_raw_error(struct server_req *r, int status, const char *reason, const char *code,
-                           const char *msg)
+ * reset that could overtake the answer. raw_answer writes it; send_raw_error, on the event-loop
+ * thread of the connection, also makes it the request's final reply. */
+static void raw_answer(struct server *s, int fd, int status, const char *reason, const char *code,
+                       const char *msg)
 {
     char head[512], drain[4096];
     char *body;
-    int fd = -1, hl;
+    int hl;
     cJSON *root = cJSON_CreateObject(), *e = cJSON_AddObjectToObject(root, "error");
-    pthread_mutex_lock(&r->srv->conn_mu);
-    if (r->cs && !r->cs->killed)
-        fd = r->cs->fd;
-    pthread_mutex_unlock(&r->srv->conn_mu);
-    pthread_mutex_lock(&r->mu);
-    r->final = true; /* nothing else goes out for this request */
-    r->status = status;
-    pthread_mutex_unlock(&r->mu);
     if (e) {
         cJSON_AddStringToObject(e, "message", msg);
         cJSON_AddStringToObject(e, "type", "invalid_request_error");
@@ -1309,11 +1308,11 @@ static void send_raw_error(struct server_req *r, int status, const char *reason,
     body = e ? cJSON_PrintUnformatted(root) : NULL;
     cJSON_Delete(root);
     if (fd >= 0 && body) {
-        hl = snprintf(head, sizeof(head),
-                      "HTTP/1.1 %d %s\r\nConnection: close\r\nContent-Type: "
-                      "application/json\r\nContent-Length: %zu\r\n%s: %s\r\n\r\n",
-                      status, reason, strlen(body), SERVER_INSTANCE_HEADER,
-                      server_instance_name(r->srv));
+        hl =
+            snprintf(head, sizeof(head),
+                     "HTTP/1.1 %d %s\r\nConnection: close\r\nContent-Type: "
+                     "application/json\r\nContent-Length: %zu\r\n%s: %s\r\n\r\n",
+                     status, reason, strlen(body), SERVER_INSTANCE_HEADER, server_instance_name(s));
         if (hl > 0 && (size_t)hl < sizeof(head) &&
             send(fd, head, (size_t)hl, MSG_NOSIGNAL | MSG_DONTWAIT) == hl)
             (void)!send(fd, body, strlen(body), MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -1322,6 +1321,34 @@ static void send_raw_error(struct server_req *r, int status, const char *reason,
             ;
     }
     cJSON_free(body);
+}
+
+static void send_raw_error(struct server_req *r, int status, const char *reason, const char *code,
+                           const char *msg)
+{
+    int fd = -1;
+    pthread_mutex_lock(&r->srv->conn_mu);
+    if (r->cs && !r->cs->killed)
+        fd = r->cs->fd;
+    pthread_mutex_unlock(&r->srv->conn_mu);
+    pthread_mutex_lock(&r->mu);
+    r->final = true; /* nothing else goes out for this request */
+    r->status = status;
+    pthread_mutex_unlock(&r->mu);
+    raw_answer(r->srv, fd, status, reason, code, msg);
+}
+
+/* The headers (first) or more body bytes have come: the watchdog's body_timeout_s counts from
+ * now. */
+static void body_progress(struct server *s, struct server_req *r, bool first)
+{
+    pthread_mutex_lock(&s->conn_mu);
+    if (r->cs && r->cs->receiving) {
+        if (first)
+            r->cs->in_body = true;
+        r->cs->body_seen = ar_time_s();
+    }
+    pthread_mutex_unlock(&s->conn_mu);
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
@@ -1350,10 +1377,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         }
         *con_cls = r;
         admit(s, r, c);
-        return r->reply_ready ? queue_reply(r, false) : MHD_YES;
+        if (r->reply_ready)
+            return queue_reply(r, false);
+        body_progress(s, r, true);
+        return MHD_YES;
     }
     if (*upload_size) {
         bool was = r->too_large, was_bad = r->bad_coding;
+        body_progress(s, r, false);
         bool ok = take_body(s, r, upload_data, *upload_size);
         *upload_size = 0;
         if (ok && r->too_large && !was) {
@@ -1445,17 +1476,20 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     pthread_mutex_unlock(&r->mu);
     if (fn)
         fn(r, user);
-    observe_http(s, r, status);
     pthread_mutex_lock(&s->conn_mu);
     if (r->cs) {
+        if (r->cs->body_stalled) /* the watchdog's answer */
+            status = 408;
         if (r->cs->req == r)
             r->cs->req = NULL;
+        r->cs->in_body = false;
         r->cs->receiving = true;
         r->cs->started = false;
         r->cs->phase_start = ar_time_s();
         r->cs = NULL; /* the connection may close and free it now */
     }
     pthread_mutex_unlock(&s->conn_mu);
+    observe_http(s, r, status);
     req_release(r);
 }
 
@@ -1564,6 +1598,16 @@ static void *watchdog_main(void *arg)
                 if (!cs->killed && cs->fd >= 0 && now - cs->phase_start > s->p.timeout_s) {
                     shutdown(cs->fd, SHUT_RDWR);
                     cs->killed = true;
+                } else if (!cs->killed && cs->fd >= 0 && cs->in_body && s->p.body_timeout_s > 0 &&
+                           now - cs->body_seen > s->p.body_timeout_s) {
+                    /* a body that stopped coming: among others a chunk that declares more than
+                     * the limit and then nothing (libmicrohttpd keeps the declared size to
+                     * itself, so that cannot be told from a stall before bytes come) */
+                    raw_answer(s, cs->fd, 408, "Request Timeout", "body_timeout",
+                               "the request body stopped coming");
+                    shutdown(cs->fd, SHUT_RDWR);
+                    cs->killed = true;
+                    cs->body_stalled = true;
                 }
             } else if (cs->req && n_gone < (int)AR_ARRAY_LEN(gone) && peer_gone(cs->fd)) {
                 struct server_req *r = cs->req;
@@ -1698,8 +1742,9 @@ enum ar_status server_create(const struct server_params *p, struct server **out,
     struct server *s;
     enum ar_status st;
     *out = NULL;
-    if (!p || p->max_body == 0 || p->timeout_s <= 0 || p->max_conns < 1 || p->http_threads < 1 ||
-        p->port < 0 || p->port > 65535 || p->rate_rps < 0 || p->rate_tpm < 0 || p->n_ctx < 0)
+    if (!p || p->max_body == 0 || p->timeout_s <= 0 || !(p->body_timeout_s >= 0) ||
+        p->max_conns < 1 || p->http_threads < 1 || p->port < 0 || p->port > 65535 ||
+        p->rate_rps < 0 || p->rate_tpm < 0 || p->n_ctx < 0)
         return ar_err_set(err, AR_EINVAL, 0, "invalid server parameters");
     if (!(s = ar_calloc(1, sizeof(*s))))
         return AR_ENOMEM;

@@ -993,6 +993,73 @@ static void bad_chunk_sizes_are_answered_at_once(void **state)
     }
 }
 
+/* A body that stops coming is answered 408 after body_timeout_s, not held until timeout_s: a
+ * chunk that declares 2^64-1 bytes and then nothing (the declared size cannot be seen, see
+ * above), one that declares 256 bytes and sends 3, a Content-Length body cut short. A body that
+ * keeps coming, however slowly, is not cut. */
+static void stalled_body_gets_408_after_body_timeout(void **state)
+{
+    static const char *const stalls[] = {
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        "Transfer-Encoding: chunked\r\n\r\nffffffffffffffff\r\n",
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        "Transfer-Encoding: chunked\r\n\r\n100\r\nabc",
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        "Content-Length: 100\r\n\r\n{\"prompt\":",
+    };
+    static const char *const pieces[] = {"{\"cont", "ent\":\"sl", "ow but ", "steady\"", "}"};
+    struct server_params sp = server_default_params();
+    struct server *s;
+    int port, fd;
+    size_t n;
+    double secs;
+    char *raw;
+    struct resp r;
+    (void)state;
+    sp.body_timeout_s = 0.8; /* timeout_s stays 30 */
+    s = make_server(&sp, g_eng, &port);
+    for (size_t i = 0; i < AR_ARRAY_LEN(stalls); i++) {
+        cJSON *j;
+        raw = raw_exchange(port, stalls[i], strlen(stalls[i]), false, &n, &secs, NULL);
+        if (n == 0)
+            fail_msg("stall %zu: no answer after %.1f s", i, secs);
+        parse_response(raw, n, &r);
+        j = cJSON_Parse(r.body);
+        if (r.status != 408 || !jstr(j, "error.code") ||
+            strcmp(jstr(j, "error.code"), "body_timeout"))
+            fail_msg("stall %zu: status %d: %s", i, r.status, r.body);
+        if (secs < 0.7 || secs > 2.5)
+            fail_msg("stall %zu: answered after %.2f s (body timeout 0.8 s)", i, secs);
+        cJSON_Delete(j);
+        resp_free(&r);
+        free(raw);
+    }
+    assert_true(metric(port, "autoreply_http_request_duration_seconds_count{method=\"POST\","
+                             "endpoint=\"/v1/completions\",status=\"408\"}") == 3);
+    /* slow but steady: 1.2 s in all, never 0.8 s without a byte */
+    fd = connect_port(port);
+    {
+        const char *head = "POST /tokenize HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                           "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n";
+        assert_true(send_all(fd, head, strlen(head)));
+    }
+    for (size_t i = 0; i < AR_ARRAY_LEN(pieces); i++) {
+        char line[64];
+        int k = snprintf(line, sizeof(line), "%zx\r\n%s\r\n", strlen(pieces[i]), pieces[i]);
+        usleep(300000);
+        assert_true(send_all(fd, line, (size_t)k));
+    }
+    assert_true(send_all(fd, "0\r\n\r\n", 5));
+    raw = read_all(fd, &n);
+    close(fd);
+    parse_response(raw, n, &r);
+    if (r.status != 200)
+        fail_msg("a slow but steady body: status %d: %s", r.status, r.body);
+    resp_free(&r);
+    free(raw);
+    server_destroy(s);
+}
+
 /* A connected socket from src (a loopback address) to 127.0.0.1:port, receive timeout 5 s. */
 static int connect_from(const char *src, int port)
 {
@@ -1156,6 +1223,7 @@ int main(void)
         cmocka_unit_test(http_framing_errors_are_answered_at_once),
         cmocka_unit_test(huge_chunked_body_gets_413),
         cmocka_unit_test(bad_chunk_sizes_are_answered_at_once),
+        cmocka_unit_test(stalled_body_gets_408_after_body_timeout),
         cmocka_unit_test(idle_sockets_do_not_lock_others_out),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
