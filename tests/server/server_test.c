@@ -920,8 +920,9 @@ static void http_framing_errors_are_answered_at_once(void **state)
  * Not covered, and not fixed: a chunk that declares more than the limit and then stalls is read
  * by libmicrohttpd (0.9.75), which parses chunk sizes itself, accepts any that fits 64 bits,
  * calls us only with data bytes and has no call that tells the declared size; a huge size
- * followed by silence looks to us exactly like a slow sender, and is closed after timeout_s
- * like one. Sizes it cannot read are answered at once (bad_chunk_sizes_are_answered_at_once). */
+ * followed by silence looks to us exactly like a body that stalls, and gets the 408 of one
+ * after body_timeout_s (stalled_body_gets_408_after_body_timeout). Sizes it cannot read are
+ * answered at once (bad_chunk_sizes_are_answered_at_once). */
 static void expect_chunked_413(const char *head, const char *what)
 {
     size_t n, fed;
