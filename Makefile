@@ -11,7 +11,7 @@ BUILD    ?= build
 OPT      ?= -O2
 WERROR   ?=
 SAN      ?=
-PKGS     := libmicrohttpd sqlite3 libpcre2-8 libcjson msgpack libpq hiredis librabbitmq
+PKGS     := libmicrohttpd sqlite3 libpcre2-8 libcjson msgpack libpq hiredis librabbitmq zlib
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 

@@ -4,7 +4,7 @@
 set -e
 PKGS="build-essential pkg-config clang libclang-rt-14-dev curl
 libmicrohttpd-dev libsqlite3-dev libpcre2-dev libcjson-dev libmsgpack-dev libcmocka-dev
-libpq-dev libhiredis-dev librabbitmq-dev
+libpq-dev libhiredis-dev librabbitmq-dev zlib1g-dev
 postgresql redis-server rabbitmq-server nginx-light prometheus iproute2 procps"
 missing=""
 for p in $PKGS; do

@@ -40,6 +40,7 @@ static void serve_usage(FILE *out)
             "  --max-body BYTES      request body limit (1048576)\n"
             "  --max-job-body BYTES  POST /v1/jobs body limit (67108864)\n"
             "  --timeout S           a request must arrive within S seconds (30)\n"
+            "  --body-timeout S      a body that stops coming for S s gets 408 (10; 0: off)\n"
             "  --max-conns N         open connections (512)\n"
             "  --max-conns-per-ip N  open connections per client address (half of --max-conns;\n"
             "                        0: no limit, e.g. behind a proxy that is the only client)\n"
@@ -182,6 +183,9 @@ int cmd_serve(int argc, char **argv)
         } else if (!strcmp(a, "--timeout")) {
             NUM(0.1, 86400);
             sp.timeout_s = d;
+        } else if (!strcmp(a, "--body-timeout")) {
+            NUM(0, 86400);
+            sp.body_timeout_s = d;
         } else if (!strcmp(a, "--max-conns")) {
             INT(1, 1 << 20);
             sp.max_conns = (int)n;

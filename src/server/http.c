@@ -1,5 +1,6 @@
-/* http.c - the HTTP core over libmicrohttpd: route table, body intake with limits, auth and
- * request-rate limits, content negotiation, replies from any thread via suspend/resume, SSE
+/* http.c - the HTTP core over libmicrohttpd: route table, body intake with limits (gzip and
+ * deflate bodies inflated as they come in), auth and request-rate limits, content negotiation
+ * (gzip for large replies), replies from any thread via suspend/resume, SSE
  * streams, the instance header on every response, health checks of backends, the watchdog
  * (slow senders, vanished clients) and graceful stop.
  *
@@ -10,6 +11,7 @@
  * conn_mu is held. */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <netdb.h>
 #include <pthread.h>
@@ -24,6 +26,8 @@
 #include <unistd.h>
 
 #include <microhttpd.h>
+#define ZLIB_CONST /* next_in is const */
+#include <zlib.h>
 
 #include "server/server_internal.h"
 
@@ -34,6 +38,10 @@
 #define CONN_RESERVE_DIV 8
 #define IDLE_EVICT_MIN_S 0.2
 #define STREAM_BLOCK 16384
+/* Whole replies at least this long are gzipped for a client that accepts it (smaller ones gain
+ * too little for the time); they carry Vary: Accept-Encoding either way. */
+#define GZIP_MIN_REPLY 4096
+#define INFLATE_BLOCK 16384
 
 struct route {
     char *method; /* owned */
@@ -49,11 +57,14 @@ struct route {
 struct conn {
     struct conn *prev, *next;
     int fd;
-    bool receiving;  /* waiting for (the rest of) a request since phase_start */
-    bool killed;     /* shut down by the watchdog */
-    bool bad_target; /* the current request's target holds a NUL (set by on_uri) */
-    bool started;    /* a request line has come in since phase_start (set by on_uri) */
+    bool receiving;    /* waiting for (the rest of) a request since phase_start */
+    bool killed;       /* shut down by the watchdog */
+    bool bad_target;   /* the current request's target holds a NUL (set by on_uri) */
+    bool started;      /* a request line has come in since phase_start (set by on_uri) */
+    bool in_body;      /* the request's headers are in, its body is coming */
+    bool body_stalled; /* answered 408 by the watchdog: no body byte for body_timeout_s */
     double phase_start;
+    double body_seen;       /* when the headers or the last body bytes came (with in_body) */
     struct server_req *req; /* the request whose handler runs or owes a reply */
 };
 
@@ -80,7 +91,15 @@ struct server_req {
     size_t body_len, body_cap;
     uint64_t discarded;
     bool too_large;
-    cJSON *json; /* owned */
+    /* Content-Encoding of the body: inflated as it comes in, so that the route's limit holds
+     * for what it decompresses to */
+    enum { CODING_IDENTITY, CODING_GZIP, CODING_DEFLATE } coding;
+    z_stream zs;
+    bool zs_live;     /* zs is initialised (inflateEnd owed) */
+    bool zs_end;      /* the compressed stream has ended */
+    bool bad_coding;  /* the body is not valid data of its Content-Encoding */
+    bool accept_gzip; /* Accept-Encoding allows gzip (set by admit, read-only afterwards) */
+    cJSON *json;      /* owned */
     struct arena_block *arena;
     /* reply state, under mu */
     bool handled;     /* the request was fully received and dispatched */
@@ -91,6 +110,8 @@ struct server_req {
     char *out; /* owned */
     size_t out_len;
     const char *out_type;
+    bool out_gzip;    /* out is gzip-compressed */
+    bool out_vary;    /* out's encoding depends on Accept-Encoding */
     char *hdrs[8][2]; /* owned extra headers */
     int n_hdrs;
     bool stream, stream_queued, stream_end;
@@ -154,6 +175,7 @@ struct server_params server_default_params(void)
     p.port = 8080;
     p.max_body = 1 << 20;
     p.timeout_s = 30;
+    p.body_timeout_s = 10;
     p.max_conns = 512;
     p.max_conns_per_ip = -1; /* half of max_conns */
     p.http_threads = 1;
@@ -230,6 +252,8 @@ static void req_destroy(struct server_req *r)
         ar_free(r->hdrs[i][0]);
         ar_free(r->hdrs[i][1]);
     }
+    if (r->zs_live)
+        inflateEnd(&r->zs);
     cJSON_Delete(r->json);
     ar_free(r->body);
     ar_free(r->out);
@@ -411,12 +435,59 @@ void server_reply_header(struct server_req *req, const char *name, const char *v
     pthread_mutex_unlock(&req->mu);
 }
 
+/* data[0..len) as one gzip member (ar_malloc'd, *out_len its length); NULL when it cannot be
+ * made. */
+static char *gzip_bytes(const char *data, size_t len, size_t *out_len)
+{
+    z_stream zs;
+    char *out;
+    uLong cap;
+    int rc;
+    if (len > UINT_MAX)
+        return NULL;
+    memset(&zs, 0, sizeof(zs));
+    /* 16 + window bits: a gzip header and trailer; level 5: most of the gain, quickly */
+    if (deflateInit2(&zs, 5, Z_DEFLATED, 16 + MAX_WBITS, 8, Z_DEFAULT_STRATEGY) != Z_OK)
+        return NULL;
+    cap = deflateBound(&zs, (uLong)len);
+    if (cap > UINT_MAX || !(out = ar_malloc(cap))) {
+        deflateEnd(&zs);
+        return NULL;
+    }
+    zs.next_in = (const Bytef *)data;
+    zs.avail_in = (uInt)len;
+    zs.next_out = (Bytef *)out;
+    zs.avail_out = (uInt)cap;
+    rc = deflate(&zs, Z_FINISH);
+    *out_len = zs.total_out;
+    deflateEnd(&zs);
+    if (rc != Z_STREAM_END) {
+        ar_free(out);
+        return NULL;
+    }
+    return out;
+}
+
 /* Makes the final reply; takes data (may be NULL when out of memory: 500 without body).
  * Returns whether this reply's status is the one sent (not a later reply, nor an error after a
  * stream started). */
 static bool set_reply(struct server_req *r, int status, const char *type, char *data, size_t len)
 {
-    bool deact, sent = false;
+    bool deact, sent = false, gz = false, vary = false;
+    /* compressed here, on the handler's thread, not on the event loop */
+    if (data && len >= GZIP_MIN_REPLY) {
+        size_t zlen = 0;
+        char *z = r->accept_gzip ? gzip_bytes(data, len, &zlen) : NULL;
+        vary = true;
+        if (z && zlen < len) {
+            ar_free(data);
+            data = z;
+            len = zlen;
+            gz = true;
+        } else {
+            ar_free(z);
+        }
+    }
     pthread_mutex_lock(&r->mu);
     if (r->final) {
         pthread_mutex_unlock(&r->mu);
@@ -441,6 +512,8 @@ static bool set_reply(struct server_req *r, int status, const char *type, char *
         r->out = data;
         r->out_len = data ? len : 0;
         r->out_type = type;
+        r->out_gzip = gz;
+        r->out_vary = vary;
     }
     wake(r);
     deact = r->active;
@@ -660,6 +733,10 @@ static enum MHD_Result queue_reply(struct server_req *r, bool stream)
                                                MHD_RESPMEM_MUST_COPY);
         if (resp && r->out_len)
             MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, r->out_type);
+        if (resp && r->out_gzip)
+            MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_ENCODING, "gzip");
+        if (resp && r->out_vary)
+            MHD_add_response_header(resp, MHD_HTTP_HEADER_VARY, MHD_HTTP_HEADER_ACCEPT_ENCODING);
     } else {
         resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, STREAM_BLOCK, stream_read, r,
                                                  stream_free);
@@ -752,6 +829,81 @@ static bool body_format(const char *ct, enum codec_format *f)
         return true;
     }
     return false;
+}
+
+/* Whether an Accept-Encoding value lets us send gzip (RFC 9110 12.5.3): "gzip" or "x-gzip",
+ * else "*", with a q-value above 0; "gzip;q=0" refuses it even when "*" would allow it. */
+static bool accepts_gzip(const char *v)
+{
+    int gzip = -1, star = -1; /* -1 not named, else whether its q is above 0 */
+    while (v && *v) {
+        size_t item, name;
+        const char *semi;
+        double q = 1;
+        v += strspn(v, " \t");
+        item = strcspn(v, ",");
+        name = strcspn(v, " \t;,");
+        semi = memchr(v, ';', item);
+        if (semi) { /* parameters: only q matters ("q=0.5", spaces allowed around '=') */
+            const char *p = semi + 1 + strspn(semi + 1, " \t");
+            if (*p == 'q' || *p == 'Q') {
+                p++;
+                p += strspn(p, " \t");
+                if (*p == '=')
+                    q = strtod(p + 1, NULL);
+            }
+        }
+        if ((name == 4 && !strncasecmp(v, "gzip", 4)) ||
+            (name == 6 && !strncasecmp(v, "x-gzip", 6)))
+            gzip = q > 0;
+        else if (name == 1 && *v == '*')
+            star = q > 0;
+        v += item;
+        if (*v == ',')
+            v++;
+    }
+    return gzip >= 0 ? gzip == 1 : star == 1;
+}
+
+struct coding_scan {
+    int n;
+    const char *value; /* the first Content-Encoding */
+};
+
+static enum MHD_Result coding_header(void *cls, enum MHD_ValueKind kind, const char *key,
+                                     const char *value)
+{
+    struct coding_scan *cs = cls;
+    (void)kind;
+    if (!strcasecmp(key, MHD_HTTP_HEADER_CONTENT_ENCODING) && cs->n++ == 0)
+        cs->value = value ? value : "";
+    return MHD_YES;
+}
+
+/* The body's Content-Encoding: none, identity, gzip (x-gzip) or deflate (the zlib format, RFC
+ * 9110 8.4.1.2), one coding only; false for anything else. */
+static bool body_coding(struct MHD_Connection *c, struct server_req *r)
+{
+    struct coding_scan cs = {0};
+    size_t a, b;
+    MHD_get_connection_values(c, MHD_HEADER_KIND, coding_header, &cs);
+    r->coding = CODING_IDENTITY;
+    if (cs.n == 0)
+        return true;
+    if (cs.n > 1)
+        return false;
+    a = strspn(cs.value, " \t");
+    b = strlen(cs.value);
+    while (b > a && (cs.value[b - 1] == ' ' || cs.value[b - 1] == '\t'))
+        b--;
+    if ((b - a == 4 && !strncasecmp(cs.value + a, "gzip", 4)) ||
+        (b - a == 6 && !strncasecmp(cs.value + a, "x-gzip", 6)))
+        r->coding = CODING_GZIP;
+    else if (b - a == 7 && !strncasecmp(cs.value + a, "deflate", 7))
+        r->coding = CODING_DEFLATE;
+    else if (!(b - a == 8 && !strncasecmp(cs.value + a, "identity", 8)))
+        return false;
+    return true;
 }
 
 static struct conn *conn_of(struct MHD_Connection *c)
@@ -854,6 +1006,8 @@ static void admit(struct server *s, struct server_req *r, struct MHD_Connection 
     const struct route *rt = find_route(s, r->method, r->path, &known, allow, sizeof(allow));
     v = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_ACCEPT);
     r->out_fmt = v && strstr(v, "msgpack") ? CODEC_MSGPACK : CODEC_JSON;
+    r->accept_gzip =
+        accepts_gzip(MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Accept-Encoding"));
     client_address(c, r->client, sizeof(r->client));
     if (!framing_ok(s, r, c))
         return;
@@ -908,6 +1062,11 @@ static void admit(struct server *s, struct server_req *r, struct MHD_Connection 
                                "Content-Type must be application/json or application/msgpack");
             return;
         }
+        if (!body_coding(c, r)) {
+            server_reply_error(r, 415, "invalid_request_error", "unsupported_content_encoding",
+                               "Content-Encoding must be gzip, deflate or identity (one coding)");
+            return;
+        }
         v = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (v) {
             char *end;
@@ -921,15 +1080,10 @@ static void admit(struct server *s, struct server_req *r, struct MHD_Connection 
     }
 }
 
-/* Body bytes: kept up to max_body; beyond (chunked uploads) counted and dropped so that a 413
- * can still be sent, up to a bound after which the connection is closed. */
-static bool take_body(struct server *s, struct server_req *r, const char *data, size_t n)
+/* Decoded body bytes: kept up to limit; beyond, the body is too large and dropped. False when
+ * out of memory. */
+static bool keep_body(struct server_req *r, size_t limit, const char *data, size_t n)
 {
-    size_t limit = r->route ? r->route->max_body : s->p.max_body;
-    if (r->too_large || !r->route || !(r->route->flags & (SERVER_ROUTE_BODY | SERVER_ROUTE_RAW))) {
-        r->discarded += n;
-        return r->discarded <= (uint64_t)limit + (1u << 20);
-    }
     if (r->body_len + n > limit) {
         r->too_large = true;
         r->discarded = r->body_len + n;
@@ -949,6 +1103,76 @@ static bool take_body(struct server *s, struct server_req *r, const char *data, 
     memcpy(r->body + r->body_len, data, n);
     r->body_len += n;
     return true;
+}
+
+/* Compressed body bytes: inflated through a small buffer into keep_body, which stops at the
+ * limit, so a zip bomb costs the limit and the time to inflate that much, never more. A second
+ * gzip member may follow the first (RFC 1952); anything after a deflate stream, or bytes that
+ * are no such stream, make the body bad. False when out of memory. */
+static bool inflate_body(struct server_req *r, size_t limit, const char *data, size_t n)
+{
+    unsigned char out[INFLATE_BLOCK];
+    if (!r->zs_live) {
+        memset(&r->zs, 0, sizeof(r->zs));
+        /* 16 + window bits: gzip only; window bits alone: the zlib format only */
+        if (inflateInit2(&r->zs, r->coding == CODING_GZIP ? 16 + MAX_WBITS : MAX_WBITS) != Z_OK)
+            return false;
+        r->zs_live = true;
+    }
+    while (n > 0 && !r->too_large && !r->bad_coding) {
+        size_t piece = AR_MIN(n, (size_t)UINT_MAX);
+        r->zs.next_in = (const Bytef *)data;
+        r->zs.avail_in = (uInt)piece;
+        /* until this input is used up and no output is pending (a full out may hold more) */
+        while (!r->too_large && !r->bad_coding) {
+            int rc;
+            size_t got;
+            if (r->zs_end) {
+                if (r->zs.avail_in == 0)
+                    break;
+                if (r->coding != CODING_GZIP || inflateReset(&r->zs) != Z_OK) {
+                    r->bad_coding = true;
+                    break;
+                }
+                r->zs_end = false;
+            }
+            r->zs.next_out = out;
+            r->zs.avail_out = sizeof(out);
+            rc = inflate(&r->zs, Z_NO_FLUSH);
+            got = sizeof(out) - r->zs.avail_out;
+            if (got && !keep_body(r, limit, (const char *)out, got))
+                return false;
+            if (rc == Z_STREAM_END)
+                r->zs_end = true;
+            else if (rc == Z_MEM_ERROR)
+                return false;
+            else if (rc == Z_BUF_ERROR && r->zs.avail_in == 0)
+                break;           /* nothing pending: it needs more input */
+            else if (rc != Z_OK) /* Z_DATA_ERROR, Z_NEED_DICT */
+                r->bad_coding = true;
+            if (!r->zs_end && r->zs.avail_in == 0 && r->zs.avail_out > 0)
+                break;
+        }
+        data += piece;
+        n -= piece;
+    }
+    return true;
+}
+
+/* Body bytes: kept (inflated first when the body is compressed) up to max_body; beyond, or
+ * once the coding is bad, counted and dropped so that an error can still be sent, up to a
+ * bound after which the connection is closed. */
+static bool take_body(struct server *s, struct server_req *r, const char *data, size_t n)
+{
+    size_t limit = r->route ? r->route->max_body : s->p.max_body;
+    if (r->too_large || r->bad_coding || !r->route ||
+        !(r->route->flags & (SERVER_ROUTE_BODY | SERVER_ROUTE_RAW))) {
+        r->discarded += n;
+        return r->discarded <= (uint64_t)limit + (1u << 20);
+    }
+    if (r->coding != CODING_IDENTITY)
+        return inflate_body(r, limit, data, n);
+    return keep_body(r, limit, data, n);
 }
 
 /* SERVER_ROUTE_RAW | SERVER_ROUTE_BODY: parses what is one object or array, keeps the raw
@@ -993,13 +1217,27 @@ static void dispatch(struct server *s, struct server_req *r)
     enum ar_status st;
     bool refused;
     pthread_mutex_lock(&s->conn_mu);
-    if (r->cs)
+    if (r->cs) {
         r->cs->receiving = false;
+        r->cs->in_body = false;
+    }
     pthread_mutex_unlock(&s->conn_mu);
     if (r->too_large) {
         server_reply_error(r, 413, "invalid_request_error", "request_too_large",
                            "the body is larger than %zu bytes", r->route->max_body);
         return;
+    }
+    if (r->coding != CODING_IDENTITY &&
+        (r->route->flags & (SERVER_ROUTE_BODY | SERVER_ROUTE_RAW))) {
+        /* an empty body is no compressed stream either */
+        if (r->bad_coding || !r->zs_end) {
+            server_reply_error(r, 400, "invalid_request_error", "invalid_content_encoding",
+                               "the body is not complete %s data",
+                               r->coding == CODING_GZIP ? "gzip" : "deflate (zlib)");
+            return;
+        }
+        inflateEnd(&r->zs);
+        r->zs_live = false;
     }
     if (r->route->flags & SERVER_ROUTE_RAW) {
         if (r->body)
@@ -1053,22 +1291,15 @@ static void dispatch(struct server *s, struct server_req *r)
  * reply only before or after the body): a JSON error, Connection: close, the write side shut so
  * that the client reads the answer and its end at once. The caller then closes the connection;
  * what the client has sent and we have not read is drained first so that the close is not a
- * reset that could overtake the answer. Event-loop thread of the connection. */
-static void send_raw_error(struct server_req *r, int status, const char *reason, const char *code,
-                           const char *msg)
+ * reset that could overtake the answer. raw_answer writes it; send_raw_error, on the event-loop
+ * thread of the connection, also makes it the request's final reply. */
+static void raw_answer(struct server *s, int fd, int status, const char *reason, const char *code,
+                       const char *msg)
 {
     char head[512], drain[4096];
     char *body;
-    int fd = -1, hl;
+    int hl;
     cJSON *root = cJSON_CreateObject(), *e = cJSON_AddObjectToObject(root, "error");
-    pthread_mutex_lock(&r->srv->conn_mu);
-    if (r->cs && !r->cs->killed)
-        fd = r->cs->fd;
-    pthread_mutex_unlock(&r->srv->conn_mu);
-    pthread_mutex_lock(&r->mu);
-    r->final = true; /* nothing else goes out for this request */
-    r->status = status;
-    pthread_mutex_unlock(&r->mu);
     if (e) {
         cJSON_AddStringToObject(e, "message", msg);
         cJSON_AddStringToObject(e, "type", "invalid_request_error");
@@ -1077,11 +1308,11 @@ static void send_raw_error(struct server_req *r, int status, const char *reason,
     body = e ? cJSON_PrintUnformatted(root) : NULL;
     cJSON_Delete(root);
     if (fd >= 0 && body) {
-        hl = snprintf(head, sizeof(head),
-                      "HTTP/1.1 %d %s\r\nConnection: close\r\nContent-Type: "
-                      "application/json\r\nContent-Length: %zu\r\n%s: %s\r\n\r\n",
-                      status, reason, strlen(body), SERVER_INSTANCE_HEADER,
-                      server_instance_name(r->srv));
+        hl =
+            snprintf(head, sizeof(head),
+                     "HTTP/1.1 %d %s\r\nConnection: close\r\nContent-Type: "
+                     "application/json\r\nContent-Length: %zu\r\n%s: %s\r\n\r\n",
+                     status, reason, strlen(body), SERVER_INSTANCE_HEADER, server_instance_name(s));
         if (hl > 0 && (size_t)hl < sizeof(head) &&
             send(fd, head, (size_t)hl, MSG_NOSIGNAL | MSG_DONTWAIT) == hl)
             (void)!send(fd, body, strlen(body), MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -1090,6 +1321,34 @@ static void send_raw_error(struct server_req *r, int status, const char *reason,
             ;
     }
     cJSON_free(body);
+}
+
+static void send_raw_error(struct server_req *r, int status, const char *reason, const char *code,
+                           const char *msg)
+{
+    int fd = -1;
+    pthread_mutex_lock(&r->srv->conn_mu);
+    if (r->cs && !r->cs->killed)
+        fd = r->cs->fd;
+    pthread_mutex_unlock(&r->srv->conn_mu);
+    pthread_mutex_lock(&r->mu);
+    r->final = true; /* nothing else goes out for this request */
+    r->status = status;
+    pthread_mutex_unlock(&r->mu);
+    raw_answer(r->srv, fd, status, reason, code, msg);
+}
+
+/* The headers (first) or more body bytes have come: the watchdog's body_timeout_s counts from
+ * now. */
+static void body_progress(struct server *s, struct server_req *r, bool first)
+{
+    pthread_mutex_lock(&s->conn_mu);
+    if (r->cs && r->cs->receiving) {
+        if (first)
+            r->cs->in_body = true;
+        r->cs->body_seen = ar_time_s();
+    }
+    pthread_mutex_unlock(&s->conn_mu);
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
@@ -1118,16 +1377,29 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         }
         *con_cls = r;
         admit(s, r, c);
-        return r->reply_ready ? queue_reply(r, false) : MHD_YES;
+        if (r->reply_ready)
+            return queue_reply(r, false);
+        body_progress(s, r, true);
+        return MHD_YES;
     }
     if (*upload_size) {
-        bool was = r->too_large, ok = take_body(s, r, upload_data, *upload_size);
+        bool was = r->too_large, was_bad = r->bad_coding;
+        body_progress(s, r, false);
+        bool ok = take_body(s, r, upload_data, *upload_size);
         *upload_size = 0;
         if (ok && r->too_large && !was) {
             /* libmicrohttpd cannot queue a reply while a body comes in: answer on the socket
              * and close it rather than take the rest (up to a bound) or reset it */
             send_raw_error(r, 413, "Payload Too Large", "request_too_large",
-                           "the body is larger than the limit of this route");
+                           r->coding != CODING_IDENTITY
+                               ? "the decompressed body is larger than the limit of this route"
+                               : "the body is larger than the limit of this route");
+            return MHD_NO;
+        }
+        if (ok && r->bad_coding && !was_bad) { /* the same, for bytes that do not inflate */
+            send_raw_error(r, 400, "Bad Request", "invalid_content_encoding",
+                           r->coding == CODING_GZIP ? "the body is not valid gzip data"
+                                                    : "the body is not valid deflate (zlib) data");
             return MHD_NO;
         }
         return ok ? MHD_YES : MHD_NO;
@@ -1204,17 +1476,20 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     pthread_mutex_unlock(&r->mu);
     if (fn)
         fn(r, user);
-    observe_http(s, r, status);
     pthread_mutex_lock(&s->conn_mu);
     if (r->cs) {
+        if (r->cs->body_stalled) /* the watchdog's answer */
+            status = 408;
         if (r->cs->req == r)
             r->cs->req = NULL;
+        r->cs->in_body = false;
         r->cs->receiving = true;
         r->cs->started = false;
         r->cs->phase_start = ar_time_s();
         r->cs = NULL; /* the connection may close and free it now */
     }
     pthread_mutex_unlock(&s->conn_mu);
+    observe_http(s, r, status);
     req_release(r);
 }
 
@@ -1323,6 +1598,16 @@ static void *watchdog_main(void *arg)
                 if (!cs->killed && cs->fd >= 0 && now - cs->phase_start > s->p.timeout_s) {
                     shutdown(cs->fd, SHUT_RDWR);
                     cs->killed = true;
+                } else if (!cs->killed && cs->fd >= 0 && cs->in_body && s->p.body_timeout_s > 0 &&
+                           now - cs->body_seen > s->p.body_timeout_s) {
+                    /* a body that stopped coming: among others a chunk that declares more than
+                     * the limit and then nothing (libmicrohttpd keeps the declared size to
+                     * itself, so that cannot be told from a stall before bytes come) */
+                    raw_answer(s, cs->fd, 408, "Request Timeout", "body_timeout",
+                               "the request body stopped coming");
+                    shutdown(cs->fd, SHUT_RDWR);
+                    cs->killed = true;
+                    cs->body_stalled = true;
                 }
             } else if (cs->req && n_gone < (int)AR_ARRAY_LEN(gone) && peer_gone(cs->fd)) {
                 struct server_req *r = cs->req;
@@ -1457,8 +1742,9 @@ enum ar_status server_create(const struct server_params *p, struct server **out,
     struct server *s;
     enum ar_status st;
     *out = NULL;
-    if (!p || p->max_body == 0 || p->timeout_s <= 0 || p->max_conns < 1 || p->http_threads < 1 ||
-        p->port < 0 || p->port > 65535 || p->rate_rps < 0 || p->rate_tpm < 0 || p->n_ctx < 0)
+    if (!p || p->max_body == 0 || p->timeout_s <= 0 || !(p->body_timeout_s >= 0) ||
+        p->max_conns < 1 || p->http_threads < 1 || p->port < 0 || p->port > 65535 ||
+        p->rate_rps < 0 || p->rate_tpm < 0 || p->n_ctx < 0)
         return ar_err_set(err, AR_EINVAL, 0, "invalid server parameters");
     if (!(s = ar_calloc(1, sizeof(*s))))
         return AR_ENOMEM;

@@ -31,6 +31,8 @@ struct server_params {
     size_t max_body;          /* request body limit, bytes (1 MiB); larger: 413 */
     double timeout_s;         /* a whole request must arrive within this; idle keep-alive
                                  connections are closed after it (30) */
+    double body_timeout_s;    /* a body that stops coming (no byte for this long) is answered
+                                 408 and its connection closed (10); 0: only timeout_s */
     int max_conns;            /* open connections, all clients (512) */
     int max_conns_per_ip;     /* open connections per client address, more are closed at once
                                  (0: no limit; -1, the default: half of max_conns) */

@@ -918,8 +918,11 @@ static void http_framing_errors_are_answered_at_once(void **state)
 /* A chunked body over the route's limit gets a 413 as soon as the limit is passed (not a reset
  * after more bytes), whether it comes in chunks or in one chunk that declares 2^64-1 bytes.
  * Not covered, and not fixed: a chunk that declares more than the limit and then stalls is read
- * by libmicrohttpd, which gives us neither the declared size nor a way to answer before body
- * bytes arrive; it is closed after timeout_s like any slow sender. */
+ * by libmicrohttpd (0.9.75), which parses chunk sizes itself, accepts any that fits 64 bits,
+ * calls us only with data bytes and has no call that tells the declared size; a huge size
+ * followed by silence looks to us exactly like a body that stalls, and gets the 408 of one
+ * after body_timeout_s (stalled_body_gets_408_after_body_timeout). Sizes it cannot read are
+ * answered at once (bad_chunk_sizes_are_answered_at_once). */
 static void expect_chunked_413(const char *head, const char *what)
 {
     size_t n, fed;
@@ -952,6 +955,110 @@ static void huge_chunked_body_gets_413(void **state)
     http(g_port, "GET", "/health", NULL, NULL, 0, &r);
     assert_int_equal(r.status, 200);
     resp_free(&r);
+}
+
+/* A chunk size that is not hexadecimal gets 400 and one that overflows 64 bits 413, within a
+ * second and with the connection closed; libmicrohttpd answers these itself (its own short
+ * HTML page: it gives the application no say), so only the status and the close are checked. */
+static void bad_chunk_sizes_are_answered_at_once(void **state)
+{
+    static const struct {
+        const char *size;
+        int status;
+    } cases[] = {{"zz", 400},
+                 {"-5", 400},
+                 {" 5", 400},
+                 {"0x10", 400},
+                 {"1ffffffffffffffff", 413},
+                 {"ffffffffffffffff0", 413}};
+    (void)state;
+    for (size_t i = 0; i < AR_ARRAY_LEN(cases); i++) {
+        char req[512];
+        size_t n;
+        double secs;
+        struct resp r;
+        char *raw;
+        int k = snprintf(req, sizeof(req),
+                         "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                         "application/json\r\nTransfer-Encoding: chunked\r\n\r\n%s\r\n",
+                         cases[i].size);
+        raw = raw_exchange(g_port, req, (size_t)k, false, &n, &secs, NULL);
+        if (n == 0)
+            fail_msg("chunk size \"%s\": no answer after %.1f s", cases[i].size, secs);
+        parse_response(raw, n, &r);
+        if (r.status != cases[i].status || secs > 1.0)
+            fail_msg("chunk size \"%s\": status %d after %.1f s, want %d at once", cases[i].size,
+                     r.status, secs, cases[i].status);
+        resp_free(&r);
+        free(raw);
+    }
+}
+
+/* A body that stops coming is answered 408 after body_timeout_s, not held until timeout_s: a
+ * chunk that declares 2^64-1 bytes and then nothing (the declared size cannot be seen, see
+ * above), one that declares 256 bytes and sends 3, a Content-Length body cut short. A body that
+ * keeps coming, however slowly, is not cut. */
+static void stalled_body_gets_408_after_body_timeout(void **state)
+{
+    static const char *const stalls[] = {
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        "Transfer-Encoding: chunked\r\n\r\nffffffffffffffff\r\n",
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        "Transfer-Encoding: chunked\r\n\r\n100\r\nabc",
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        "Content-Length: 100\r\n\r\n{\"prompt\":",
+    };
+    static const char *const pieces[] = {"{\"cont", "ent\":\"sl", "ow but ", "steady\"", "}"};
+    struct server_params sp = server_default_params();
+    struct server *s;
+    int port, fd;
+    size_t n;
+    double secs;
+    char *raw;
+    struct resp r;
+    (void)state;
+    sp.body_timeout_s = 0.8; /* timeout_s stays 30 */
+    s = make_server(&sp, g_eng, &port);
+    for (size_t i = 0; i < AR_ARRAY_LEN(stalls); i++) {
+        cJSON *j;
+        raw = raw_exchange(port, stalls[i], strlen(stalls[i]), false, &n, &secs, NULL);
+        if (n == 0)
+            fail_msg("stall %zu: no answer after %.1f s", i, secs);
+        parse_response(raw, n, &r);
+        j = cJSON_Parse(r.body);
+        if (r.status != 408 || !jstr(j, "error.code") ||
+            strcmp(jstr(j, "error.code"), "body_timeout"))
+            fail_msg("stall %zu: status %d: %s", i, r.status, r.body);
+        if (secs < 0.7 || secs > 2.5)
+            fail_msg("stall %zu: answered after %.2f s (body timeout 0.8 s)", i, secs);
+        cJSON_Delete(j);
+        resp_free(&r);
+        free(raw);
+    }
+    assert_true(metric(port, "autoreply_http_request_duration_seconds_count{method=\"POST\","
+                             "endpoint=\"/v1/completions\",status=\"408\"}") == 3);
+    /* slow but steady: 1.2 s in all, never 0.8 s without a byte */
+    fd = connect_port(port);
+    {
+        const char *head = "POST /tokenize HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                           "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n";
+        assert_true(send_all(fd, head, strlen(head)));
+    }
+    for (size_t i = 0; i < AR_ARRAY_LEN(pieces); i++) {
+        char line[64];
+        int k = snprintf(line, sizeof(line), "%zx\r\n%s\r\n", strlen(pieces[i]), pieces[i]);
+        usleep(300000);
+        assert_true(send_all(fd, line, (size_t)k));
+    }
+    assert_true(send_all(fd, "0\r\n\r\n", 5));
+    raw = read_all(fd, &n);
+    close(fd);
+    parse_response(raw, n, &r);
+    if (r.status != 200)
+        fail_msg("a slow but steady body: status %d: %s", r.status, r.body);
+    resp_free(&r);
+    free(raw);
+    server_destroy(s);
 }
 
 /* A connected socket from src (a loopback address) to 127.0.0.1:port, receive timeout 5 s. */
@@ -1116,6 +1223,8 @@ int main(void)
         cmocka_unit_test(slow_client_is_dropped_while_others_are_served),
         cmocka_unit_test(http_framing_errors_are_answered_at_once),
         cmocka_unit_test(huge_chunked_body_gets_413),
+        cmocka_unit_test(bad_chunk_sizes_are_answered_at_once),
+        cmocka_unit_test(stalled_body_gets_408_after_body_timeout),
         cmocka_unit_test(idle_sockets_do_not_lock_others_out),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
