@@ -41,7 +41,8 @@ static int teardown(void **state)
 {
     (void)state;
     th_serve_stop(&g.srv);
-    th_sh_run("rm -rf '%s'", g.dir);
+    struct th_run r = th_sh_run("rm -rf '%s'", g.dir);
+    th_run_free(&r);
     return 0;
 }
 
