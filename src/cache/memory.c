@@ -211,8 +211,8 @@ static struct shard *shard_for(struct mem_cache *mc, uint64_t hash)
     return &mc->shards[(hash >> 32) % (uint64_t)mc->n_shards];
 }
 
-static int mem_get(struct cache *c, const char *key, size_t key_len, char **value_out,
-                   size_t *value_len)
+static int mem_get(struct cache *c, const char *key, size_t key_len, unsigned flags,
+                   char **value_out, size_t *value_len)
 {
     struct mem_cache *mc = (struct mem_cache *)c;
     struct shard *s;
@@ -241,8 +241,10 @@ static int mem_get(struct cache *c, const char *key, size_t key_len, char **valu
             copy = ar_strndup(e->data + e->key_len, e->value_len);
         if (!value_out || copy) {
             hit = true;
-            lru_unlink(e);
-            lru_push_front(s, e);
+            if (!(flags & CACHE_GET_READ_ONLY)) {
+                lru_unlink(e);
+                lru_push_front(s, e);
+            }
             if (value_out)
                 *value_out = copy;
             if (value_len)
