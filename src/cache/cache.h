@@ -55,6 +55,16 @@ struct cache_ops {
     void (*stats)(struct cache *c, struct cache_stats *out);
     bool (*healthy)(struct cache *c); /* NULL: always */
     void (*destroy)(struct cache *c);
+    /* Optional (NULL: unknown, i.e. the whole TTL of the level it is copied into). get, and on
+     * a hit *ttl_left_s: the seconds the entry has left (INFINITY: no expiry; 0: unknown or
+     * gone, do not copy it). What a tiered cache asks its L2, so that a copy in L1 expires
+     * with the original, never later. */
+    int (*get_ttl)(struct cache *c, const char *key, size_t key_len, unsigned flags,
+                   char **value_out, size_t *value_len, double *ttl_left_s);
+    /* Optional (NULL: put). put with at most life_s seconds to live (> 0), or less when the
+     * cache's own TTL is shorter. */
+    enum ar_status (*put_ttl)(struct cache *c, const char *key, size_t key_len, const char *value,
+                              size_t value_len, double life_s);
 };
 
 /* The head of every implementation's handle (its first member). */
@@ -156,12 +166,13 @@ bool cache_redis_healthy(struct cache *c);
 
 /* ---- two levels (tiered.c) -------------------------------------------------------------- */
 
-/* A cache that gets from l1, then from l2 (a hit there is copied into l1), and puts into
- * both. Takes ownership of l1 and l2, on success and on failure (cache_destroy of the tiered
- * cache destroys both). A put answers AR_OK when both levels stored the entry, else the
- * status of the first level that failed (the other still got it). Stats: hits of both
- * levels (l2_hits: those of l2), misses of both, errors of both, evictions, expired and sizes
- * of l1. AR_EINVAL for NULL levels, AR_ENOMEM. */
+/* A cache that gets from l1, then from l2 (a hit there is copied into l1 to expire when the
+ * l2 entry does, when l2 can tell (get_ttl) and l1 can hold it so (put_ttl): a TTL counts from
+ * the first put, not from the copy), and puts into both. Takes ownership of l1 and l2, on success
+ * and on failure (cache_destroy of the tiered cache destroys both). A put answers AR_OK when both
+ * levels stored the entry, else the status of the first level that failed (the other still got it).
+ * Stats: hits of both levels (l2_hits: those of l2), misses of both, errors of both, evictions,
+ * expired and sizes of l1. AR_EINVAL for NULL levels, AR_ENOMEM. */
 enum ar_status cache_tiered_create(struct cache *l1, struct cache *l2, struct cache **out);
 
 /* ---- by URL (cache.c) ------------------------------------------------------------------ */

@@ -4,6 +4,7 @@
  * copies nothing. */
 #include "cache.h"
 
+#include <math.h>
 #include <stdatomic.h>
 
 struct tiered_cache {
@@ -18,6 +19,7 @@ static int tc_get(struct cache *c, const char *key, size_t key_len, unsigned fla
     struct tiered_cache *tc = (struct tiered_cache *)c;
     char *v = NULL;
     size_t n = 0;
+    double left = (double)INFINITY; /* L2 cannot tell: L1's own TTL */
     if (value_out)
         *value_out = NULL;
     if (value_len)
@@ -28,13 +30,19 @@ static int tc_get(struct cache *c, const char *key, size_t key_len, unsigned fla
         atomic_fetch_add_explicit(&tc->hits1, 1, memory_order_relaxed);
         return 1;
     }
-    if (!cache_get_flags(tc->l2, key, key_len, flags, &v, &n)) {
+    if (!(tc->l2->ops->get_ttl ? tc->l2->ops->get_ttl(tc->l2, key, key_len, flags, &v, &n, &left)
+                               : cache_get_flags(tc->l2, key, key_len, flags, &v, &n))) {
         atomic_fetch_add_explicit(&tc->misses, 1, memory_order_relaxed);
         return 0;
     }
-    /* an entry L1 cannot hold (AR_ERANGE) is still a hit; a read-only get leaves L1 as it was */
-    if (!(flags & CACHE_GET_READ_ONLY))
-        (void)cache_put(tc->l1, key, key_len, v, n);
+    /* an entry L1 cannot hold (AR_ERANGE) is still a hit; a read-only get leaves L1 as it was;
+     * the copy lives no longer than the L2 entry has left (a TTL counts from the first put) */
+    if (!(flags & CACHE_GET_READ_ONLY) && left > 0) {
+        if (isfinite(left) && tc->l1->ops->put_ttl)
+            (void)tc->l1->ops->put_ttl(tc->l1, key, key_len, v, n, left);
+        else
+            (void)cache_put(tc->l1, key, key_len, v, n);
+    }
     atomic_fetch_add_explicit(&tc->hits2, 1, memory_order_relaxed);
     if (value_out)
         *value_out = v;

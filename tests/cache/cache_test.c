@@ -435,8 +435,8 @@ static void fake_destroy(struct cache *c)
 
 static void calls_dispatch_through_the_ops_table(void **state)
 {
-    static const struct cache_ops ops = {"fake",     fake_get,     fake_put,
-                                         fake_stats, fake_healthy, fake_destroy};
+    static const struct cache_ops ops = {"fake",       fake_get,     fake_put, fake_stats,
+                                         fake_healthy, fake_destroy, NULL,     NULL};
     struct fake_cache f = {{&ops}, 0, 0, 0};
     struct cache_stats s;
     char *v;
@@ -584,6 +584,40 @@ static void tiered_read_only_get_does_not_fill_l1(void **state)
     cache_destroy(t);
 }
 
+/* A copy of an L2 hit in L1 expires when the L2 entry does, not a whole L1 TTL after the copy:
+ * a TTL counts from the reply's first put. */
+static void tiered_copy_expires_with_the_l2_entry(void **state)
+{
+    struct fake_clock clk = {1000.0};
+    struct cache *l1 = make_cache(1 << 16, 3600, 1, &clk), *l2 = make_cache(1 << 16, 10, 1, &clk);
+    struct cache *t = NULL;
+    struct cache_stats s;
+    (void)state;
+    assert_int_equal(cache_tiered_create(l1, l2, &t), AR_OK);
+    put_str(l2, "k", "v"); /* put by another instance at t = 1000, lives until 1010 */
+    clk.now = 1008;
+    assert_int_equal(cache_get(t, "k", 1, NULL, NULL), 2); /* copied with 2 s left */
+    clk.now = 1009;
+    assert_int_equal(cache_get(t, "k", 1, NULL, NULL), 1);
+    clk.now = 1010.5; /* past the first put's TTL: gone from both levels */
+    assert_int_equal(cache_get(t, "k", 1, NULL, NULL), 0);
+    cache_stats(l1, &s);
+    assert_int_equal(s.expired, 1);
+    cache_destroy(t);
+    /* an L2 entry without a TTL gets L1's own */
+    l1 = make_cache(1 << 16, 100, 1, &clk);
+    l2 = make_cache(1 << 16, 0, 1, &clk);
+    assert_int_equal(cache_tiered_create(l1, l2, &t), AR_OK);
+    put_str(l2, "k", "v");
+    assert_int_equal(cache_get(t, "k", 1, NULL, NULL), 2);
+    clk.now += 99;
+    assert_int_equal(cache_get(t, "k", 1, NULL, NULL), 1);
+    clk.now += 2;
+    assert_int_equal(cache_get(l1, "k", 1, NULL, NULL), 0);
+    assert_int_equal(cache_get(t, "k", 1, NULL, NULL), 2); /* L2 keeps it */
+    cache_destroy(t);
+}
+
 /* Class names round-trip, and the Redis prefixes of the classes differ in a way no key can
  * bridge (neither is a prefix of the other). */
 static void cache_classes_have_names_and_distinct_redis_prefixes(void **state)
@@ -630,8 +664,8 @@ static void tiered_create_takes_its_levels_even_when_it_fails(void **state)
 
 static void tiered_is_unhealthy_when_a_level_is(void **state)
 {
-    static const struct cache_ops ops = {"fake",     fake_get,     fake_put,
-                                         fake_stats, fake_healthy, fake_destroy};
+    static const struct cache_ops ops = {"fake",       fake_get,     fake_put, fake_stats,
+                                         fake_healthy, fake_destroy, NULL,     NULL};
     struct fake_cache f = {{&ops}, 0, 0, 0};
     struct cache *t = NULL;
     (void)state;
@@ -738,6 +772,7 @@ int main(void)
         cmocka_unit_test(tiered_create_takes_its_levels_even_when_it_fails),
         cmocka_unit_test(read_only_gets_do_not_promote_and_still_expire),
         cmocka_unit_test(tiered_read_only_get_does_not_fill_l1),
+        cmocka_unit_test(tiered_copy_expires_with_the_l2_entry),
         cmocka_unit_test(cache_classes_have_names_and_distinct_redis_prefixes),
         cmocka_unit_test(tiered_is_unhealthy_when_a_level_is),
         cmocka_unit_test(four_threads_share_the_cache_consistently),

@@ -413,6 +413,37 @@ static void classes_keep_their_own_keys_and_ttls_in_redis(void **state)
     redisFree(rc);
 }
 
+static double fake_now(void *user)
+{
+    return *(double *)user;
+}
+
+/* An instance copying a Redis hit into its L1 keeps it only as long as Redis does (PTTL), so
+ * no instance serves a reply older than the TTL from process memory. */
+static void an_l1_copy_of_a_redis_hit_expires_with_the_redis_entry(void **state)
+{
+    const char *url = th_env_url("AR_TEST_REDIS_URL");
+    const char *pre = prefix("copy-ttl");
+    struct cache_memory_params mp = cache_memory_default_params();
+    struct cache *writer = make_redis(url, pre, 2); /* another instance: 2 s in Redis */
+    struct cache *l1 = NULL, *t = NULL;
+    double now = 1000.0; /* the reader's L1 clock, moved by hand */
+    (void)state;
+    mp.max_bytes = 1 << 20;
+    mp.ttl_s = 3600; /* a long L1 TTL: only the Redis entry's life can shorten the copy */
+    mp.clock = fake_now;
+    mp.clock_user = &now;
+    assert_int_equal(cache_memory_create(&mp, &l1), AR_OK);
+    assert_int_equal(cache_tiered_create(l1, make_redis(url, pre, 2), &t), AR_OK);
+    assert_int_equal(cache_put(writer, "k", 1, "v", 1), AR_OK);
+    assert_int_equal(cache_get(t, "k", 1, NULL, NULL), 2);
+    assert_int_equal(cache_get(t, "k", 1, NULL, NULL), 1); /* copied into L1 */
+    now += 2.5; /* past what Redis had left when the copy was made */
+    assert_int_equal(cache_get(l1, "k", 1, NULL, NULL), 0);
+    cache_destroy(t);
+    cache_destroy(writer);
+}
+
 /* ---- failures ----------------------------------------------------------------------------- */
 
 struct timing {
@@ -668,6 +699,7 @@ int main(void)
         cmocka_unit_test(a_reply_put_by_one_instance_is_an_l2_then_l1_hit_on_another),
         cmocka_unit_test(cache_open_picks_the_implementation_by_url),
         cmocka_unit_test(classes_keep_their_own_keys_and_ttls_in_redis),
+        cmocka_unit_test(an_l1_copy_of_a_redis_hit_expires_with_the_redis_entry),
         cmocka_unit_test_teardown(redis_down_means_fast_misses_then_recovery_by_itself,
                                   th_private_teardown),
         cmocka_unit_test_teardown(a_cache_created_while_redis_is_down_connects_later,

@@ -297,8 +297,8 @@ static void shared_destroy(struct cache *c)
     (void)c;
 }
 
-static const struct cache_ops shared_ops = {"shared", shared_get,   shared_put,
-                                            shared_stats, NULL,     shared_destroy};
+static const struct cache_ops shared_ops = {"shared", shared_get,     shared_put, shared_stats,
+                                            NULL,     shared_destroy, NULL,       NULL};
 
 static struct cache *instance_cache(struct shared_l2 *l2)
 {
