@@ -153,6 +153,8 @@ static void note_cache_counters(struct reply_service *svc, enum cache_class cls)
     uint64_t delta = 0, errors = 0;
     if (!c)
         return;
+    if (c == svc->p.cache)
+        cls = CACHE_CLASS_INTERACTIVE; /* one cache for both classes: counted once, as its own */
     cache_stats(c, &cs);
     pthread_mutex_lock(&svc->mu);
     if (cs.evictions > svc->evictions_seen[cls]) {

@@ -321,7 +321,8 @@ struct reply_service_params {
      * then bulk_cache, and insert into bulk_cache only. */
     struct cache *cache;                   /* borrowed; NULL: no interactive reply cache */
     struct cache *bulk_cache;              /* borrowed; NULL: bulk replies are not cached
-                                              (bulk work still reads cache) */
+                                              (bulk work still reads cache); the same as cache:
+                                              one budget for both (as before classes) */
     struct metrics_registry *metrics;      /* borrowed; NULL: no metrics */
     struct reply_generator *gen;           /* borrowed; NULL: set later (until then
                                               REPLY_EBUSY) */

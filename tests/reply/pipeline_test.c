@@ -1181,6 +1181,9 @@ static void one_shared_budget_loses_the_warm_replies_to_the_job(void **state)
     run_backfill(x);
     cache_stats(c, &s);
     assert_true(s.evictions >= WARM_N);
+    /* one cache: its evictions counted once, as the interactive class's */
+    assert_true(metric(x, EVICTIONS_I) == (double)s.evictions);
+    assert_true(metric(x, EVICTIONS_B) == 0);
     after = interactive_round(x, "w2");
     assert_true(after < 0.5 * before);
     reply_service_destroy(x->svc);
