@@ -8,6 +8,11 @@
  * Below them, the Redis connection pool with reconnection and a circuit breaker (redis_pool.c)
  * that the server's Redis rate limits (server/limits_redis.c) share.
  *
+ * Traffic classes (cache_open_class): the server keeps one cache per class, each with its own
+ * byte budget, TTL and Redis key prefix, so that bulk work (jobs, backfills) cannot evict the
+ * replies interactive requests hit; bulk lookups may read the interactive cache read-only
+ * (CACHE_GET_READ_ONLY), bulk inserts go only to the bulk cache.
+ *
  * Keys and values are byte strings (not necessarily NUL-terminated); the cache copies both
  * on put and hands out copies on get, so no pointer into the cache ever escapes a call.
  *
@@ -41,14 +46,25 @@ struct cache;
 /* What every implementation provides; cache_get & co dispatch through it. */
 struct cache_ops {
     const char *name; /* "memory", "redis", "tiered" */
-    /* 0: a miss; else the level that answered (1; a tiered cache's L2: 2). */
-    int (*get)(struct cache *c, const char *key, size_t key_len, char **value_out,
+    /* 0: a miss; else the level that answered (1; a tiered cache's L2: 2). flags:
+     * CACHE_GET_* */
+    int (*get)(struct cache *c, const char *key, size_t key_len, unsigned flags, char **value_out,
                size_t *value_len);
     enum ar_status (*put)(struct cache *c, const char *key, size_t key_len, const char *value,
                           size_t value_len);
     void (*stats)(struct cache *c, struct cache_stats *out);
     bool (*healthy)(struct cache *c); /* NULL: always */
     void (*destroy)(struct cache *c);
+    /* Optional (NULL: unknown, i.e. the whole TTL of the level it is copied into). get, and on
+     * a hit *ttl_left_s: the seconds the entry has left (INFINITY: no expiry; 0: unknown or
+     * gone, do not copy it). What a tiered cache asks its L2, so that a copy in L1 expires
+     * with the original, never later. */
+    int (*get_ttl)(struct cache *c, const char *key, size_t key_len, unsigned flags,
+                   char **value_out, size_t *value_len, double *ttl_left_s);
+    /* Optional (NULL: put). put with at most life_s seconds to live (> 0), or less when the
+     * cache's own TTL is shorter. */
+    enum ar_status (*put_ttl)(struct cache *c, const char *key, size_t key_len, const char *value,
+                              size_t value_len, double life_s);
 };
 
 /* The head of every implementation's handle (its first member). */
@@ -66,6 +82,16 @@ struct cache {
  * backend server cannot answer (counted in errors too). */
 int cache_get(struct cache *c, const char *key, size_t key_len, char **value_out,
               size_t *value_len);
+
+/* A get that leaves the cache as it was: no LRU promotion of a hit, no copy of an L2 hit
+ * into L1 (an expired entry is still dropped: it was dead already). For readers of another
+ * class's cache (bulk work reading the interactive one), so that they cannot change which
+ * entries it keeps. */
+#define CACHE_GET_READ_ONLY 1u
+
+/* cache_get with flags (CACHE_GET_*). */
+int cache_get_flags(struct cache *c, const char *key, size_t key_len, unsigned flags,
+                    char **value_out, size_t *value_len);
 
 /* Stores a copy of (key, value), replacing the key's previous value and restarting its
  * TTL. AR_EINVAL for an empty key or NULL pointers with non-zero lengths, AR_ENOMEM;
@@ -140,12 +166,13 @@ bool cache_redis_healthy(struct cache *c);
 
 /* ---- two levels (tiered.c) -------------------------------------------------------------- */
 
-/* A cache that gets from l1, then from l2 (a hit there is copied into l1), and puts into
- * both. Takes ownership of l1 and l2, on success and on failure (cache_destroy of the tiered
- * cache destroys both). A put answers AR_OK when both levels stored the entry, else the
- * status of the first level that failed (the other still got it). Stats: hits of both
- * levels (l2_hits: those of l2), misses of both, errors of both, evictions, expired and sizes
- * of l1. AR_EINVAL for NULL levels, AR_ENOMEM. */
+/* A cache that gets from l1, then from l2 (a hit there is copied into l1 to expire when the
+ * l2 entry does, when l2 can tell (get_ttl) and l1 can hold it so (put_ttl): a TTL counts from
+ * the first put, not from the copy), and puts into both. Takes ownership of l1 and l2, on success
+ * and on failure (cache_destroy of the tiered cache destroys both). A put answers AR_OK when both
+ * levels stored the entry, else the status of the first level that failed (the other still got it).
+ * Stats: hits of both levels (l2_hits: those of l2), misses of both, errors of both, evictions,
+ * expired and sizes of l1. AR_EINVAL for NULL levels, AR_ENOMEM. */
 enum ar_status cache_tiered_create(struct cache *l1, struct cache *l2, struct cache **out);
 
 /* ---- by URL (cache.c) ------------------------------------------------------------------ */
@@ -159,6 +186,27 @@ enum ar_status cache_tiered_create(struct cache *l1, struct cache *l2, struct ca
  * a bad Redis URL; Redis need not be up (see cache_redis_create). */
 enum ar_status cache_open(const char *url, const struct cache_memory_params *l1, struct cache **out,
                           struct ar_err *err);
+
+/* ---- traffic classes (cache.c) ---------------------------------------------------------- */
+
+/* Who is asking: interactive requests (a customer waits: /v1/reviews/reply, batch, the reply
+ * CLI) or bulk work (job lines, the batch CLI). */
+enum cache_class { CACHE_CLASS_INTERACTIVE = 0, CACHE_CLASS_BULK = 1, CACHE_N_CLASSES };
+
+/* "interactive", "bulk". */
+const char *cache_class_str(enum cache_class cls);
+/* The class named by s[0..len) ("interactive" or "bulk"); false for anything else. */
+bool cache_class_parse(const char *s, size_t len, enum cache_class *out);
+
+/* The Redis key prefix of a class's cache: "ar:rc:i:" (interactive), "ar:rc:b:" (bulk). Both
+ * end in a fixed-length tag, so no key of one class can be read as a key of the other. */
+const char *cache_class_redis_prefix(enum cache_class cls);
+
+/* cache_open for one class: the same levels, with Redis entries under the class's prefix
+ * (cache_class_redis_prefix) living l1->ttl_s (Redis PX, i.e. an expiry on every SET). */
+enum ar_status cache_open_class(const char *url, enum cache_class cls,
+                                const struct cache_memory_params *l1, struct cache **out,
+                                struct ar_err *err);
 
 /* ---- Redis connections (redis_pool.c), shared with the server's rate limits --------------- */
 

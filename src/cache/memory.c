@@ -211,8 +211,8 @@ static struct shard *shard_for(struct mem_cache *mc, uint64_t hash)
     return &mc->shards[(hash >> 32) % (uint64_t)mc->n_shards];
 }
 
-static int mem_get(struct cache *c, const char *key, size_t key_len, char **value_out,
-                   size_t *value_len)
+static int mem_get_ttl(struct cache *c, const char *key, size_t key_len, unsigned flags,
+                       char **value_out, size_t *value_len, double *ttl_left_s)
 {
     struct mem_cache *mc = (struct mem_cache *)c;
     struct shard *s;
@@ -220,6 +220,8 @@ static int mem_get(struct cache *c, const char *key, size_t key_len, char **valu
     uint64_t hash;
     double now;
     bool hit = false;
+    if (ttl_left_s)
+        *ttl_left_s = 0;
     if (value_out)
         *value_out = NULL;
     if (value_len)
@@ -241,8 +243,12 @@ static int mem_get(struct cache *c, const char *key, size_t key_len, char **valu
             copy = ar_strndup(e->data + e->key_len, e->value_len);
         if (!value_out || copy) {
             hit = true;
-            lru_unlink(e);
-            lru_push_front(s, e);
+            if (ttl_left_s)
+                *ttl_left_s = e->expires - now; /* INFINITY without TTL */
+            if (!(flags & CACHE_GET_READ_ONLY)) {
+                lru_unlink(e);
+                lru_push_front(s, e);
+            }
             if (value_out)
                 *value_out = copy;
             if (value_len)
@@ -254,8 +260,14 @@ static int mem_get(struct cache *c, const char *key, size_t key_len, char **valu
     return hit ? 1 : 0;
 }
 
-static enum ar_status mem_put(struct cache *c, const char *key, size_t key_len, const char *value,
-                              size_t value_len)
+static int mem_get(struct cache *c, const char *key, size_t key_len, unsigned flags,
+                   char **value_out, size_t *value_len)
+{
+    return mem_get_ttl(c, key, key_len, flags, value_out, value_len, NULL);
+}
+
+static enum ar_status mem_put_ttl(struct cache *c, const char *key, size_t key_len,
+                                  const char *value, size_t value_len, double life_s)
 {
     struct mem_cache *mc = (struct mem_cache *)c;
     size_t size;
@@ -263,7 +275,7 @@ static enum ar_status mem_put(struct cache *c, const char *key, size_t key_len, 
     struct shard *s;
     uint64_t hash;
     double now;
-    if (!key || key_len == 0 || (!value && value_len))
+    if (!key || key_len == 0 || (!value && value_len) || isnan(life_s) || life_s <= 0)
         return AR_EINVAL;
     if (key_len > SIZE_MAX / 4 || value_len > SIZE_MAX / 4)
         return AR_ERANGE;
@@ -275,7 +287,7 @@ static enum ar_status mem_put(struct cache *c, const char *key, size_t key_len, 
         if (!e)
             return AR_ENOMEM;
         e->hash = hash;
-        e->expires = mc->ttl_s > 0 ? now + mc->ttl_s : (double)INFINITY;
+        e->expires = now + fmin(mc->ttl_s > 0 ? mc->ttl_s : (double)INFINITY, life_s);
         e->size = size;
         e->key_len = key_len;
         e->value_len = value_len;
@@ -306,6 +318,12 @@ static enum ar_status mem_put(struct cache *c, const char *key, size_t key_len, 
     }
     pthread_mutex_unlock(&s->mu);
     return e ? AR_OK : AR_ERANGE;
+}
+
+static enum ar_status mem_put(struct cache *c, const char *key, size_t key_len, const char *value,
+                              size_t value_len)
+{
+    return mem_put_ttl(c, key, key_len, value, value_len, (double)INFINITY);
 }
 
 static void mem_stats(struct cache *c, struct cache_stats *out)
@@ -350,6 +368,8 @@ static const struct cache_ops mem_ops = {
     .stats = mem_stats,
     .healthy = NULL,
     .destroy = mem_destroy,
+    .get_ttl = mem_get_ttl,
+    .put_ttl = mem_put_ttl,
 };
 
 struct cache_memory_params cache_memory_default_params(void)

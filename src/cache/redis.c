@@ -47,8 +47,8 @@ static char *full_key(const struct redis_cache *rc, const char *key, size_t key_
     return k;
 }
 
-static int rc_get(struct cache *c, const char *key, size_t key_len, char **value_out,
-                  size_t *value_len)
+static int rc_get(struct cache *c, const char *key, size_t key_len, unsigned flags,
+                  char **value_out, size_t *value_len)
 {
     struct redis_cache *rc = (struct redis_cache *)c;
     const char *argv[2];
@@ -56,6 +56,7 @@ static int rc_get(struct cache *c, const char *key, size_t key_len, char **value
     redisReply *r = NULL;
     char *k;
     int level = 0;
+    (void)flags; /* a GET changes nothing that matters: Redis's LRU is approximate anyway */
     if (value_out)
         *value_out = NULL;
     if (value_len)
@@ -88,6 +89,36 @@ done:
         freeReplyObject(r);
     ar_free(k);
     atomic_fetch_add_explicit(level ? &rc->hits : &rc->misses, 1, memory_order_relaxed);
+    return level;
+}
+
+/* A GET, then on a hit a PTTL: what the entry has left, so that an in-process copy expires
+ * with it (tiered.c). A second round trip, but only on an L2 hit, which fills L1 so that the
+ * next ones stay in process. PTTL -1: no expiry; -2 (expired in between) or a failure: 0,
+ * which keeps the hit out of L1. */
+static int rc_get_ttl(struct cache *c, const char *key, size_t key_len, unsigned flags,
+                      char **value_out, size_t *value_len, double *ttl_left_s)
+{
+    struct redis_cache *rc = (struct redis_cache *)c;
+    const char *argv[2];
+    size_t argvlen[2];
+    redisReply *r = NULL;
+    char *k;
+    int level = rc_get(c, key, key_len, flags, value_out, value_len);
+    *ttl_left_s = 0;
+    if (!level || !(k = full_key(rc, key, key_len, &argvlen[1])))
+        return level;
+    argv[0] = "PTTL";
+    argvlen[0] = 4;
+    argv[1] = k;
+    if (cache_redis_pool_command(rc->pool, 2, argv, argvlen, &r) == AR_OK) {
+        if (r->type == REDIS_REPLY_INTEGER && r->integer == -1)
+            *ttl_left_s = (double)INFINITY;
+        else if (r->type == REDIS_REPLY_INTEGER && r->integer > 0)
+            *ttl_left_s = (double)r->integer / 1000.0;
+        freeReplyObject(r);
+    }
+    ar_free(k);
     return level;
 }
 
@@ -165,6 +196,8 @@ static const struct cache_ops redis_ops = {
     .stats = rc_stats,
     .healthy = rc_healthy,
     .destroy = rc_destroy,
+    .get_ttl = rc_get_ttl,
+    .put_ttl = NULL, /* the L2 of a tiered cache, never filled from another level */
 };
 
 enum ar_status cache_redis_create(const struct cache_redis_params *p, struct cache **out,

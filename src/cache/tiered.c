@@ -1,8 +1,10 @@
 /* tiered.c - two caches as one: an in-process L1 in front of a shared L2 (Redis). A get
  * tries L1, then L2, and copies an L2 hit into L1 so the next one stays in process; a put
- * goes to both, so other instances find the reply in L2. */
+ * goes to both, so other instances find the reply in L2. A read-only get (CACHE_GET_READ_ONLY)
+ * copies nothing. */
 #include "cache.h"
 
+#include <math.h>
 #include <stdatomic.h>
 
 struct tiered_cache {
@@ -11,28 +13,36 @@ struct tiered_cache {
     _Atomic uint64_t hits1, hits2, misses;
 };
 
-static int tc_get(struct cache *c, const char *key, size_t key_len, char **value_out,
-                  size_t *value_len)
+static int tc_get(struct cache *c, const char *key, size_t key_len, unsigned flags,
+                  char **value_out, size_t *value_len)
 {
     struct tiered_cache *tc = (struct tiered_cache *)c;
     char *v = NULL;
     size_t n = 0;
+    double left = (double)INFINITY; /* L2 cannot tell: L1's own TTL */
     if (value_out)
         *value_out = NULL;
     if (value_len)
         *value_len = 0;
     if (!key && key_len)
         return 0;
-    if (cache_get(tc->l1, key, key_len, value_out, value_len)) {
+    if (cache_get_flags(tc->l1, key, key_len, flags, value_out, value_len)) {
         atomic_fetch_add_explicit(&tc->hits1, 1, memory_order_relaxed);
         return 1;
     }
-    if (!cache_get(tc->l2, key, key_len, &v, &n)) {
+    if (!(tc->l2->ops->get_ttl ? tc->l2->ops->get_ttl(tc->l2, key, key_len, flags, &v, &n, &left)
+                               : cache_get_flags(tc->l2, key, key_len, flags, &v, &n))) {
         atomic_fetch_add_explicit(&tc->misses, 1, memory_order_relaxed);
         return 0;
     }
-    /* an entry L1 cannot hold (AR_ERANGE) is still a hit */
-    (void)cache_put(tc->l1, key, key_len, v, n);
+    /* an entry L1 cannot hold (AR_ERANGE) is still a hit; a read-only get leaves L1 as it was;
+     * the copy lives no longer than the L2 entry has left (a TTL counts from the first put) */
+    if (!(flags & CACHE_GET_READ_ONLY) && left > 0) {
+        if (isfinite(left) && tc->l1->ops->put_ttl)
+            (void)tc->l1->ops->put_ttl(tc->l1, key, key_len, v, n, left);
+        else
+            (void)cache_put(tc->l1, key, key_len, v, n);
+    }
     atomic_fetch_add_explicit(&tc->hits2, 1, memory_order_relaxed);
     if (value_out)
         *value_out = v;

@@ -39,8 +39,11 @@ struct cli_reply_opts {
     const char *queue_url;  /* amqp://... (job items); NULL: in process */
     int job_slots;          /* job lines answered at once (the queue prefetch): the engine's
                                sequences; 0: the reply service's default */
-    int64_t l1_mb;          /* in-process reply cache budget in MiB; 0: none (with cache_url:
-                               Redis alone); < 0: the default (64) */
+    /* Per traffic class ([0] interactive, [1] bulk: enum cache_class), each its own cache:
+     * in-process budget in MiB, 0: none (with cache_url: Redis alone), < 0: the default
+     * (interactive 64, bulk 16); TTL in seconds, 0: never, < 0: the default (3600). */
+    int64_t cache_mb[2];
+    double cache_ttl_s[2];
 };
 /* Returns 0, or 1 after printing why it failed. */
 int cli_reply_attach(struct server *srv, const struct cli_reply_opts *o, struct cli_reply **out);

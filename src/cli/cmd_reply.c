@@ -28,13 +28,17 @@
 
 #define DEFAULT_DATA_DIR "./var"
 #define DEFAULT_SHOP "default"
+/* The bulk class's in-process reply cache, MiB: a quarter of the interactive default, enough
+ * for duplicates within a job without taking memory from live traffic. */
+#define CLI_BULK_CACHE_MB 16
 
 /* ---- shared setup -------------------------------------------------------------------------- */
 
 struct product {
     struct reply_profiles *profiles;
     struct store *store;
-    struct cache *cache;
+    struct cache *cache;      /* interactive: the reply command */
+    struct cache *bulk_cache; /* bulk: the batch command's job lines */
     struct model *model;
     struct tokenizer *tok;
     struct engine *engine;
@@ -125,6 +129,11 @@ static bool product_open(const struct product_opts *o, struct product *p)
         cli_error("out of memory");
         return false;
     }
+    cp.max_bytes = (size_t)CLI_BULK_CACHE_MB << 20;
+    if (cache_memory_create(&cp, &p->bulk_cache) != AR_OK) {
+        cli_error("out of memory");
+        return false;
+    }
     if (model_load(model, &p->model, &err) != AR_OK) {
         cli_error("%s: %s", model, err.msg);
         return false;
@@ -148,6 +157,7 @@ static bool product_open(const struct product_opts *o, struct product *p)
     sp.profiles = p->profiles;
     sp.store = p->store;
     sp.cache = p->cache;
+    sp.bulk_cache = p->bulk_cache;
     sp.gen = p->gen;
     if (reply_service_create(&sp, &p->svc) != AR_OK) {
         cli_error("cannot start the reply service");
@@ -164,6 +174,7 @@ static void product_close(struct product *p)
     tokenizer_destroy(p->tok);
     model_destroy(p->model);
     cache_destroy(p->cache);
+    cache_destroy(p->bulk_cache);
     store_close(p->store);
     reply_profiles_destroy(p->profiles);
 }
@@ -679,7 +690,8 @@ static int queue_health(void *user)
 static int redis_health(void *user)
 {
     struct cli_reply *cr = user;
-    bool cache_ok = cache_redis_healthy(cr->p.cache), rate_ok = server_rate_limit_healthy(cr->srv);
+    bool cache_ok = cache_redis_healthy(cr->p.cache) && cache_redis_healthy(cr->p.bulk_cache);
+    bool rate_ok = server_rate_limit_healthy(cr->srv);
     return cache_ok && rate_ok ? SERVER_HEALTH_OK : SERVER_HEALTH_DOWN;
 }
 
@@ -701,11 +713,20 @@ int cli_reply_attach(struct server *srv, const struct cli_reply_opts *opts, stru
         o.data_dir = opts->data_dir;
     if (!open_profiles_store(&o, &cr->p))
         goto fail;
-    if (opts->l1_mb >= 0) /* 0: no in-process level (with --cache: Redis alone) */
-        cp.max_bytes = (size_t)opts->l1_mb << 20;
-    if (opts->reply_cache && cache_open(opts->cache_url, &cp, &cr->p.cache, &err) != AR_OK) {
-        cli_error("serve: --cache: %s", err.msg[0] ? err.msg : "cannot create the reply cache");
-        goto fail;
+    for (int c = 0; opts->reply_cache && c < CACHE_N_CLASSES; c++) {
+        struct cache **slot = c == CACHE_CLASS_BULK ? &cr->p.bulk_cache : &cr->p.cache;
+        cp = cache_memory_default_params();
+        if (c == CACHE_CLASS_BULK)
+            cp.max_bytes = (size_t)CLI_BULK_CACHE_MB << 20;
+        if (opts->cache_mb[c] >= 0) /* 0: no in-process level (with --cache: Redis alone) */
+            cp.max_bytes = (size_t)opts->cache_mb[c] << 20;
+        if (opts->cache_ttl_s[c] >= 0)
+            cp.ttl_s = opts->cache_ttl_s[c]; /* 0: never */
+        if (cache_open_class(opts->cache_url, (enum cache_class)c, &cp, slot, &err) != AR_OK) {
+            cli_error("serve: %s reply cache: %s", cache_class_str((enum cache_class)c),
+                      err.msg[0] ? err.msg : "cannot create it");
+            goto fail;
+        }
     }
     if (opts->cache_url &&
         server_add_health_check(srv, "redis", redis_health, cr) != AR_OK) {
@@ -731,6 +752,7 @@ int cli_reply_attach(struct server *srv, const struct cli_reply_opts *opts, stru
     sp.profiles = cr->p.profiles;
     sp.store = cr->p.store;
     sp.cache = cr->p.cache;
+    sp.bulk_cache = cr->p.bulk_cache;
     sp.queue = cr->queue;
     sp.job_slots = opts->job_slots; /* bulk lines held at once: the engine's batch */
     sp.metrics = server_metrics(srv);
@@ -773,6 +795,7 @@ void cli_reply_detach(struct cli_reply *cr)
     queue_destroy(cr->queue);
     reply_generator_destroy(cr->gen);
     cache_destroy(cr->p.cache);
+    cache_destroy(cr->p.bulk_cache);
     store_close(cr->p.store);
     reply_profiles_destroy(cr->p.profiles);
     free(cr);

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "base/base.h"
+#include "cache/cache.h"
 #include "cli.h"
 #include "cli_internal.h"
 #include "engine/engine.h"
@@ -17,6 +18,46 @@
 #include "tokenizer/tokenizer.h"
 
 #define SERVE_GRACE_S 10.0
+
+/* Parses "CLASS=V[,CLASS=V...]" (classes: cache_class_str) for flag into out[class], each V a
+ * number in [lo, hi] (whole when integer). Prints why and returns false on anything else. */
+static bool parse_class_values(const char *flag, const char *s, double lo, double hi, bool integer,
+                               double out[CACHE_N_CLASSES])
+{
+    const char *p = s;
+    for (;;) {
+        const char *eq = strchr(p, '='), *end = strchr(p, ',');
+        enum cache_class cls;
+        char num[64];
+        double d;
+        int64_t n;
+        if (!end)
+            end = p + strlen(p);
+        if (!eq || eq > end || !cache_class_parse(p, (size_t)(eq - p), &cls)) {
+            cli_error("%s: expected CLASS=VALUE[,CLASS=VALUE], CLASS interactive or bulk, got "
+                      "'%s'",
+                      flag, s);
+            return false;
+        }
+        if ((size_t)(end - eq - 1) >= sizeof(num)) {
+            cli_error("%s: value too long in '%s'", flag, s);
+            return false;
+        }
+        memcpy(num, eq + 1, (size_t)(end - eq - 1));
+        num[end - eq - 1] = '\0';
+        if (integer) {
+            if (!cli_parse_i64(flag, num, (int64_t)lo, (int64_t)hi, &n))
+                return false;
+            d = (double)n;
+        } else if (!cli_parse_f64(flag, num, lo, hi, &d)) {
+            return false;
+        }
+        out[cls] = d;
+        if (!*end)
+            return true;
+        p = end + 1;
+    }
+}
 
 static void serve_usage(FILE *out)
 {
@@ -52,8 +93,15 @@ static void serve_usage(FILE *out)
             "default\n"
             "  --data-dir DIR        replies.db (replies, jobs) lives here (./var; created)\n"
             "  --no-reply-cache      every review not answered before goes to the model\n"
-            "  --reply-cache-mb N    in-process reply cache budget (64); 0: none (with --cache:\n"
-            "                        Redis alone)\n"
+            "  --cache-mb CLASS=N[,CLASS=N]\n"
+            "                        in-process reply cache budget per traffic class, MiB:\n"
+            "                        interactive (64) for /v1/reviews/..., bulk (16) for job\n"
+            "                        lines, so a backfill cannot evict what customers hit;\n"
+            "                        0: none (with --cache: Redis alone)\n"
+            "  --cache-ttl CLASS=S[,CLASS=S]\n"
+            "                        reply cache entry lifetime per class, seconds (3600 each;\n"
+            "                        0: never); older entries are misses\n"
+            "  --reply-cache-mb N    the same as --cache-mb interactive=N\n"
             "a fleet (several instances sharing backends; see README \"Run a fleet\"):\n"
             "  --store URL           replies and jobs in PostgreSQL (postgres://user@host:port/db)\n"
             "                        or in a SQLite file (default <data-dir>/replies.db)\n"
@@ -70,7 +118,11 @@ int cmd_serve(int argc, char **argv)
     struct engine_params ep = engine_default_params();
     const char *model_path = NULL;
     char default_model[4096];
-    struct cli_reply_opts ro = {.data_dir = "./var", .reply_cache = true, .l1_mb = -1};
+    struct cli_reply_opts ro = {.data_dir = "./var",
+                                .reply_cache = true,
+                                .cache_mb = {-1, -1},
+                                .cache_ttl_s = {-1, -1}};
+    double class_values[CACHE_N_CLASSES];
     struct cli_reply *cr = NULL;
     struct server *srv = NULL;
     struct model *m = NULL;
@@ -177,7 +229,22 @@ int cmd_serve(int argc, char **argv)
             ro.data_dir = v;
         } else if (!strcmp(a, "--reply-cache-mb")) {
             INT(0, (int64_t)1 << 20);
-            ro.l1_mb = n;
+            ro.cache_mb[CACHE_CLASS_INTERACTIVE] = n;
+        } else if (!strcmp(a, "--cache-mb") || !strcmp(a, "--cache-ttl")) {
+            bool mb = !strcmp(a, "--cache-mb");
+            VALUE();
+            for (int c = 0; c < CACHE_N_CLASSES; c++)
+                class_values[c] = -1;
+            if (!parse_class_values(a, v, 0, mb ? (double)(1 << 20) : 1e9, mb, class_values))
+                return 2;
+            for (int c = 0; c < CACHE_N_CLASSES; c++) {
+                if (class_values[c] < 0)
+                    continue; /* not named: as before */
+                if (mb)
+                    ro.cache_mb[c] = (int64_t)class_values[c];
+                else
+                    ro.cache_ttl_s[c] = class_values[c];
+            }
         } else if (!strcmp(a, "--no-reply-cache")) {
             ro.reply_cache = false;
         } else if (!strcmp(a, "--timeout")) {

@@ -61,6 +61,18 @@ static struct metrics_child *counter(struct metrics_registry *reg, const char *n
     return metrics_child(f, label ? values : NULL);
 }
 
+static struct metrics_child *counter2(struct metrics_registry *reg, const char *name,
+                                      const char *help, const char *label1, const char *value1,
+                                      const char *label2, const char *value2)
+{
+    struct metrics_family *f;
+    const char *names[3] = {label1, label2, NULL};
+    const char *values[2] = {value1, value2};
+    if (metrics_counter(reg, name, help, names, &f) != AR_OK)
+        return NULL;
+    return metrics_child(f, values);
+}
+
 static void metrics_setup(struct reply_service *svc)
 {
     struct metrics_registry *reg = svc->p.metrics;
@@ -75,15 +87,24 @@ static void metrics_setup(struct reply_service *svc)
     m->errors = counter(reg, "autoreply_reply_errors_total",
                         "Review requests answered with an error (bad input, busy, failure)",
                         NULL, NULL);
-    for (int l = 0; l < 2; l++)
-        m->cache_hits[l] = counter(reg, "autoreply_reply_cache_hits_total",
-                                   "Reply cache lookups that found a reply, by the cache level "
-                                   "that answered (l1: in process, l2: shared)",
-                                   "level", l ? "l2" : "l1");
-    m->cache_misses = counter(reg, "autoreply_reply_cache_misses_total",
-                              "Reply cache lookups that found nothing", NULL, NULL);
-    m->cache_evictions = counter(reg, "autoreply_reply_cache_evictions_total",
-                                 "Reply cache entries pushed out by the byte budget", NULL, NULL);
+    for (int c = 0; c < CACHE_N_CLASSES; c++) {
+        const char *cls = cache_class_str((enum cache_class)c);
+        for (int l = 0; l < 2; l++)
+            m->cache_hits[c][l] =
+                counter2(reg, "autoreply_reply_cache_hits_total",
+                         "Reply cache lookups that found a reply, by the traffic class that "
+                         "looked (interactive, bulk) and the cache level that answered (l1: in "
+                         "process, l2: shared)",
+                         "class", cls, "level", l ? "l2" : "l1");
+        m->cache_misses[c] = counter(reg, "autoreply_reply_cache_misses_total",
+                                     "Reply cache lookups that found nothing, by the traffic "
+                                     "class that looked",
+                                     "class", cls);
+        m->cache_evictions[c] = counter(reg, "autoreply_reply_cache_evictions_total",
+                                        "Reply cache entries pushed out by the byte budget, by "
+                                        "the class whose budget it was",
+                                        "class", cls);
+    }
     m->cache_errors = counter(reg, "autoreply_cache_backend_errors_total",
                               "Reply cache calls its backend server failed (unreachable, error "
                               "reply)",
@@ -117,29 +138,54 @@ static void metrics_setup(struct reply_service *svc)
                                  "status", "error");
 }
 
-/* Counts evictions and backend errors by the difference of the cache's own counters since
- * the last look. */
-static void note_cache_counters(struct reply_service *svc)
+/* The cache of a class (NULL: none). */
+static struct cache *class_cache(const struct reply_service *svc, enum cache_class cls)
 {
+    return cls == CACHE_CLASS_BULK ? svc->p.bulk_cache : svc->p.cache;
+}
+
+/* Counts a class's evictions and backend errors by the difference of its cache's own
+ * counters since the last look. */
+static void note_cache_counters(struct reply_service *svc, enum cache_class cls)
+{
+    struct cache *c = class_cache(svc, cls);
     struct cache_stats cs;
     uint64_t delta = 0, errors = 0;
-    if (!svc->p.cache)
+    if (!c)
         return;
-    cache_stats(svc->p.cache, &cs);
+    if (c == svc->p.cache)
+        cls = CACHE_CLASS_INTERACTIVE; /* one cache for both classes: counted once, as its own */
+    cache_stats(c, &cs);
     pthread_mutex_lock(&svc->mu);
-    if (cs.evictions > svc->evictions_seen) {
-        delta = cs.evictions - svc->evictions_seen;
-        svc->evictions_seen = cs.evictions;
+    if (cs.evictions > svc->evictions_seen[cls]) {
+        delta = cs.evictions - svc->evictions_seen[cls];
+        svc->evictions_seen[cls] = cs.evictions;
     }
-    if (cs.errors > svc->errors_seen) {
-        errors = cs.errors - svc->errors_seen;
-        svc->errors_seen = cs.errors;
+    if (cs.errors > svc->errors_seen[cls]) {
+        errors = cs.errors - svc->errors_seen[cls];
+        svc->errors_seen[cls] = cs.errors;
     }
     pthread_mutex_unlock(&svc->mu);
     if (delta)
-        metrics_inc(svc->m.cache_evictions, (double)delta);
+        metrics_inc(svc->m.cache_evictions[cls], (double)delta);
     if (errors)
         metrics_inc(svc->m.cache_errors, (double)errors);
+}
+
+/* Looks the key up for a class: interactive in its own cache; bulk in the interactive cache
+ * read-only (a reply a customer got is a hit, but bulk lookups must not keep entries there
+ * alive or copy L2 hits into its L1), then in its own. Returns the level that answered (0: a
+ * miss); *hit is new. */
+static int class_lookup(struct reply_service *svc, enum cache_class cls, const char *key,
+                        size_t key_len, char **hit)
+{
+    int level = 0;
+    *hit = NULL;
+    if (cls == CACHE_CLASS_BULK && svc->p.cache)
+        level = cache_get_flags(svc->p.cache, key, key_len, CACHE_GET_READ_ONLY, hit, NULL);
+    if (!level && class_cache(svc, cls))
+        level = cache_get(class_cache(svc, cls), key, key_len, hit, NULL);
+    return level;
 }
 
 /* ---- worker pool ------------------------------------------------------------------------- */
@@ -872,7 +918,7 @@ static void generate_and_store(struct reply_service *svc, const struct reply_pro
                                const struct reply_review *rv, const char *review_lang,
                                const char *reply_lang, bool negative, enum engine_priority prio,
                                struct reply_call *call, const char *key, size_t key_len,
-                               struct reply_result *r, bool *stored_out)
+                               enum cache_class cls, struct reply_result *r, bool *stored_out)
 {
     char *text = NULL;
     int src;
@@ -881,9 +927,12 @@ static void generate_and_store(struct reply_service *svc, const struct reply_pro
     if (src < 0)
         return;
     if (src == REPLY_SOURCE_MODEL && key) {
-        /* the cache holds the checked reply without the signature */
-        (void)cache_put(svc->p.cache, key, key_len, text, strlen(text));
-        note_cache_counters(svc);
+        /* the cache holds the checked reply without the signature; a class inserts only into
+         * its own cache, so bulk work never evicts interactive entries */
+        if (class_cache(svc, cls)) {
+            (void)cache_put(class_cache(svc, cls), key, key_len, text, strlen(text));
+            note_cache_counters(svc, cls);
+        }
     }
     store_answer(svc, prof, rv, reply_lang, text, src, r, stored_out);
 }
@@ -906,6 +955,7 @@ static void answer(struct reply_service *svc, const struct reply_review *rv,
     char owner[STORE_ID_MAX], *key = NULL;
     size_t key_len = 0;
     bool found = false, put = false, negative;
+    enum cache_class cls = prio == ENGINE_PRIO_BULK ? CACHE_CLASS_BULK : CACHE_CLASS_INTERACTIVE;
     enum ar_status st;
 
     memset(&stored, 0, sizeof(stored));
@@ -942,13 +992,15 @@ static void answer(struct reply_service *svc, const struct reply_review *rv,
         return;
     }
 
-    /* 1. the reply cache (its key holds the shop, the rating bucket and the language) */
-    if (svc->p.cache && reply_normalize_key(rv->shop_id, rv->rating, review_lang, rv->text,
-                                            rv->text_len, &key, &key_len) == AR_OK) {
+    /* 1. the reply cache of the request's class (its key holds the shop, the rating bucket and
+     *    the language) */
+    if ((svc->p.cache || class_cache(svc, cls)) &&
+        reply_normalize_key(rv->shop_id, rv->rating, review_lang, rv->text, rv->text_len, &key,
+                            &key_len) == AR_OK) {
         char *hit = NULL;
-        int level = cache_get(svc->p.cache, key, key_len, &hit, NULL);
+        int level = class_lookup(svc, cls, key, key_len, &hit);
         if (level) {
-            metrics_inc(svc->m.cache_hits[level > 1], 1);
+            metrics_inc(svc->m.cache_hits[cls][level > 1], 1);
             r->cached = true;
             pthread_mutex_lock(&svc->mu);
             if (svc->gen && svc->gen->model_name)
@@ -958,8 +1010,10 @@ static void answer(struct reply_service *svc, const struct reply_review *rv,
             store_answer(svc, prof, rv, reply_lang, hit, REPLY_SOURCE_CACHE, r, &put);
             return;
         }
-        metrics_inc(svc->m.cache_misses, 1);
-        note_cache_counters(svc);
+        metrics_inc(svc->m.cache_misses[cls], 1);
+        note_cache_counters(svc, cls);
+        if (cls == CACHE_CLASS_BULK)
+            note_cache_counters(svc, CACHE_CLASS_INTERACTIVE); /* its backend errors */
     }
 
     /* 2. claim, then the model */
@@ -979,7 +1033,7 @@ static void answer(struct reply_service *svc, const struct reply_review *rv,
         struct rp_claim held = {rv->shop_id, rv->review_id, owner, NULL, NULL};
         claim_register(svc, &held);
         generate_and_store(svc, prof, rv, review_lang, reply_lang, negative, prio, call, key,
-                           key_len, r, &put);
+                           key_len, cls, r, &put);
         claim_unregister(svc, &held);
     }
     ar_free(key);

@@ -315,7 +315,14 @@ enum ar_status reply_prompt_tokens(const struct tokenizer *tok, const char *syst
 struct reply_service_params {
     const struct reply_profiles *profiles; /* borrowed, required */
     struct store *store;                   /* borrowed, required */
-    struct cache *cache;                   /* borrowed; NULL: no reply cache */
+    /* The reply cache, one per traffic class so that bulk work cannot evict what customers
+     * hit: interactive requests (ENGINE_PRIO_INTERACTIVE) look up and insert into cache;
+     * bulk ones (ENGINE_PRIO_BULK: job lines) look up cache read-only (CACHE_GET_READ_ONLY),
+     * then bulk_cache, and insert into bulk_cache only. */
+    struct cache *cache;                   /* borrowed; NULL: no interactive reply cache */
+    struct cache *bulk_cache;              /* borrowed; NULL: bulk replies are not cached
+                                              (bulk work still reads cache); the same as cache:
+                                              one budget for both (as before classes) */
     struct metrics_registry *metrics;      /* borrowed; NULL: no metrics */
     struct reply_generator *gen;           /* borrowed; NULL: set later (until then
                                               REPLY_EBUSY) */

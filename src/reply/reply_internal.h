@@ -25,8 +25,11 @@ struct rp_task {
 struct reply_metrics {
     struct metrics_child *src[5];         /* replies by source */
     struct metrics_child *errors;         /* requests answered with an error status */
-    struct metrics_child *cache_hits[2];  /* {level="l1"}, {level="l2"} */
-    struct metrics_child *cache_misses, *cache_evictions, *cache_errors;
+    /* [class]: {class="interactive"}, {class="bulk"} (enum cache_class); hits by level too:
+     * [class][0] {level="l1"}, [class][1] {level="l2"} */
+    struct metrics_child *cache_hits[CACHE_N_CLASSES][2];
+    struct metrics_child *cache_misses[CACHE_N_CLASSES], *cache_evictions[CACHE_N_CLASSES];
+    struct metrics_child *cache_errors;
     struct metrics_child *needs_human;
     struct metrics_child *model_calls;    /* reviews sent to the model (once each, retries
                                              included in the one) */
@@ -47,8 +50,8 @@ struct reply_service {
     pthread_mutex_t mu;
     struct reply_generator *gen; /* under mu */
     struct reply_metrics m;
-    uint64_t evictions_seen; /* under mu */
-    uint64_t errors_seen;    /* under mu: cache backend errors already counted */
+    uint64_t evictions_seen[CACHE_N_CLASSES]; /* under mu */
+    uint64_t errors_seen[CACHE_N_CLASSES];    /* under mu: cache backend errors already counted */
     /* worker pool: async requests and answer_many */
     pthread_mutex_t q_mu;
     pthread_cond_t q_cv;

@@ -397,10 +397,10 @@ struct fake_cache {
     int n_get, n_put, n_stats;
 };
 
-static int fake_get(struct cache *c, const char *key, size_t key_len, char **value_out,
-                    size_t *value_len)
+static int fake_get(struct cache *c, const char *key, size_t key_len, unsigned flags,
+                    char **value_out, size_t *value_len)
 {
-    (void)key, (void)key_len;
+    (void)key, (void)key_len, (void)flags;
     ((struct fake_cache *)c)->n_get++;
     *value_out = ar_strdup("from fake");
     *value_len = 9;
@@ -435,8 +435,8 @@ static void fake_destroy(struct cache *c)
 
 static void calls_dispatch_through_the_ops_table(void **state)
 {
-    static const struct cache_ops ops = {"fake",     fake_get,     fake_put,
-                                         fake_stats, fake_healthy, fake_destroy};
+    static const struct cache_ops ops = {"fake",       fake_get,     fake_put, fake_stats,
+                                         fake_healthy, fake_destroy, NULL,     NULL};
     struct fake_cache f = {{&ops}, 0, 0, 0};
     struct cache_stats s;
     char *v;
@@ -521,6 +521,126 @@ static void tiered_put_reports_the_first_level_that_failed(void **state)
     cache_destroy(t);
 }
 
+/* A read-only get (what bulk work does in the interactive cache) answers like a get but
+ * leaves the LRU order as it was, so it cannot keep an entry alive that interactive traffic
+ * has stopped using; an expired entry is still a miss, and dropped. */
+static void read_only_gets_do_not_promote_and_still_expire(void **state)
+{
+    size_t e = cache_entry_size(1, 10);
+    struct fake_clock clk = {1000.0};
+    struct cache *c = make_cache(3 * e, 60, 1, &clk);
+    struct cache_stats s;
+    char *v = NULL;
+    size_t n = 0;
+    (void)state;
+    put_str(c, "a", "0123456789");
+    put_str(c, "b", "0123456789");
+    put_str(c, "c", "0123456789");
+    /* a hit with its value, but a stays the oldest */
+    assert_int_equal(cache_get_flags(c, "a", 1, CACHE_GET_READ_ONLY, &v, &n), 1);
+    assert_string_equal(v, "0123456789");
+    assert_int_equal(n, 10);
+    ar_free(v);
+    put_str(c, "d", "0123456789"); /* evicts the least recently used: a, not b */
+    assert_false(cache_get(c, "a", 1, NULL, NULL));
+    assert_true(cache_get(c, "b", 1, NULL, NULL));
+    /* the control: the same steps with a plain get keep the entry read */
+    put_str(c, "a", "0123456789");                 /* evicts c: order a, b, d */
+    assert_true(cache_get(c, "d", 1, NULL, NULL)); /* d, a, b */
+    assert_true(cache_get(c, "b", 1, NULL, NULL)); /* b, d, a */
+    assert_true(cache_get(c, "a", 1, NULL, NULL)); /* a, b, d */
+    put_str(c, "e", "0123456789");                 /* evicts d, the oldest */
+    assert_true(cache_get(c, "a", 1, NULL, NULL));
+    assert_false(cache_get(c, "d", 1, NULL, NULL));
+    /* past the TTL a read-only get is a miss that drops the entry */
+    clk.now += 61;
+    cache_stats(c, &s);
+    assert_int_equal(s.n_entries, 3);
+    assert_false(cache_get_flags(c, "a", 1, CACHE_GET_READ_ONLY, NULL, NULL));
+    cache_stats(c, &s);
+    assert_int_equal(s.expired, 1);
+    assert_int_equal(s.n_entries, 2);
+    cache_destroy(c);
+}
+
+/* A read-only get through a tiered cache finds an L2 entry without copying it into L1. */
+static void tiered_read_only_get_does_not_fill_l1(void **state)
+{
+    struct cache *l1 = make_cache(1 << 16, 0, 1, NULL), *l2 = make_cache(1 << 16, 0, 1, NULL);
+    struct cache *t = NULL;
+    struct cache_stats s;
+    char *v = NULL;
+    (void)state;
+    assert_int_equal(cache_tiered_create(l1, l2, &t), AR_OK);
+    put_str(l2, "k", "from l2");
+    assert_int_equal(cache_get_flags(t, "k", 1, CACHE_GET_READ_ONLY, &v, NULL), 2);
+    assert_string_equal(v, "from l2");
+    ar_free(v);
+    cache_stats(l1, &s);
+    assert_int_equal(s.n_entries, 0);
+    /* a plain get copies it, so the next one is answered in process */
+    assert_int_equal(cache_get(t, "k", 1, NULL, NULL), 2);
+    assert_int_equal(cache_get(t, "k", 1, NULL, NULL), 1);
+    cache_destroy(t);
+}
+
+/* A copy of an L2 hit in L1 expires when the L2 entry does, not a whole L1 TTL after the copy:
+ * a TTL counts from the reply's first put. */
+static void tiered_copy_expires_with_the_l2_entry(void **state)
+{
+    struct fake_clock clk = {1000.0};
+    struct cache *l1 = make_cache(1 << 16, 3600, 1, &clk), *l2 = make_cache(1 << 16, 10, 1, &clk);
+    struct cache *t = NULL;
+    struct cache_stats s;
+    (void)state;
+    assert_int_equal(cache_tiered_create(l1, l2, &t), AR_OK);
+    put_str(l2, "k", "v"); /* put by another instance at t = 1000, lives until 1010 */
+    clk.now = 1008;
+    assert_int_equal(cache_get(t, "k", 1, NULL, NULL), 2); /* copied with 2 s left */
+    clk.now = 1009;
+    assert_int_equal(cache_get(t, "k", 1, NULL, NULL), 1);
+    clk.now = 1010.5; /* past the first put's TTL: gone from both levels */
+    assert_int_equal(cache_get(t, "k", 1, NULL, NULL), 0);
+    cache_stats(l1, &s);
+    assert_int_equal(s.expired, 1);
+    cache_destroy(t);
+    /* an L2 entry without a TTL gets L1's own */
+    l1 = make_cache(1 << 16, 100, 1, &clk);
+    l2 = make_cache(1 << 16, 0, 1, &clk);
+    assert_int_equal(cache_tiered_create(l1, l2, &t), AR_OK);
+    put_str(l2, "k", "v");
+    assert_int_equal(cache_get(t, "k", 1, NULL, NULL), 2);
+    clk.now += 99;
+    assert_int_equal(cache_get(t, "k", 1, NULL, NULL), 1);
+    clk.now += 2;
+    assert_int_equal(cache_get(l1, "k", 1, NULL, NULL), 0);
+    assert_int_equal(cache_get(t, "k", 1, NULL, NULL), 2); /* L2 keeps it */
+    cache_destroy(t);
+}
+
+/* Class names round-trip, and the Redis prefixes of the classes differ in a way no key can
+ * bridge (neither is a prefix of the other). */
+static void cache_classes_have_names_and_distinct_redis_prefixes(void **state)
+{
+    enum cache_class cls = CACHE_CLASS_BULK;
+    const char *pi = cache_class_redis_prefix(CACHE_CLASS_INTERACTIVE);
+    const char *pb = cache_class_redis_prefix(CACHE_CLASS_BULK);
+    (void)state;
+    for (int c = 0; c < CACHE_N_CLASSES; c++) {
+        const char *name = cache_class_str((enum cache_class)c);
+        assert_true(cache_class_parse(name, strlen(name), &cls));
+        assert_int_equal((int)cls, c);
+    }
+    assert_string_equal(cache_class_str(CACHE_CLASS_INTERACTIVE), "interactive");
+    assert_string_equal(cache_class_str(CACHE_CLASS_BULK), "bulk");
+    assert_false(cache_class_parse("bul", 3, &cls));
+    assert_false(cache_class_parse("bulky", 5, &cls));
+    assert_false(cache_class_parse("", 0, &cls));
+    assert_false(cache_class_parse(NULL, 0, &cls));
+    assert_int_equal(strlen(pi), strlen(pb));
+    assert_true(strcmp(pi, pb) != 0);
+}
+
 static void tiered_create_takes_its_levels_even_when_it_fails(void **state)
 {
     struct cache *t = (struct cache *)1;
@@ -544,8 +664,8 @@ static void tiered_create_takes_its_levels_even_when_it_fails(void **state)
 
 static void tiered_is_unhealthy_when_a_level_is(void **state)
 {
-    static const struct cache_ops ops = {"fake",     fake_get,     fake_put,
-                                         fake_stats, fake_healthy, fake_destroy};
+    static const struct cache_ops ops = {"fake",       fake_get,     fake_put, fake_stats,
+                                         fake_healthy, fake_destroy, NULL,     NULL};
     struct fake_cache f = {{&ops}, 0, 0, 0};
     struct cache *t = NULL;
     (void)state;
@@ -650,6 +770,10 @@ int main(void)
         cmocka_unit_test(tiered_get_tries_l1_then_l2_and_copies_l2_hits_into_l1),
         cmocka_unit_test(tiered_put_reports_the_first_level_that_failed),
         cmocka_unit_test(tiered_create_takes_its_levels_even_when_it_fails),
+        cmocka_unit_test(read_only_gets_do_not_promote_and_still_expire),
+        cmocka_unit_test(tiered_read_only_get_does_not_fill_l1),
+        cmocka_unit_test(tiered_copy_expires_with_the_l2_entry),
+        cmocka_unit_test(cache_classes_have_names_and_distinct_redis_prefixes),
         cmocka_unit_test(tiered_is_unhealthy_when_a_level_is),
         cmocka_unit_test(four_threads_share_the_cache_consistently),
     };

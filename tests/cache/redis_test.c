@@ -337,6 +337,113 @@ static void cache_open_picks_the_implementation_by_url(void **state)
     redisFree(rc);
 }
 
+/* ---- traffic classes ------------------------------------------------------------------------ */
+
+static long long pttl(redisContext *rc, const char *prefix_, const char *key)
+{
+    redisReply *r = redisCommand(rc, "PTTL %s%s", prefix_, key);
+    long long v;
+    assert_non_null(r);
+    assert_int_equal(r->type, REDIS_REPLY_INTEGER);
+    v = r->integer;
+    freeReplyObject(r);
+    return v;
+}
+
+static struct cache *open_class(const char *url, enum cache_class cls, double ttl_s)
+{
+    struct cache_memory_params mp = cache_memory_default_params();
+    struct ar_err err = {AR_OK, 0, {0}};
+    struct cache *c = NULL;
+    mp.max_bytes = 1 << 20;
+    mp.ttl_s = ttl_s;
+    if (cache_open_class(url, cls, &mp, &c, &err) != AR_OK)
+        fail_msg("cache_open_class(%s): %s", cache_class_str(cls), err.msg);
+    assert_string_equal(c->ops->name, "tiered");
+    return c;
+}
+
+/* The interactive and bulk caches of a fleet share one Redis but not its keys: each class
+ * writes under its own prefix with its own TTL (an expiry set by the SET itself), so the
+ * same review key can hold a different entry per class and neither class reads the other's
+ * through its own cache; another instance finds each in L2 under its class. */
+static void classes_keep_their_own_keys_and_ttls_in_redis(void **state)
+{
+    const char *url = th_env_url("AR_TEST_REDIS_URL");
+    const char *pi = cache_class_redis_prefix(CACHE_CLASS_INTERACTIVE);
+    const char *pb = cache_class_redis_prefix(CACHE_CLASS_BULK);
+    redisContext *rc = th_redis_direct(url);
+    struct cache *ci = open_class(url, CACHE_CLASS_INTERACTIVE, 30);
+    struct cache *cb = open_class(url, CACHE_CLASS_BULK, 5);
+    struct cache *ci2, *cb2;
+    struct cache_stats s;
+    char key[64], *v = NULL;
+    long long t;
+    (void)state;
+    snprintf(key, sizeof(key), "classes-%d", (int)getpid());
+    assert_int_equal(cache_put(cb, key, strlen(key), "bulk reply", 10), AR_OK);
+    t = pttl(rc, pb, key);
+    assert_true(t > 4000 && t <= 5000);
+    assert_int_equal(pttl(rc, pi, key), -2); /* no such key */
+    assert_int_equal(cache_get(ci, key, strlen(key), NULL, NULL), 0);
+    assert_int_equal(cache_put(ci, key, strlen(key), "live reply", 10), AR_OK);
+    t = pttl(rc, pi, key);
+    assert_true(t > 29000 && t <= 30000);
+
+    /* another instance: empty L1s, each class finds its own entry in L2 */
+    ci2 = open_class(url, CACHE_CLASS_INTERACTIVE, 30);
+    cb2 = open_class(url, CACHE_CLASS_BULK, 5);
+    assert_int_equal(cache_get(cb2, key, strlen(key), &v, NULL), 2);
+    assert_string_equal(v, "bulk reply");
+    ar_free(v);
+    /* bulk work reading the interactive cache read-only: an L2 hit that its L1 does not keep */
+    assert_int_equal(cache_get_flags(ci2, key, strlen(key), CACHE_GET_READ_ONLY, &v, NULL), 2);
+    assert_string_equal(v, "live reply");
+    ar_free(v);
+    cache_stats(ci2, &s);
+    assert_int_equal(s.n_entries, 0);
+    assert_int_equal(cache_get(ci2, key, strlen(key), NULL, NULL), 2); /* a plain get copies */
+    assert_int_equal(cache_get(ci2, key, strlen(key), NULL, NULL), 1);
+
+    freeReplyObject(redisCommand(rc, "DEL %s%s %s%s", pi, key, pb, key));
+    cache_destroy(ci);
+    cache_destroy(cb);
+    cache_destroy(ci2);
+    cache_destroy(cb2);
+    redisFree(rc);
+}
+
+static double fake_now(void *user)
+{
+    return *(double *)user;
+}
+
+/* An instance copying a Redis hit into its L1 keeps it only as long as Redis does (PTTL), so
+ * no instance serves a reply older than the TTL from process memory. */
+static void an_l1_copy_of_a_redis_hit_expires_with_the_redis_entry(void **state)
+{
+    const char *url = th_env_url("AR_TEST_REDIS_URL");
+    const char *pre = prefix("copy-ttl");
+    struct cache_memory_params mp = cache_memory_default_params();
+    struct cache *writer = make_redis(url, pre, 2); /* another instance: 2 s in Redis */
+    struct cache *l1 = NULL, *t = NULL;
+    double now = 1000.0; /* the reader's L1 clock, moved by hand */
+    (void)state;
+    mp.max_bytes = 1 << 20;
+    mp.ttl_s = 3600; /* a long L1 TTL: only the Redis entry's life can shorten the copy */
+    mp.clock = fake_now;
+    mp.clock_user = &now;
+    assert_int_equal(cache_memory_create(&mp, &l1), AR_OK);
+    assert_int_equal(cache_tiered_create(l1, make_redis(url, pre, 2), &t), AR_OK);
+    assert_int_equal(cache_put(writer, "k", 1, "v", 1), AR_OK);
+    assert_int_equal(cache_get(t, "k", 1, NULL, NULL), 2);
+    assert_int_equal(cache_get(t, "k", 1, NULL, NULL), 1); /* copied into L1 */
+    now += 2.5; /* past what Redis had left when the copy was made */
+    assert_int_equal(cache_get(l1, "k", 1, NULL, NULL), 0);
+    cache_destroy(t);
+    cache_destroy(writer);
+}
+
 /* ---- failures ----------------------------------------------------------------------------- */
 
 struct timing {
@@ -591,6 +698,8 @@ int main(void)
         cmocka_unit_test(caches_with_other_prefixes_do_not_see_each_other),
         cmocka_unit_test(a_reply_put_by_one_instance_is_an_l2_then_l1_hit_on_another),
         cmocka_unit_test(cache_open_picks_the_implementation_by_url),
+        cmocka_unit_test(classes_keep_their_own_keys_and_ttls_in_redis),
+        cmocka_unit_test(an_l1_copy_of_a_redis_hit_expires_with_the_redis_entry),
         cmocka_unit_test_teardown(redis_down_means_fast_misses_then_recovery_by_itself,
                                   th_private_teardown),
         cmocka_unit_test_teardown(a_cache_created_while_redis_is_down_connects_later,

@@ -39,8 +39,11 @@ static struct {
 static void spawn_serve(void)
 {
     char data[128], log[128];
-    const char *args[] = {"-m", DEMO, "--port", "0", "--data-dir", data, "-t", "1", "--parallel",
-                          "4", NULL};
+    /* both reply cache classes with budgets and TTLs of their own (the flags' own test) */
+    const char *args[] = {"-m",          DEMO,       "--port",     "0",
+                          "--data-dir",  data,       "-t",         "1",
+                          "--parallel",  "4",        "--cache-mb", "interactive=8,bulk=2",
+                          "--cache-ttl", "bulk=600", NULL};
     snprintf(data, sizeof(data), "%s/var", g.dir);
     snprintf(log, sizeof(log), "%s/serve.log", g.dir);
     g.spawned = wall_s();
@@ -105,7 +108,8 @@ static void wait_job_done(const char *id)
 }
 
 /* One chat completion, three review replies (the third the text of the first under another
- * id: a reply cache hit), a job of two reviews, one unknown path: then one scrape. */
+ * id: a reply cache hit), a job of three reviews (the third again the text of the first: a bulk
+ * lookup that the interactive cache answers), one unknown path: then one scrape. */
 static void make_traffic(void)
 {
     char id[80];
@@ -128,7 +132,8 @@ static void make_traffic(void)
     post_expect("/v1/jobs",
                 "{\"shop_id\":\"demo\",\"reviews\":[{\"review_id\":\"j1\",\"rating\":4,"
                 "\"text\":\"Arrived on time\"},{\"review_id\":\"j2\",\"rating\":1,"
-                "\"text\":\"Never arrived\"}]}",
+                "\"text\":\"Never arrived\"},{\"review_id\":\"j3\",\"rating\":5,"
+                "\"text\":\"Great kettle, boils fast and looks good\"}]}",
                 202, id, sizeof(id));
     wait_job_done(id);
     http(g.srv.port, "GET", "/no/such/path", NULL, NULL, 0, &r);
@@ -191,12 +196,22 @@ static void metrics_count_exactly_the_requests_made(void **state)
                           "endpoint=\"/v1/jobs\",status=\"202\"}") == 1);
     assert_true(sample(m, "autoreply_http_request_duration_seconds_count{method=\"GET\","
                           "endpoint=\"other\",status=\"404\"}") == 1);
-    /* the review replies: three over HTTP and two in the job, one from the reply cache */
+    /* the review replies: three over HTTP and three in the job, two from the reply cache */
     assert_true(sample(m, "autoreply_reply_latency_seconds_count{cached=\"false\"}") +
                     sample(m, "autoreply_reply_latency_seconds_count{cached=\"true\"}") ==
-                5);
-    assert_true(sample(m, "autoreply_reply_replies_total{source=\"cache\"}") == 1);
-    assert_true(sample(m, "autoreply_jobs_items_total{status=\"done\"}") == 2);
+                6);
+    assert_true(sample(m, "autoreply_reply_replies_total{source=\"cache\"}") == 2);
+    assert_true(sample(m, "autoreply_jobs_items_total{status=\"done\"}") == 3);
+    /* the cache lookups by class: interactive m1, m2 missed and m3 hit; bulk j1, j2 missed and
+     * j3 hit (in the interactive cache, read by the bulk class) */
+    assert_true(sample(m, "autoreply_reply_cache_hits_total{class=\"interactive\",level=\"l1\"}") ==
+                1);
+    assert_true(sample(m, "autoreply_reply_cache_misses_total{class=\"interactive\"}") == 2);
+    assert_true(sample(m, "autoreply_reply_cache_hits_total{class=\"bulk\",level=\"l1\"}") == 1);
+    assert_true(sample(m, "autoreply_reply_cache_misses_total{class=\"bulk\"}") == 2);
+    assert_true(sample(m, "autoreply_reply_cache_hits_total{class=\"interactive\",level=\"l2\"}") ==
+                0);
+    assert_true(sample(m, "autoreply_reply_cache_evictions_total{class=\"bulk\"}") == 0);
     assert_true(sample(m, "autoreply_rejected_total{reason=\"queue_full\"}") == 0);
     /* the objective's edges are buckets of their own */
     assert_false(isnan(sample(m, "autoreply_http_request_duration_seconds_bucket{method=\"POST\","
@@ -205,6 +220,33 @@ static void metrics_count_exactly_the_requests_made(void **state)
                                  "le=\"0.3\"}")));
     assert_false(isnan(sample(m, "autoreply_reply_latency_seconds_bucket{cached=\"false\","
                                  "le=\"3\"}")));
+}
+
+/* Bad --cache-mb / --cache-ttl values fail before anything starts, with one line naming the
+ * flag. */
+static void bad_cache_class_flags_are_rejected(void **state)
+{
+    static char *const bad[][2] = {
+        {"--cache-mb", "64"},              /* no class */
+        {"--cache-mb", "batch=4"},         /* no such class */
+        {"--cache-mb", "interactive=-1"},  /* out of range */
+        {"--cache-mb", "interactive=1.5"}, /* MiB are whole */
+        {"--cache-mb", "interactive=8,"},  /* trailing comma */
+        {"--cache-ttl", "bulk=soon"},      /* not a number */
+        {"--cache-ttl", "interactive"},    /* no value */
+    };
+    (void)state;
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        struct th_run r =
+            th_run_exec(th_bin_path(),
+                        (char *const[]){"autoreply", "serve", "-m", "/nonexistent.gguf",
+                                        bad[i][0], bad[i][1], NULL},
+                        NULL, false);
+        if (r.status != 2 || !strstr(r.err, bad[i][0]) ||
+            strchr(r.err, '\n') != strrchr(r.err, '\n'))
+            fail_msg("%s %s: status %d, stderr: %s", bad[i][0], bad[i][1], r.status, r.err);
+        th_run_free(&r);
+    }
 }
 
 static void process_metrics_are_sane(void **state)
@@ -279,6 +321,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(metrics_after_real_traffic_pass_promtool),
         cmocka_unit_test(metrics_count_exactly_the_requests_made),
+        cmocka_unit_test(bad_cache_class_flags_are_rejected),
         cmocka_unit_test(process_metrics_are_sane),
         cmocka_unit_test(every_family_the_alert_rules_read_is_exported),
     };

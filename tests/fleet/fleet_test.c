@@ -254,13 +254,15 @@ static void a_reply_from_one_instance_is_a_cache_hit_on_another(void **state)
     a = reply_post(F.port[1], next_key(), shop, "c1", text, 5, &st, i1, sizeof(i1));
     assert_int_equal(st, 200);
     assert_string_not_equal(jstr(a, "source"), "cache");
-    l2_before = inst_metric(F.port[2], "autoreply_reply_cache_hits_total{level=\"l2\"}");
+    l2_before = inst_metric(F.port[2],
+                            "autoreply_reply_cache_hits_total{class=\"interactive\",level=\"l2\"}");
     b = reply_post(F.port[2], next_key(), shop, "c2", text, 5, &st, i2, sizeof(i2));
     assert_int_equal(st, 200);
     assert_string_not_equal(i1, i2);
     assert_string_equal(jstr(b, "source"), "cache");
     assert_string_equal(jstr(a, "reply"), jstr(b, "reply"));
-    l2_after = inst_metric(F.port[2], "autoreply_reply_cache_hits_total{level=\"l2\"}");
+    l2_after = inst_metric(F.port[2],
+                           "autoreply_reply_cache_hits_total{class=\"interactive\",level=\"l2\"}");
     assert_true(l2_after == l2_before + 1);
     cJSON_Delete(a);
     cJSON_Delete(b);

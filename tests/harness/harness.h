@@ -88,7 +88,8 @@ static inline float th_rng_f32(struct th_rng *r)
 
 /* Sleeps s seconds (a fraction allowed). */
 /* The value of the first sample line "<series> <value>" in Prometheus text (series with its
- * labels, e.g. "autoreply_reply_cache_hits_total{level=\"l2\"}"); absent when there is none. */
+ * labels, e.g. "autoreply_reply_cache_hits_total{class=\"interactive\",level=\"l2\"}"); absent when
+ * there is none. */
 static inline double th_metric_sample(const char *text, const char *series, double absent)
 {
     size_t n = strlen(series);

@@ -18,6 +18,16 @@
 #include "base/base.h"
 #include "reply/reply.h"
 
+/* the reply cache's series, by traffic class */
+#define HITS_I_L1 "autoreply_reply_cache_hits_total{class=\"interactive\",level=\"l1\"}"
+#define HITS_I_L2 "autoreply_reply_cache_hits_total{class=\"interactive\",level=\"l2\"}"
+#define MISSES_I "autoreply_reply_cache_misses_total{class=\"interactive\"}"
+#define HITS_B_L1 "autoreply_reply_cache_hits_total{class=\"bulk\",level=\"l1\"}"
+#define HITS_B_L2 "autoreply_reply_cache_hits_total{class=\"bulk\",level=\"l2\"}"
+#define MISSES_B "autoreply_reply_cache_misses_total{class=\"bulk\"}"
+#define EVICTIONS_I "autoreply_reply_cache_evictions_total{class=\"interactive\"}"
+#define EVICTIONS_B "autoreply_reply_cache_evictions_total{class=\"bulk\"}"
+
 /* ---- a scripted generator -------------------------------------------------------------- */
 
 struct fake {
@@ -240,9 +250,9 @@ static void repeated_review_text_is_a_cache_hit_with_the_same_reply(void **state
     assert_true(b.cached);
     assert_string_equal(b.reply, a.reply);
     assert_int_equal(atomic_load(&x->gen.calls), 1); /* never touched the model */
-    assert_true(metric(x, "autoreply_reply_cache_hits_total{level=\"l1\"}") == 1.0);
-    assert_true(metric(x, "autoreply_reply_cache_hits_total{level=\"l2\"}") == 0.0);
-    assert_true(metric(x, "autoreply_reply_cache_misses_total") == 1.0);
+    assert_true(metric(x, HITS_I_L1) == 1.0);
+    assert_true(metric(x, HITS_I_L2) == 0.0);
+    assert_true(metric(x, MISSES_I) == 1.0);
     /* one latency histogram, labelled by whether the answer was cached */
     assert_true(metric(x, "autoreply_reply_latency_seconds_count{cached=\"false\"}") == 1.0);
     assert_true(metric(x, "autoreply_reply_latency_seconds_count{cached=\"true\"}") == 1.0);
@@ -264,9 +274,10 @@ struct shared_l2 {
     uint64_t errors;
 };
 
-static int shared_get(struct cache *c, const char *key, size_t key_len, char **v, size_t *n)
+static int shared_get(struct cache *c, const char *key, size_t key_len, unsigned flags, char **v,
+                      size_t *n)
 {
-    return cache_get(((struct shared_l2 *)c)->target, key, key_len, v, n);
+    return cache_get_flags(((struct shared_l2 *)c)->target, key, key_len, flags, v, n);
 }
 
 static enum ar_status shared_put(struct cache *c, const char *key, size_t key_len,
@@ -286,8 +297,8 @@ static void shared_destroy(struct cache *c)
     (void)c;
 }
 
-static const struct cache_ops shared_ops = {"shared", shared_get,   shared_put,
-                                            shared_stats, NULL,     shared_destroy};
+static const struct cache_ops shared_ops = {"shared", shared_get,     shared_put, shared_stats,
+                                            NULL,     shared_destroy, NULL,       NULL};
 
 static struct cache *instance_cache(struct shared_l2 *l2)
 {
@@ -338,22 +349,22 @@ static void another_instance_finds_the_reply_in_l2_and_hits_are_counted_by_level
     assert_int_equal(r.source, REPLY_SOURCE_CACHE);
     reply_result_fini(&r);
     assert_int_equal(atomic_load(&x->gen.calls), 1);
-    assert_true(metric(x, "autoreply_reply_cache_hits_total{level=\"l2\"}") == 1.0);
-    assert_true(metric(x, "autoreply_reply_cache_hits_total{level=\"l1\"}") == 0.0);
+    assert_true(metric(x, HITS_I_L2) == 1.0);
+    assert_true(metric(x, HITS_I_L1) == 0.0);
     /* copied into b's L1: the next one stays in process */
     ask(x, review("s1", "b2", text, 5), &r);
     assert_int_equal(r.source, REPLY_SOURCE_CACHE);
     reply_result_fini(&r);
-    assert_true(metric(x, "autoreply_reply_cache_hits_total{level=\"l1\"}") == 1.0);
-    assert_true(metric(x, "autoreply_reply_cache_hits_total{level=\"l2\"}") == 1.0);
-    assert_true(metric(x, "autoreply_reply_cache_misses_total") == 0.0);
+    assert_true(metric(x, HITS_I_L1) == 1.0);
+    assert_true(metric(x, HITS_I_L2) == 1.0);
+    assert_true(metric(x, MISSES_I) == 0.0);
     /* the backend's errors show up as they grow (here: on the next miss) */
     assert_true(metric(x, "autoreply_cache_backend_errors_total{backend=\"redis\"}") == 0.0);
     lb.errors = 3;
     ask(x, review("s1", "b3", "完全不一样的评价", 5), &r);
     assert_int_equal(r.source, REPLY_SOURCE_MODEL);
     reply_result_fini(&r);
-    assert_true(metric(x, "autoreply_reply_cache_misses_total") == 1.0);
+    assert_true(metric(x, MISSES_I) == 1.0);
     assert_true(metric(x, "autoreply_cache_backend_errors_total{backend=\"redis\"}") == 3.0);
     reply_service_destroy(sa);
     metrics_registry_destroy(ma);
@@ -865,7 +876,7 @@ static void cancelled_call_stops_its_generations_and_stores_nothing(void **state
         reply_result_fini(&m.res[i]);
     }
     assert_true(metric(x, "autoreply_reply_errors_total") - err0 == 6.0);
-    assert_true(metric(x, "autoreply_reply_cache_hits_total{level=\"l1\"}") <= 0); /* none */
+    assert_true(metric(x, HITS_I_L1) <= 0); /* none */
     /* a call cancelled before it starts never reaches the generator */
     {
         int calls = atomic_load(&x->gen.calls);
@@ -1012,6 +1023,256 @@ static void background_runner_finishes_queued_jobs(void **state)
     assert_int_equal(job_finished(x->store, id), 3);
 }
 
+/* ---- cache classes: bulk work kept out of the interactive cache ---------------------------- */
+
+/* Replaces the fixture's service (and its metrics, so counts start at zero) with one over the
+ * given caches (borrowed; the same cache twice: one budget shared by both classes, the
+ * behaviour before classes). */
+static void fx_reopen_with_caches(struct fx *x, struct cache *interactive, struct cache *bulk)
+{
+    struct reply_service_params p = reply_service_default_params();
+    reply_service_destroy(x->svc);
+    metrics_registry_destroy(x->metrics);
+    assert_int_equal(metrics_registry_create(&x->metrics), AR_OK);
+    p.profiles = x->profiles;
+    p.store = x->store;
+    p.cache = interactive;
+    p.bulk_cache = bulk;
+    p.metrics = x->metrics;
+    p.gen = &x->gen.base;
+    p.n_workers = 4;
+    assert_int_equal(reply_service_create(&p, &x->svc), AR_OK);
+}
+
+struct fake_clock_t {
+    double now;
+};
+
+static double fake_clock_now(void *user)
+{
+    return ((struct fake_clock_t *)user)->now;
+}
+
+/* One shard, so the budget is exact. */
+static struct cache *small_cache(size_t max_bytes, double ttl_s, struct fake_clock_t *clk)
+{
+    struct cache_memory_params cp = cache_memory_default_params();
+    struct cache *c = NULL;
+    cp.max_bytes = max_bytes;
+    cp.ttl_s = ttl_s;
+    cp.n_shards = 1;
+    if (clk) {
+        cp.clock = fake_clock_now;
+        cp.clock_user = clk;
+    }
+    assert_int_equal(cache_memory_create(&cp, &c), AR_OK);
+    return c;
+}
+
+#define WARM_N 50                    /* reviews live customers keep asking about */
+#define JOB_N 2000                   /* a backfill of distinct reviews, none of them warm */
+#define JOB_WARM 10                  /* job lines whose text is one of the warm ones */
+#define CLASS_CACHE_BYTES (64 << 10) /* room for a few hundred replies: all the warm ones */
+
+static void warm_text(int i, char *buf, size_t size)
+{
+    snprintf(buf, size, "Warm review %d: the teapot arrived quickly and pours well.", i);
+}
+
+/* Asks the WARM_N warm texts interactively under new review ids (so the store cannot answer
+ * them) and returns the share the reply cache answered, from the interactive class's
+ * counters, which must have counted each lookup exactly once. */
+static double interactive_round(struct fx *x, const char *tag)
+{
+    double h0 = metric(x, HITS_I_L1) + metric(x, HITS_I_L2), m0 = metric(x, MISSES_I), hits;
+    for (int i = 0; i < WARM_N; i++) {
+        char id[64], text[128];
+        struct reply_result r;
+        snprintf(id, sizeof(id), "%s-%d", tag, i);
+        warm_text(i, text, sizeof(text));
+        ask(x, review("cc", id, text, 5), &r);
+        assert_int_equal(r.err, REPLY_OK);
+        reply_result_fini(&r);
+    }
+    hits = metric(x, HITS_I_L1) + metric(x, HITS_I_L2) - h0;
+    assert_true(hits + (metric(x, MISSES_I) - m0) == WARM_N);
+    return hits / WARM_N;
+}
+
+/* A job of JOB_WARM lines with warm texts (first) and JOB_N distinct other reviews, run to
+ * the end in this thread, as the job runner does (ENGINE_PRIO_BULK). */
+static void run_backfill(struct fx *x)
+{
+    size_t cap = (size_t)(JOB_N + JOB_WARM) * 160, off = 0;
+    char *body = malloc(cap), id[STORE_JOB_ID_LEN + 1];
+    int64_t n_lines = 0;
+    assert_non_null(body);
+    for (int i = 0; i < JOB_WARM + JOB_N; i++) {
+        char text[128];
+        if (i < JOB_WARM)
+            warm_text(i, text, sizeof(text));
+        else
+            snprintf(text, sizeof(text), "Backfill review %d: the blanket is warm and soft.", i);
+        off += (size_t)snprintf(body + off, cap - off,
+                                "{\"shop_id\":\"cc\",\"review_id\":\"job-%d\",\"text\":\"%s\","
+                                "\"rating\":5}\n",
+                                i, text);
+    }
+    assert_true(off < cap);
+    assert_int_equal(reply_job_create(x->svc, NULL, body, off, id, &n_lines, NULL), AR_OK);
+    assert_int_equal(n_lines, JOB_WARM + JOB_N);
+    assert_int_equal(reply_job_run(x->svc, id, NULL, NULL, NULL), AR_OK);
+    assert_int_equal(job_finished(x->store, id), JOB_WARM + JOB_N);
+    free(body);
+}
+
+/* The issue's test: warm the interactive cache, run a large job, and the interactive hit ratio
+ * for the same reviews stays where it was; every lookup is counted in its class. */
+static void a_large_job_leaves_the_interactive_hit_ratio_where_it_was(void **state)
+{
+    struct fx *x = *state;
+    struct cache *ic = small_cache(CLASS_CACHE_BYTES, 0, NULL);
+    struct cache *bc = small_cache(CLASS_CACHE_BYTES, 0, NULL);
+    struct cache_stats si0, si1, sb;
+    double before, after;
+    int calls;
+    fx_reopen_with_caches(x, ic, bc);
+    assert_true(interactive_round(x, "w0") == 0.0); /* cold: every reply generated */
+    before = interactive_round(x, "w1");
+    assert_true(before == 1.0);
+    cache_stats(ic, &si0);
+    assert_int_equal(si0.n_entries, WARM_N);
+
+    run_backfill(x);
+    /* the job's lookups are bulk ones: the warm texts found in the interactive cache (read
+     * only), every other one a miss that went to the model and into the bulk cache */
+    assert_true(metric(x, HITS_B_L1) == JOB_WARM);
+    assert_true(metric(x, HITS_B_L2) == 0);
+    assert_true(metric(x, MISSES_B) == JOB_N);
+    cache_stats(bc, &sb);
+    assert_true(sb.evictions > 0); /* the bulk budget was far too small for the job */
+    assert_true(metric(x, EVICTIONS_B) == (double)sb.evictions);
+    /* ... and the interactive cache was not touched: same entries, nothing evicted */
+    cache_stats(ic, &si1);
+    assert_int_equal(si1.n_entries, WARM_N);
+    assert_int_equal(si1.evictions, 0);
+    assert_true(metric(x, EVICTIONS_I) == 0);
+    /* interactive counters saw only the two rounds */
+    assert_true(metric(x, HITS_I_L1) == WARM_N);
+    assert_true(metric(x, MISSES_I) == WARM_N);
+
+    calls = atomic_load(&x->gen.calls);
+    after = interactive_round(x, "w2");
+    assert_true(after == before);
+    assert_int_equal(atomic_load(&x->gen.calls), calls); /* no review went to the model */
+
+    reply_service_destroy(x->svc);
+    x->svc = NULL;
+    cache_destroy(ic);
+    cache_destroy(bc);
+}
+
+/* The control: the same steps with one shared budget (the behaviour before classes) lose the
+ * warm replies, so the test above would fail on it. */
+static void one_shared_budget_loses_the_warm_replies_to_the_job(void **state)
+{
+    struct fx *x = *state;
+    struct cache *c = small_cache(CLASS_CACHE_BYTES, 0, NULL);
+    struct cache_stats s;
+    double before, after;
+    fx_reopen_with_caches(x, c, c);
+    assert_true(interactive_round(x, "w0") == 0.0);
+    before = interactive_round(x, "w1");
+    assert_true(before == 1.0);
+    run_backfill(x);
+    cache_stats(c, &s);
+    assert_true(s.evictions >= WARM_N);
+    /* one cache: its evictions counted once, as the interactive class's */
+    assert_true(metric(x, EVICTIONS_I) == (double)s.evictions);
+    assert_true(metric(x, EVICTIONS_B) == 0);
+    after = interactive_round(x, "w2");
+    assert_true(after < 0.5 * before);
+    reply_service_destroy(x->svc);
+    x->svc = NULL;
+    cache_destroy(c);
+}
+
+/* Each class's TTL: an entry older than it is a miss (counted as such, and as expired), a
+ * younger one a hit. The bulk TTL is the shorter one here. */
+static void entries_older_than_their_class_ttl_are_misses(void **state)
+{
+    struct fx *x = *state;
+    struct fake_clock_t clk = {1000.0};
+    struct cache *ic = small_cache(1 << 20, 100, &clk), *bc = small_cache(1 << 20, 10, &clk);
+    const char *ti = "Interactive review: lovely mug, sturdy handle.";
+    const char *tb = "Bulk review: the lamp is bright and easy to set up.";
+    struct cache_stats s;
+    struct reply_result r;
+    int calls;
+    fx_reopen_with_caches(x, ic, bc);
+#define ASK(text, id, prio, want)                                                                  \
+    do {                                                                                           \
+        struct reply_review rv_ = review("ttl", id, text, 5);                                      \
+        reply_service_answer(x->svc, &rv_, prio, &r);                                              \
+        assert_int_equal(r.err, REPLY_OK);                                                         \
+        assert_int_equal(r.source, want);                                                          \
+        reply_result_fini(&r);                                                                     \
+    } while (0)
+    ASK(ti, "i1", ENGINE_PRIO_INTERACTIVE, REPLY_SOURCE_MODEL);
+    ASK(tb, "b1", ENGINE_PRIO_BULK, REPLY_SOURCE_MODEL);
+    clk.now += 9; /* younger than both TTLs */
+    ASK(ti, "i2", ENGINE_PRIO_INTERACTIVE, REPLY_SOURCE_CACHE);
+    ASK(tb, "b2", ENGINE_PRIO_BULK, REPLY_SOURCE_CACHE);
+    clk.now += 2; /* 11 s: past the bulk TTL only */
+    calls = atomic_load(&x->gen.calls);
+    ASK(tb, "b3", ENGINE_PRIO_BULK, REPLY_SOURCE_MODEL);
+    assert_int_equal(atomic_load(&x->gen.calls), calls + 1);
+    ASK(ti, "i3", ENGINE_PRIO_INTERACTIVE, REPLY_SOURCE_CACHE);
+    cache_stats(bc, &s);
+    assert_int_equal(s.expired, 1);
+    clk.now += 90; /* 101 s: past the interactive TTL too */
+    ASK(ti, "i4", ENGINE_PRIO_INTERACTIVE, REPLY_SOURCE_MODEL);
+    cache_stats(ic, &s);
+    assert_int_equal(s.expired, 1);
+#undef ASK
+    /* interactive: i1 miss, i2 hit, i3 hit, i4 miss; bulk: b1 miss, b2 hit, b3 miss */
+    assert_true(metric(x, HITS_I_L1) == 2);
+    assert_true(metric(x, MISSES_I) == 2);
+    assert_true(metric(x, HITS_B_L1) == 1);
+    assert_true(metric(x, MISSES_B) == 2);
+    reply_service_destroy(x->svc);
+    x->svc = NULL;
+    cache_destroy(ic);
+    cache_destroy(bc);
+}
+
+/* Without a bulk cache, bulk work still reads the interactive one but stores nothing in it. */
+static void without_a_bulk_cache_bulk_replies_are_not_cached(void **state)
+{
+    struct fx *x = *state;
+    struct cache_stats s;
+    struct reply_result r;
+    struct reply_review a = review("nb", "a1", "A warm review: the scarf is soft.", 5);
+    struct reply_review b = review("nb", "b1", "A bulk review: the kettle is quiet.", 5);
+    ask(x, a, &r); /* interactive: cached */
+    reply_result_fini(&r);
+    a.review_id = "a2";
+    reply_service_answer(x->svc, &a, ENGINE_PRIO_BULK, &r);
+    assert_int_equal(r.source, REPLY_SOURCE_CACHE); /* read from the interactive cache */
+    reply_result_fini(&r);
+    reply_service_answer(x->svc, &b, ENGINE_PRIO_BULK, &r);
+    assert_int_equal(r.source, REPLY_SOURCE_MODEL);
+    reply_result_fini(&r);
+    b.review_id = "b2";
+    reply_service_answer(x->svc, &b, ENGINE_PRIO_BULK, &r);
+    assert_int_equal(r.source, REPLY_SOURCE_MODEL); /* not cached anywhere */
+    reply_result_fini(&r);
+    cache_stats(x->cache, &s);
+    assert_int_equal(s.n_entries, 1);
+    assert_true(metric(x, HITS_B_L1) == 1);
+    assert_true(metric(x, MISSES_B) == 2);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1035,6 +1296,10 @@ int main(void)
         T(cancelled_call_stops_its_generations_and_stores_nothing),
         T(job_killed_with_sigkill_resumes_without_duplicates),
         T(background_runner_finishes_queued_jobs),
+        T(a_large_job_leaves_the_interactive_hit_ratio_where_it_was),
+        T(one_shared_budget_loses_the_warm_replies_to_the_job),
+        T(entries_older_than_their_class_ttl_are_misses),
+        T(without_a_bulk_cache_bulk_replies_are_not_cached),
 #undef T
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

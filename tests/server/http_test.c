@@ -435,7 +435,8 @@ static void reviews_are_answered_in_their_language_and_low_ratings_need_a_human(
 static void repeated_review_text_is_served_from_the_cache(void **state)
 {
     const struct review *rv = pick("zh", false, 40);
-    double hits0 = metric(g_srv.port, "autoreply_reply_cache_hits_total{level=\"l1\"}");
+    double hits0 =
+        metric(g_srv.port, "autoreply_reply_cache_hits_total{class=\"interactive\",level=\"l1\"}");
     double lat0 = metric0(g_srv.port, "autoreply_reply_latency_seconds_count{cached=\"true\"}");
     double unc0 = metric0(g_srv.port, "autoreply_reply_latency_seconds_count{cached=\"false\"}");
     cJSON *a, *b;
@@ -454,7 +455,10 @@ static void repeated_review_text_is_served_from_the_cache(void **state)
     assert_string_equal(jstr(b, "source"), "cache");
     assert_string_equal(jstr(b, "reply"), jstr(a, "reply"));
     assert_string_equal(jstr(b, "review_id"), "cache-2");
-    assert_true(metric(g_srv.port, "autoreply_reply_cache_hits_total{level=\"l1\"}") - hits0 == 1);
+    assert_true(
+        metric(g_srv.port, "autoreply_reply_cache_hits_total{class=\"interactive\",level=\"l1\"}") -
+            hits0 ==
+        1);
     assert_true(
         metric0(g_srv.port, "autoreply_reply_latency_seconds_count{cached=\"true\"}") - lat0 == 1);
     cJSON_Delete(a);
@@ -1042,8 +1046,10 @@ static void reply_cache_prefix_cache_and_batching_can_be_switched_off(void **sta
     for (int i = 0; i < 4; i++)
         cJSON_Delete(args[i].out);
     assert_true(max_running <= 1);
-    assert_true(metric(c.port, "autoreply_reply_cache_hits_total{level=\"l1\"}") == 0);
-    assert_true(metric(c.port, "autoreply_reply_cache_misses_total") == 0);
+    assert_true(
+        metric(c.port, "autoreply_reply_cache_hits_total{class=\"interactive\",level=\"l1\"}") ==
+        0);
+    assert_true(metric(c.port, "autoreply_reply_cache_misses_total{class=\"interactive\"}") == 0);
     assert_true(metric(c.port, "autoreply_prefix_cache_queries_total") == 0);
     assert_true(metric(c.port, "autoreply_prefix_cache_hit_tokens_total") == 0);
     assert_true(metric(c.port, "autoreply_prompt_tokens_total") > 0);

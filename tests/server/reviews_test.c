@@ -72,6 +72,7 @@ struct fx {
     struct store *store;
     struct reply_profiles *profiles;
     struct cache *cache;
+    struct cache *bulk_cache; /* NULL but in the cache class test */
     struct metrics_registry *metrics;
     struct reply_service *svc;
     struct fake gen;
@@ -170,6 +171,7 @@ static int teardown(void **state)
     server_destroy(x->srv);
     metrics_registry_destroy(x->metrics);
     cache_destroy(x->cache);
+    cache_destroy(x->bulk_cache);
     reply_profiles_destroy(x->profiles);
     store_close(x->store);
     snprintf(cmd, sizeof(cmd), "rm -rf %s", x->dir);
@@ -999,6 +1001,123 @@ static void health_reports_backends_and_stays_in_rotation(void **state)
     }
 }
 
+/* ---- cache classes over HTTP --------------------------------------------------------------- */
+
+#define CC_WARM 30  /* reviews customers keep asking about */
+#define CC_JOB 2000 /* a backfill of distinct other reviews */
+#define CC_BYTES (64 << 10)
+
+static struct cache *one_shard_cache(size_t bytes)
+{
+    struct cache_memory_params cp = cache_memory_default_params();
+    struct cache *c = NULL;
+    cp.max_bytes = bytes;
+    cp.n_shards = 1;
+    assert_int_equal(cache_memory_create(&cp, &c), AR_OK);
+    return c;
+}
+
+/* Asks the warm reviews under new ids over HTTP; the share the cache answered, read from the
+ * interactive class's counters on /metrics (which must count every lookup once). */
+static double http_warm_round(struct fx *x, const char *tag)
+{
+    const char *hits = "autoreply_reply_cache_hits_total{class=\"interactive\",level=\"l1\"}";
+    const char *misses = "autoreply_reply_cache_misses_total{class=\"interactive\"}";
+    double h0 = metric(x->port, hits), m0 = metric(x->port, misses), dh;
+    for (int i = 0; i < CC_WARM; i++) {
+        char body[256];
+        int status = 0;
+        cJSON *j;
+        snprintf(body, sizeof(body),
+                 "{\"shop_id\":\"cc\",\"review_id\":\"%s-%d\",\"rating\":5,\"text\":\"Warm "
+                 "review %d: the teapot pours well.\"}",
+                 tag, i, i);
+        j = post_json(x->port, "/v1/reviews/reply", NULL, body, &status);
+        assert_int_equal(status, 200);
+        cJSON_Delete(j);
+    }
+    dh = metric(x->port, hits) - h0;
+    assert_true(dh + (metric(x->port, misses) - m0) == CC_WARM);
+    return dh / CC_WARM;
+}
+
+/* The issue's test over HTTP: warm the interactive cache through /v1/reviews/reply, run a job of
+ * thousands of distinct reviews through POST /v1/jobs and the background runner, and the hit
+ * ratio of the same reviews asked again stays where it was; /metrics counts each class's
+ * lookups exactly. */
+static void a_large_job_over_http_leaves_the_interactive_hit_ratio(void **state)
+{
+    struct fx *x = *state;
+    struct reply_service_params p = reply_service_default_params();
+    size_t cap = (size_t)CC_JOB * 128, off = 0;
+    char *body = malloc(cap), path[128];
+    double before, after;
+    struct resp r;
+    cJSON *j;
+    /* the fixture's service again, over two small caches, one per class */
+    server_stop(x->srv, 5);
+    reply_service_destroy(x->svc);
+    server_destroy(x->srv);
+    cache_destroy(x->cache);
+    x->cache = one_shard_cache(CC_BYTES);
+    x->bulk_cache = one_shard_cache(CC_BYTES);
+    p.profiles = x->profiles;
+    p.store = x->store;
+    p.cache = x->cache;
+    p.bulk_cache = x->bulk_cache;
+    p.metrics = x->metrics;
+    p.gen = &x->gen.base;
+    p.n_workers = 4;
+    assert_int_equal(reply_service_create(&p, &x->svc), AR_OK);
+    x->srv = start_server(x, INSTANCE, true, x->metrics, &x->port);
+    assert_int_equal(reply_jobs_start(x->svc), AR_OK);
+
+    assert_true(http_warm_round(x, "w0") == 0.0);
+    before = http_warm_round(x, "w1");
+    assert_true(before == 1.0);
+
+    assert_non_null(body);
+    for (int i = 0; i < CC_JOB; i++)
+        off += (size_t)snprintf(body + off, cap - off,
+                                "{\"shop_id\":\"cc\",\"review_id\":\"job-%d\",\"rating\":5,"
+                                "\"text\":\"Backfill review %d: the blanket is soft.\"}\n",
+                                i, i);
+    assert_true(off < cap);
+    http(x->port, "POST", "/v1/jobs", "Content-Type: application/x-ndjson\r\n", body, off, &r);
+    free(body);
+    assert_int_equal(r.status, 202);
+    j = cJSON_Parse(r.body);
+    snprintf(path, sizeof(path), "/v1/jobs/%s", cJSON_GetObjectItem(j, "id")->valuestring);
+    cJSON_Delete(j);
+    resp_free(&r);
+    for (int i = 0;; i++) {
+        const cJSON *st;
+        bool done;
+        http(x->port, "GET", path, NULL, NULL, 0, &r);
+        assert_int_equal(r.status, 200);
+        j = cJSON_Parse(r.body);
+        st = cJSON_GetObjectItem(j, "status");
+        done = cJSON_IsString(st) && strcmp(st->valuestring, "done") == 0;
+        if (!done && i >= 1200)
+            fail_msg("job not done after 60 s: %s", r.body);
+        cJSON_Delete(j);
+        resp_free(&r);
+        if (done)
+            break;
+        usleep(50 * 1000);
+    }
+    /* every job line was a bulk lookup that missed (distinct texts) ... */
+    assert_true(metric(x->port, "autoreply_reply_cache_misses_total{class=\"bulk\"}") == CC_JOB);
+    assert_true(metric(x->port, "autoreply_reply_cache_hits_total{class=\"bulk\",level=\"l1\"}") ==
+                0);
+    /* ... pushed its replies through the small bulk budget, and none of the interactive ones */
+    assert_true(metric(x->port, "autoreply_reply_cache_evictions_total{class=\"bulk\"}") > 0);
+    assert_true(metric(x->port, "autoreply_reply_cache_evictions_total{class=\"interactive\"}") ==
+                0);
+    after = http_warm_round(x, "w2");
+    assert_true(after == before);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1013,6 +1132,7 @@ int main(void)
         T(default_instance_name_is_the_host_and_port),
         cmocka_unit_test(bad_instance_names_are_refused),
         T(health_reports_backends_and_stays_in_rotation),
+        T(a_large_job_over_http_leaves_the_interactive_hit_ratio),
 #undef T
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
