@@ -135,8 +135,9 @@ struct bad_rec {
     char why[200];
 };
 
-static enum ar_status create_from_lines(struct reply_service *svc, const struct store_job_spec *spec,
-                                        struct lines *l, const struct bad_rec *bad, size_t n_bad,
+static enum ar_status create_from_lines(struct reply_service *svc,
+                                        const struct store_job_spec *spec, struct lines *l,
+                                        const struct bad_rec *bad, size_t n_bad,
                                         char job_id[STORE_JOB_ID_LEN + 1], int64_t *n_lines,
                                         struct ar_err *err)
 {
@@ -1333,9 +1334,8 @@ bool reply_job_result_line(struct ar_buf *b, const struct store_item *it,
             if (it->status == STORE_ITEM_ERROR)
                 cJSON_AddStringToObject(j, "error", it->result ? it->result : "");
             else
-                cJSON_AddStringToObject(j, "status", job_status == STORE_JOB_CANCELLED
-                                                         ? "cancelled"
-                                                         : "pending");
+                cJSON_AddStringToObject(
+                    j, "status", job_status == STORE_JOB_CANCELLED ? "cancelled" : "pending");
             s = cJSON_PrintUnformatted(j);
             cJSON_Delete(j);
         }

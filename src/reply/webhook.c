@@ -117,8 +117,7 @@ static int connect_to(const struct url_parts *u, double deadline, struct ar_err 
             getsockopt(fd, SOL_SOCKET, SO_ERROR, &so_err, &sl) == 0 && so_err == 0)
             rc = 0;
         if (rc != 0) {
-            ar_err_set(err, AR_EUNAVAIL, 0, "callback: cannot connect to %s:%s", u->host,
-                       u->port);
+            ar_err_set(err, AR_EUNAVAIL, 0, "callback: cannot connect to %s:%s", u->host, u->port);
             close(fd);
             fd = -1;
         }
@@ -146,8 +145,8 @@ static bool send_all_by(int fd, const char *p, size_t n, double deadline)
     return true;
 }
 
-enum ar_status reply_http_post_json(const char *url, const char *body, size_t len,
-                                    double timeout_s, int *status, struct ar_err *err)
+enum ar_status reply_http_post_json(const char *url, const char *body, size_t len, double timeout_s,
+                                    int *status, struct ar_err *err)
 {
     struct url_parts u;
     char why[160], head[2600], line[64];
@@ -167,8 +166,7 @@ enum ar_status reply_http_post_json(const char *url, const char *body, size_t le
         return err ? err->code : AR_EUNAVAIL;
     if (!send_all_by(fd, head, (size_t)hn, deadline) || !send_all_by(fd, body, len, deadline)) {
         close(fd);
-        return ar_err_set(err, AR_EUNAVAIL, 0, "callback: sending to %s:%s failed", u.host,
-                          u.port);
+        return ar_err_set(err, AR_EUNAVAIL, 0, "callback: sending to %s:%s failed", u.host, u.port);
     }
     /* "HTTP/1.x NNN": the status line is all that matters */
     while (got < sizeof(line) - 1 && !memchr(line, '\n', got)) {

@@ -13,7 +13,7 @@
 #define DEFAULT_MAX_JOB_BODY ((size_t)64 << 20)
 #define DEFAULT_JOB_MAX_OPEN 32
 #define DEFAULT_JOB_MAX_BYTES ((int64_t)1 << 30)
-#define JOB_LIST_DEFAULT 20     /* GET /v1/jobs page */
+#define JOB_LIST_DEFAULT 20 /* GET /v1/jobs page */
 #define JOB_LIST_MAX 100
 #define RESULTS_PAGE_DEFAULT 100 /* GET /v1/jobs/{id}/results page */
 #define RESULTS_PAGE_MAX 1000
@@ -467,8 +467,8 @@ static bool page_cursor(struct task *t, int64_t *out)
     if (!t->cursor[0])
         return true;
     v = strtoll(t->cursor, &end, 10);
-    if (*end == '\0' && end != t->cursor && v >= 0 && strspn(t->cursor, "0123456789") ==
-                                                          strlen(t->cursor)) {
+    if (*end == '\0' && end != t->cursor && v >= 0 &&
+        strspn(t->cursor, "0123456789") == strlen(t->cursor)) {
         *out = v;
         return true;
     }
@@ -635,9 +635,8 @@ static void stream_results(struct task *t, const struct store_job_info *info, in
     for (;;) {
         struct results_buf r = {.job_status = info->status, .limit = RESULTS_STREAM_PAGE};
         struct ar_err err = {AR_OK, 0, {0}};
-        enum ar_status st = store_job_results_page(store, t->job_id, after,
-                                                   (size_t)RESULTS_STREAM_PAGE + 1, results_line,
-                                                   &r, &err);
+        enum ar_status st = store_job_results_page(
+            store, t->job_id, after, (size_t)RESULTS_STREAM_PAGE + 1, results_line, &r, &err);
         bool more = r.more;
         if (st == AR_ECANCELED && r.b.oom)
             st = AR_ENOMEM;

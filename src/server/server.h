@@ -178,10 +178,27 @@ enum ar_status server_add_route(struct server *s, const struct server_route *r);
  *   POST /v1/reviews/batch   {"reviews": [...], "shop_id"?} or a bare JSON array of review
  *                            objects (1..REPLY_BATCH_MAX); 200 {"results": [...]} in order,
  *                            each item answered on its own (an error item carries "status")
- *   POST /v1/jobs            {"reviews": [...]} or {"jsonl": "..."} (+ "shop_id"?), a bare JSON
- *                            array, or raw JSONL text (any content type); 202 {id, status, total}
- *   GET  /v1/jobs/{id}       the job (reply_job_info_to_json); 404 for an unknown id
- *   GET  /v1/jobs/{id}/results   its lines as JSONL (application/x-ndjson)
+ *   POST /v1/jobs            JSONL text (application/x-ndjson, application/jsonl,
+ *                            application/json-lines), or JSON (application/json, MessagePack):
+ *                            a bare array, {"items"|"reviews": [...]} or {"jsonl": "..."}, with
+ *                            "shop_id", "errors", "callback_url" (also as query arguments);
+ *                            other types 415. Every line is checked first (reply_job_submit):
+ *                            400 {error, lines: [{line, message}], invalid_lines} naming the
+ *                            first bad ones, unless errors=per_line; over the caller's quota
+ *                            429 (open jobs) or 413 (bytes), code "job_quota_exceeded";
+ *                            202 {id, status, total, invalid}
+ *   GET  /v1/jobs            the caller's jobs, newest first: {object, data, has_more,
+ *                            next_cursor}; limit (1..100, 20), cursor (or after)
+ *   GET  /v1/jobs/{id}       the job (reply_job_info_to_json)
+ *   GET  /v1/jobs/{id}/results   its lines as NDJSON (streamed with a bounded buffer; with limit
+ *                            a page, X-Next-Cursor names the next), or with format=json (or
+ *                            Accept: application/json) a page {object, data, has_more,
+ *                            next_cursor}; limit (1..1000, 100), cursor
+ *   DELETE /v1/jobs/{id}     cancels a queued or running job (200, the job, "deleted": false);
+ *                            deletes a finished or cancelled one, or any with purge=true
+ *                            (200 {id, deleted: true})
+ * A job belongs to the caller that made it (server_req_client: the API key, else the address):
+ * for anyone else every jobs route answers 404.
  * Reviews and batches answer 503 "loading" until server_set_engine; jobs are stored and read
  * without the engine. Each request's generations are charged to the client's token bucket
  * (rate_tpm) through a reply_call, which the abort hook cancels when the client goes away

@@ -194,17 +194,17 @@ typedef void (*srv_review_done_fn)(void *ctx, int status, cJSON *json, const cha
 
 /* What the jobs API reads besides the body (copied by srv_review_handle). */
 struct srv_review_opts {
-    const char *owner;     /* the caller (server_req_client); NULL: "" (jobs made below HTTP) */
-    bool jsonl;            /* POST /v1/jobs: the body is JSONL text (an NDJSON content type) */
+    const char *owner; /* the caller (server_req_client); NULL: "" (jobs made below HTTP) */
+    bool jsonl;        /* POST /v1/jobs: the body is JSONL text (an NDJSON content type) */
     /* query arguments, NULL when absent */
-    const char *errors;       /* "per_line": bad lines become error results */
-    const char *callback_url; /* completion webhook (also a body field) */
-    const char *shop_id;      /* default shop of a JSONL job */
-    const char *limit;        /* page size */
-    const char *cursor;       /* page start ("after" too) */
-    const char *format;       /* results: "ndjson" or "json" */
-    const char *purge;        /* DELETE: "true" deletes at once */
-    bool accept_json;         /* results: Accept names application/json, not NDJSON */
+    const char *errors;               /* "per_line": bad lines become error results */
+    const char *callback_url;         /* completion webhook (also a body field) */
+    const char *shop_id;              /* default shop of a JSONL job */
+    const char *limit;                /* page size */
+    const char *cursor;               /* page start ("after" too) */
+    const char *format;               /* results: "ndjson" or "json" */
+    const char *purge;                /* DELETE: "true" deletes at once */
+    bool accept_json;                 /* results: Accept names application/json, not NDJSON */
     int64_t max_open_jobs, max_bytes; /* the caller's quota; 0: none */
     struct server_req *stream; /* results without a limit are streamed over it (NULL: one body) */
 };

@@ -112,7 +112,7 @@ enum stmt_id {
 /* unix seconds with a fraction, on this machine's clock (the database's, for SQLite) */
 #define NOW_S "((julianday('now') - 2440587.5) * 86400.0)"
 #define JOB_COLS                                                                                   \
-    "id, status, n_total, n_done, n_failed, created_s, updated_s, shop_id, published, owner, "    \
+    "id, status, n_total, n_done, n_failed, created_s, updated_s, shop_id, published, owner, "     \
     "bytes, rowid, callback_url, notified"
 
 static const char *const stmt_sql[S_COUNT] = {
@@ -795,8 +795,7 @@ static enum ar_status sq_job_create(struct store *base, const char *id,
         res = exec_args(st, S_JOB_INSERT,
                         SQ_ARGS(SQ_TEXT(id), SQ_TEXT(spec->shop_id), SQ_INT(n), SQ_INT(now),
                                 SQ_TEXT(spec->owner), SQ_INT(bytes), SQ_TEXT(spec->callback_url)),
-                        NULL,
-                        "job insert", err);
+                        NULL, "job insert", err);
     for (size_t i = 0; i < n && res == AR_OK; i++)
         res = exec_args(st, S_ITEM_INSERT,
                         SQ_ARGS(SQ_TEXT(id), SQ_INT(items[i].line), SQ_TEXT(items[i].input)), NULL,
@@ -977,8 +976,7 @@ static enum ar_status sq_job_get(struct store *base, const char *job_id,
 }
 
 static enum ar_status sq_job_results(struct store *base, const char *job_id, int64_t after_line,
-                                     size_t limit, store_item_fn fn, void *user,
-                                     struct ar_err *err)
+                                     size_t limit, store_item_fn fn, void *user, struct ar_err *err)
 {
     struct sqlite_store *st = (struct sqlite_store *)base;
     struct store_job_info info;
@@ -1058,8 +1056,8 @@ static enum ar_status sq_jobs_list(struct store *base, const char *owner, int64_
     int rc;
     pthread_mutex_lock(&st->mu);
     s = st->stmt[S_JOBS_LIST];
-    rc = bind_args(s, SQ_ARGS(SQ_TEXT(owner), SQ_INT(before_seq > 0 ? before_seq : INT64_MAX),
-                              SQ_INT(limit)));
+    rc = bind_args(
+        s, SQ_ARGS(SQ_TEXT(owner), SQ_INT(before_seq > 0 ? before_seq : INT64_MAX), SQ_INT(limit)));
     while (rc == SQLITE_OK && (rc = sqlite3_step(s)) == SQLITE_ROW) {
         struct store_job_info info;
         job_from_row(s, &info);
@@ -1137,8 +1135,7 @@ static enum ar_status sq_job_claim_notify(struct store *base, const char *job_id
     enum ar_status res;
     int changes = 0;
     pthread_mutex_lock(&st->mu);
-    res = exec_args(st, S_JOB_CLAIM_NOTIFY, SQ_ARGS(SQ_TEXT(job_id)), &changes, "job notify",
-                    err);
+    res = exec_args(st, S_JOB_CLAIM_NOTIFY, SQ_ARGS(SQ_TEXT(job_id)), &changes, "job notify", err);
     *claimed = res == AR_OK && changes > 0;
     pthread_mutex_unlock(&st->mu);
     return res;

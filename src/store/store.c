@@ -61,7 +61,8 @@ void store_job_info_init(struct store_job_info *info, const char *id, const char
 void store_job_info_owner(struct store_job_info *info, const char *owner, const char *callback_url)
 {
     snprintf(info->owner, sizeof(info->owner), "%s", owner ? owner : "");
-    snprintf(info->callback_url, sizeof(info->callback_url), "%s", callback_url ? callback_url : "");
+    snprintf(info->callback_url, sizeof(info->callback_url), "%s",
+             callback_url ? callback_url : "");
 }
 
 int64_t store_now_s(void)

@@ -174,7 +174,7 @@ struct store_job_info {
     int64_t bytes;                  /* bytes of its lines' input, as stored */
     int64_t seq;                    /* creation order: a later job has a larger seq (> 0) */
     char callback_url[STORE_URL_MAX + 1]; /* "" for none */
-    bool notified;                  /* its completion was claimed (store_job_claim_notify) */
+    bool notified;                        /* its completion was claimed (store_job_claim_notify) */
 };
 
 /* One input line of a job, as given to store_job_create (strings borrowed). */

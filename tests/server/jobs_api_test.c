@@ -413,7 +413,8 @@ static void quotas_are_per_key(void **state)
     j = req(x, KEY_A, "POST", "/v1/jobs", "application/x-ndjson", body, &r);
     assert_int_equal(r.status, 429);
     assert_string_equal(err_code(j), "job_quota_exceeded");
-    assert_non_null(strstr(str_of(cJSON_GetObjectItem(j, "error"), "message"), "queued or running"));
+    assert_non_null(
+        strstr(str_of(cJSON_GetObjectItem(j, "error"), "message"), "queued or running"));
     cJSON_Delete(j);
     resp_free(&r);
     create_job(x, KEY_B, 200, 2, NULL, other); /* B is not A */
@@ -474,7 +475,7 @@ static void another_key_gets_404_on_everything(void **state)
     static const struct {
         const char *method, *suffix;
     } calls[] = {
-        {"GET", ""}, {"GET", "/results"}, {"GET", "/results?format=json"},
+        {"GET", ""},    {"GET", "/results"},       {"GET", "/results?format=json"},
         {"DELETE", ""}, {"DELETE", "?purge=true"},
     };
     struct resp r;
@@ -746,8 +747,8 @@ struct receiver {
     pthread_t th;
     atomic_bool stop;
     pthread_mutex_t mu;
-    int n;            /* posts received */
-    double at[8];     /* when */
+    int n;        /* posts received */
+    double at[8]; /* when */
     char body[8][1024];
     char path[8][128];
 };

@@ -222,8 +222,7 @@ static void call(struct fx *x, enum srv_review_ep ep, const char *path, const ch
     memset(a, 0, sizeof(*a));
     pthread_mutex_init(&a->mu, NULL);
     pthread_cond_init(&a->cv, NULL);
-    srv_review_handle(x->svc, ep, path, body, raw, raw ? strlen(raw) : 0, NULL, on_answer, a,
-                      NULL);
+    srv_review_handle(x->svc, ep, path, body, raw, raw ? strlen(raw) : 0, NULL, on_answer, a, NULL);
     pthread_mutex_lock(&a->mu);
     while (!a->done)
         pthread_cond_wait(&a->cv, &a->mu);
