@@ -27,7 +27,7 @@
 #define KEY_B "key-b-9876543210"
 #define OWNER_A "key:0" /* the server's identity for the first key of the file */
 #define MAX_OPEN 3
-#define MAX_BYTES 20000
+#define MAX_BYTES 200000
 
 /* ---- a fake model that counts its calls ---------------------------------------------------- */
 
@@ -656,7 +656,7 @@ static void delete_cancels_then_deletes(void **state)
 static void results_come_in_pages_and_as_a_stream(void **state)
 {
     struct fx *x = *state;
-    enum { N = 30 };
+    enum { N = 1500 }; /* results of ~400 KB: more than a stream may hold for a client */
     char id[STORE_JOB_ID_LEN + 1], path[200], cursor[32] = "", hdr[64];
     int next_line = 1;
     struct resp r;
@@ -666,9 +666,9 @@ static void results_come_in_pages_and_as_a_stream(void **state)
     for (int page = 0; page < 10; page++) {
         const cJSON *data, *next;
         if (cursor[0])
-            snprintf(path, sizeof(path), "/v1/jobs/%s/results?limit=7&cursor=%s", id, cursor);
+            snprintf(path, sizeof(path), "/v1/jobs/%s/results?limit=170&cursor=%s", id, cursor);
         else
-            snprintf(path, sizeof(path), "/v1/jobs/%s/results?limit=7", id);
+            snprintf(path, sizeof(path), "/v1/jobs/%s/results?limit=170", id);
         j = req_h(x, KEY_A, "GET", path, NULL, "Accept: application/json\r\n", NULL, 0, &r);
         assert_int_equal(r.status, 200);
         data = cJSON_GetObjectItem(j, "data");
@@ -687,7 +687,7 @@ static void results_come_in_pages_and_as_a_stream(void **state)
             resp_free(&r);
             break;
         }
-        assert_int_equal(cJSON_GetArraySize(data), 7);
+        assert_int_equal(cJSON_GetArraySize(data), 170);
         snprintf(cursor, sizeof(cursor), "%s", next->valuestring);
         cJSON_Delete(j);
         resp_free(&r);
@@ -711,10 +711,25 @@ static void results_come_in_pages_and_as_a_stream(void **state)
     }
     resp_free(&r);
 
-    /* the whole stream */
+    /* the whole stream, to a client that reads nothing for a second first: the server waits
+     * for it (a bounded buffer) and every line still arrives, in order */
     snprintf(path, sizeof(path), "/v1/jobs/%s/results", id);
-    cJSON_Delete(
-        req_h(x, KEY_A, "GET", path, NULL, "Accept: application/x-ndjson\r\n", NULL, 0, &r));
+    {
+        char head[512];
+        int fd = connect_port(x->port), hl;
+        size_t n = 0;
+        char *raw;
+        hl = snprintf(head, sizeof(head),
+                      "GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+                      "Authorization: Bearer %s\r\nAccept: application/x-ndjson\r\n\r\n",
+                      path, KEY_A);
+        assert_true(send_all(fd, head, (size_t)hl));
+        sleep_ms(1000);
+        raw = read_all(fd, &n);
+        close(fd);
+        parse_response(raw, n, &r);
+        free(raw);
+    }
     assert_int_equal(r.status, 200);
     assert_non_null(resp_header(&r, "Content-Type", hdr, sizeof(hdr)));
     assert_string_equal(hdr, "application/x-ndjson");
