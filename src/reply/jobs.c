@@ -1119,6 +1119,39 @@ static bool scan_job(const struct store_job_info *info, void *user)
     return true;
 }
 
+/* Ids of done jobs whose completion notice nobody claimed. */
+struct unnotified {
+    char ids[100][STORE_JOB_ID_LEN + 1];
+    size_t n;
+};
+
+static bool note_unnotified(const struct store_job_info *info, void *user)
+{
+    struct unnotified *u = user;
+    if (u->n == AR_ARRAY_LEN(u->ids))
+        return false;
+    memcpy(u->ids[u->n++], info->id, sizeof(u->ids[0]));
+    return true;
+}
+
+/* Claims the notices of done jobs that an instance finished but died before claiming: their
+ * last line's worker is gone, so nobody else would. */
+static void sweep_notices(struct rp_runner *r)
+{
+    struct unnotified *u = ar_calloc(1, sizeof(*u));
+    struct ar_err err = {AR_OK, 0, {0}};
+    enum ar_status st;
+    if (!u)
+        return;
+    st = store_jobs_unnotified(r->svc->p.store, note_unnotified, u, &err);
+    if (st != AR_OK && st != AR_ECANCELED)
+        AR_WARN("jobs: cannot look for completion notices to send: %s (%s)", ar_status_str(st),
+                err.msg);
+    for (size_t i = 0; i < u->n; i++)
+        notice_if_done(r->svc, u->ids[i]);
+    ar_free(u);
+}
+
 /* Refreshes the backlog gauge and, when sweep, queues the lines of the jobs that need it.
  * *all is cleared once every unfinished job was queued. */
 static void sweep_once(struct rp_runner *r, bool sweep, bool *all)
@@ -1157,6 +1190,8 @@ static void sweep_once(struct rp_runner *r, bool sweep, bool *all)
     if (sweep && ok && !runner_stopping(r))
         *all = false;
     ar_free(sc.jobs);
+    if (sweep && !runner_stopping(r))
+        sweep_notices(r);
 }
 
 static void *sweeper_main(void *arg)

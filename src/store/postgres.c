@@ -81,7 +81,10 @@ static const char *const migrations[] = {
     "  ADD COLUMN notified boolean NOT NULL DEFAULT false;"
     "UPDATE jobs SET bytes = coalesce((SELECT sum(octet_length(input)) FROM job_items "
     "  WHERE job_id = jobs.id), 0);"
-    "CREATE INDEX jobs_by_owner ON jobs (owner, seq);",
+    "CREATE INDEX jobs_by_owner ON jobs (owner, seq);"
+    /* the few jobs whose completion notice is still to be claimed (the sweeper's look) */
+    "CREATE INDEX jobs_to_notify ON jobs (seq) "
+    "  WHERE status = 'done' AND NOT notified AND callback_url <> '';",
 };
 #define PG_SCHEMA_VERSION STORE_PG_SCHEMA_VERSION
 _Static_assert(AR_ARRAY_LEN(migrations) == STORE_PG_SCHEMA_VERSION, "one migration per version");
@@ -110,6 +113,7 @@ enum pg_stmt {
     P_JOB_CANCEL,
     P_JOB_DELETE,
     P_JOB_CLAIM_NOTIFY,
+    P_JOBS_UNNOTIFIED,
     P_COUNT
 };
 
@@ -179,6 +183,8 @@ static const char *const stmt_sql[P_COUNT] = {
     [P_JOB_DELETE] = "DELETE FROM jobs WHERE id = $1",
     [P_JOB_CLAIM_NOTIFY] = "UPDATE jobs SET notified = true WHERE id = $1 AND status = 'done' "
                            "AND NOT notified AND callback_url <> ''",
+    [P_JOBS_UNNOTIFIED] = "SELECT " JOB_COLS " FROM jobs WHERE status = 'done' AND NOT notified "
+                          "AND callback_url <> '' ORDER BY seq LIMIT 100",
 };
 
 /* what each statement is called in messages */
@@ -204,6 +210,7 @@ static const char *const stmt_what[P_COUNT] = {
     [P_JOB_CANCEL] = "job cancel",
     [P_JOB_DELETE] = "job delete",
     [P_JOB_CLAIM_NOTIFY] = "job notify",
+    [P_JOBS_UNNOTIFIED] = "jobs to notify",
 };
 
 static const int stmt_n_params[P_COUNT] = {
@@ -212,7 +219,7 @@ static const int stmt_n_params[P_COUNT] = {
     [P_ITEM_FINISH] = 7,       [P_ITEM_STATUS] = 2, [P_ITEM_GET] = 2,     [P_JOB_SET_STATUS] = 3,
     [P_JOB_SET_PUBLISHED] = 1, [P_JOB_GET] = 1,     [P_JOB_ITEMS] = 3,    [P_JOBS_UNFINISHED] = 0,
     [P_JOBS_LIST] = 3,         [P_JOB_USAGE] = 1,   [P_JOB_CANCEL] = 2,   [P_JOB_DELETE] = 1,
-    [P_JOB_CLAIM_NOTIFY] = 1,
+    [P_JOB_CLAIM_NOTIFY] = 1,  [P_JOBS_UNNOTIFIED] = 0,
 };
 
 /* ---- the pool ----------------------------------------------------------------------- */
@@ -1247,16 +1254,16 @@ out:
     return s;
 }
 
-static enum ar_status pg_jobs_unfinished(struct store *base, store_job_fn fn, void *user,
-                                         struct ar_err *err)
+/* Calls fn for each job statement id (no values) returns. */
+static enum ar_status jobs_each(struct pg_store *ps, enum pg_stmt id, store_job_fn fn, void *user,
+                                struct ar_err *err)
 {
-    struct pg_store *ps = (struct pg_store *)base;
     struct pg_conn *pc;
     PGresult *r = NULL;
     enum ar_status s;
     if ((s = pool_get(ps, &pc, err)) != AR_OK)
         return s;
-    s = pg_exec(ps, pc, P_JOBS_UNFINISHED, NULL, &r, err);
+    s = pg_exec(ps, pc, id, NULL, &r, err);
     pool_put(ps, pc);
     for (int i = 0; s == AR_OK && i < PQntuples(r); i++) {
         struct store_job_info info;
@@ -1352,6 +1359,18 @@ static enum ar_status pg_job_claim_notify(struct store *base, const char *job_id
     return job_change((struct pg_store *)base, P_JOB_CLAIM_NOTIFY, v, claimed, err);
 }
 
+static enum ar_status pg_jobs_unfinished(struct store *base, store_job_fn fn, void *user,
+                                         struct ar_err *err)
+{
+    return jobs_each((struct pg_store *)base, P_JOBS_UNFINISHED, fn, user, err);
+}
+
+static enum ar_status pg_jobs_unnotified(struct store *base, store_job_fn fn, void *user,
+                                         struct ar_err *err)
+{
+    return jobs_each((struct pg_store *)base, P_JOBS_UNNOTIFIED, fn, user, err);
+}
+
 static const struct store_ops pg_ops = {
     .name = "postgres",
     .close = pg_close,
@@ -1375,4 +1394,5 @@ static const struct store_ops pg_ops = {
     .job_cancel = pg_job_cancel,
     .job_delete = pg_job_delete,
     .job_claim_notify = pg_job_claim_notify,
+    .jobs_unnotified = pg_jobs_unnotified,
 };

@@ -69,7 +69,9 @@ static const char *const migrations[STORE_SCHEMA_VERSION] = {
     "ALTER TABLE jobs ADD COLUMN notified INTEGER NOT NULL DEFAULT 0;"
     "UPDATE jobs SET bytes = (SELECT coalesce(sum(length(CAST(input AS BLOB))), 0) "
     "  FROM job_items WHERE job_id = jobs.id);"
-    "CREATE INDEX jobs_by_owner ON jobs (owner, status);",
+    "CREATE INDEX jobs_by_owner ON jobs (owner, status);"
+    /* the few jobs whose completion notice is still to be claimed (the sweeper's look) */
+    "CREATE INDEX jobs_to_notify ON jobs (status) WHERE notified = 0 AND callback_url <> '';",
 };
 
 /* ---- statements --------------------------------------------------------------------- */
@@ -103,6 +105,7 @@ enum stmt_id {
     S_JOB_DELETE_ITEMS,
     S_JOB_DELETE,
     S_JOB_CLAIM_NOTIFY,
+    S_JOBS_UNNOTIFIED,
     S_COUNT
 };
 
@@ -175,6 +178,8 @@ static const char *const stmt_sql[S_COUNT] = {
     [S_JOB_DELETE] = "DELETE FROM jobs WHERE id = ?1",
     [S_JOB_CLAIM_NOTIFY] = "UPDATE jobs SET notified = 1 WHERE id = ?1 AND status = 'done' "
                            "AND notified = 0 AND callback_url <> ''",
+    [S_JOBS_UNNOTIFIED] = "SELECT " JOB_COLS " FROM jobs WHERE status = 'done' AND notified = 0 "
+                          "AND callback_url <> '' ORDER BY rowid LIMIT 100",
 };
 
 /* Background checkpoints: the request connection never checkpoints (its WAL hook replaces
@@ -1023,15 +1028,15 @@ out:
     return res;
 }
 
-static enum ar_status sq_jobs_unfinished(struct store *base, store_job_fn fn, void *user,
-                                         struct ar_err *err)
+/* Calls fn for each job statement id (no values) returns. */
+static enum ar_status jobs_each(struct sqlite_store *st, enum stmt_id id, store_job_fn fn,
+                                void *user, struct ar_err *err)
 {
-    struct sqlite_store *st = (struct sqlite_store *)base;
     enum ar_status res = AR_OK;
     sqlite3_stmt *s;
     int rc;
     pthread_mutex_lock(&st->mu);
-    s = st->stmt[S_JOBS_UNFINISHED];
+    s = st->stmt[id];
     while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
         struct store_job_info info;
         job_from_row(s, &info);
@@ -1041,10 +1046,22 @@ static enum ar_status sq_jobs_unfinished(struct store *base, store_job_fn fn, vo
         }
     }
     if (res == AR_OK && rc != SQLITE_DONE)
-        res = db_fail(st, rc, err, "unfinished jobs");
+        res = db_fail(st, rc, err, "jobs");
     stmt_done(s);
     pthread_mutex_unlock(&st->mu);
     return res;
+}
+
+static enum ar_status sq_jobs_unfinished(struct store *base, store_job_fn fn, void *user,
+                                         struct ar_err *err)
+{
+    return jobs_each((struct sqlite_store *)base, S_JOBS_UNFINISHED, fn, user, err);
+}
+
+static enum ar_status sq_jobs_unnotified(struct store *base, store_job_fn fn, void *user,
+                                         struct ar_err *err)
+{
+    return jobs_each((struct sqlite_store *)base, S_JOBS_UNNOTIFIED, fn, user, err);
 }
 
 static enum ar_status sq_jobs_list(struct store *base, const char *owner, int64_t before_seq,
@@ -1163,4 +1180,5 @@ static const struct store_ops sqlite_ops = {
     .job_cancel = sq_job_cancel,
     .job_delete = sq_job_delete,
     .job_claim_notify = sq_job_claim_notify,
+    .jobs_unnotified = sq_jobs_unnotified,
 };

@@ -532,6 +532,14 @@ enum ar_status store_job_delete(struct store *st, const char *job_id, bool *foun
     return st->ops->job_delete(st, job_id, found, err);
 }
 
+enum ar_status store_jobs_unnotified(struct store *st, store_job_fn fn, void *user,
+                                     struct ar_err *err)
+{
+    if (!st || !fn)
+        return bad_arg(err, "NULL argument");
+    return st->ops->jobs_unnotified(st, fn, user, err);
+}
+
 enum ar_status store_job_claim_notify(struct store *st, const char *job_id, bool *claimed,
                                       struct ar_err *err)
 {

@@ -294,6 +294,12 @@ enum ar_status store_job_delete(struct store *st, const char *job_id, bool *foun
 enum ar_status store_job_claim_notify(struct store *st, const char *job_id, bool *claimed,
                                       struct ar_err *err);
 
+/* Calls fn for at most 100 done jobs with a callback URL whose notice nobody claimed (an
+ * instance died between a job's last line and the claim), oldest first: what a sweeper hands
+ * to store_job_claim_notify. */
+enum ar_status store_jobs_unnotified(struct store *st, store_job_fn fn, void *user,
+                                     struct ar_err *err);
+
 /* Calls fn for every queued or running job, oldest first (what a restart must resume; info
  * says whether it was published). fn returns false to stop early (AR_ECANCELED). */
 enum ar_status store_jobs_unfinished(struct store *st, store_job_fn fn, void *user,

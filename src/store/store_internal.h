@@ -58,6 +58,8 @@ struct store_ops {
                                  struct ar_err *err);
     enum ar_status (*job_claim_notify)(struct store *st, const char *job_id, bool *claimed,
                                        struct ar_err *err);
+    enum ar_status (*jobs_unnotified)(struct store *st, store_job_fn fn, void *user,
+                                      struct ar_err *err);
     enum ar_status (*jobs_unfinished)(struct store *st, store_job_fn fn, void *user,
                                       struct ar_err *err);
 };

@@ -903,6 +903,39 @@ static void completion_callback_is_retried_then_sent_once(void **state)
     }
 }
 
+/* A job finished by an instance that died before claiming its notice (done in the store, never
+ * claimed, its lines on no queue): the sweeper of the next runner sends it. */
+static void unclaimed_notice_is_sent_by_the_sweeper(void **state)
+{
+    struct fx *x = *state;
+    struct receiver rc;
+    struct store_item_in in[2] = {
+        {1, "{\"shop_id\":\"s1\",\"id\":\"u1\",\"text\":\"ok\",\"rating\":5}"},
+        {2, "{\"shop_id\":\"s1\",\"id\":\"u2\",\"text\":\"ok\",\"rating\":5}"}};
+    struct store_job_spec spec = {"s1", OWNER_A, NULL};
+    char id[STORE_JOB_ID_LEN + 1], url[96];
+    double t0;
+    cJSON *sum;
+    receiver_start(&rc, 0);
+    snprintf(url, sizeof(url), "http://127.0.0.1:%d/late", rc.port);
+    spec.callback_url = url;
+    assert_int_equal(store_job_create_spec(x->store, &spec, in, 2, id, NULL), AR_OK);
+    assert_int_equal(store_job_item_done(x->store, id, 1, "{\"line\":1}", NULL), AR_OK);
+    assert_int_equal(store_job_item_error(x->store, id, 2, "gone", NULL), AR_OK);
+    assert_int_equal(reply_jobs_start(x->svc), AR_OK);
+    t0 = mono_s();
+    while (receiver_count(&rc) < 1 && mono_s() - t0 < 20)
+        sleep_ms(20);
+    assert_int_equal(receiver_count(&rc), 1);
+    sum = cJSON_Parse(rc.body[0]);
+    assert_string_equal(str_of(sum, "id"), id);
+    assert_int_equal(int_of(sum, "failed"), 1);
+    cJSON_Delete(sum);
+    sleep_ms(500);
+    assert_int_equal(receiver_count(&rc), 1);
+    receiver_stop(&rc);
+}
+
 #define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
 
 int main(void)
@@ -916,6 +949,7 @@ int main(void)
         T(delete_cancels_then_deletes),
         T(results_come_in_pages_and_as_a_stream),
         T(completion_callback_is_retried_then_sent_once),
+        T(unclaimed_notice_is_sent_by_the_sweeper),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

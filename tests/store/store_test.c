@@ -791,6 +791,7 @@ static void version_one_database_is_migrated(void **state)
     assert_int_equal(sqlite3_exec(db,
                                   "DROP TABLE reply_claims;"
                                   "DROP INDEX jobs_by_owner;"
+                                  "DROP INDEX jobs_to_notify;"
                                   "ALTER TABLE jobs DROP COLUMN owner;"
                                   "ALTER TABLE jobs DROP COLUMN bytes;"
                                   "ALTER TABLE jobs DROP COLUMN callback_url;"
@@ -979,6 +980,13 @@ static void usage_cancel_delete_and_notices(void **state)
         assert_int_equal(store_job_item_done(st, j2, job_line_numbers[i], "{}", NULL), AR_OK);
     assert_int_equal(store_job_claim_notify(st, j3, &ok, NULL), AR_OK);
     assert_false(ok);
+    {
+        /* what a sweeper finds: done, with a callback, not claimed */
+        struct listed l = {0};
+        assert_int_equal(store_jobs_unnotified(st, collect_job, &l, NULL), AR_OK);
+        assert_int_equal(l.n, 1);
+        assert_string_equal(l.ids[0], j2);
+    }
     assert_int_equal(store_job_claim_notify(st, j2, &ok, NULL), AR_OK);
     assert_int_equal(store_job_claim_notify(st2, j2, &ok2, NULL), AR_OK);
     assert_true(ok);
@@ -986,6 +994,11 @@ static void usage_cancel_delete_and_notices(void **state)
     assert_int_equal(store_job_get(st2, j2, &info, &found, NULL), AR_OK);
     assert_true(info.notified);
     assert_int_equal(info.status, STORE_JOB_DONE);
+    {
+        struct listed l = {0};
+        assert_int_equal(store_jobs_unnotified(st, collect_job, &l, NULL), AR_OK);
+        assert_int_equal(l.n, 0);
+    }
     usage_is(st, "key:0", 0, b); /* done: not open, still stored */
     store_close(st2);
     store_close(st);
@@ -1036,7 +1049,7 @@ static void pg_version_one_database_is_migrated(void **state)
     bool found = false;
     make_job(st, id);
     store_close(st);
-    assert_int_equal(th_pg_scalar(&f->db, "DROP INDEX jobs_by_owner;"
+    assert_int_equal(th_pg_scalar(&f->db, "DROP INDEX jobs_by_owner; DROP INDEX jobs_to_notify;"
                                           "ALTER TABLE jobs DROP COLUMN owner, DROP COLUMN bytes,"
                                           "  DROP COLUMN callback_url, DROP COLUMN notified;"
                                           "DELETE FROM schema_migrations WHERE version > 1;"
