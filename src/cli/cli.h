@@ -34,6 +34,8 @@ struct cli_reply_opts {
                                NULL: ./var */
     bool reply_cache;       /* false: every review not yet stored goes to the model */
     size_t max_job_body;    /* POST /v1/jobs body limit, bytes; 0: 64 MiB */
+    int64_t job_max_open;   /* queued or running jobs per key; 0: the server's default */
+    int64_t job_max_bytes;  /* stored job bytes per key; 0: the server's default */
     const char *store_url;  /* postgres://... or a SQLite file; NULL: <data_dir>/replies.db */
     const char *cache_url;  /* redis://... (L2 behind the in-process cache); NULL: in process */
     const char *queue_url;  /* amqp://... (job items); NULL: in process */

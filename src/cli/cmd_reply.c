@@ -764,6 +764,10 @@ int cli_reply_attach(struct server *srv, const struct cli_reply_opts *opts, stru
     }
     if (opts->max_job_body)
         rp.max_job_body = opts->max_job_body;
+    if (opts->job_max_open)
+        rp.job_max_open = opts->job_max_open;
+    if (opts->job_max_bytes)
+        rp.job_max_bytes = opts->job_max_bytes;
     if ((st = server_reviews_attach(srv, cr->p.svc, &rp)) != AR_OK) {
         cli_error("serve: cannot add the review routes: %s", ar_status_str(st));
         goto fail;

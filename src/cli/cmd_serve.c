@@ -80,6 +80,10 @@ static void serve_usage(FILE *out)
             "  --rate-tpm T          tokens per minute per key or IP (off)\n"
             "  --max-body BYTES      request body limit (1048576)\n"
             "  --max-job-body BYTES  POST /v1/jobs body limit (67108864)\n"
+            "  --job-max-open N      queued or running jobs per API key (or client address\n"
+            "                        without keys); more: 429 (32)\n"
+            "  --job-max-bytes BYTES stored job input per key, finished jobs included until\n"
+            "                        deleted; more: 413 (1073741824)\n"
             "  --timeout S           a request must arrive within S seconds (30)\n"
             "  --body-timeout S      a body that stops coming for S s gets 408 (10; 0: off)\n"
             "  --max-conns N         open connections (512)\n"
@@ -221,6 +225,12 @@ int cmd_serve(int argc, char **argv)
         } else if (!strcmp(a, "--max-job-body")) {
             INT(1, (int64_t)1 << 40);
             ro.max_job_body = (size_t)n;
+        } else if (!strcmp(a, "--job-max-open")) {
+            INT(1, (int64_t)1 << 30);
+            ro.job_max_open = n;
+        } else if (!strcmp(a, "--job-max-bytes")) {
+            INT(1, (int64_t)1 << 50);
+            ro.job_max_bytes = n;
         } else if (!strcmp(a, "--shops")) {
             VALUE();
             ro.shops_file = v;

@@ -51,6 +51,11 @@ enum ar_status reply_service_submit(struct reply_service *svc, void (*fn)(void *
     return rp_submit(svc, fn, arg, true);
 }
 
+struct store *reply_service_store(struct reply_service *svc)
+{
+    return svc->p.store;
+}
+
 enum ar_status reply_job_get(struct reply_service *svc, const char *job_id,
                              struct store_job_info *info, bool *found, struct ar_err *err)
 {

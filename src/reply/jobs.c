@@ -129,11 +129,18 @@ static enum ar_status publish_lines(struct reply_service *svc, const char *job_i
                                     const char *shop_id, const int64_t *lines, size_t n,
                                     struct ar_err *err);
 
-static enum ar_status create_from_lines(struct reply_service *svc, const char *default_shop,
-                                        struct lines *l, char job_id[STORE_JOB_ID_LEN + 1],
-                                        int64_t *n_lines, struct ar_err *err)
+/* A bad line of a job created with per-line errors: recorded as its result at creation. */
+struct bad_rec {
+    int64_t line;
+    char why[200];
+};
+
+static enum ar_status create_from_lines(struct reply_service *svc,
+                                        const struct store_job_spec *spec, struct lines *l,
+                                        const struct bad_rec *bad, size_t n_bad,
+                                        char job_id[STORE_JOB_ID_LEN + 1], int64_t *n_lines,
+                                        struct ar_err *err)
 {
-    const char *shop = default_shop ? default_shop : JOB_DEFAULT_SHOP;
     enum ar_status st;
     int64_t *nums;
     if (l->n == 0)
@@ -143,12 +150,24 @@ static enum ar_status create_from_lines(struct reply_service *svc, const char *d
         return ar_err_set(err, AR_ENOMEM, 0, "out of memory");
     for (size_t i = 0; i < l->n; i++)
         nums[i] = l->items[i].line;
-    st = store_job_create(svc->p.store, shop, l->items, l->n, job_id, err);
+    st = store_job_create_spec(svc->p.store, spec, l->items, l->n, job_id, err);
+    /* bad lines get their errors before any worker sees them (a line already finished is
+     * acked without work) */
+    for (size_t i = 0; i < n_bad && st == AR_OK; i++) {
+        st = store_job_item_error(svc->p.store, job_id, bad[i].line, bad[i].why, err);
+        if (st == AR_OK)
+            metrics_inc(svc->m.job_items_error, 1);
+        if (st != AR_OK) {
+            /* stored but not whole: better no job than one whose bad lines would run */
+            bool found;
+            store_job_delete(svc->p.store, job_id, &found, NULL);
+        }
+    }
     if (st == AR_OK) {
         /* the job is accepted once stored: a queue that cannot take its lines now only delays
          * it (the sweeper queues unpublished jobs), so creation succeeds either way */
         struct ar_err qerr = {AR_OK, 0, {0}};
-        enum ar_status qst = publish_lines(svc, job_id, shop, nums, l->n, &qerr);
+        enum ar_status qst = publish_lines(svc, job_id, spec->shop_id, nums, l->n, &qerr);
         if (qst == AR_OK)
             qst = store_job_set_published(svc->p.store, job_id, &qerr);
         if (qst != AR_OK)
@@ -160,6 +179,14 @@ static enum ar_status create_from_lines(struct reply_service *svc, const char *d
     }
     ar_free(nums);
     return st;
+}
+
+static enum ar_status create_plain(struct reply_service *svc, const char *default_shop,
+                                   struct lines *l, char job_id[STORE_JOB_ID_LEN + 1],
+                                   int64_t *n_lines, struct ar_err *err)
+{
+    struct store_job_spec spec = {default_shop ? default_shop : JOB_DEFAULT_SHOP, NULL, NULL};
+    return create_from_lines(svc, &spec, l, NULL, 0, job_id, n_lines, err);
 }
 
 enum ar_status reply_job_create(struct reply_service *svc, const char *default_shop,
@@ -190,7 +217,7 @@ enum ar_status reply_job_create(struct reply_service *svc, const char *default_s
         st = lines_from_jsonl(body, len, &l, err);
     }
     if (st == AR_OK)
-        st = create_from_lines(svc, default_shop, &l, job_id, n_lines, err);
+        st = create_plain(svc, default_shop, &l, job_id, n_lines, err);
     lines_free(&l);
     return st;
 }
@@ -205,7 +232,167 @@ enum ar_status reply_job_create_json(struct reply_service *svc, const char *defa
         return ar_err_set(err, AR_EINVAL, 0, "reviews must be an array");
     st = lines_from_array(array, &l, err);
     if (st == AR_OK)
-        st = create_from_lines(svc, default_shop, &l, job_id, n_lines, err);
+        st = create_plain(svc, default_shop, &l, job_id, n_lines, err);
+    lines_free(&l);
+    return st;
+}
+
+/* ---- the jobs API: strict creation ------------------------------------------------------- */
+
+/* Every non-blank line of a JSONL body, NULs and all (they are judged with the other lines). */
+static enum ar_status lines_all_jsonl(const char *body, size_t len, struct lines *l,
+                                      struct ar_err *err)
+{
+    size_t i = 0;
+    int64_t line = 0;
+    while (i < len) {
+        size_t a = i, e;
+        const char *nl = memchr(body + i, '\n', len - i);
+        char *copy;
+        e = nl ? (size_t)(nl - body) : len;
+        i = nl ? e + 1 : len;
+        line++;
+        while (a < e && (body[a] == ' ' || body[a] == '\t' || body[a] == '\r'))
+            a++;
+        while (e > a && (body[e - 1] == ' ' || body[e - 1] == '\t' || body[e - 1] == '\r'))
+            e--;
+        if (a == e)
+            continue; /* blank lines are not reviews */
+        if ((int64_t)l->n >= REPLY_JOB_LINES_MAX)
+            return ar_err_set(err, AR_EINVAL, 0, "more than %d reviews in one job",
+                              REPLY_JOB_LINES_MAX);
+        /* a NUL inside a line is kept in the copy's length check below (strlen stops there) */
+        copy = ar_malloc(e - a + 1);
+        if (!copy || lines_add(l, line, copy) != AR_OK) {
+            ar_free(copy);
+            return ar_err_set(err, AR_ENOMEM, 0, "out of memory");
+        }
+        memcpy(copy, body + a, e - a);
+        copy[e - a] = '\0';
+        if (memchr(copy, '\0', e - a))
+            copy[0] = '\0'; /* a raw NUL byte: judged as not JSON */
+    }
+    return AR_OK;
+}
+
+/* Whether one stored line is a review; why (size n) says what is wrong when not. */
+static bool line_ok(const char *text, const char *shop, char *why, size_t n)
+{
+    char field[96];
+    struct reply_review rv;
+    cJSON *j;
+    bool ok;
+    if (ar_json_has_nul(text, strlen(text), NULL, field, sizeof(field))) {
+        snprintf(why, n, "\"%s\" contains a NUL character (\\u0000)",
+                 field[0] ? field : "(the line)");
+        return false;
+    }
+    j = cJSON_Parse(text);
+    if (!j) {
+        snprintf(why, n, "not valid JSON");
+        return false;
+    }
+    if (!cJSON_IsObject(j)) {
+        snprintf(why, n, "not a JSON object");
+        cJSON_Delete(j);
+        return false;
+    }
+    ok = reply_review_from_json(j, shop, &rv, why, n) == AR_OK;
+    cJSON_Delete(j);
+    return ok;
+}
+
+enum ar_status reply_job_submit(struct reply_service *svc, const struct reply_job_opts *opts,
+                                const char *jsonl, size_t len, const cJSON *array,
+                                struct reply_job_outcome *out, struct ar_err *err)
+{
+    struct reply_job_opts o = opts ? *opts : (struct reply_job_opts){0};
+    struct store_job_spec spec;
+    struct lines l = {0};
+    struct bad_rec *bad = NULL;
+    size_t n_rec = 0;
+    enum ar_status st;
+    memset(out, 0, sizeof(*out));
+    spec.shop_id = o.default_shop ? o.default_shop : JOB_DEFAULT_SHOP;
+    spec.owner = o.owner ? o.owner : "";
+    spec.callback_url = o.callback_url;
+    if (o.callback_url && *o.callback_url) {
+        char why[160];
+        if (!reply_callback_url_ok(o.callback_url, why, sizeof(why))) {
+            out->refused = REPLY_JOB_BAD_BODY;
+            return ar_err_set(err, AR_EINVAL, 0, "%s", why);
+        }
+    }
+    if (jsonl)
+        st = lines_all_jsonl(jsonl, len, &l, err);
+    else if (cJSON_IsArray(array))
+        st = lines_from_array(array, &l, err);
+    else
+        st = ar_err_set(err, AR_EINVAL, 0, "the job must be JSONL text or a JSON array");
+    if (st == AR_OK && l.n == 0)
+        st = ar_err_set(err, AR_EINVAL, 0, "the job has no reviews");
+    if (st != AR_OK) {
+        if (st == AR_EINVAL)
+            out->refused = REPLY_JOB_BAD_BODY;
+        lines_free(&l);
+        return st;
+    }
+    /* every line is judged before anything is stored */
+    for (size_t i = 0; i < l.n; i++) {
+        char why[160];
+        out->job_bytes += (int64_t)strlen(l.items[i].input);
+        if (line_ok(l.items[i].input, spec.shop_id, why, sizeof(why)))
+            continue;
+        if (out->n_bad < REPLY_JOB_BAD_MAX) {
+            out->bad[out->n_bad].line = l.items[i].line;
+            snprintf(out->bad[out->n_bad].why, sizeof(out->bad[0].why), "%s", why);
+            out->n_bad++;
+        }
+        out->n_invalid++;
+        if (o.per_line_errors) {
+            if (n_rec % 64 == 0) {
+                struct bad_rec *nb = ar_realloc(bad, (n_rec + 64) * sizeof(*bad));
+                if (!nb) {
+                    st = ar_err_set(err, AR_ENOMEM, 0, "out of memory");
+                    break;
+                }
+                bad = nb;
+            }
+            bad[n_rec].line = l.items[i].line;
+            snprintf(bad[n_rec].why, sizeof(bad[n_rec].why), "line %lld: %s",
+                     (long long)l.items[i].line, why);
+            n_rec++;
+        }
+    }
+    if (st == AR_OK && out->n_invalid > 0 && !o.per_line_errors) {
+        out->refused = REPLY_JOB_BAD_LINES;
+        st = ar_err_set(err, AR_EINVAL, 0, "%lld of %zu lines are not valid reviews; line %lld: %s",
+                        (long long)out->n_invalid, l.n, (long long)out->bad[0].line,
+                        out->bad[0].why);
+    }
+    if (st == AR_OK && (o.max_open_jobs > 0 || o.max_bytes > 0)) {
+        /* checked, not reserved: instances creating jobs for one owner at once may pass the
+         * quota by what they create together */
+        st = store_job_usage(svc->p.store, spec.owner, &out->open_jobs, &out->bytes, err);
+        if (st == AR_OK && o.max_open_jobs > 0 && out->open_jobs >= o.max_open_jobs) {
+            out->refused = REPLY_JOB_TOO_MANY_OPEN;
+            st = ar_err_set(err, AR_EINVAL, 0,
+                            "%lld jobs are queued or running for this key, the most allowed; "
+                            "wait for one to finish or cancel one (DELETE /v1/jobs/ID)",
+                            (long long)out->open_jobs);
+        } else if (st == AR_OK && o.max_bytes > 0 && out->bytes + out->job_bytes > o.max_bytes) {
+            out->refused = REPLY_JOB_TOO_LARGE;
+            st = ar_err_set(err, AR_EINVAL, 0,
+                            "this job (%lld bytes) and the stored jobs of this key (%lld bytes) "
+                            "pass the quota of %lld bytes; delete finished jobs "
+                            "(DELETE /v1/jobs/ID) to make room",
+                            (long long)out->job_bytes, (long long)out->bytes,
+                            (long long)o.max_bytes);
+        }
+    }
+    if (st == AR_OK)
+        st = create_from_lines(svc, &spec, &l, bad, n_rec, out->id, &out->n_lines, err);
+    ar_free(bad);
     lines_free(&l);
     return st;
 }
@@ -512,6 +699,8 @@ enum line_outcome {
     LINE_RETRY    /* the store or the model cannot take it now: back to the queue, later */
 };
 
+static void notice_if_done(struct reply_service *svc, const char *job_id);
+
 static enum line_outcome record_error(struct reply_service *svc, const struct line_ref *ref,
                                       const char *msg)
 {
@@ -549,12 +738,18 @@ static enum line_outcome work_line(struct reply_service *svc, const struct line_
         return LINE_RETRY;
     }
     if (!found) {
-        AR_WARN("job %s: no such job; its line %lld is dropped from the queue", ref->job_id,
-                (long long)ref->line);
+        /* deleted by its owner (DELETE /v1/jobs/ID) */
+        AR_DEBUG("job %s: no such job; its line %lld is dropped from the queue", ref->job_id,
+                 (long long)ref->line);
         return LINE_SETTLED;
     }
-    if (info.status != STORE_JOB_QUEUED && info.status != STORE_JOB_RUNNING)
-        return LINE_SETTLED; /* finished, failed or cancelled: nothing to do */
+    if (info.status != STORE_JOB_QUEUED && info.status != STORE_JOB_RUNNING) {
+        /* finished, failed or cancelled: nothing to do but, for a job whose lines all
+         * finished before any worker saw them (per-line errors), its notice */
+        if (info.status == STORE_JOB_DONE && info.callback_url[0] && !info.notified)
+            notice_if_done(svc, ref->job_id);
+        return LINE_SETTLED;
+    }
     memset(&it, 0, sizeof(it));
     st = store_job_item_get(svc->p.store, ref->job_id, ref->line, &it, &found, &err);
     if (st != AR_OK) {
@@ -568,6 +763,8 @@ static enum line_outcome work_line(struct reply_service *svc, const struct line_
     }
     if (it.status != STORE_ITEM_PENDING) {
         store_item_fini(&it); /* a redelivery or a duplicate of a finished line */
+        if (info.callback_url[0])
+            notice_if_done(svc, ref->job_id);
         return LINE_SETTLED;
     }
     parsed = cJSON_Parse(it.input);
@@ -603,6 +800,8 @@ static enum line_outcome work_line(struct reply_service *svc, const struct line_
     }
     reply_result_fini(&res);
     cJSON_Delete(parsed);
+    if (out == LINE_SETTLED && info.callback_url[0])
+        notice_if_done(svc, ref->job_id);
     return out;
 }
 
@@ -634,9 +833,23 @@ struct rp_runner {
     int n_held;
     bool stop;         /* under mu */
     bool workers_gone; /* under mu: every worker has returned */
-    pthread_t consumer, sweeper, *workers;
+    pthread_t consumer, sweeper, notifier, *workers;
     int n_workers; /* started */
-    bool consumer_on, sweeper_on;
+    bool consumer_on, sweeper_on, notifier_on;
+    struct rp_notice *notices; /* under mu: completion callbacks to deliver */
+};
+
+/* ---- the queue: completion callbacks ------------------------------------------------------------
+ * When a line settles the last one of a job with a callback_url, the store hands the job's
+ * notice to exactly one caller (store_job_claim_notify), whose runner POSTs the job's summary
+ * from its notifier thread, retrying with a doubling pause; a notice not delivered when the
+ * process stops is lost (at most once, never twice). */
+
+struct rp_notice {
+    struct rp_notice *next;
+    char job_id[STORE_JOB_ID_LEN + 1];
+    int tries;      /* attempts made */
+    double next_at; /* ar_time_s() of the next attempt */
 };
 
 /* Waits on the runner's condition for at most s seconds (mu held). */
@@ -664,6 +877,112 @@ static bool runner_stopping(struct rp_runner *r)
     s = r->stop;
     pthread_mutex_unlock(&r->mu);
     return s;
+}
+
+static void notice_if_done(struct reply_service *svc, const char *job_id)
+{
+    struct rp_runner *r = svc->runner;
+    struct rp_notice *n;
+    struct ar_err err = {AR_OK, 0, {0}};
+    bool claimed = false;
+    enum ar_status st = store_job_claim_notify(svc->p.store, job_id, &claimed, &err);
+    if (st != AR_OK) {
+        AR_WARN("job %s: cannot claim its completion notice: %s (%s)", job_id, ar_status_str(st),
+                err.msg);
+        return;
+    }
+    if (!claimed || !r)
+        return;
+    n = ar_calloc(1, sizeof(*n));
+    if (!n) {
+        AR_WARN("job %s: out of memory; its completion callback is not sent", job_id);
+        return;
+    }
+    memcpy(n->job_id, job_id, sizeof(n->job_id));
+    n->next_at = ar_time_s();
+    pthread_mutex_lock(&r->mu);
+    n->next = r->notices;
+    r->notices = n;
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+}
+
+/* One attempt: true when the receiver answered 2xx (or the job is gone: nothing to say). */
+static bool deliver_notice(struct reply_service *svc, const struct rp_notice *n)
+{
+    struct store_job_info info;
+    struct ar_err err = {AR_OK, 0, {0}};
+    bool found = false;
+    enum ar_status st = store_job_get(svc->p.store, n->job_id, &info, &found, &err);
+    cJSON *j;
+    char *body;
+    int status = 0;
+    if (st != AR_OK)
+        return false;
+    if (!found || !info.callback_url[0])
+        return true;
+    j = reply_job_info_to_json(&info);
+    if (!j || !cJSON_AddStringToObject(j, "event", "job.done")) {
+        cJSON_Delete(j);
+        return false;
+    }
+    body = cJSON_PrintUnformatted(j);
+    cJSON_Delete(j);
+    if (!body)
+        return false;
+    st = reply_http_post_json(info.callback_url, body, strlen(body),
+                              svc->p.webhook_timeout_s > 0 ? svc->p.webhook_timeout_s : 5, &status,
+                              &err);
+    cJSON_free(body);
+    if (st == AR_OK && status >= 200 && status < 300)
+        return true;
+    AR_WARN("job %s: completion callback attempt %d failed: %s", n->job_id, n->tries + 1,
+            st == AR_OK ? "the receiver did not answer 2xx" : err.msg);
+    return false;
+}
+
+static void *notifier_main(void *arg)
+{
+    struct rp_runner *r = arg;
+    struct reply_service *svc = r->svc;
+    int tries = svc->p.webhook_tries > 0 ? svc->p.webhook_tries : 4;
+    double backoff = svc->p.webhook_backoff_s > 0 ? svc->p.webhook_backoff_s : 1;
+    pthread_mutex_lock(&r->mu);
+    while (!r->stop) {
+        struct rp_notice **pp, **due = NULL, *n;
+        double now = ar_time_s(), next = now + 1;
+        for (pp = &r->notices; *pp; pp = &(*pp)->next) {
+            if ((*pp)->next_at <= now && !due)
+                due = pp;
+            next = AR_MIN(next, (*pp)->next_at);
+        }
+        if (!due) {
+            runner_wait(r, next - now);
+            continue;
+        }
+        n = *due;
+        *due = n->next;
+        pthread_mutex_unlock(&r->mu);
+        if (deliver_notice(svc, n)) {
+            ar_free(n);
+            n = NULL;
+        } else if (++n->tries >= tries) {
+            AR_WARN("job %s: completion callback given up after %d attempts", n->job_id, tries);
+            ar_free(n);
+            n = NULL;
+        }
+        pthread_mutex_lock(&r->mu);
+        if (n) {
+            double pause = backoff;
+            for (int i = 1; i < n->tries; i++)
+                pause *= 2;
+            n->next_at = ar_time_s() + pause;
+            n->next = r->notices;
+            r->notices = n;
+        }
+    }
+    pthread_mutex_unlock(&r->mu);
+    return NULL;
 }
 
 static void *line_worker(void *arg)
@@ -848,6 +1167,39 @@ static bool scan_job(const struct store_job_info *info, void *user)
     return true;
 }
 
+/* Ids of done jobs whose completion notice nobody claimed. */
+struct unnotified {
+    char ids[100][STORE_JOB_ID_LEN + 1];
+    size_t n;
+};
+
+static bool note_unnotified(const struct store_job_info *info, void *user)
+{
+    struct unnotified *u = user;
+    if (u->n == AR_ARRAY_LEN(u->ids))
+        return false;
+    memcpy(u->ids[u->n++], info->id, sizeof(u->ids[0]));
+    return true;
+}
+
+/* Claims the notices of done jobs that an instance finished but died before claiming: their
+ * last line's worker is gone, so nobody else would. */
+static void sweep_notices(struct rp_runner *r)
+{
+    struct unnotified *u = ar_calloc(1, sizeof(*u));
+    struct ar_err err = {AR_OK, 0, {0}};
+    enum ar_status st;
+    if (!u)
+        return;
+    st = store_jobs_unnotified(r->svc->p.store, note_unnotified, u, &err);
+    if (st != AR_OK && st != AR_ECANCELED)
+        AR_WARN("jobs: cannot look for completion notices to send: %s (%s)", ar_status_str(st),
+                err.msg);
+    for (size_t i = 0; i < u->n; i++)
+        notice_if_done(r->svc, u->ids[i]);
+    ar_free(u);
+}
+
 /* Refreshes the backlog gauge and, when sweep, queues the lines of the jobs that need it.
  * *all is cleared once every unfinished job was queued. */
 static void sweep_once(struct rp_runner *r, bool sweep, bool *all)
@@ -886,6 +1238,8 @@ static void sweep_once(struct rp_runner *r, bool sweep, bool *all)
     if (sweep && ok && !runner_stopping(r))
         *all = false;
     ar_free(sc.jobs);
+    if (sweep && !runner_stopping(r))
+        sweep_notices(r);
 }
 
 static void *sweeper_main(void *arg)
@@ -974,6 +1328,9 @@ enum ar_status reply_jobs_start(struct reply_service *svc)
     if (pthread_create(&r->sweeper, NULL, sweeper_main, r) != 0)
         goto fail;
     r->sweeper_on = true;
+    if (pthread_create(&r->notifier, NULL, notifier_main, r) != 0)
+        goto fail;
+    r->notifier_on = true;
     return AR_OK;
 fail:
     rp_jobs_stop(svc);
@@ -1001,6 +1358,14 @@ void rp_jobs_stop(struct reply_service *svc)
         pthread_join(r->consumer, NULL);
     if (r->sweeper_on)
         pthread_join(r->sweeper, NULL);
+    if (r->notifier_on)
+        pthread_join(r->notifier, NULL);
+    while (r->notices) {
+        struct rp_notice *n = r->notices;
+        r->notices = n->next;
+        AR_WARN("job %s: stopping before its completion callback was delivered", n->job_id);
+        ar_free(n);
+    }
     while (r->head) {
         struct rp_line *l = r->head;
         r->head = l->next;
@@ -1029,16 +1394,19 @@ cJSON *reply_job_info_to_json(const struct store_job_info *info)
                                  (double)(info->n_total - info->n_done - info->n_failed)) ||
         !cJSON_AddNumberToObject(j, "created", (double)info->created_s) ||
         !cJSON_AddNumberToObject(j, "updated", (double)info->updated_s) ||
-        !cJSON_AddStringToObject(j, "shop_id", info->shop_id)) {
+        !cJSON_AddStringToObject(j, "shop_id", info->shop_id) ||
+        !cJSON_AddNumberToObject(j, "bytes", (double)info->bytes) ||
+        (info->callback_url[0] &&
+         !cJSON_AddStringToObject(j, "callback_url", info->callback_url))) {
         cJSON_Delete(j);
         return NULL;
     }
     return j;
 }
 
-static bool add_result_line(const struct store_item *it, void *user)
+bool reply_job_result_line(struct ar_buf *b, const struct store_item *it,
+                           enum store_job_status job_status)
 {
-    struct ar_buf *b = user;
     if (it->status == STORE_ITEM_DONE) {
         ar_buf_puts(b, it->result);
     } else if (it->status == STORE_ITEM_ERROR) {
@@ -1050,12 +1418,18 @@ static bool add_result_line(const struct store_item *it, void *user)
         ar_buf_puts(b, s);
         ar_free(s);
     } else {
-        char s[64];
-        snprintf(s, sizeof(s), "{\"line\":%lld,\"status\":\"pending\"}", (long long)it->line);
+        char s[80];
+        snprintf(s, sizeof(s), "{\"line\":%lld,\"status\":\"%s\"}", (long long)it->line,
+                 job_status == STORE_JOB_CANCELLED ? "cancelled" : "pending");
         ar_buf_puts(b, s);
     }
     ar_buf_put(b, "\n", 1);
     return !b->oom;
+}
+
+static bool add_result_line(const struct store_item *it, void *user)
+{
+    return reply_job_result_line(user, it, STORE_JOB_RUNNING);
 }
 
 enum ar_status reply_job_results_jsonl(struct reply_service *svc, const char *job_id, char **out,

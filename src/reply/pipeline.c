@@ -28,6 +28,9 @@ struct reply_service_params reply_service_default_params(void)
     p.queue_max = 256;
     p.claim_lease_s = 15;
     p.job_sweep_s = 10;
+    p.webhook_tries = 4;
+    p.webhook_backoff_s = 1;
+    p.webhook_timeout_s = 5;
     return p;
 }
 

@@ -352,6 +352,10 @@ struct reply_service_params {
     double job_sweep_s;      /* how often unfinished jobs whose lines were never queued are
                                 looked for and queued (10; 0: 10); a job gets 3 periods of
                                 grace */
+    int webhook_tries;       /* attempts at a job's completion callback (4; 0: 4) */
+    double webhook_backoff_s; /* pause after the first failed attempt, doubling after each
+                                 (1; 0: 1) */
+    double webhook_timeout_s; /* one attempt's time limit: connect, send, status line (5) */
 };
 struct reply_service_params reply_service_default_params(void);
 
@@ -484,6 +488,76 @@ enum ar_status reply_job_create_json(struct reply_service *svc, const char *defa
                                      const cJSON *array, char job_id[STORE_JOB_ID_LEN + 1],
                                      int64_t *n_lines, struct ar_err *err);
 
+/* ---- the jobs API (POST /v1/jobs): strict creation, owners and quotas ---------------------- */
+
+#define REPLY_JOB_BAD_MAX 5 /* bad lines named in a refusal */
+
+/* How reply_job_submit creates a job (strings borrowed). */
+struct reply_job_opts {
+    const char *default_shop; /* the shop of lines without one; NULL: "default" */
+    const char *owner;        /* who creates it (an API key's identity, a client address);
+                                 NULL: "" */
+    const char *callback_url; /* http://host[:port]/path POSTed the job's summary once when it
+                                 is done (retried with backoff); NULL: none */
+    bool per_line_errors;     /* bad lines become error results at once and the rest runs
+                                 (else one bad line refuses the whole job) */
+    int64_t max_open_jobs;    /* owner's queued or running jobs allowed, this one included;
+                                 0: no limit */
+    int64_t max_bytes;        /* owner's stored job bytes allowed, this one included; 0: none */
+};
+
+enum reply_job_refusal {
+    REPLY_JOB_ACCEPTED = 0,
+    REPLY_JOB_BAD_BODY,      /* not a job at all (empty, not JSON, too many lines): err says */
+    REPLY_JOB_BAD_LINES,     /* some lines are not reviews: bad[] names the first ones */
+    REPLY_JOB_TOO_MANY_OPEN, /* the owner has max_open_jobs unfinished jobs already */
+    REPLY_JOB_TOO_LARGE      /* the owner's stored bytes would pass max_bytes */
+};
+
+struct reply_job_bad_line {
+    int64_t line;  /* 1-based: the body's line (JSONL) or the array's element */
+    char why[160]; /* what is wrong with it */
+};
+
+struct reply_job_outcome {
+    char id[STORE_JOB_ID_LEN + 1]; /* the new job (accepted) */
+    int64_t n_lines;               /* lines stored */
+    int64_t n_invalid;             /* bad lines (refused, or recorded as errors) */
+    enum reply_job_refusal refused;
+    struct reply_job_bad_line bad[REPLY_JOB_BAD_MAX];
+    size_t n_bad;                  /* of n_invalid, named in bad[] */
+    int64_t open_jobs, bytes;      /* the owner's usage before this job (quota refusals) */
+    int64_t job_bytes;             /* this job's bytes */
+};
+
+/* Checks every line of a job, then stores it for opts->owner within its quota and queues it.
+ * The body is JSONL text (jsonl, len: one object per line, blank lines skipped) or a parsed
+ * JSON array (array; jsonl NULL). A line is bad when it has a NUL, is not JSON, not an object,
+ * or not a review (reply_review_from_json). AR_OK: accepted (out->id); AR_EINVAL: refused,
+ * out->refused says why (err has a message); another status: the store failed. */
+enum ar_status reply_job_submit(struct reply_service *svc, const struct reply_job_opts *opts,
+                                const char *jsonl, size_t len, const cJSON *array,
+                                struct reply_job_outcome *out, struct ar_err *err);
+
+/* Checks a completion callback URL: http://host[:port][/path], at most STORE_URL_MAX bytes.
+ * False with why (size n) filled otherwise. */
+bool reply_callback_url_ok(const char *url, char *why, size_t n);
+
+/* POSTs a JSON body to an http:// URL (reply_callback_url_ok) with a plain HTTP/1.1 client:
+ * *status receives the answer's status. AR_EINVAL for a bad URL, AR_EUNAVAIL when the host
+ * cannot be reached or did not answer within timeout_s, AR_EFORMAT for a broken answer. */
+enum ar_status reply_http_post_json(const char *url, const char *body, size_t len,
+                                    double timeout_s, int *status, struct ar_err *err);
+
+/* Appends one line of a job's results (as reply_job_results_jsonl writes it, with its
+ * newline) to b; a pending line of a cancelled job reads {"line", "status": "cancelled"}.
+ * False when out of memory. */
+bool reply_job_result_line(struct ar_buf *b, const struct store_item *it,
+                           enum store_job_status job_status);
+
+/* The service's store (borrowed): what the jobs API lists, cancels and deletes. */
+struct store *reply_service_store(struct reply_service *svc);
+
 /* Called after each chunk of lines (from the running thread). */
 typedef void (*reply_job_progress_fn)(void *user, const struct store_job_info *info);
 /* Runs a job's pending lines to the end in the calling thread. AR_ECANCELED when the service
@@ -507,7 +581,8 @@ enum ar_status reply_job_run_lines(struct reply_service *svc, const char *job_id
  * lets the lines in progress finish and gives the rest back to the queue. */
 enum ar_status reply_jobs_start(struct reply_service *svc);
 
-/* {id, status, total, done, failed, pending, created, updated, shop_id}. */
+/* {id, status, total, done, failed, pending, created, updated, shop_id, bytes,
+ * callback_url?}. */
 cJSON *reply_job_info_to_json(const struct store_job_info *info);
 /* All lines as JSONL in line order: a done line's result object (it carries "line"), an error
  * {"line", "error"}, a pending one {"line", "status": "pending"}. *out new (ar_free). AR_EINVAL

@@ -143,6 +143,8 @@ struct server {
     struct MHD_Daemon *mhd;
     int port;
     struct route *routes; /* owned, (n_routes) */
+    void *route_data[4];  /* owned by the routes' users: ar_free at destroy (server_keep) */
+    int n_route_data;
     int n_routes;
     struct srv_keys *keys;
     struct srv_limiter *limiter;
@@ -360,6 +362,16 @@ const char *server_req_header(struct server_req *r, const char *name)
     pthread_mutex_lock(&r->mu);
     if (r->conn)
         v = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, name);
+    pthread_mutex_unlock(&r->mu);
+    return v;
+}
+
+const char *server_req_query(struct server_req *r, const char *name)
+{
+    const char *v = NULL;
+    pthread_mutex_lock(&r->mu);
+    if (r->conn)
+        v = MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, name);
     pthread_mutex_unlock(&r->mu);
     return v;
 }
@@ -668,6 +680,27 @@ void server_stream_write(struct server_req *req, const char *data, size_t len)
         wake(req);
     }
     pthread_mutex_unlock(&req->mu);
+}
+
+bool server_stream_wait(struct server_req *req, size_t max_buffered, double timeout_s)
+{
+    double until = ar_time_s() + timeout_s;
+    for (;;) {
+        bool ok, gone;
+        pthread_mutex_lock(&req->mu);
+        gone = req->gone || req->final || !req->stream;
+        ok = !gone && req->slen - req->soff <= max_buffered;
+        pthread_mutex_unlock(&req->mu);
+        if (ok)
+            return true;
+        if (gone || ar_time_s() >= until)
+            return false;
+        /* the reader (libmicrohttpd, at the client's pace) drains the buffer */
+        {
+            struct timespec ts = {0, 5 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+        }
+    }
 }
 
 void server_stream_end(struct server_req *req)
@@ -1806,6 +1839,14 @@ fail:
     return st;
 }
 
+enum ar_status server_keep(struct server *s, void *data)
+{
+    if (!s || !data || s->mhd || s->n_route_data == (int)AR_ARRAY_LEN(s->route_data))
+        return AR_EINVAL;
+    s->route_data[s->n_route_data++] = data;
+    return AR_OK;
+}
+
 enum ar_status server_add_route(struct server *s, const struct server_route *r)
 {
     struct route *nr;
@@ -2061,6 +2102,8 @@ void server_destroy(struct server *s)
         ar_free(s->routes[i].path);
     }
     ar_free(s->routes);
+    for (int i = 0; i < s->n_route_data; i++)
+        ar_free(s->route_data[i]);
     srv_keys_destroy(s->keys);
     srv_limiter_destroy(s->limiter);
     if (s->own_metrics)

@@ -166,6 +166,9 @@ struct server_route {
                         max_body */
 };
 
+/* Hands data (from ar_malloc) to the server, which ar_frees it when destroyed: what routes'
+ * user pointers need to live as long. Before server_start; at most 4. AR_EINVAL otherwise. */
+enum ar_status server_keep(struct server *s, void *data);
 /* Adds a route; before server_start only. The same method, path and kind (exact or prefix)
  * twice: AR_EINVAL. */
 enum ar_status server_add_route(struct server *s, const struct server_route *r);
@@ -177,10 +180,27 @@ enum ar_status server_add_route(struct server *s, const struct server_route *r);
  *   POST /v1/reviews/batch   {"reviews": [...], "shop_id"?} or a bare JSON array of review
  *                            objects (1..REPLY_BATCH_MAX); 200 {"results": [...]} in order,
  *                            each item answered on its own (an error item carries "status")
- *   POST /v1/jobs            {"reviews": [...]} or {"jsonl": "..."} (+ "shop_id"?), a bare JSON
- *                            array, or raw JSONL text (any content type); 202 {id, status, total}
- *   GET  /v1/jobs/{id}       the job (reply_job_info_to_json); 404 for an unknown id
- *   GET  /v1/jobs/{id}/results   its lines as JSONL (application/x-ndjson)
+ *   POST /v1/jobs            JSONL text (application/x-ndjson, application/jsonl,
+ *                            application/json-lines), or JSON (application/json, MessagePack):
+ *                            a bare array, {"items"|"reviews": [...]} or {"jsonl": "..."}, with
+ *                            "shop_id", "errors", "callback_url" (also as query arguments);
+ *                            other types 415. Every line is checked first (reply_job_submit):
+ *                            400 {error, lines: [{line, message}], invalid_lines} naming the
+ *                            first bad ones, unless errors=per_line; over the caller's quota
+ *                            429 (open jobs) or 413 (bytes), code "job_quota_exceeded";
+ *                            202 {id, status, total, invalid}
+ *   GET  /v1/jobs            the caller's jobs, newest first: {object, data, has_more,
+ *                            next_cursor}; limit (1..100, 20), cursor (or after)
+ *   GET  /v1/jobs/{id}       the job (reply_job_info_to_json)
+ *   GET  /v1/jobs/{id}/results   its lines as NDJSON (streamed with a bounded buffer; with limit
+ *                            a page, X-Next-Cursor names the next), or with format=json (or
+ *                            Accept: application/json) a page {object, data, has_more,
+ *                            next_cursor}; limit (1..1000, 100), cursor
+ *   DELETE /v1/jobs/{id}     cancels a queued or running job (200, the job, "deleted": false);
+ *                            deletes a finished or cancelled one, or any with purge=true
+ *                            (200 {id, deleted: true})
+ * A job belongs to the caller that made it (server_req_client: the API key, else the address):
+ * for anyone else every jobs route answers 404.
  * Reviews and batches answer 503 "loading" until server_set_engine; jobs are stored and read
  * without the engine. Each request's generations are charged to the client's token bucket
  * (rate_tpm) through a reply_call, which the abort hook cancels when the client goes away
@@ -198,7 +218,11 @@ int server_status_of_reply_error(enum reply_error e);
 cJSON *server_review_result_json(const struct reply_result *r, const char *review_id);
 
 struct server_reviews_params {
-    size_t max_job_body; /* POST /v1/jobs body limit in bytes; 0: 64 MiB */
+    size_t max_job_body;   /* POST /v1/jobs body limit in bytes; 0: 64 MiB */
+    int64_t job_max_open;  /* queued or running jobs per client (API key, else address);
+                              more: 429 (32; 0: the default) */
+    int64_t job_max_bytes; /* stored job bytes per client, finished jobs included until they
+                              are deleted; more: 413 (1 GiB; 0: the default) */
 };
 struct server_reviews_params server_reviews_default_params(void);
 /* Adds the routes above to s (before server_start) over svc, which is borrowed: it must
@@ -224,6 +248,8 @@ const char *server_req_method(const struct server_req *req);
 const char *server_req_path(const struct server_req *req);
 /* A request header (case-insensitive name) or NULL. Only while the handler runs. */
 const char *server_req_header(struct server_req *req, const char *name);
+/* A query-string argument (decoded) or NULL; "" for "?name". Only while the handler runs. */
+const char *server_req_query(struct server_req *req, const char *name);
 /* Identity used for rate limits: "key:<index>" with API keys, else the client's address. */
 const char *server_req_client(const struct server_req *req);
 /* Zeroed memory that lives as long as req; cleanup (may be NULL) runs on it when req is freed,
@@ -267,5 +293,10 @@ void server_reply_text(struct server_req *req, int status, const char *content_t
 void server_stream_begin(struct server_req *req, const char *content_type);
 void server_stream_write(struct server_req *req, const char *data, size_t len);
 void server_stream_end(struct server_req *req);
+/* Waits (from a worker, never the event loop) until at most max_buffered bytes written by
+ * server_stream_write wait for the client, so that a producer keeps a bounded amount in memory
+ * however slowly the client reads. False when the client is gone, the stream ended, or
+ * timeout_s passed first. */
+bool server_stream_wait(struct server_req *req, size_t max_buffered, double timeout_s);
 
 #endif

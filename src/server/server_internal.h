@@ -176,6 +176,8 @@ enum srv_review_ep {
     SRV_REVIEW_JOB_CREATE,  /* POST /v1/jobs */
     SRV_REVIEW_JOB_GET,     /* GET /v1/jobs/{id} */
     SRV_REVIEW_JOB_RESULTS, /* GET /v1/jobs/{id}/results */
+    SRV_REVIEW_JOB_LIST,    /* GET /v1/jobs */
+    SRV_REVIEW_JOB_DELETE,  /* DELETE /v1/jobs/{id} */
     SRV_REVIEW_COUNT
 };
 
@@ -188,8 +190,27 @@ typedef void (*srv_review_done_fn)(void *ctx, int status, cJSON *json, const cha
  * request path (SRV_REVIEW_JOB_GET also serves ".../results" and sets the endpoint from it);
  * body the parsed object or array (borrowed until done) or NULL; raw/raw_len the body text or
  * NULL; call (may be NULL; must outlive done) the request's budget and cancellation. */
+#define SRV_QUERY_MAX 2048 /* longest query value kept (callback_url) */
+
+/* What the jobs API reads besides the body (copied by srv_review_handle). */
+struct srv_review_opts {
+    const char *owner; /* the caller (server_req_client); NULL: "" (jobs made below HTTP) */
+    bool jsonl;        /* POST /v1/jobs: the body is JSONL text (an NDJSON content type) */
+    /* query arguments, NULL when absent */
+    const char *errors;               /* "per_line": bad lines become error results */
+    const char *callback_url;         /* completion webhook (also a body field) */
+    const char *shop_id;              /* default shop of a JSONL job */
+    const char *limit;                /* page size */
+    const char *cursor;               /* page start ("after" too) */
+    const char *format;               /* results: "ndjson" or "json" */
+    const char *purge;                /* DELETE: "true" deletes at once */
+    bool accept_json;                 /* results: Accept names application/json, not NDJSON */
+    int64_t max_open_jobs, max_bytes; /* the caller's quota; 0: none */
+    struct server_req *stream; /* results without a limit are streamed over it (NULL: one body) */
+};
+
 void srv_review_handle(struct reply_service *svc, enum srv_review_ep ep, const char *path,
                        const cJSON *body, const char *raw, size_t raw_len, struct reply_call *call,
-                       srv_review_done_fn done, void *ctx);
+                       srv_review_done_fn done, void *ctx, const struct srv_review_opts *opts);
 
 #endif

@@ -72,6 +72,19 @@ static const char *const migrations[] = {
     "  result text,"
     "  PRIMARY KEY (job_id, line));"
     "CREATE INDEX job_items_by_status ON job_items (job_id, status, line);",
+    /* 1 -> 2: a job belongs to who created it (jobs from before belong to "": nobody the
+     * HTTP API names), keeps its size for quotas (computed for the jobs there are), an
+     * optional completion callback, and whether its completion notice was claimed */
+    "ALTER TABLE jobs ADD COLUMN owner text NOT NULL DEFAULT '',"
+    "  ADD COLUMN bytes bigint NOT NULL DEFAULT 0,"
+    "  ADD COLUMN callback_url text NOT NULL DEFAULT '',"
+    "  ADD COLUMN notified boolean NOT NULL DEFAULT false;"
+    "UPDATE jobs SET bytes = coalesce((SELECT sum(octet_length(input)) FROM job_items "
+    "  WHERE job_id = jobs.id), 0);"
+    "CREATE INDEX jobs_by_owner ON jobs (owner, seq);"
+    /* the few jobs whose completion notice is still to be claimed (the sweeper's look) */
+    "CREATE INDEX jobs_to_notify ON jobs (seq) "
+    "  WHERE status = 'done' AND NOT notified AND callback_url <> '';",
 };
 #define PG_SCHEMA_VERSION STORE_PG_SCHEMA_VERSION
 _Static_assert(AR_ARRAY_LEN(migrations) == STORE_PG_SCHEMA_VERSION, "one migration per version");
@@ -95,13 +108,21 @@ enum pg_stmt {
     P_JOB_GET,
     P_JOB_ITEMS,
     P_JOBS_UNFINISHED,
+    P_JOBS_LIST,
+    P_JOB_USAGE,
+    P_JOB_CANCEL,
+    P_JOB_DELETE,
+    P_JOB_CLAIM_NOTIFY,
+    P_JOBS_UNNOTIFIED,
     P_COUNT
 };
 
 #define REPLY_COLS                                                                                 \
     "shop_id, review_id, review_text, rating, lang, reply, needs_human, sentiment, cached, "       \
     "model, created_s"
-#define JOB_COLS "id, status, n_total, n_done, n_failed, created_s, updated_s, shop_id, published"
+#define JOB_COLS                                                                                   \
+    "id, status, n_total, n_done, n_failed, created_s, updated_s, shop_id, published, owner, "    \
+    "bytes, seq, callback_url, notified"
 
 static const char *const stmt_sql[P_COUNT] = {
     [P_REPLY_GET] = "SELECT " REPLY_COLS " FROM replies WHERE shop_id = $1 AND review_id = $2",
@@ -124,7 +145,8 @@ static const char *const stmt_sql[P_COUNT] = {
                      "AND owner = $3",
     [P_CLAIM_RELEASE] = "DELETE FROM reply_claims WHERE left(owner, length($1)) = $1",
     [P_JOB_INSERT] = "INSERT INTO jobs (id, status, shop_id, n_total, created_s, updated_s, "
-                     "published) VALUES ($1, 'queued', $2, $3, $4, $4, false)",
+                     "published, owner, bytes, callback_url) "
+                     "VALUES ($1, 'queued', $2, $3, $4, $4, false, $5, $6, $7)",
     [P_ITEMS_INSERT] = "INSERT INTO job_items (job_id, line, input, status) "
                        "SELECT $1, t.line, t.input, 'pending' "
                        "FROM unnest($2::bigint[], $3::text[]) AS t (line, input)",
@@ -151,6 +173,18 @@ static const char *const stmt_sql[P_COUNT] = {
                     "WHERE job_id = $1 AND line > $2 ORDER BY line LIMIT $3",
     [P_JOBS_UNFINISHED] = "SELECT " JOB_COLS " FROM jobs "
                           "WHERE status IN ('queued', 'running') ORDER BY created_s, seq",
+    [P_JOBS_LIST] = "SELECT " JOB_COLS " FROM jobs WHERE owner = $1 AND seq < $2 "
+                    "ORDER BY seq DESC LIMIT $3",
+    [P_JOB_USAGE] = "SELECT count(*) FILTER (WHERE status IN ('queued', 'running')), "
+                    "coalesce(sum(bytes), 0) FROM jobs WHERE owner = $1",
+    [P_JOB_CANCEL] = "UPDATE jobs SET status = 'cancelled', updated_s = $2 "
+                     "WHERE id = $1 AND status IN ('queued', 'running')",
+    /* the lines go with the job (ON DELETE CASCADE) */
+    [P_JOB_DELETE] = "DELETE FROM jobs WHERE id = $1",
+    [P_JOB_CLAIM_NOTIFY] = "UPDATE jobs SET notified = true WHERE id = $1 AND status = 'done' "
+                           "AND NOT notified AND callback_url <> ''",
+    [P_JOBS_UNNOTIFIED] = "SELECT " JOB_COLS " FROM jobs WHERE status = 'done' AND NOT notified "
+                          "AND callback_url <> '' ORDER BY seq LIMIT 100",
 };
 
 /* what each statement is called in messages */
@@ -171,13 +205,21 @@ static const char *const stmt_what[P_COUNT] = {
     [P_JOB_GET] = "job lookup",
     [P_JOB_ITEMS] = "job lines",
     [P_JOBS_UNFINISHED] = "unfinished jobs",
+    [P_JOBS_LIST] = "jobs list",
+    [P_JOB_USAGE] = "job usage",
+    [P_JOB_CANCEL] = "job cancel",
+    [P_JOB_DELETE] = "job delete",
+    [P_JOB_CLAIM_NOTIFY] = "job notify",
+    [P_JOBS_UNNOTIFIED] = "jobs to notify",
 };
 
 static const int stmt_n_params[P_COUNT] = {
     [P_REPLY_GET] = 2,         [P_REPLY_PUT] = 11,  [P_CLAIM_TAKE] = 4,   [P_CLAIM_DROP] = 3,
-    [P_CLAIM_RELEASE] = 1,     [P_JOB_INSERT] = 4,  [P_ITEMS_INSERT] = 3, [P_ITEM_PENDING] = 3,
+    [P_CLAIM_RELEASE] = 1,     [P_JOB_INSERT] = 7,  [P_ITEMS_INSERT] = 3, [P_ITEM_PENDING] = 3,
     [P_ITEM_FINISH] = 7,       [P_ITEM_STATUS] = 2, [P_ITEM_GET] = 2,     [P_JOB_SET_STATUS] = 3,
     [P_JOB_SET_PUBLISHED] = 1, [P_JOB_GET] = 1,     [P_JOB_ITEMS] = 3,    [P_JOBS_UNFINISHED] = 0,
+    [P_JOBS_LIST] = 3,         [P_JOB_USAGE] = 1,   [P_JOB_CANCEL] = 2,   [P_JOB_DELETE] = 1,
+    [P_JOB_CLAIM_NOTIFY] = 1,  [P_JOBS_UNNOTIFIED] = 0,
 };
 
 /* ---- the pool ----------------------------------------------------------------------- */
@@ -761,6 +803,10 @@ static void job_from_res(const PGresult *r, int row, struct store_job_info *info
     info->created_s = int_at(r, row, 5);
     info->updated_s = int_at(r, row, 6);
     info->published = bool_at(r, row, 8);
+    store_job_info_owner(info, PQgetvalue(r, row, 9), PQgetvalue(r, row, 12));
+    info->bytes = int_at(r, row, 10);
+    info->seq = int_at(r, row, 11);
+    info->notified = bool_at(r, row, 13);
 }
 
 static enum store_item_status item_status_at(const PGresult *r, int row, int col)
@@ -933,16 +979,18 @@ static void array_put_text(struct ar_buf *b, const char *s)
     ar_buf_put(b, "\"", 1);
 }
 
-static enum ar_status pg_job_create(struct store *base, const char *job_id, const char *shop_id,
+static enum ar_status pg_job_create(struct store *base, const char *job_id,
+                                    const struct store_job_spec *spec, int64_t bytes,
                                     const struct store_item_in *items, size_t n, struct ar_err *err)
 {
     struct pg_store *ps = (struct pg_store *)base;
-    char total[24], now[24];
-    const char *v[4] = {job_id, shop_id, total, now};
+    char total[24], now[24], nbytes[24];
+    const char *v[7] = {job_id, spec->shop_id, total, now, spec->owner, nbytes, spec->callback_url};
     struct pg_conn *pc;
     enum ar_status s;
     snprintf(total, sizeof(total), "%lld", (long long)n);
     snprintf(now, sizeof(now), "%lld", (long long)store_now_s());
+    snprintf(nbytes, sizeof(nbytes), "%lld", (long long)bytes);
     if ((s = pool_get(ps, &pc, err)) != AR_OK)
         return s;
     if ((s = tx_begin(ps, pc, err)) != AR_OK)
@@ -1155,18 +1203,19 @@ static enum ar_status pg_job_get(struct store *base, const char *job_id,
 
 /* In pages of PG_RESULTS_PAGE lines, so that a slow callback never holds a statement open
  * past its timeout; each line is read whole. */
-static enum ar_status pg_job_results(struct store *base, const char *job_id, store_item_fn fn,
-                                     void *user, struct ar_err *err)
+static enum ar_status pg_job_results(struct store *base, const char *job_id, int64_t after_line,
+                                     size_t limit, store_item_fn fn, void *user,
+                                     struct ar_err *err)
 {
     struct pg_store *ps = (struct pg_store *)base;
     struct store_job_info info;
-    char after[24], limit[24];
-    const char *v[3] = {job_id, after, limit};
+    char after[24], lim[24];
+    const char *v[3] = {job_id, after, lim};
     struct pg_conn *pc;
     bool found = false;
-    int64_t last = 0;
+    int64_t last = after_line;
+    size_t left = limit ? limit : SIZE_MAX;
     enum ar_status s;
-    snprintf(limit, sizeof(limit), "%d", PG_RESULTS_PAGE);
     if ((s = pool_get(ps, &pc, err)) != AR_OK)
         return s;
     if ((s = job_get_on(ps, pc, job_id, &info, &found, err)) != AR_OK)
@@ -1178,10 +1227,13 @@ static enum ar_status pg_job_results(struct store *base, const char *job_id, sto
     for (;;) {
         PGresult *r = NULL;
         int rows;
+        size_t page = AR_MIN(left, (size_t)PG_RESULTS_PAGE);
         snprintf(after, sizeof(after), "%lld", (long long)last);
+        snprintf(lim, sizeof(lim), "%zu", page);
         if ((s = pg_exec(ps, pc, P_JOB_ITEMS, v, &r, err)) != AR_OK)
             break;
         rows = PQntuples(r);
+        left -= (size_t)rows;
         for (int i = 0; i < rows && s == AR_OK; i++) {
             struct store_item it;
             it.line = int_at(r, i, 0);
@@ -1194,7 +1246,7 @@ static enum ar_status pg_job_results(struct store *base, const char *job_id, sto
                 s = AR_ECANCELED;
         }
         PQclear(r);
-        if (s != AR_OK || rows < PG_RESULTS_PAGE)
+        if (s != AR_OK || (size_t)rows < page || left == 0)
             break;
     }
 out:
@@ -1202,16 +1254,16 @@ out:
     return s;
 }
 
-static enum ar_status pg_jobs_unfinished(struct store *base, store_job_fn fn, void *user,
-                                         struct ar_err *err)
+/* Calls fn for each job statement id (no values) returns. */
+static enum ar_status jobs_each(struct pg_store *ps, enum pg_stmt id, store_job_fn fn, void *user,
+                                struct ar_err *err)
 {
-    struct pg_store *ps = (struct pg_store *)base;
     struct pg_conn *pc;
     PGresult *r = NULL;
     enum ar_status s;
     if ((s = pool_get(ps, &pc, err)) != AR_OK)
         return s;
-    s = pg_exec(ps, pc, P_JOBS_UNFINISHED, NULL, &r, err);
+    s = pg_exec(ps, pc, id, NULL, &r, err);
     pool_put(ps, pc);
     for (int i = 0; s == AR_OK && i < PQntuples(r); i++) {
         struct store_job_info info;
@@ -1221,6 +1273,102 @@ static enum ar_status pg_jobs_unfinished(struct store *base, store_job_fn fn, vo
     }
     PQclear(r);
     return s;
+}
+
+static enum ar_status pg_jobs_list(struct store *base, const char *owner, int64_t before_seq,
+                                   size_t limit, store_job_fn fn, void *user, struct ar_err *err)
+{
+    struct pg_store *ps = (struct pg_store *)base;
+    char before[24], lim[24];
+    const char *v[3] = {owner, before, lim};
+    struct pg_conn *pc;
+    PGresult *r = NULL;
+    enum ar_status s;
+    snprintf(before, sizeof(before), "%lld", (long long)(before_seq > 0 ? before_seq : INT64_MAX));
+    snprintf(lim, sizeof(lim), "%zu", limit);
+    if ((s = pool_get(ps, &pc, err)) != AR_OK)
+        return s;
+    s = pg_exec(ps, pc, P_JOBS_LIST, v, &r, err);
+    pool_put(ps, pc);
+    for (int i = 0; s == AR_OK && i < PQntuples(r); i++) {
+        struct store_job_info info;
+        job_from_res(r, i, &info);
+        if (!fn(&info, user))
+            s = AR_ECANCELED;
+    }
+    PQclear(r);
+    return s;
+}
+
+static enum ar_status pg_job_usage(struct store *base, const char *owner, int64_t *open_jobs,
+                                   int64_t *bytes, struct ar_err *err)
+{
+    struct pg_store *ps = (struct pg_store *)base;
+    const char *v[1] = {owner};
+    struct pg_conn *pc;
+    PGresult *r = NULL;
+    enum ar_status s;
+    if ((s = pool_get(ps, &pc, err)) != AR_OK)
+        return s;
+    s = pg_exec(ps, pc, P_JOB_USAGE, v, &r, err);
+    pool_put(ps, pc);
+    if (s == AR_OK && PQntuples(r) == 1) {
+        *open_jobs = int_at(r, 0, 0);
+        *bytes = int_at(r, 0, 1);
+    }
+    PQclear(r);
+    return s;
+}
+
+/* Runs statement id on one job ($1, then v's other values) and says whether it changed a row. */
+static enum ar_status job_change(struct pg_store *ps, enum pg_stmt id, const char *const *v,
+                                 bool *changed, struct ar_err *err)
+{
+    struct pg_conn *pc;
+    PGresult *r = NULL;
+    enum ar_status s;
+    if ((s = pool_get(ps, &pc, err)) != AR_OK)
+        return s;
+    s = pg_exec(ps, pc, id, v, &r, err);
+    pool_put(ps, pc);
+    *changed = s == AR_OK && strcmp(PQcmdTuples(r), "0") != 0;
+    PQclear(r);
+    return s;
+}
+
+static enum ar_status pg_job_cancel(struct store *base, const char *job_id, bool *cancelled,
+                                    struct ar_err *err)
+{
+    char now[24];
+    const char *v[2] = {job_id, now};
+    snprintf(now, sizeof(now), "%lld", (long long)store_now_s());
+    return job_change((struct pg_store *)base, P_JOB_CANCEL, v, cancelled, err);
+}
+
+static enum ar_status pg_job_delete(struct store *base, const char *job_id, bool *found,
+                                    struct ar_err *err)
+{
+    const char *v[1] = {job_id};
+    return job_change((struct pg_store *)base, P_JOB_DELETE, v, found, err);
+}
+
+static enum ar_status pg_job_claim_notify(struct store *base, const char *job_id, bool *claimed,
+                                          struct ar_err *err)
+{
+    const char *v[1] = {job_id};
+    return job_change((struct pg_store *)base, P_JOB_CLAIM_NOTIFY, v, claimed, err);
+}
+
+static enum ar_status pg_jobs_unfinished(struct store *base, store_job_fn fn, void *user,
+                                         struct ar_err *err)
+{
+    return jobs_each((struct pg_store *)base, P_JOBS_UNFINISHED, fn, user, err);
+}
+
+static enum ar_status pg_jobs_unnotified(struct store *base, store_job_fn fn, void *user,
+                                         struct ar_err *err)
+{
+    return jobs_each((struct pg_store *)base, P_JOBS_UNNOTIFIED, fn, user, err);
 }
 
 static const struct store_ops pg_ops = {
@@ -1241,4 +1389,10 @@ static const struct store_ops pg_ops = {
     .job_get = pg_job_get,
     .job_results = pg_job_results,
     .jobs_unfinished = pg_jobs_unfinished,
+    .jobs_list = pg_jobs_list,
+    .job_usage = pg_job_usage,
+    .job_cancel = pg_job_cancel,
+    .job_delete = pg_job_delete,
+    .job_claim_notify = pg_job_claim_notify,
+    .jobs_unnotified = pg_jobs_unnotified,
 };

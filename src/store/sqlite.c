@@ -60,6 +60,18 @@ static const char *const migrations[STORE_SCHEMA_VERSION] = {
     "  expires_at REAL NOT NULL,"
     "  PRIMARY KEY (shop_id, review_id)"
     ") WITHOUT ROWID;",
+    /* 3 -> 4: a job belongs to who created it (jobs from before belong to "": nobody the
+     * HTTP API names), keeps its size for quotas (computed for the jobs there are), an
+     * optional completion callback, and whether its completion notice was claimed */
+    "ALTER TABLE jobs ADD COLUMN owner TEXT NOT NULL DEFAULT '';"
+    "ALTER TABLE jobs ADD COLUMN bytes INTEGER NOT NULL DEFAULT 0;"
+    "ALTER TABLE jobs ADD COLUMN callback_url TEXT NOT NULL DEFAULT '';"
+    "ALTER TABLE jobs ADD COLUMN notified INTEGER NOT NULL DEFAULT 0;"
+    "UPDATE jobs SET bytes = (SELECT coalesce(sum(length(CAST(input AS BLOB))), 0) "
+    "  FROM job_items WHERE job_id = jobs.id);"
+    "CREATE INDEX jobs_by_owner ON jobs (owner, status);"
+    /* the few jobs whose completion notice is still to be claimed (the sweeper's look) */
+    "CREATE INDEX jobs_to_notify ON jobs (status) WHERE notified = 0 AND callback_url <> '';",
 };
 
 /* ---- statements --------------------------------------------------------------------- */
@@ -86,6 +98,14 @@ enum stmt_id {
     S_JOB_GET,
     S_JOB_ITEMS,
     S_JOBS_UNFINISHED,
+    S_JOB_ITEMS_PAGE,
+    S_JOBS_LIST,
+    S_JOB_USAGE,
+    S_JOB_CANCEL,
+    S_JOB_DELETE_ITEMS,
+    S_JOB_DELETE,
+    S_JOB_CLAIM_NOTIFY,
+    S_JOBS_UNNOTIFIED,
     S_COUNT
 };
 
@@ -94,7 +114,9 @@ enum stmt_id {
     "model, created_s"
 /* unix seconds with a fraction, on this machine's clock (the database's, for SQLite) */
 #define NOW_S "((julianday('now') - 2440587.5) * 86400.0)"
-#define JOB_COLS "id, status, n_total, n_done, n_failed, created_s, updated_s, shop_id, published"
+#define JOB_COLS                                                                                   \
+    "id, status, n_total, n_done, n_failed, created_s, updated_s, shop_id, published, owner, "     \
+    "bytes, rowid, callback_url, notified"
 
 static const char *const stmt_sql[S_COUNT] = {
     [S_BEGIN] = "BEGIN IMMEDIATE",
@@ -116,7 +138,8 @@ static const char *const stmt_sql[S_COUNT] = {
                      "AND owner = ?3",
     [S_CLAIM_RELEASE] = "DELETE FROM reply_claims WHERE substr(owner, 1, length(?1)) = ?1",
     [S_JOB_INSERT] = "INSERT INTO jobs (id, status, shop_id, n_total, created_s, updated_s, "
-                     "published) VALUES (?1, 'queued', ?2, ?3, ?4, ?4, 0)",
+                     "published, owner, bytes, callback_url) "
+                     "VALUES (?1, 'queued', ?2, ?3, ?4, ?4, 0, ?5, ?6, ?7)",
     [S_ITEM_INSERT] = "INSERT INTO job_items (job_id, line, input, status) "
                       "VALUES (?1, ?2, ?3, 'pending')",
     [S_ITEM_PENDING] = "SELECT line, input FROM job_items "
@@ -141,6 +164,22 @@ static const char *const stmt_sql[S_COUNT] = {
                     "WHERE job_id = ?1 ORDER BY line",
     [S_JOBS_UNFINISHED] = "SELECT " JOB_COLS " FROM jobs "
                           "WHERE status IN ('queued', 'running') ORDER BY created_s, rowid",
+    [S_JOB_ITEMS_PAGE] = "SELECT line, status, input, result FROM job_items "
+                         "WHERE job_id = ?1 AND line > ?2 ORDER BY line LIMIT ?3",
+    /* rowid: a job's seq; a rowid is reused only after the newest job is deleted, so a
+     * later job never sorts before an earlier one still there */
+    [S_JOBS_LIST] = "SELECT " JOB_COLS " FROM jobs WHERE owner = ?1 AND rowid < ?2 "
+                    "ORDER BY rowid DESC LIMIT ?3",
+    [S_JOB_USAGE] = "SELECT coalesce(sum(status IN ('queued', 'running')), 0), "
+                    "coalesce(sum(bytes), 0) FROM jobs WHERE owner = ?1",
+    [S_JOB_CANCEL] = "UPDATE jobs SET status = 'cancelled', updated_s = ?2 "
+                     "WHERE id = ?1 AND status IN ('queued', 'running')",
+    [S_JOB_DELETE_ITEMS] = "DELETE FROM job_items WHERE job_id = ?1",
+    [S_JOB_DELETE] = "DELETE FROM jobs WHERE id = ?1",
+    [S_JOB_CLAIM_NOTIFY] = "UPDATE jobs SET notified = 1 WHERE id = ?1 AND status = 'done' "
+                           "AND notified = 0 AND callback_url <> ''",
+    [S_JOBS_UNNOTIFIED] = "SELECT " JOB_COLS " FROM jobs WHERE status = 'done' AND notified = 0 "
+                          "AND callback_url <> '' ORDER BY rowid LIMIT 100",
 };
 
 /* Background checkpoints: the request connection never checkpoints (its WAL hook replaces
@@ -741,9 +780,15 @@ static void job_from_row(sqlite3_stmt *s, struct store_job_info *info)
     info->created_s = sqlite3_column_int64(s, 5);
     info->updated_s = sqlite3_column_int64(s, 6);
     info->published = sqlite3_column_int(s, 8) != 0;
+    store_job_info_owner(info, (const char *)sqlite3_column_text(s, 9),
+                         (const char *)sqlite3_column_text(s, 12));
+    info->bytes = sqlite3_column_int64(s, 10);
+    info->seq = sqlite3_column_int64(s, 11);
+    info->notified = sqlite3_column_int(s, 13) != 0;
 }
 
-static enum ar_status sq_job_create(struct store *base, const char *id, const char *shop_id,
+static enum ar_status sq_job_create(struct store *base, const char *id,
+                                    const struct store_job_spec *spec, int64_t bytes,
                                     const struct store_item_in *items, size_t n, struct ar_err *err)
 {
     struct sqlite_store *st = (struct sqlite_store *)base;
@@ -753,8 +798,9 @@ static enum ar_status sq_job_create(struct store *base, const char *id, const ch
     res = tx_begin(st, err);
     if (res == AR_OK)
         res = exec_args(st, S_JOB_INSERT,
-                        SQ_ARGS(SQ_TEXT(id), SQ_TEXT(shop_id), SQ_INT(n), SQ_INT(now)), NULL,
-                        "job insert", err);
+                        SQ_ARGS(SQ_TEXT(id), SQ_TEXT(spec->shop_id), SQ_INT(n), SQ_INT(now),
+                                SQ_TEXT(spec->owner), SQ_INT(bytes), SQ_TEXT(spec->callback_url)),
+                        NULL, "job insert", err);
     for (size_t i = 0; i < n && res == AR_OK; i++)
         res = exec_args(st, S_ITEM_INSERT,
                         SQ_ARGS(SQ_TEXT(id), SQ_INT(items[i].line), SQ_TEXT(items[i].input)), NULL,
@@ -934,8 +980,8 @@ static enum ar_status sq_job_get(struct store *base, const char *job_id,
     return res;
 }
 
-static enum ar_status sq_job_results(struct store *base, const char *job_id, store_item_fn fn,
-                                     void *user, struct ar_err *err)
+static enum ar_status sq_job_results(struct store *base, const char *job_id, int64_t after_line,
+                                     size_t limit, store_item_fn fn, void *user, struct ar_err *err)
 {
     struct sqlite_store *st = (struct sqlite_store *)base;
     struct store_job_info info;
@@ -950,8 +996,14 @@ static enum ar_status sq_job_results(struct store *base, const char *job_id, sto
         res = ar_err_set(err, AR_EINVAL, 0, "store: no job %s", job_id);
         goto out;
     }
-    s = st->stmt[S_JOB_ITEMS];
-    rc = bind_args(s, SQ_ARGS(SQ_TEXT(job_id)));
+    if (after_line > 0 || limit > 0) {
+        s = st->stmt[S_JOB_ITEMS_PAGE];
+        rc = bind_args(s, SQ_ARGS(SQ_TEXT(job_id), SQ_INT(after_line),
+                                  SQ_INT(limit ? (int64_t)limit : INT64_MAX)));
+    } else {
+        s = st->stmt[S_JOB_ITEMS];
+        rc = bind_args(s, SQ_ARGS(SQ_TEXT(job_id)));
+    }
     while (rc == SQLITE_OK && (rc = sqlite3_step(s)) == SQLITE_ROW) {
         struct store_item it;
         it.line = sqlite3_column_int64(s, 0);
@@ -976,15 +1028,15 @@ out:
     return res;
 }
 
-static enum ar_status sq_jobs_unfinished(struct store *base, store_job_fn fn, void *user,
-                                         struct ar_err *err)
+/* Calls fn for each job statement id (no values) returns. */
+static enum ar_status jobs_each(struct sqlite_store *st, enum stmt_id id, store_job_fn fn,
+                                void *user, struct ar_err *err)
 {
-    struct sqlite_store *st = (struct sqlite_store *)base;
     enum ar_status res = AR_OK;
     sqlite3_stmt *s;
     int rc;
     pthread_mutex_lock(&st->mu);
-    s = st->stmt[S_JOBS_UNFINISHED];
+    s = st->stmt[id];
     while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
         struct store_job_info info;
         job_from_row(s, &info);
@@ -994,8 +1046,114 @@ static enum ar_status sq_jobs_unfinished(struct store *base, store_job_fn fn, vo
         }
     }
     if (res == AR_OK && rc != SQLITE_DONE)
-        res = db_fail(st, rc, err, "unfinished jobs");
+        res = db_fail(st, rc, err, "jobs");
     stmt_done(s);
+    pthread_mutex_unlock(&st->mu);
+    return res;
+}
+
+static enum ar_status sq_jobs_unfinished(struct store *base, store_job_fn fn, void *user,
+                                         struct ar_err *err)
+{
+    return jobs_each((struct sqlite_store *)base, S_JOBS_UNFINISHED, fn, user, err);
+}
+
+static enum ar_status sq_jobs_unnotified(struct store *base, store_job_fn fn, void *user,
+                                         struct ar_err *err)
+{
+    return jobs_each((struct sqlite_store *)base, S_JOBS_UNNOTIFIED, fn, user, err);
+}
+
+static enum ar_status sq_jobs_list(struct store *base, const char *owner, int64_t before_seq,
+                                   size_t limit, store_job_fn fn, void *user, struct ar_err *err)
+{
+    struct sqlite_store *st = (struct sqlite_store *)base;
+    enum ar_status res = AR_OK;
+    sqlite3_stmt *s;
+    int rc;
+    pthread_mutex_lock(&st->mu);
+    s = st->stmt[S_JOBS_LIST];
+    rc = bind_args(
+        s, SQ_ARGS(SQ_TEXT(owner), SQ_INT(before_seq > 0 ? before_seq : INT64_MAX), SQ_INT(limit)));
+    while (rc == SQLITE_OK && (rc = sqlite3_step(s)) == SQLITE_ROW) {
+        struct store_job_info info;
+        job_from_row(s, &info);
+        if (!fn(&info, user)) {
+            res = AR_ECANCELED;
+            break;
+        }
+        rc = SQLITE_OK;
+    }
+    if (res == AR_OK && rc != SQLITE_DONE)
+        res = db_fail(st, rc, err, "jobs list");
+    stmt_done(s);
+    pthread_mutex_unlock(&st->mu);
+    return res;
+}
+
+static enum ar_status sq_job_usage(struct store *base, const char *owner, int64_t *open_jobs,
+                                   int64_t *bytes, struct ar_err *err)
+{
+    struct sqlite_store *st = (struct sqlite_store *)base;
+    enum ar_status res = AR_OK;
+    sqlite3_stmt *s;
+    int rc;
+    pthread_mutex_lock(&st->mu);
+    s = st->stmt[S_JOB_USAGE];
+    rc = step_args(s, SQ_ARGS(SQ_TEXT(owner)));
+    if (rc == SQLITE_ROW) {
+        *open_jobs = sqlite3_column_int64(s, 0);
+        *bytes = sqlite3_column_int64(s, 1);
+    } else {
+        res = db_fail(st, rc, err, "job usage");
+    }
+    stmt_done(s);
+    pthread_mutex_unlock(&st->mu);
+    return res;
+}
+
+static enum ar_status sq_job_cancel(struct store *base, const char *job_id, bool *cancelled,
+                                    struct ar_err *err)
+{
+    struct sqlite_store *st = (struct sqlite_store *)base;
+    enum ar_status res;
+    int changes = 0;
+    pthread_mutex_lock(&st->mu);
+    res = exec_args(st, S_JOB_CANCEL, SQ_ARGS(SQ_TEXT(job_id), SQ_INT(store_now_s())), &changes,
+                    "job cancel", err);
+    *cancelled = res == AR_OK && changes > 0;
+    pthread_mutex_unlock(&st->mu);
+    return res;
+}
+
+static enum ar_status sq_job_delete(struct store *base, const char *job_id, bool *found,
+                                    struct ar_err *err)
+{
+    struct sqlite_store *st = (struct sqlite_store *)base;
+    enum ar_status res;
+    int changes = 0;
+    pthread_mutex_lock(&st->mu);
+    res = tx_begin(st, err);
+    if (res == AR_OK)
+        res = exec_args(st, S_JOB_DELETE_ITEMS, SQ_ARGS(SQ_TEXT(job_id)), NULL, "job lines delete",
+                        err);
+    if (res == AR_OK)
+        res = exec_args(st, S_JOB_DELETE, SQ_ARGS(SQ_TEXT(job_id)), &changes, "job delete", err);
+    res = tx_end(st, res, err);
+    *found = res == AR_OK && changes > 0;
+    pthread_mutex_unlock(&st->mu);
+    return res;
+}
+
+static enum ar_status sq_job_claim_notify(struct store *base, const char *job_id, bool *claimed,
+                                          struct ar_err *err)
+{
+    struct sqlite_store *st = (struct sqlite_store *)base;
+    enum ar_status res;
+    int changes = 0;
+    pthread_mutex_lock(&st->mu);
+    res = exec_args(st, S_JOB_CLAIM_NOTIFY, SQ_ARGS(SQ_TEXT(job_id)), &changes, "job notify", err);
+    *claimed = res == AR_OK && changes > 0;
     pthread_mutex_unlock(&st->mu);
     return res;
 }
@@ -1017,4 +1175,10 @@ static const struct store_ops sqlite_ops = {
     .job_get = sq_job_get,
     .job_results = sq_job_results,
     .jobs_unfinished = sq_jobs_unfinished,
+    .jobs_list = sq_jobs_list,
+    .job_usage = sq_job_usage,
+    .job_cancel = sq_job_cancel,
+    .job_delete = sq_job_delete,
+    .job_claim_notify = sq_job_claim_notify,
+    .jobs_unnotified = sq_jobs_unnotified,
 };

@@ -58,6 +58,13 @@ void store_job_info_init(struct store_job_info *info, const char *id, const char
     snprintf(info->shop_id, sizeof(info->shop_id), "%s", shop_id ? shop_id : "");
 }
 
+void store_job_info_owner(struct store_job_info *info, const char *owner, const char *callback_url)
+{
+    snprintf(info->owner, sizeof(info->owner), "%s", owner ? owner : "");
+    snprintf(info->callback_url, sizeof(info->callback_url), "%s",
+             callback_url ? callback_url : "");
+}
+
 int64_t store_now_s(void)
 {
     return (int64_t)time(NULL);
@@ -326,21 +333,40 @@ enum ar_status store_job_create(struct store *st, const char *shop_id,
                                 const struct store_item_in *items, size_t n,
                                 char job_id[STORE_JOB_ID_LEN + 1], struct ar_err *err)
 {
+    struct store_job_spec spec = {shop_id, NULL, NULL};
+    return store_job_create_spec(st, &spec, items, n, job_id, err);
+}
+
+enum ar_status store_job_create_spec(struct store *st, const struct store_job_spec *spec,
+                                     const struct store_item_in *items, size_t n,
+                                     char job_id[STORE_JOB_ID_LEN + 1], struct ar_err *err)
+{
     enum ar_status res;
     char id[STORE_JOB_ID_LEN + 1];
-    if (!st || !job_id || !items)
+    struct store_job_spec sp;
+    int64_t bytes = 0;
+    if (!st || !job_id || !items || !spec)
         return bad_arg(err, "NULL argument");
     job_id[0] = '\0';
-    if (!id_ok(shop_id))
+    if (!id_ok(spec->shop_id))
         return bad_arg(err, "shop_id must be 1 to 256 bytes");
+    sp.shop_id = spec->shop_id;
+    sp.owner = spec->owner ? spec->owner : "";
+    sp.callback_url = spec->callback_url ? spec->callback_url : "";
+    if (strlen(sp.owner) > STORE_ID_MAX)
+        return bad_arg(err, "a job's owner must be at most 256 bytes");
+    if (strlen(sp.callback_url) > STORE_URL_MAX)
+        return bad_arg(err, "a callback URL must be at most 2048 bytes");
     if (n == 0 || n > INT64_MAX)
         return bad_arg(err, "a job needs at least one line");
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < n; i++) {
         if (items[i].line < 1 || !items[i].input)
             return bad_arg(err, "line numbers start at 1 and every line needs input");
+        bytes += (int64_t)strlen(items[i].input);
+    }
     if ((res = random_job_id(id, err)) != AR_OK)
         return res;
-    res = st->ops->job_create(st, id, shop_id, items, n, err);
+    res = st->ops->job_create(st, id, &sp, bytes, items, n, err);
     if (res == AR_OK)
         memcpy(job_id, id, sizeof(id));
     return res;
@@ -440,7 +466,90 @@ enum ar_status store_job_results(struct store *st, const char *job_id, store_ite
         return bad_arg(err, "NULL argument");
     if (!job_id_ok(job_id))
         return bad_arg(err, "malformed job id");
-    return st->ops->job_results(st, job_id, fn, user, err);
+    return st->ops->job_results(st, job_id, 0, 0, fn, user, err);
+}
+
+enum ar_status store_job_results_page(struct store *st, const char *job_id, int64_t after_line,
+                                      size_t limit, store_item_fn fn, void *user,
+                                      struct ar_err *err)
+{
+    if (!st || !fn)
+        return bad_arg(err, "NULL argument");
+    if (!job_id_ok(job_id))
+        return bad_arg(err, "malformed job id");
+    if (after_line < 0 || limit > INT32_MAX)
+        return bad_arg(err, "after_line must be 0 or more, limit at most 2^31-1");
+    return st->ops->job_results(st, job_id, after_line, limit, fn, user, err);
+}
+
+enum ar_status store_jobs_list(struct store *st, const char *owner, int64_t before_seq,
+                               size_t limit, store_job_fn fn, void *user, struct ar_err *err)
+{
+    if (!st || !fn || !owner)
+        return bad_arg(err, "NULL argument");
+    if (strlen(owner) > STORE_ID_MAX)
+        return bad_arg(err, "a job's owner must be at most 256 bytes");
+    if (limit < 1 || limit > 1000 || before_seq < 0)
+        return bad_arg(err, "a list holds 1 to 1000 jobs, before a seq of 0 or more");
+    return st->ops->jobs_list(st, owner, before_seq, limit, fn, user, err);
+}
+
+enum ar_status store_job_usage(struct store *st, const char *owner, int64_t *open_jobs,
+                               int64_t *bytes, struct ar_err *err)
+{
+    if (open_jobs)
+        *open_jobs = 0;
+    if (bytes)
+        *bytes = 0;
+    if (!st || !owner || !open_jobs || !bytes)
+        return bad_arg(err, "NULL argument");
+    if (strlen(owner) > STORE_ID_MAX)
+        return bad_arg(err, "a job's owner must be at most 256 bytes");
+    return st->ops->job_usage(st, owner, open_jobs, bytes, err);
+}
+
+enum ar_status store_job_cancel(struct store *st, const char *job_id, bool *cancelled,
+                                struct ar_err *err)
+{
+    if (cancelled)
+        *cancelled = false;
+    if (!st || !cancelled)
+        return bad_arg(err, "NULL argument");
+    if (!job_id_ok(job_id))
+        return bad_arg(err, "malformed job id");
+    return st->ops->job_cancel(st, job_id, cancelled, err);
+}
+
+enum ar_status store_job_delete(struct store *st, const char *job_id, bool *found,
+                                struct ar_err *err)
+{
+    if (found)
+        *found = false;
+    if (!st || !found)
+        return bad_arg(err, "NULL argument");
+    if (!job_id_ok(job_id))
+        return bad_arg(err, "malformed job id");
+    return st->ops->job_delete(st, job_id, found, err);
+}
+
+enum ar_status store_jobs_unnotified(struct store *st, store_job_fn fn, void *user,
+                                     struct ar_err *err)
+{
+    if (!st || !fn)
+        return bad_arg(err, "NULL argument");
+    return st->ops->jobs_unnotified(st, fn, user, err);
+}
+
+enum ar_status store_job_claim_notify(struct store *st, const char *job_id, bool *claimed,
+                                      struct ar_err *err)
+{
+    if (claimed)
+        *claimed = false;
+    if (!st || !claimed)
+        return bad_arg(err, "NULL argument");
+    if (!job_id_ok(job_id))
+        return bad_arg(err, "malformed job id");
+    return st->ops->job_claim_notify(st, job_id, claimed, err);
 }
 
 enum ar_status store_jobs_unfinished(struct store *st, store_job_fn fn, void *user,

@@ -46,9 +46,10 @@
 
 #include "../base/base.h"
 
-#define STORE_SCHEMA_VERSION 3    /* SQLite's user_version */
-#define STORE_PG_SCHEMA_VERSION 1 /* PostgreSQL's max(schema_migrations.version) */
-#define STORE_ID_MAX 256          /* longest shop or review id, bytes */
+#define STORE_SCHEMA_VERSION 4    /* SQLite's user_version */
+#define STORE_PG_SCHEMA_VERSION 2 /* PostgreSQL's max(schema_migrations.version) */
+#define STORE_ID_MAX 256          /* longest shop or review id (and job owner), bytes */
+#define STORE_URL_MAX 2048        /* longest job callback URL, bytes */
 #define STORE_JOB_ID_LEN 32       /* hex digits of a job id (128 random bits) */
 #define STORE_BUSY_TIMEOUT_MS 5000
 /* PostgreSQL: connections per handle; seconds a connection attempt may take (libpq's
@@ -169,6 +170,11 @@ struct store_job_info {
     int64_t created_s, updated_s;   /* unix seconds */
     char shop_id[STORE_ID_MAX + 1]; /* the job's shop (default for its lines) */
     bool published;                 /* its lines were handed to a queue (store_job_set_published) */
+    char owner[STORE_ID_MAX + 1];   /* who created it ("" for jobs from before owners) */
+    int64_t bytes;                  /* bytes of its lines' input, as stored */
+    int64_t seq;                    /* creation order: a later job has a larger seq (> 0) */
+    char callback_url[STORE_URL_MAX + 1]; /* "" for none */
+    bool notified;                        /* its completion was claimed (store_job_claim_notify) */
 };
 
 /* One input line of a job, as given to store_job_create (strings borrowed). */
@@ -198,6 +204,19 @@ void store_item_fini(struct store_item *it);
 enum ar_status store_job_create(struct store *st, const char *shop_id,
                                 const struct store_item_in *items, size_t n,
                                 char job_id[STORE_JOB_ID_LEN + 1], struct ar_err *err);
+
+/* What a job is created with besides its lines (strings borrowed). */
+struct store_job_spec {
+    const char *shop_id;      /* 1 to STORE_ID_MAX bytes */
+    const char *owner;        /* 0 to STORE_ID_MAX bytes; NULL: "" */
+    const char *callback_url; /* 0 to STORE_URL_MAX bytes; NULL: "" (none) */
+};
+
+/* store_job_create with an owner and a callback URL; the job's bytes are the sum of its
+ * lines' input lengths. */
+enum ar_status store_job_create_spec(struct store *st, const struct store_job_spec *spec,
+                                     const struct store_item_in *items, size_t n,
+                                     char job_id[STORE_JOB_ID_LEN + 1], struct ar_err *err);
 
 /* Up to max pending lines of the job with line > after_line, in line order (after_line 0
  * starts at the beginning). *items_out is owned by the caller (store_items_free); it is
@@ -242,9 +261,47 @@ typedef bool (*store_item_fn)(const struct store_item *item, void *user);
 enum ar_status store_job_results(struct store *st, const char *job_id, store_item_fn fn, void *user,
                                  struct ar_err *err);
 
+/* Calls fn for at most limit (0: every) lines with line > after_line, in line order, as
+ * store_job_results does: pages of a job's results. */
+enum ar_status store_job_results_page(struct store *st, const char *job_id, int64_t after_line,
+                                      size_t limit, store_item_fn fn, void *user,
+                                      struct ar_err *err);
+
+typedef bool (*store_job_fn)(const struct store_job_info *info, void *user);
+
+/* Calls fn for at most limit (1..1000) jobs of owner ("" included) with seq < before_seq
+ * (0: no bound), newest first (by seq). */
+enum ar_status store_jobs_list(struct store *st, const char *owner, int64_t before_seq,
+                               size_t limit, store_job_fn fn, void *user, struct ar_err *err);
+
+/* What owner keeps: *open_jobs (queued or running jobs) and *bytes (the bytes of all its jobs,
+ * finished ones included, until they are deleted). */
+enum ar_status store_job_usage(struct store *st, const char *owner, int64_t *open_jobs,
+                               int64_t *bytes, struct ar_err *err);
+
+/* Cancels a queued or running job: its pending lines are never answered (a line being
+ * answered may still finish); finished lines keep their results. *cancelled says whether it
+ * was queued or running (false also for an unknown job). */
+enum ar_status store_job_cancel(struct store *st, const char *job_id, bool *cancelled,
+                                struct ar_err *err);
+
+/* Deletes a job and all its lines in one transaction. *found says whether it existed. */
+enum ar_status store_job_delete(struct store *st, const char *job_id, bool *found,
+                                struct ar_err *err);
+
+/* Claims the completion notice of a done job with a callback URL: *claimed is true for
+ * exactly one caller, across handles and instances (then the job reads as notified). */
+enum ar_status store_job_claim_notify(struct store *st, const char *job_id, bool *claimed,
+                                      struct ar_err *err);
+
+/* Calls fn for at most 100 done jobs with a callback URL whose notice nobody claimed (an
+ * instance died between a job's last line and the claim), oldest first: what a sweeper hands
+ * to store_job_claim_notify. */
+enum ar_status store_jobs_unnotified(struct store *st, store_job_fn fn, void *user,
+                                     struct ar_err *err);
+
 /* Calls fn for every queued or running job, oldest first (what a restart must resume; info
  * says whether it was published). fn returns false to stop early (AR_ECANCELED). */
-typedef bool (*store_job_fn)(const struct store_job_info *info, void *user);
 enum ar_status store_jobs_unfinished(struct store *st, store_job_fn fn, void *user,
                                      struct ar_err *err);
 

@@ -27,8 +27,9 @@ struct store_ops {
                                     const char *owner, struct ar_err *err);
     enum ar_status (*reply_claims_release)(struct store *st, const char *owner_prefix,
                                            int64_t *n_out, struct ar_err *err);
-    /* job_id: a fresh id from store.c */
-    enum ar_status (*job_create)(struct store *st, const char *job_id, const char *shop_id,
+    /* job_id: a fresh id from store.c; spec's strings not NULL; bytes: the lines' input */
+    enum ar_status (*job_create)(struct store *st, const char *job_id,
+                                 const struct store_job_spec *spec, int64_t bytes,
                                  const struct store_item_in *items, size_t n, struct ar_err *err);
     enum ar_status (*job_next_pending)(struct store *st, const char *job_id, int64_t after_line,
                                        size_t max, struct store_item **items_out, size_t *n_out,
@@ -44,8 +45,21 @@ struct store_ops {
     enum ar_status (*job_set_published)(struct store *st, const char *job_id, struct ar_err *err);
     enum ar_status (*job_get)(struct store *st, const char *job_id, struct store_job_info *info,
                               bool *found, struct ar_err *err);
-    enum ar_status (*job_results)(struct store *st, const char *job_id, store_item_fn fn,
-                                  void *user, struct ar_err *err);
+    /* limit 0: every line after after_line */
+    enum ar_status (*job_results)(struct store *st, const char *job_id, int64_t after_line,
+                                  size_t limit, store_item_fn fn, void *user, struct ar_err *err);
+    enum ar_status (*jobs_list)(struct store *st, const char *owner, int64_t before_seq,
+                                size_t limit, store_job_fn fn, void *user, struct ar_err *err);
+    enum ar_status (*job_usage)(struct store *st, const char *owner, int64_t *open_jobs,
+                                int64_t *bytes, struct ar_err *err);
+    enum ar_status (*job_cancel)(struct store *st, const char *job_id, bool *cancelled,
+                                 struct ar_err *err);
+    enum ar_status (*job_delete)(struct store *st, const char *job_id, bool *found,
+                                 struct ar_err *err);
+    enum ar_status (*job_claim_notify)(struct store *st, const char *job_id, bool *claimed,
+                                       struct ar_err *err);
+    enum ar_status (*jobs_unnotified)(struct store *st, store_job_fn fn, void *user,
+                                      struct ar_err *err);
     enum ar_status (*jobs_unfinished)(struct store *st, store_job_fn fn, void *user,
                                       struct ar_err *err);
 };
@@ -74,6 +88,8 @@ enum store_item_status store_item_status_of(const char *name);
  * backend fills the counts, times and published flag. */
 void store_job_info_init(struct store_job_info *info, const char *id, const char *status,
                          const char *shop_id);
+/* Fills the text fields added with owners (NULL: ""). */
+void store_job_info_owner(struct store_job_info *info, const char *owner, const char *callback_url);
 
 /* Fills out with a copy of r as the store keeps it (NULL lang and model as "", created as
  * its time): one allocation for the strings, like a row read back. */

@@ -696,15 +696,19 @@ static bool is_job_id(const char *s)
     return true;
 }
 
-/* POST /v1/jobs with body and content type; the job id (202 required) into id. */
-static void job_submit(int port, const char *auth, const char *ctype, const char *body, size_t len,
-                       char id[33], int expect_total)
+static void expect_error(int port, const char *method, const char *path, const char *ctype,
+                         const char *body, size_t len, int status);
+
+/* POST path (/v1/jobs and a query) with body and content type; the job id (202 required) into
+ * id. */
+static void job_submit_to(int port, const char *path, const char *auth, const char *ctype,
+                          const char *body, size_t len, char id[33], int expect_total)
 {
     struct resp r;
     char hdr[256];
     cJSON *j;
     snprintf(hdr, sizeof(hdr), "Content-Type: %s\r\n%s", ctype, auth ? auth : "");
-    http(port, "POST", "/v1/jobs", hdr, body, len, &r);
+    http(port, "POST", path, hdr, body, len, &r);
     if (r.status != 202)
         fail_msg("POST /v1/jobs: status %d: %.300s", r.status, r.body);
     j = cJSON_Parse(r.body);
@@ -714,6 +718,12 @@ static void job_submit(int port, const char *auth, const char *ctype, const char
     memcpy(id, jstr(j, "id"), 33);
     cJSON_Delete(j);
     resp_free(&r);
+}
+
+static void job_submit(int port, const char *auth, const char *ctype, const char *body, size_t len,
+                       char id[33], int expect_total)
+{
+    job_submit_to(port, "/v1/jobs", auth, ctype, body, len, id, expect_total);
 }
 
 /* Polls GET /v1/jobs/{id} until the job is done; its final state. */
@@ -780,7 +790,10 @@ static void job_answers_every_line_and_records_a_malformed_one(void **state)
             free(js);
         }
     }
-    job_submit(g_srv.port, NULL, "application/x-ndjson", body, len, id, n);
+    /* refused as a whole unless the client asks for per-line errors */
+    expect_error(g_srv.port, "POST", "/v1/jobs", "application/x-ndjson", body, len, 400);
+    job_submit_to(g_srv.port, "/v1/jobs?errors=per_line", NULL, "application/x-ndjson", body, len,
+                  id, n);
     info = job_wait(g_srv.port, NULL, id, 60);
     assert_true(jnum(info, "total") == n);
     assert_true(jnum(info, "done") == n - 1);
@@ -810,7 +823,7 @@ static void job_answers_every_line_and_records_a_malformed_one(void **state)
     assert_true(isnan(metric(g_srv.port, "autoreply_job_lines_total{outcome=\"done\"}")));
 
     /* a JSON array body, and data-file lines that name the review "id" (curl --data-binary
-     * sends them as form-urlencoded) */
+     * sends them as form-urlencoded unless told: that is 415 now, JSONL has its own type) */
     {
         const struct review *a = pick("zh", true, 120), *b = pick("en", false, 16);
         char *ja = review_json("shop-job", "arr-1", a->text, a->rating);
@@ -825,8 +838,9 @@ static void job_answers_every_line_and_records_a_malformed_one(void **state)
 
         snprintf(body, sizeof(body), "{\"id\": \"%s\", \"text\": \"%s\", \"rating\": %d}\n", b->id,
                  b->text, b->rating);
-        job_submit(g_srv.port, NULL, "application/x-www-form-urlencoded", body, strlen(body), id,
-                   1);
+        expect_error(g_srv.port, "POST", "/v1/jobs", "application/x-www-form-urlencoded", body,
+                     strlen(body), 415);
+        job_submit(g_srv.port, NULL, "application/jsonl", body, strlen(body), id, 1);
         info = job_wait(g_srv.port, NULL, id, 60);
         assert_string_equal(jstr(info, "shop_id"), "default");
         assert_true(jnum(info, "done") == 1);
@@ -920,7 +934,8 @@ static void bad_input_gets_json_errors(void **state)
     /* jobs: no body, no reviews, blank lines only */
     expect_error(g_srv.port, "POST", "/v1/jobs", "application/x-ndjson", "", 0, 400);
     expect_error(g_srv.port, "POST", "/v1/jobs", "application/json", "{\"reviews\": 1}", 14, 400);
-    expect_error(g_srv.port, "POST", "/v1/jobs", "text/plain", "\n\n  \n", 5, 400);
+    expect_error(g_srv.port, "POST", "/v1/jobs", "application/x-ndjson", "\n\n  \n", 5, 400);
+    expect_error(g_srv.port, "POST", "/v1/jobs", "text/plain", "\n\n  \n", 5, 415);
     expect_error(g_srv.port, "POST", "/v1/jobs", "application/msgpack", "\xc1", 1, 400);
     /* unknown jobs */
     expect_error(g_srv.port, "GET", "/v1/jobs/00000000000000000000000000000000", NULL, NULL, 0,
@@ -930,6 +945,8 @@ static void bad_input_gets_json_errors(void **state)
     expect_error(g_srv.port, "GET", "/v1/jobs/nope", NULL, NULL, 0, 404);
     expect_error(g_srv.port, "GET", "/v1/jobs/", NULL, NULL, 0, 404);
     expect_error(g_srv.port, "DELETE", "/v1/jobs/00000000000000000000000000000000", NULL, NULL, 0,
+                 404);
+    expect_error(g_srv.port, "PUT", "/v1/jobs/00000000000000000000000000000000", NULL, NULL, 0,
                  405);
     expect_error(g_srv.port, "GET", "/v1/reviews/reply", NULL, NULL, 0, 405);
     /* the HTTP metrics count the product's routes like the others */

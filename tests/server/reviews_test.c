@@ -224,7 +224,7 @@ static void call(struct fx *x, enum srv_review_ep ep, const char *path, const ch
     memset(a, 0, sizeof(*a));
     pthread_mutex_init(&a->mu, NULL);
     pthread_cond_init(&a->cv, NULL);
-    srv_review_handle(x->svc, ep, path, body, raw, raw ? strlen(raw) : 0, NULL, on_answer, a);
+    srv_review_handle(x->svc, ep, path, body, raw, raw ? strlen(raw) : 0, NULL, on_answer, a, NULL);
     pthread_mutex_lock(&a->mu);
     while (!a->done)
         pthread_cond_wait(&a->cv, &a->mu);
@@ -361,7 +361,7 @@ static void rate_limited_review_over_the_handler_is_a_429(void **state)
     pthread_mutex_init(&a.mu, NULL);
     pthread_cond_init(&a.cv, NULL);
     srv_review_handle(x->svc, SRV_REVIEW_REPLY, "/v1/reviews/reply", body, NULL, 0, c, on_answer,
-                      &a);
+                      &a, NULL);
     pthread_mutex_lock(&a.mu);
     while (!a.done)
         pthread_cond_wait(&a.cv, &a.mu);
@@ -592,34 +592,41 @@ static void nul_in_ids_and_texts_is_refused_on_every_route(void **state)
                                        'k',  0xa6, 'r',  'a', 't',  'i', 'n', 'g', 0x05};
     static const struct {
         const char *path, *body, *code, *field;
+        bool jsonl; /* sent as application/x-ndjson */
     } cases[] = {
         {"/v1/reviews/reply",
          "{\"shop_id\":\"victim\\u0000attacker\",\"review_id\":\"r1\",\"text\":\"Great\","
          "\"rating\":5}",
-         "invalid_json", "shop_id"},
+         "invalid_json", "shop_id", false},
         {"/v1/reviews/batch",
          "{\"shop_id\":\"s1\",\"reviews\":[{\"review_id\":\"b1\",\"text\":\"ok\",\"rating\":5},{"
          "\"review_id\":\"b2\",\"text\":\"bad\\u0000x\",\"rating\":1}]}",
-         "invalid_json", "reviews[].text"},
+         "invalid_json", "reviews[].text", false},
         {"/v1/jobs",
          "{\"reviews\":[{\"id\":\"j1\",\"shop_id\":\"a\\u0000b\",\"text\":\"ok\",\"rating\":5}]}",
-         "invalid_request", "shop_id"},
+         "invalid_request", "shop_id", false},
         {"/v1/jobs",
          "{\"id\":\"j1\",\"text\":\"ok\",\"rating\":5}\n{\"id\":\"j2\\u0000x\",\"text\":\"ok\","
          "\"rating\":5}\n",
-         "invalid_request", "line 2"},
+         "invalid_request", "line 2", true},
         {"/v1/jobs",
          "{\"jsonl\": "
          "\"{\\\"id\\\":\\\"j3\\\",\\\"text\\\":\\\"a\\\\u0000b\\\",\\\"rating\\\":5}\\n\"}",
-         "invalid_request", "line 1"},
+         "invalid_request", "line 1", false},
         {"/v1/jobs",
          "[{\"id\":\"j4\",\"text\":\"ok\",\"rating\":5},{\"id\":\"j5\",\"text\":\"x\\u0000\","
          "\"rating\":5}]",
-         "invalid_request", "[].text"},
+         "invalid_request", "[].text", false},
     };
     for (size_t i = 0; i < AR_ARRAY_LEN(cases); i++) {
         const cJSON *m;
-        j = request(x->port, "POST", cases[i].path, cases[i].body, &r);
+        if (cases[i].jsonl) {
+            http(x->port, "POST", cases[i].path, "Content-Type: application/x-ndjson\r\n",
+                 cases[i].body, strlen(cases[i].body), &r);
+            j = cJSON_Parse(r.body);
+        } else {
+            j = request(x->port, "POST", cases[i].path, cases[i].body, &r);
+        }
         if (r.status != 400)
             fail_msg("case %zu: status %d: %s", i, r.status, r.body);
         assert_string_equal(error_code(j), cases[i].code);

@@ -340,6 +340,32 @@ static const char *const job_lines[] = {
 /* Lines 1, 2, 4, 7, 9 (a gap, as when blank lines were skipped). */
 static const int64_t job_line_numbers[] = {1, 2, 4, 7, 9};
 
+/* What the five lines weigh: the bytes a job of them keeps. */
+static int64_t job_lines_bytes(void)
+{
+    int64_t n = 0;
+    for (size_t i = 0; i < AR_ARRAY_LEN(job_lines); i++)
+        n += (int64_t)strlen(job_lines[i]);
+    return n;
+}
+
+/* make_job for an owner, with a callback URL (NULL: none). */
+static void make_owned_job(struct store *st, const char *owner, const char *callback,
+                           char id[STORE_JOB_ID_LEN + 1])
+{
+    struct store_item_in in[5];
+    struct store_job_spec spec = {"shop-9", owner, callback};
+    struct ar_err err = {0};
+    enum ar_status s;
+    for (int i = 0; i < 5; i++) {
+        in[i].line = job_line_numbers[i];
+        in[i].input = job_lines[i];
+    }
+    s = store_job_create_spec(st, &spec, in, 5, id, &err);
+    if (s != AR_OK)
+        fail_msg("store_job_create_spec: %s: %s", ar_status_str(s), err.msg);
+}
+
 static void make_job(struct store *st, char id[STORE_JOB_ID_LEN + 1])
 {
     struct store_item_in in[5];
@@ -764,6 +790,12 @@ static void version_one_database_is_migrated(void **state)
     assert_int_equal(sqlite3_open(f->path, &db), SQLITE_OK);
     assert_int_equal(sqlite3_exec(db,
                                   "DROP TABLE reply_claims;"
+                                  "DROP INDEX jobs_by_owner;"
+                                  "DROP INDEX jobs_to_notify;"
+                                  "ALTER TABLE jobs DROP COLUMN owner;"
+                                  "ALTER TABLE jobs DROP COLUMN bytes;"
+                                  "ALTER TABLE jobs DROP COLUMN callback_url;"
+                                  "ALTER TABLE jobs DROP COLUMN notified;"
                                   "ALTER TABLE jobs DROP COLUMN published;"
                                   "PRAGMA user_version = 1;",
                                   NULL, NULL, NULL),
@@ -776,9 +808,261 @@ static void version_one_database_is_migrated(void **state)
     assert_true(found);
     assert_false(info.published);
     assert_int_equal(info.n_total, 5);
+    /* the columns of version 4: no owner, the size computed from the stored lines */
+    assert_string_equal(info.owner, "");
+    assert_int_equal(info.bytes, job_lines_bytes());
+    assert_string_equal(info.callback_url, "");
     assert_int_equal(store_job_set_published(st, id, NULL), AR_OK);
     assert_int_equal(store_job_get(st, id, &info, &found, NULL), AR_OK);
     assert_true(info.published);
+    store_close(st);
+}
+
+/* ---- owners, lists, quotas, cancel, delete, notices ---------------------------------------- */
+
+struct listed {
+    int n;
+    char ids[16][STORE_JOB_ID_LEN + 1];
+    int64_t seqs[16];
+    char owners[16][STORE_ID_MAX + 1];
+};
+
+static bool collect_job(const struct store_job_info *info, void *user)
+{
+    struct listed *l = user;
+    assert_true(l->n < 16);
+    snprintf(l->ids[l->n], sizeof(l->ids[0]), "%s", info->id);
+    snprintf(l->owners[l->n], sizeof(l->owners[0]), "%s", info->owner);
+    l->seqs[l->n++] = info->seq;
+    return true;
+}
+
+/* Jobs keep their owner, size and callback; an owner's list holds only its jobs, newest first,
+ * and pages on by seq. */
+static void jobs_belong_to_owners_and_list_newest_first(void **state)
+{
+    struct fixture *f = *state;
+    struct store *st = open_store(f->url);
+    char a1[STORE_JOB_ID_LEN + 1], a2[STORE_JOB_ID_LEN + 1], a3[STORE_JOB_ID_LEN + 1];
+    char b1[STORE_JOB_ID_LEN + 1], old[STORE_JOB_ID_LEN + 1];
+    struct store_job_info info;
+    struct listed l = {0};
+    bool found = false;
+
+    make_owned_job(st, "key:0", NULL, a1);
+    make_owned_job(st, "key:1", "http://127.0.0.1:9/hook", b1);
+    make_owned_job(st, "key:0", NULL, a2);
+    make_job(st, old); /* no owner: "" */
+    make_owned_job(st, "key:0", "http://127.0.0.1:9/x?y=1", a3);
+
+    assert_int_equal(store_job_get(st, b1, &info, &found, NULL), AR_OK);
+    assert_true(found);
+    assert_string_equal(info.owner, "key:1");
+    assert_string_equal(info.callback_url, "http://127.0.0.1:9/hook");
+    assert_int_equal(info.bytes, job_lines_bytes());
+    assert_false(info.notified);
+    assert_true(info.seq > 0);
+
+    /* a page of two, then the rest */
+    assert_int_equal(store_jobs_list(st, "key:0", 0, 2, collect_job, &l, NULL), AR_OK);
+    assert_int_equal(l.n, 2);
+    assert_string_equal(l.ids[0], a3);
+    assert_string_equal(l.ids[1], a2);
+    assert_true(l.seqs[0] > l.seqs[1]);
+    {
+        int64_t before = l.seqs[1];
+        memset(&l, 0, sizeof(l));
+        assert_int_equal(store_jobs_list(st, "key:0", before, 2, collect_job, &l, NULL), AR_OK);
+        assert_int_equal(l.n, 1);
+        assert_string_equal(l.ids[0], a1);
+        assert_true(l.seqs[0] < before);
+    }
+    memset(&l, 0, sizeof(l));
+    assert_int_equal(store_jobs_list(st, "key:1", 0, 10, collect_job, &l, NULL), AR_OK);
+    assert_int_equal(l.n, 1);
+    assert_string_equal(l.ids[0], b1);
+    memset(&l, 0, sizeof(l));
+    assert_int_equal(store_jobs_list(st, "", 0, 10, collect_job, &l, NULL), AR_OK);
+    assert_int_equal(l.n, 1);
+    assert_string_equal(l.ids[0], old);
+    memset(&l, 0, sizeof(l));
+    assert_int_equal(store_jobs_list(st, "nobody", 0, 10, collect_job, &l, NULL), AR_OK);
+    assert_int_equal(l.n, 0);
+
+    /* bad arguments */
+    assert_int_equal(store_jobs_list(st, "key:0", 0, 0, collect_job, &l, NULL), AR_EINVAL);
+    assert_int_equal(store_jobs_list(st, "key:0", -1, 5, collect_job, &l, NULL), AR_EINVAL);
+    {
+        struct store_item_in in = {1, "{}"};
+        struct store_job_spec spec = {"s", "o", "http://x/"};
+        char id[STORE_JOB_ID_LEN + 1], longer[STORE_URL_MAX + 2];
+        memset(longer, 'a', sizeof(longer) - 1);
+        longer[sizeof(longer) - 1] = '\0';
+        spec.callback_url = longer;
+        assert_int_equal(store_job_create_spec(st, &spec, &in, 1, id, NULL), AR_EINVAL);
+    }
+    store_close(st);
+}
+
+static void usage_is(struct store *st, const char *owner, int64_t open_jobs, int64_t bytes)
+{
+    int64_t o = -1, b = -1;
+    assert_int_equal(store_job_usage(st, owner, &o, &b, NULL), AR_OK);
+    if (o != open_jobs || b != bytes)
+        fail_msg("%s: %lld open jobs and %lld bytes, want %lld and %lld", owner, (long long)o,
+                 (long long)b, (long long)open_jobs, (long long)bytes);
+}
+
+/* Usage counts open jobs and all bytes; cancelling keeps finished lines and stops the job's
+ * progress; deleting frees the bytes and the lines; a done job's notice is claimed once. */
+static void usage_cancel_delete_and_notices(void **state)
+{
+    struct fixture *f = *state;
+    struct store *st = open_store(f->url), *st2 = open_store(f->url);
+    char j1[STORE_JOB_ID_LEN + 1], j2[STORE_JOB_ID_LEN + 1], j3[STORE_JOB_ID_LEN + 1];
+    const int64_t b = job_lines_bytes();
+    struct store_job_info info;
+    struct collected col = {0};
+    bool found = false, ok = false, ok2 = false;
+
+    usage_is(st, "key:0", 0, 0);
+    make_owned_job(st, "key:0", NULL, j1);
+    make_owned_job(st, "key:0", "http://127.0.0.1:9/done", j2);
+    make_owned_job(st, "key:1", NULL, j3);
+    usage_is(st, "key:0", 2, 2 * b);
+    usage_is(st, "key:1", 1, b);
+
+    /* j1: one line finished, then cancelled */
+    assert_int_equal(store_job_item_done(st, j1, 1, "{\"r\":1}", NULL), AR_OK);
+    assert_int_equal(store_job_cancel(st, j1, &ok, NULL), AR_OK);
+    assert_true(ok);
+    assert_int_equal(store_job_cancel(st, j1, &ok, NULL), AR_OK);
+    assert_false(ok); /* not open any more */
+    usage_is(st, "key:0", 1, 2 * b);
+    /* a line that was being answered may still finish; the job stays cancelled */
+    assert_int_equal(store_job_item_done(st, j1, 2, "{\"r\":2}", NULL), AR_OK);
+    assert_int_equal(store_job_get(st, j1, &info, &found, NULL), AR_OK);
+    assert_int_equal(info.status, STORE_JOB_CANCELLED);
+    assert_int_equal(info.n_done, 2);
+    assert_int_equal(store_job_results(st, j1, collect_item, &col, NULL), AR_OK);
+    assert_int_equal(col.n, 5);
+    assert_int_equal(col.status[0], STORE_ITEM_DONE);
+    assert_int_equal(col.status[2], STORE_ITEM_PENDING);
+    /* a cancelled job is no longer unfinished */
+    {
+        struct listed l = {0};
+        assert_int_equal(store_jobs_unfinished(st, collect_job, &l, NULL), AR_OK);
+        for (int i = 0; i < l.n; i++)
+            assert_string_not_equal(l.ids[i], j1);
+    }
+
+    /* deleting frees its bytes and lines; a second delete finds nothing */
+    assert_int_equal(store_job_delete(st, j1, &found, NULL), AR_OK);
+    assert_true(found);
+    usage_is(st, "key:0", 1, b);
+    assert_int_equal(store_job_get(st, j1, &info, &found, NULL), AR_OK);
+    assert_false(found);
+    assert_int_equal(store_job_results(st, j1, collect_item, &col, NULL), AR_EINVAL);
+    {
+        struct store_item it;
+        assert_int_equal(store_job_item_get(st, j1, 1, &it, &found, NULL), AR_OK);
+        assert_false(found);
+    }
+    assert_int_equal(store_job_delete(st, j1, &found, NULL), AR_OK);
+    assert_false(found);
+    assert_int_equal(store_job_cancel(st, j1, &ok, NULL), AR_OK);
+    assert_false(ok);
+
+    /* notices: none before the job is done, none without a callback, then exactly one */
+    assert_int_equal(store_job_claim_notify(st, j2, &ok, NULL), AR_OK);
+    assert_false(ok);
+    for (int i = 0; i < 5; i++)
+        assert_int_equal(store_job_item_done(st, j2, job_line_numbers[i], "{}", NULL), AR_OK);
+    assert_int_equal(store_job_claim_notify(st, j3, &ok, NULL), AR_OK);
+    assert_false(ok);
+    {
+        /* what a sweeper finds: done, with a callback, not claimed */
+        struct listed l = {0};
+        assert_int_equal(store_jobs_unnotified(st, collect_job, &l, NULL), AR_OK);
+        assert_int_equal(l.n, 1);
+        assert_string_equal(l.ids[0], j2);
+    }
+    assert_int_equal(store_job_claim_notify(st, j2, &ok, NULL), AR_OK);
+    assert_int_equal(store_job_claim_notify(st2, j2, &ok2, NULL), AR_OK);
+    assert_true(ok);
+    assert_false(ok2);
+    assert_int_equal(store_job_get(st2, j2, &info, &found, NULL), AR_OK);
+    assert_true(info.notified);
+    assert_int_equal(info.status, STORE_JOB_DONE);
+    {
+        struct listed l = {0};
+        assert_int_equal(store_jobs_unnotified(st, collect_job, &l, NULL), AR_OK);
+        assert_int_equal(l.n, 0);
+    }
+    usage_is(st, "key:0", 0, b); /* done: not open, still stored */
+    store_close(st2);
+    store_close(st);
+}
+
+/* Pages of results: the lines after a line, at most a limit, in line order. */
+static void results_come_in_pages(void **state)
+{
+    struct fixture *f = *state;
+    struct store *st = open_store(f->url);
+    char id[STORE_JOB_ID_LEN + 1];
+    struct collected col = {0};
+    make_job(st, id); /* lines 1, 2, 4, 7, 9 */
+    assert_int_equal(store_job_item_done(st, id, 4, "{\"four\":4}", NULL), AR_OK);
+    assert_int_equal(store_job_results_page(st, id, 2, 2, collect_item, &col, NULL), AR_OK);
+    assert_int_equal(col.n, 2);
+    assert_int_equal(col.lines[0], 4);
+    assert_int_equal(col.lines[1], 7);
+    assert_int_equal(col.status[0], STORE_ITEM_DONE);
+    assert_string_equal(col.result[0], "{\"four\":4}");
+    assert_string_equal(col.input[1], job_lines[3]);
+    memset(&col, 0, sizeof(col));
+    assert_int_equal(store_job_results_page(st, id, 7, 0, collect_item, &col, NULL), AR_OK);
+    assert_int_equal(col.n, 1);
+    assert_int_equal(col.lines[0], 9);
+    memset(&col, 0, sizeof(col));
+    assert_int_equal(store_job_results_page(st, id, 0, 1, collect_item, &col, NULL), AR_OK);
+    assert_int_equal(col.n, 1);
+    assert_int_equal(col.lines[0], 1);
+    memset(&col, 0, sizeof(col));
+    assert_int_equal(store_job_results_page(st, id, 9, 5, collect_item, &col, NULL), AR_OK);
+    assert_int_equal(col.n, 0);
+    assert_int_equal(store_job_results_page(st, id, -1, 5, collect_item, &col, NULL), AR_EINVAL);
+    assert_int_equal(store_job_results_page(st, "0123456789abcdef0123456789abcdef", 0, 5,
+                                            collect_item, &col, NULL),
+                     AR_EINVAL);
+    store_close(st);
+}
+
+/* A database of PostgreSQL schema version 1 (jobs without owners) is migrated at open: its
+ * jobs have no owner and their size computed from the stored lines. */
+static void pg_version_one_database_is_migrated(void **state)
+{
+    struct fixture *f = *state;
+    struct store *st = open_store(f->url);
+    char id[STORE_JOB_ID_LEN + 1];
+    struct store_job_info info;
+    bool found = false;
+    make_job(st, id);
+    store_close(st);
+    assert_int_equal(th_pg_scalar(&f->db, "DROP INDEX jobs_by_owner; DROP INDEX jobs_to_notify;"
+                                          "ALTER TABLE jobs DROP COLUMN owner, DROP COLUMN bytes,"
+                                          "  DROP COLUMN callback_url, DROP COLUMN notified;"
+                                          "DELETE FROM schema_migrations WHERE version > 1;"
+                                          "SELECT 1"),
+                     1);
+    st = open_store(f->url);
+    assert_int_equal(th_pg_scalar(&f->db, "SELECT max(version) FROM schema_migrations"),
+                     STORE_PG_SCHEMA_VERSION);
+    assert_int_equal(store_job_get(st, id, &info, &found, NULL), AR_OK);
+    assert_true(found);
+    assert_string_equal(info.owner, "");
+    assert_int_equal(info.bytes, job_lines_bytes());
+    usage_is(st, "", 1, job_lines_bytes());
     store_close(st);
 }
 
@@ -1663,6 +1947,10 @@ int main(void)
         BOTH(invalid_job_arguments_are_rejected),
         BOTH(job_lines_are_read_one_by_one_and_jobs_get_published),
         SQLITE(version_one_database_is_migrated),
+        PG(pg_version_one_database_is_migrated),
+        BOTH(jobs_belong_to_owners_and_list_newest_first),
+        BOTH(usage_cancel_delete_and_notices),
+        BOTH(results_come_in_pages),
         BOTH(reopen_keeps_replies_and_jobs),
         SQLITE(open_rejects_non_database_and_newer_schema),
         BOTH(kill_mid_job_then_resume_finishes_each_line_once),
