@@ -46,6 +46,10 @@ static void serve_usage(FILE *out)
             "  --model-name NAME     model id in the API (file name without .gguf)\n"
             "  --instance-name NAME  this instance in every X-Autoreply-Instance header and "
             "/health (host:port)\n"
+            "sessions (/v1/sessions: conversations changed with JSON Patch, in memory):\n"
+            "  --session-ttl S       a session unused for S seconds is gone (3600)\n"
+            "  --session-max N       sessions one API key may hold (64)\n"
+            "  --session-max-bytes B a session document's JSON size (262144)\n"
             "review replies (/v1/reviews/reply, /v1/reviews/batch, /v1/jobs):\n"
             "  --shops FILE          shop profiles (JSON, see src/reply/reply.h); built-in "
             "default\n"
@@ -75,6 +79,8 @@ int cmd_serve(int argc, char **argv)
     struct model *m = NULL;
     struct tokenizer *tok = NULL;
     struct engine *eng = NULL;
+    struct server_sessions_params ssp = server_sessions_default_params();
+    struct server_sessions *sessions = NULL;
     struct ar_err err = {0};
     char *name = NULL;
     sigset_t sigs;
@@ -168,6 +174,15 @@ int cmd_serve(int argc, char **argv)
         } else if (!strcmp(a, "--max-job-body")) {
             INT(1, (int64_t)1 << 40);
             ro.max_job_body = (size_t)n;
+        } else if (!strcmp(a, "--session-ttl")) {
+            NUM(0.001, 86400 * 365);
+            ssp.ttl_s = d;
+        } else if (!strcmp(a, "--session-max")) {
+            INT(1, 1 << 20);
+            ssp.max_per_key = (int)n;
+        } else if (!strcmp(a, "--session-max-bytes")) {
+            INT(64, (int64_t)1 << 30);
+            ssp.max_doc_size = (size_t)n;
         } else if (!strcmp(a, "--shops")) {
             VALUE();
             ro.shops_file = v;
@@ -232,6 +247,10 @@ int cmd_serve(int argc, char **argv)
     ro.job_slots = ep.n_seq_max;
     if (cli_reply_attach(srv, &ro, &cr) != 0)
         goto done;
+    if (server_sessions_attach(srv, &ssp, &sessions) != AR_OK) {
+        cli_error("serve: cannot add the session routes");
+        goto done;
+    }
     if (server_start(srv, &err) != AR_OK) {
         cli_error("serve: %s", err.msg);
         goto done;
@@ -266,6 +285,7 @@ done:
     cli_reply_detach(cr);
     engine_destroy(eng);
     server_destroy(srv);
+    server_sessions_destroy(sessions); /* no request or engine callback is left to use them */
     tokenizer_destroy(tok);
     model_destroy(m);
     ar_free(name);

@@ -330,6 +330,16 @@ const char *server_req_client(const struct server_req *req)
     return req->client;
 }
 
+const char *server_req_query(struct server_req *r, const char *name)
+{
+    const char *v = NULL;
+    pthread_mutex_lock(&r->mu);
+    if (r->conn)
+        v = MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, name);
+    pthread_mutex_unlock(&r->mu);
+    return v;
+}
+
 const char *server_req_header(struct server_req *r, const char *name)
 {
     const char *v = NULL;
