@@ -505,8 +505,9 @@ static void turns_reuse_the_kv_of_what_was_seen(void **state)
     cached2 = usage(j, "cached_tokens");
     /* the new prompt holds turn 1's prompt and reply and more */
     assert_true(p2 > p1 + c1);
-    /* every full block of turn 1's prompt and reply whose KV was computed (the last sampled
-     * token never ran through the model) comes from the cache, and nothing new does */
+    /* every full block of turn 1's prompt and reply whose KV was computed comes from the cache
+     * (the last reply token has KV when an end-of-turn token followed it, not when max_tokens
+     * cut the reply), and nothing new does */
     {
         double seen_blocks = floor((p1 + c1 - 1) / BLOCK) * BLOCK;
         if (cached2 < seen_blocks || cached2 > p1 + c1)
