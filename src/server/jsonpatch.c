@@ -5,6 +5,7 @@
  * document each time). */
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "server/server_internal.h"
@@ -176,6 +177,51 @@ static void measure(const cJSON *v, int depth, int max_depth, size_t *nodes, siz
     }
 }
 
+struct member {
+    const char *name;
+    const cJSON *v;
+    int idx;
+};
+
+static int member_cmp(const void *x, const void *y)
+{
+    const struct member *a = x, *b = y;
+    int c = strcmp(a->name, b->name);
+    return c ? c : (a->idx > b->idx) - (a->idx < b->idx);
+}
+
+/* o's members sorted by name, each name once (its first occurrence: the one a pointer finds);
+ * *n of them. NULL when out of memory. */
+static struct member *members_sorted(const cJSON *o, int *n)
+{
+    int k = 0, m = 0;
+    struct member *a = ar_malloc((size_t)AR_MAX(cJSON_GetArraySize(o), 1) * sizeof(*a));
+    if (!a)
+        return NULL;
+    for (const cJSON *c = o->child; c; c = c->next, k++)
+        a[k] = (struct member){c->string ? c->string : "", c, k};
+    qsort(a, (size_t)k, sizeof(*a), member_cmp);
+    for (int i = 0; i < k; i++)
+        if (m == 0 || strcmp(a[m - 1].name, a[i].name))
+            a[m++] = a[i];
+    *n = m;
+    return a;
+}
+
+/* Objects: the same names with equal values, in any order. Sorting keeps this O(n log n) on
+ * large objects; out of memory counts as unequal. */
+static bool object_equal(const cJSON *a, const cJSON *b)
+{
+    int na = 0, nb = 0;
+    struct member *ma = members_sorted(a, &na), *mb = ma ? members_sorted(b, &nb) : NULL;
+    bool same = ma && mb && na == nb;
+    for (int i = 0; same && i < na; i++)
+        same = !strcmp(ma[i].name, mb[i].name) && jsonpatch_equal(ma[i].v, mb[i].v);
+    ar_free(ma);
+    ar_free(mb);
+    return same;
+}
+
 bool jsonpatch_equal(const cJSON *a, const cJSON *b)
 {
     if (cJSON_IsNumber(a) && cJSON_IsNumber(b))
@@ -193,17 +239,8 @@ bool jsonpatch_equal(const cJSON *a, const cJSON *b)
                 return false;
         return !x && !y;
     }
-    if (cJSON_IsObject(a) && cJSON_IsObject(b)) {
-        /* the same member names with equal values, in any order */
-        if (cJSON_GetArraySize(a) != cJSON_GetArraySize(b))
-            return false;
-        for (const cJSON *x = a->child; x; x = x->next) {
-            const cJSON *y = cJSON_GetObjectItemCaseSensitive(b, x->string);
-            if (!y || !jsonpatch_equal(x, y))
-                return false;
-        }
-        return true;
-    }
+    if (cJSON_IsObject(a) && cJSON_IsObject(b))
+        return object_equal(a, b);
     return false;
 }
 

@@ -169,7 +169,8 @@ enum jsonpatch_result jsonpatch_apply(const cJSON *doc, const cJSON *patch,
 /* The value pointer names in doc ("" is doc itself), or NULL (missing, malformed pointer). */
 const cJSON *jsonpatch_get(const cJSON *doc, const char *pointer);
 /* JSON equality as "test" uses it: same type; numbers by value, strings by code points,
- * arrays element by element, objects by member names and values in any order. */
+ * arrays element by element, objects by member names and values in any order (a name given
+ * twice counts once, with its first value, the one a pointer names). */
 bool jsonpatch_equal(const cJSON *a, const cJSON *b);
 /* Inserts item (owned from now on) into arr before element idx (appends for the length);
  * false when out of memory (item not taken). */

@@ -32,6 +32,7 @@ struct session {
     double created_wall; /* time(NULL) */
     double used;         /* ar_time_s() of the last access: expiry counts from here */
     bool busy;           /* a turn is being generated */
+    uint64_t version;    /* counts changes of doc */
     int turns;
     /* the last turn's prompt text followed by its reply, and their token ids; the engine's
      * prefix cache holds their KV while nothing evicts it */
@@ -612,6 +613,7 @@ static void turn_done(void *user, const struct engine_result *res)
             return;
         }
         x->doc_size = size;
+        x->version++;
         x->turns++;
         remember_context_locked(x, t, res, ids_match);
         o = session_json(ss, x, now);
@@ -850,6 +852,7 @@ static void h_patch(struct server_req *req, void *user)
     struct session *x;
     enum jsonpatch_result r;
     bool generate_after = wants_generate(req), found, busy;
+    uint64_t version = 0;
     double now = ar_time_s();
 
     if (!split_path(server_req_path(req), id, sizeof(id), &verb) || *verb) {
@@ -868,15 +871,17 @@ static void h_patch(struct server_req *req, void *user)
                            "cannot parse the patch: %s", err.msg);
         return;
     }
-    /* the document is read under the lock and patched outside it; a change made meanwhile
+    /* the document is copied under the lock and patched outside it; a change made meanwhile
      * by another request wins and this one is refused (409), so nothing is lost silently */
     pthread_mutex_lock(&ss->mu);
     purge_locked(ss, now);
     x = find_locked(ss, id, owner_of(req));
     found = x != NULL;
     busy = x && x->busy;
-    if (x && !x->busy)
+    if (x && !x->busy) {
         doc = cJSON_Duplicate(x->doc, true);
+        version = x->version;
+    }
     pthread_mutex_unlock(&ss->mu);
     if (!doc) {
         cJSON_Delete(patch);
@@ -923,8 +928,9 @@ static void h_patch(struct server_req *req, void *user)
     pthread_mutex_lock(&ss->mu);
     x = find_locked(ss, id, owner_of(req));
     found = x != NULL;
-    if (x && !x->busy && jsonpatch_equal(x->doc, doc)) {
+    if (x && !x->busy && x->version == version) {
         cJSON_Delete(x->doc);
+        x->version++;
         x->doc = out;
         x->doc_size = size;
         x->used = now;
