@@ -50,6 +50,7 @@ static void serve_usage(FILE *out)
             "  --session-ttl S       a session unused for S seconds is gone (3600)\n"
             "  --session-max N       sessions one API key may hold (64)\n"
             "  --session-max-bytes B a session document's JSON size (262144)\n"
+            "  --session-max-total N sessions in all (1024)\n"
             "review replies (/v1/reviews/reply, /v1/reviews/batch, /v1/jobs):\n"
             "  --shops FILE          shop profiles (JSON, see src/reply/reply.h); built-in "
             "default\n"
@@ -180,6 +181,9 @@ int cmd_serve(int argc, char **argv)
         } else if (!strcmp(a, "--session-max")) {
             INT(1, 1 << 20);
             ssp.max_per_key = (int)n;
+        } else if (!strcmp(a, "--session-max-total")) {
+            INT(1, 1 << 24);
+            ssp.max_sessions = (int)n;
         } else if (!strcmp(a, "--session-max-bytes")) {
             INT(64, (int64_t)1 << 30);
             ssp.max_doc_size = (size_t)n;

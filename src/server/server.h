@@ -230,7 +230,8 @@ enum ar_status server_reviews_attach(struct server *s, struct reply_service *svc
 struct server_sessions_params {
     double ttl_s;        /* idle lifetime in seconds (3600) */
     int max_per_key;     /* sessions one key may hold (64); beyond: 429 */
-    int max_sessions;    /* sessions in all (4096); beyond: 429 */
+    int max_sessions;    /* sessions in all (1024: with the size below at most 256 MiB of
+                            documents); beyond: 429 */
     size_t max_doc_size; /* a document's JSON bytes (256 KiB); beyond: 413 */
 };
 struct server_sessions_params server_sessions_default_params(void);

@@ -54,7 +54,7 @@ struct server_sessions_params server_sessions_default_params(void)
     struct server_sessions_params p = {0};
     p.ttl_s = 3600;
     p.max_per_key = 64;
-    p.max_sessions = 4096;
+    p.max_sessions = 1024;
     p.max_doc_size = 256 * 1024;
     return p;
 }

@@ -401,6 +401,7 @@ static void sessions_expire_and_are_bounded(void **state)
     (void)state;
     sp.ttl_s = 0.5;
     sp.max_per_key = 2;
+    sp.max_sessions = 3;
     srv_start(&v, &sp);
     create(v.port, KEY_A, DOC0, id, sizeof(id));
     create(v.port, KEY_A, DOC0, id2, sizeof(id2));
@@ -414,6 +415,12 @@ static void sessions_expire_and_are_bounded(void **state)
         char idb[64];
         create(v.port, KEY_B, DOC0, idb, sizeof(idb));
     }
+    /* three in all: the server's own bound */
+    j = req_json(v.port, "POST", "/v1/sessions", "Content-Type: application/json\r\n" KEY_B, DOC0,
+                 &st);
+    assert_int_equal(st, 429);
+    assert_string_equal(error_code(j), "sessions_full");
+    cJSON_Delete(j);
     /* use keeps one alive; the other expires */
     for (int i = 0; i < 4; i++) {
         usleep(200 * 1000);
