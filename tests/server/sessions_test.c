@@ -399,7 +399,7 @@ static void sessions_expire_and_are_bounded(void **state)
     int st;
     cJSON *j;
     (void)state;
-    sp.ttl_s = 0.5;
+    sp.ttl_s = 1.0;
     sp.max_per_key = 2;
     sp.max_sessions = 3;
     srv_start(&v, &sp);
@@ -422,8 +422,8 @@ static void sessions_expire_and_are_bounded(void **state)
     assert_string_equal(error_code(j), "sessions_full");
     cJSON_Delete(j);
     /* use keeps one alive; the other expires */
-    for (int i = 0; i < 4; i++) {
-        usleep(200 * 1000);
+    for (int i = 0; i < 6; i++) {
+        usleep(250 * 1000);
         cJSON_Delete(get_doc(v.port, KEY_A, id2));
     }
     snprintf(path, sizeof(path), "/v1/sessions/%s", id);
