@@ -105,8 +105,8 @@ static enum jsonpatch_result locate(cJSON *root, const char *path, struct loc *l
     if (!*p)
         return JSONPATCH_OK;
     if (*p != '/')
-        return fail(e, JSONPATCH_EINVAL, op, "'%s' \"%.64s\" is not a JSON Pointer (starts with '/')",
-                    what, path);
+        return fail(e, JSONPATCH_EINVAL, op,
+                    "'%s' \"%.64s\" is not a JSON Pointer (starts with '/')", what, path);
     for (;;) {
         char *t = ptr_token(p, &next, &bad);
         if (!t)
@@ -118,8 +118,7 @@ static enum jsonpatch_result locate(cJSON *root, const char *path, struct loc *l
             if (!cJSON_IsObject(cur) && !cJSON_IsArray(cur)) {
                 ar_free(t);
                 return fail(e, JSONPATCH_EINVAL, op,
-                            "'%s' \"%.64s\": the parent is not an object or an array", what,
-                            path);
+                            "'%s' \"%.64s\": the parent is not an object or an array", what, path);
             }
             l->parent = cur;
             l->last = t;
@@ -279,8 +278,8 @@ static enum jsonpatch_result put(struct state *s, struct loc *l, cJSON *v, const
     measure(v, 1, s->lim->max_depth, &nodes, s->lim->max_nodes, &deepest);
     if (l->depth + deepest > s->lim->max_depth) {
         cJSON_Delete(v);
-        return fail(s->e, JSONPATCH_ETOOBIG, s->op,
-                    "the document would nest deeper than %d levels", s->lim->max_depth);
+        return fail(s->e, JSONPATCH_ETOOBIG, s->op, "the document would nest deeper than %d levels",
+                    s->lim->max_depth);
     }
     if (!l->parent) {
         cJSON_Delete(s->root);
@@ -290,8 +289,8 @@ static enum jsonpatch_result put(struct state *s, struct loc *l, cJSON *v, const
     }
     if (s->nodes + nodes > s->lim->max_nodes) {
         cJSON_Delete(v);
-        return fail(s->e, JSONPATCH_ETOOBIG, s->op,
-                    "the document would hold more than %zu values", s->lim->max_nodes);
+        return fail(s->e, JSONPATCH_ETOOBIG, s->op, "the document would hold more than %zu values",
+                    s->lim->max_nodes);
     }
     if (cJSON_IsObject(l->parent)) {
         cJSON *old = cJSON_GetObjectItemCaseSensitive(l->parent, l->last);
@@ -315,8 +314,8 @@ static enum jsonpatch_result put(struct state *s, struct loc *l, cJSON *v, const
         else if (!ptr_index(l->last, &idx) || idx > n) {
             cJSON_Delete(v);
             return fail(s->e, JSONPATCH_EINVAL, s->op,
-                        "'path' \"%.64s\": index out of bounds (the array has %d elements)",
-                        path, n);
+                        "'path' \"%.64s\": index out of bounds (the array has %d elements)", path,
+                        n);
         }
         if (idx == n ? !cJSON_AddItemToArray(l->parent, v)
                      : !jsonpatch_array_insert(l->parent, idx, v)) {

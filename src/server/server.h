@@ -217,7 +217,8 @@ enum ar_status server_reviews_attach(struct server *s, struct reply_service *svc
  *                                   operations applied all or none (a failed "test" 409, a bad
  *                                   operation or pointer 400, a document that is no longer a
  *                                   valid session 400, too large 413); ?generate=true then
- *                                   generates a turn as below
+ *                                   generates a turn as below (a turn that fails after the
+ *                                   patch was applied, e.g. 503 queue full, leaves it applied)
  *   POST   /v1/sessions/{id}/generate   the next assistant message from the document's
  *                                   messages, appended to it: 200 {..., document, message,
  *                                   finish_reason, usage}; 409 while another turn runs

@@ -82,7 +82,7 @@ void server_sessions_destroy(struct server_sessions *ss)
     ar_free(ss);
 }
 
-/* ---- the store (mu held) ---------------------------------------------------------------------- */
+/* ---- the store (mu held) --------------------------------------------------------------------- */
 
 /* Drops sessions unused for ttl_s (a busy one stays until its turn ends). */
 static void purge_locked(struct server_sessions *ss, double now)
@@ -119,7 +119,7 @@ static void unlink_locked(struct server_sessions *ss, struct session *s)
     }
 }
 
-/* ---- helpers ---------------------------------------------------------------------------------- */
+/* ---- helpers --------------------------------------------------------------------------------- */
 
 /* Sessions of one key are one owner; without API keys there is no identity to tell callers
  * apart (a client address changes behind proxies and NAT), so all share one. */
@@ -142,7 +142,8 @@ static void new_id(char *out, size_t size)
     if (got < sizeof(b)) { /* no kernel randomness: still unique, less unguessable */
         static _Atomic uint64_t ctr;
         uint64_t x = (uint64_t)(ar_time_s() * 1e9) ^ (atomic_fetch_add(&ctr, 1) << 40);
-        for (size_t i = 0; i < sizeof(b); i++, x = x * 6364136223846793005ull + 1442695040888963407ull)
+        for (size_t i = 0; i < sizeof(b);
+             i++, x = x * 6364136223846793005ull + 1442695040888963407ull)
             b[i] = (unsigned char)(x >> 56);
     }
     snprintf(out, size, SESSION_ID_PREFIX);
@@ -295,7 +296,7 @@ static bool split_path(const char *path, char *id, size_t id_size, const char **
     return true;
 }
 
-/* ---- create, read, delete --------------------------------------------------------------------- */
+/* ---- create, read, delete -------------------------------------------------------------------- */
 
 /* Seconds until the oldest of owner's sessions (all sessions when owner is NULL) expires. */
 static double first_expiry_locked(const struct server_sessions *ss, const char *owner, double now)
@@ -433,7 +434,7 @@ static void h_delete(struct server_req *req, void *user)
     server_reply_json(req, 200, o);
 }
 
-/* ---- generating a turn ------------------------------------------------------------------------ */
+/* ---- generating a turn ----------------------------------------------------------------------- */
 
 struct turn {
     struct server_sessions *ss;
@@ -650,8 +651,7 @@ static enum ar_status build_turn_prompt(const struct tokenizer *tok, const struc
                                &t->text_len);
     if (st != AR_OK)
         return st;
-    if (ctx_text && n_ctx_ids > 0 && t->text_len > ctx_len &&
-        !memcmp(t->text, ctx_text, ctx_len)) {
+    if (ctx_text && n_ctx_ids > 0 && t->text_len > ctx_len && !memcmp(t->text, ctx_text, ctx_len)) {
         st = tokenizer_encode(tok, t->text + ctx_len, t->text_len - ctx_len, false, true, &rest,
                               &n_rest);
         if (st != AR_OK)
@@ -774,8 +774,7 @@ static void generate(struct server_sessions *ss, struct server_req *req, const c
     }
     er.prompt = t->ids;
     er.n_prompt = t->n_ids;
-    er.max_tokens =
-        rq.max_tokens ? AR_MIN(rq.max_tokens, n_ctx - t->n_ids) : n_ctx - t->n_ids;
+    er.max_tokens = rq.max_tokens ? AR_MIN(rq.max_tokens, n_ctx - t->n_ids) : n_ctx - t->n_ids;
     er.sampling = rq.sampling;
     if (!rq.seed_set) {
         uint64_t seed;
@@ -829,7 +828,7 @@ static void h_post(struct server_req *req, void *user)
     generate(user, req, id);
 }
 
-/* ---- patch ------------------------------------------------------------------------------------ */
+/* ---- patch ----------------------------------------------------------------------------------- */
 
 static bool is_patch_type(const char *ct)
 {
@@ -908,11 +907,11 @@ static void h_patch(struct server_req *req, void *user)
             reply_nomem(req);
         } else {
             server_reply_error_ex(req,
-                                  r == JSONPATCH_ETEST      ? 409
+                                  r == JSONPATCH_ETEST     ? 409
                                   : r == JSONPATCH_ETOOBIG ? 413
                                                            : 400,
                                   "invalid_request_error",
-                                  r == JSONPATCH_ETEST      ? "patch_test_failed"
+                                  r == JSONPATCH_ETEST     ? "patch_test_failed"
                                   : r == JSONPATCH_ETOOBIG ? "session_too_large"
                                                            : "invalid_patch",
                                   extra, 1, "%s", pe.msg);
@@ -923,6 +922,16 @@ static void h_patch(struct server_req *req, void *user)
         cJSON_Delete(doc);
         cJSON_Delete(out);
         reply_oai_error(req, &e);
+        return;
+    }
+    /* a turn needs a message: refused before the patch is kept, like any bad patch (a turn
+     * that fails later, e.g. on a full queue, leaves the patch applied) */
+    if (generate_after &&
+        cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(out, "messages")) == 0) {
+        cJSON_Delete(doc);
+        cJSON_Delete(out);
+        server_reply_error(req, 400, "invalid_request_error", "invalid_value",
+                           "'messages' must not be empty to generate a turn");
         return;
     }
     pthread_mutex_lock(&ss->mu);
@@ -959,7 +968,7 @@ static void h_patch(struct server_req *req, void *user)
         server_reply_json(req, 200, o);
 }
 
-/* ---- registration ----------------------------------------------------------------------------- */
+/* ---- registration ---------------------------------------------------------------------------- */
 
 enum ar_status server_sessions_attach(struct server *s, const struct server_sessions_params *p,
                                       struct server_sessions **out)

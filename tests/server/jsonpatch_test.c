@@ -59,7 +59,7 @@ static void check(const char *doc, const char *patch, enum jsonpatch_result r, c
     cJSON_Delete(d);
 }
 
-/* ---- RFC 6902 appendix A ---------------------------------------------------------------------- */
+/* ---- RFC 6902 appendix A --------------------------------------------------------------------- */
 
 static void a1_add_member(void **state)
 {
@@ -163,8 +163,8 @@ static void a14_tilde_escapes(void **state)
 {
     (void)state;
     /* "~01" is "~1" (the key), not "~/" */
-    check("{\"/\":9,\"~1\":10}", "[{\"op\":\"test\",\"path\":\"/~01\",\"value\":10}]",
-          JSONPATCH_OK, "{\"/\":9,\"~1\":10}");
+    check("{\"/\":9,\"~1\":10}", "[{\"op\":\"test\",\"path\":\"/~01\",\"value\":10}]", JSONPATCH_OK,
+          "{\"/\":9,\"~1\":10}");
 }
 
 static void a15_string_is_not_number(void **state)
@@ -177,8 +177,9 @@ static void a15_string_is_not_number(void **state)
 static void a16_append_array_value(void **state)
 {
     (void)state;
-    check("{\"foo\":[\"bar\"]}", "[{\"op\":\"add\",\"path\":\"/foo/-\",\"value\":[\"abc\",\"def\"]}]",
-          JSONPATCH_OK, "{\"foo\":[\"bar\",[\"abc\",\"def\"]]}");
+    check("{\"foo\":[\"bar\"]}",
+          "[{\"op\":\"add\",\"path\":\"/foo/-\",\"value\":[\"abc\",\"def\"]}]", JSONPATCH_OK,
+          "{\"foo\":[\"bar\",[\"abc\",\"def\"]]}");
 }
 
 /* ---- RFC 6901 section 5 --------------------------------------------------------------------- */
@@ -192,9 +193,9 @@ static void pointers_of_rfc6901(void **state)
         double num; /* -1: see str */
         const char *str;
     } cases[] = {
-        {"/foo/0", -1, "bar"}, {"/", 0, NULL},      {"/a~1b", 1, NULL}, {"/c%d", 2, NULL},
-        {"/e^f", 3, NULL},     {"/g|h", 4, NULL},   {"/i\\j", 5, NULL}, {"/k\"l", 6, NULL},
-        {"/ ", 7, NULL},       {"/m~0n", 8, NULL},  {"/foo/1", -1, "baz"},
+        {"/foo/0", -1, "bar"}, {"/", 0, NULL},     {"/a~1b", 1, NULL},    {"/c%d", 2, NULL},
+        {"/e^f", 3, NULL},     {"/g|h", 4, NULL},  {"/i\\j", 5, NULL},    {"/k\"l", 6, NULL},
+        {"/ ", 7, NULL},       {"/m~0n", 8, NULL}, {"/foo/1", -1, "baz"},
     };
     (void)state;
     assert_ptr_equal(jsonpatch_get(d, ""), d);
@@ -309,8 +310,8 @@ static void test_compares_json_values(void **state)
           JSONPATCH_ETEST, NULL);
     check("{\"a\":[1,2]}", "[{\"op\":\"test\",\"path\":\"/a\",\"value\":[2,1]}]", JSONPATCH_ETEST,
           NULL);
-    check("{\"a\":[1,2]}", "[{\"op\":\"test\",\"path\":\"/a\",\"value\":[1,2,3]}]",
-          JSONPATCH_ETEST, NULL);
+    check("{\"a\":[1,2]}", "[{\"op\":\"test\",\"path\":\"/a\",\"value\":[1,2,3]}]", JSONPATCH_ETEST,
+          NULL);
     check("{\"a\":true}", "[{\"op\":\"test\",\"path\":\"/a\",\"value\":1}]", JSONPATCH_ETEST, NULL);
     check("{\"a\":null}", "[{\"op\":\"test\",\"path\":\"/a\",\"value\":false}]", JSONPATCH_ETEST,
           NULL);
@@ -333,7 +334,8 @@ static void all_or_nothing(void **state)
     (void)state;
     /* the first operations succeed on the copy; the failing one discards them all */
     check("{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}",
-          "[{\"op\":\"add\",\"path\":\"/messages/-\",\"value\":{\"role\":\"user\",\"content\":\"x\"}},"
+          "[{\"op\":\"add\",\"path\":\"/messages/"
+          "-\",\"value\":{\"role\":\"user\",\"content\":\"x\"}},"
           "{\"op\":\"remove\",\"path\":\"/messages/0\"},"
           "{\"op\":\"test\",\"path\":\"/messages/0/content\",\"value\":\"hi\"}]",
           JSONPATCH_ETEST, NULL);

@@ -98,7 +98,7 @@ static int group_teardown(void **state)
     return 0;
 }
 
-/* ---- requests ---------------------------------------------------------------------------------- */
+/* ---- requests -------------------------------------------------------------------------------- */
 
 /* Any request with a JSON answer; the answer parsed (NULL for an empty body). */
 static cJSON *req_json(int port, const char *method, const char *path, const char *hdrs,
@@ -116,8 +116,7 @@ static cJSON *req_json(int port, const char *method, const char *path, const cha
 
 static const char *error_code(const cJSON *j)
 {
-    return cJSON_GetStringValue(
-        cJSON_GetObjectItem(cJSON_GetObjectItem(j, "error"), "code"));
+    return cJSON_GetStringValue(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "error"), "code"));
 }
 
 /* Creates a session for key hdr from doc; its id into id. */
@@ -178,7 +177,7 @@ static int patch(int port, const char *hdr, const char *id, const char *query, c
     return st;
 }
 
-/* ---- tests ------------------------------------------------------------------------------------- */
+/* ---- tests ----------------------------------------------------------------------------------- */
 
 #define DOC0 "{\"system\":\"Be brief.\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}"
 
@@ -248,19 +247,20 @@ static void patch_each_operation(void **state)
                            &j),
                      200);
     /* the answer carries the new document */
-    assert_true(cJSON_GetArraySize(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "document"),
-                                                       "messages")) == 2);
+    assert_true(cJSON_GetArraySize(
+                    cJSON_GetObjectItem(cJSON_GetObjectItem(j, "document"), "messages")) == 2);
     cJSON_Delete(j);
     assert_doc(v.port, id,
                "{\"system\":\"Be brief.\",\"temperature\":0,\"messages\":[{\"role\":\"user\","
                "\"content\":\"hi\"},{\"role\":\"assistant\",\"content\":\"hello\"}]}");
     /* replace and test (passing) */
-    assert_int_equal(patch(v.port, KEY_A, id, NULL,
-                           "[{\"op\":\"test\",\"path\":\"/messages/1/content\",\"value\":\"hello\"},"
-                           "{\"op\":\"replace\",\"path\":\"/messages/0/content\",\"value\":"
-                           "\"hi there\"}]",
-                           NULL),
-                     200);
+    assert_int_equal(
+        patch(v.port, KEY_A, id, NULL,
+              "[{\"op\":\"test\",\"path\":\"/messages/1/content\",\"value\":\"hello\"},"
+              "{\"op\":\"replace\",\"path\":\"/messages/0/content\",\"value\":"
+              "\"hi there\"}]",
+              NULL),
+        200);
     /* copy and move */
     assert_int_equal(patch(v.port, KEY_A, id, NULL,
                            "[{\"op\":\"copy\",\"from\":\"/messages/0\",\"path\":\"/messages/-\"},"
@@ -305,9 +305,9 @@ static void failing_patches_change_nothing(void **state)
                            &j),
                      409);
     assert_string_equal(error_code(j), "patch_test_failed");
-    assert_int_equal((int)cJSON_GetNumberValue(
-                         cJSON_GetObjectItem(cJSON_GetObjectItem(j, "error"), "op_index")),
-                     1);
+    assert_int_equal(
+        (int)cJSON_GetNumberValue(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "error"), "op_index")),
+        1);
     cJSON_Delete(j);
     /* bad pointers, missing targets, unknown operations: 400 */
     static const char *const bad[] = {
@@ -335,8 +335,8 @@ static void failing_patches_change_nothing(void **state)
     assert_int_equal(patch(v.port, KEY_A, id, NULL, big, NULL), 413);
     /* other content types: 415 */
     snprintf(path, sizeof(path), "/v1/sessions/%s", id);
-    http(v.port, "PATCH", path, "Content-Type: application/json\r\n" KEY_A,
-         RM_SYSTEM, strlen(RM_SYSTEM), &r);
+    http(v.port, "PATCH", path, "Content-Type: application/json\r\n" KEY_A, RM_SYSTEM,
+         strlen(RM_SYSTEM), &r);
     assert_int_equal(r.status, 415);
     resp_free(&r);
     http(v.port, "PATCH", path, KEY_A, RM_SYSTEM, strlen(RM_SYSTEM), &r);
@@ -351,8 +351,8 @@ static void failing_patches_change_nothing(void **state)
     cJSON_Delete(after);
     /* a parameter after the media type is fine */
     http(v.port, "PATCH", path,
-         "Content-Type: application/json-patch+json; charset=utf-8\r\n" KEY_A,
-         RM_SYSTEM, strlen(RM_SYSTEM), &r);
+         "Content-Type: application/json-patch+json; charset=utf-8\r\n" KEY_A, RM_SYSTEM,
+         strlen(RM_SYSTEM), &r);
     assert_int_equal(r.status, 200);
     resp_free(&r);
     after = get_doc(v.port, KEY_A, id);
@@ -375,9 +375,8 @@ static void sessions_belong_to_their_key(void **state)
     j = req_json(v.port, "GET", path, KEY_B, NULL, &st);
     assert_int_equal(st, 404);
     cJSON_Delete(j);
-    assert_int_equal(patch(v.port, KEY_B, id, NULL, "[{\"op\":\"remove\",\"path\":\"/system\"}]",
-                           NULL),
-                     404);
+    assert_int_equal(
+        patch(v.port, KEY_B, id, NULL, "[{\"op\":\"remove\",\"path\":\"/system\"}]", NULL), 404);
     snprintf(path, sizeof(path), "/v1/sessions/%s/generate", id);
     j = req_json(v.port, "POST", path, KEY_B, NULL, &st);
     assert_int_equal(st, 404);
@@ -486,9 +485,9 @@ static void turns_reuse_the_kv_of_what_was_seen(void **state)
     j = req_json(v.port, "POST", path, KEY_A, NULL, &st);
     if (st != 200)
         fail_msg("generate: %d %s", st, cJSON_PrintUnformatted(j));
-    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(
-                            cJSON_GetObjectItem(j, "message"), "content")),
-                        want);
+    assert_string_equal(
+        cJSON_GetStringValue(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "message"), "content")),
+        want);
     p1 = usage(j, "prompt_tokens");
     c1 = usage(j, "completion_tokens");
     assert_true(p1 > 0 && c1 > 0);
@@ -529,8 +528,9 @@ static void turns_reuse_the_kv_of_what_was_seen(void **state)
     cJSON_Delete(j);
 
     /* a session is not busy after its turns: a patch works */
-    assert_int_equal(patch(v.port, KEY_A, id, NULL, "[{\"op\":\"test\",\"path\":\"/temperature\","
-                                                    "\"value\":0}]",
+    assert_int_equal(patch(v.port, KEY_A, id, NULL,
+                           "[{\"op\":\"test\",\"path\":\"/temperature\","
+                           "\"value\":0}]",
                            NULL),
                      200);
     srv_stop(&v);
@@ -549,6 +549,11 @@ static void generate_needs_messages(void **state)
     j = req_json(v.port, "POST", path, KEY_A, NULL, &st);
     assert_int_equal(st, 400);
     cJSON_Delete(j);
+    /* asked in a patch: refused whole, the patch is not kept */
+    assert_int_equal(patch(v.port, KEY_A, id, "?generate=true",
+                           "[{\"op\":\"add\",\"path\":\"/note\",\"value\":1}]", NULL),
+                     400);
+    assert_doc(v.port, id, "{\"messages\":[]}");
     snprintf(path, sizeof(path), "/v1/sessions/%s/other", id);
     j = req_json(v.port, "POST", path, KEY_A, NULL, &st);
     assert_int_equal(st, 404);
