@@ -6,6 +6,7 @@
 #include "harness/harness.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -536,6 +537,66 @@ static void turns_reuse_the_kv_of_what_was_seen(void **state)
     srv_stop(&v);
 }
 
+struct bg_turn {
+    int port;
+    char path[160];
+    int status;
+};
+
+static void *bg_generate(void *arg)
+{
+    struct bg_turn *b = arg;
+    cJSON *j = req_json(b->port, "POST", b->path, KEY_A, NULL, &b->status);
+    cJSON_Delete(j);
+    return NULL;
+}
+
+/* While a turn runs, the session takes no patch and no other turn (409); it does again after. */
+static void a_running_turn_holds_the_session(void **state)
+{
+    struct srv v;
+    struct bg_turn b = {0};
+    pthread_t th;
+    char id[64];
+    int busy = 0, n_msgs;
+    cJSON *j = NULL, *d;
+    (void)state;
+    srv_start(&v, NULL);
+    create(v.port, KEY_A,
+           "{\"messages\":[{\"role\":\"user\",\"content\":\"tell a long story\"}],"
+           "\"max_tokens\":400,\"ignore_eos\":true,\"temperature\":0}",
+           id, sizeof(id));
+    b.port = v.port;
+    snprintf(b.path, sizeof(b.path), "/v1/sessions/%s/generate", id);
+    assert_int_equal(pthread_create(&th, NULL, bg_generate, &b), 0);
+    for (int i = 0; i < 500 && !busy; i++) {
+        int st =
+            patch(v.port, KEY_A, id, NULL, "[{\"op\":\"add\",\"path\":\"/note\",\"value\":1}]", &j);
+        if (st == 409) {
+            assert_string_equal(error_code(j), "session_busy");
+            busy = 1;
+        } else {
+            assert_int_equal(st, 200);
+        }
+        cJSON_Delete(j);
+        usleep(2000);
+    }
+    assert_true(busy);
+    pthread_join(th, NULL);
+    assert_int_equal(b.status, 200);
+    /* the reply is there once, after the user's message */
+    d = get_doc(v.port, KEY_A, id);
+    n_msgs = cJSON_GetArraySize(cJSON_GetObjectItem(d, "messages"));
+    assert_int_equal(n_msgs, 2);
+    cJSON_Delete(d);
+    assert_int_equal(patch(v.port, KEY_A, id, NULL,
+                           "[{\"op\":\"test\",\"path\":\"/messages/1/role\",\"value\":"
+                           "\"assistant\"}]",
+                           NULL),
+                     200);
+    srv_stop(&v);
+}
+
 static void generate_needs_messages(void **state)
 {
     struct srv v;
@@ -570,6 +631,7 @@ int main(void)
         cmocka_unit_test(sessions_belong_to_their_key),
         cmocka_unit_test(sessions_expire_and_are_bounded),
         cmocka_unit_test(turns_reuse_the_kv_of_what_was_seen),
+        cmocka_unit_test(a_running_turn_holds_the_session),
         cmocka_unit_test(generate_needs_messages),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
