@@ -92,6 +92,11 @@ static void serve_usage(FILE *out)
             "  --model-name NAME     model id in the API (file name without .gguf)\n"
             "  --instance-name NAME  this instance in every X-Autoreply-Instance header and "
             "/health (host:port)\n"
+            "sessions (/v1/sessions: conversations changed with JSON Patch, in memory):\n"
+            "  --session-ttl S       a session unused for S seconds is gone (3600)\n"
+            "  --session-max N       sessions one API key may hold (64)\n"
+            "  --session-max-bytes B a session document's JSON size (262144)\n"
+            "  --session-max-total N sessions in all (1024)\n"
             "review replies (/v1/reviews/reply, /v1/reviews/batch, /v1/jobs):\n"
             "  --shops FILE          shop profiles (JSON, see src/reply/reply.h); built-in "
             "default\n"
@@ -132,6 +137,8 @@ int cmd_serve(int argc, char **argv)
     struct model *m = NULL;
     struct tokenizer *tok = NULL;
     struct engine *eng = NULL;
+    struct server_sessions_params ssp = server_sessions_default_params();
+    struct server_sessions *sessions = NULL;
     struct ar_err err = {0};
     char *name = NULL;
     sigset_t sigs;
@@ -231,6 +238,18 @@ int cmd_serve(int argc, char **argv)
         } else if (!strcmp(a, "--job-max-bytes")) {
             INT(1, (int64_t)1 << 50);
             ro.job_max_bytes = n;
+        } else if (!strcmp(a, "--session-ttl")) {
+            NUM(0.001, 86400 * 365);
+            ssp.ttl_s = d;
+        } else if (!strcmp(a, "--session-max")) {
+            INT(1, 1 << 20);
+            ssp.max_per_key = (int)n;
+        } else if (!strcmp(a, "--session-max-total")) {
+            INT(1, 1 << 24);
+            ssp.max_sessions = (int)n;
+        } else if (!strcmp(a, "--session-max-bytes")) {
+            INT(64, (int64_t)1 << 30);
+            ssp.max_doc_size = (size_t)n;
         } else if (!strcmp(a, "--shops")) {
             VALUE();
             ro.shops_file = v;
@@ -313,6 +332,10 @@ int cmd_serve(int argc, char **argv)
     ro.job_slots = ep.n_seq_max;
     if (cli_reply_attach(srv, &ro, &cr) != 0)
         goto done;
+    if (server_sessions_attach(srv, &ssp, &sessions) != AR_OK) {
+        cli_error("serve: cannot add the session routes");
+        goto done;
+    }
     if (server_start(srv, &err) != AR_OK) {
         cli_error("serve: %s", err.msg);
         goto done;
@@ -347,6 +370,7 @@ done:
     cli_reply_detach(cr);
     engine_destroy(eng);
     server_destroy(srv);
+    server_sessions_destroy(sessions); /* no request or engine callback is left to use them */
     tokenizer_destroy(tok);
     model_destroy(m);
     ar_free(name);

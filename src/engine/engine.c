@@ -34,6 +34,7 @@ struct req {
     struct sampler_params sp;
     struct sampler *smp; /* owned; created at the first admission, kept across preemption */
     bool ignore_eos;
+    bool cache_generated; /* register generated blocks too */
     char **stop; /* owned, (n_stop) owned strings */
     int n_stop;
     engine_token_fn on_token;
@@ -518,8 +519,10 @@ static void step(struct engine *e)
             continue;
         }
         r->n_past += r->b_rows;
-        /* register the full blocks this step completed (tokens known at admission only) */
-        while (!r->reg_off && (r->n_reg + 1) * e->p.block_tokens <= AR_MIN(r->n_past, r->n_fill)) {
+        /* register the full blocks this step completed (tokens known at admission only,
+         * unless the request asks for its generated ones too) */
+        while (!r->reg_off && (r->n_reg + 1) * e->p.block_tokens <=
+                                  (r->cache_generated ? r->n_past : AR_MIN(r->n_past, r->n_fill))) {
             int bi = r->n_reg;
             if (kv_prefix_insert(e->pc, r->pc_parent, r->tokens + (size_t)bi * e->p.block_tokens,
                                  &r->kv.blocks[bi], &r->pc_parent) != AR_OK) {
@@ -845,6 +848,7 @@ enum ar_status engine_submit(struct engine *e, const struct engine_request *req,
     r->cap = (int)AR_MIN((int64_t)req->n_prompt + req->max_tokens, (int64_t)e->n_ctx);
     r->sp = req->sampling;
     r->ignore_eos = req->ignore_eos;
+    r->cache_generated = req->cache_generated;
     r->on_token = req->on_token;
     r->on_done = req->on_done;
     r->user = req->user;

@@ -85,6 +85,8 @@ struct engine_request {
     int n_stop;
     enum engine_priority priority;
     double timeout_s;      /* 0: none */
+    bool cache_generated;  /* with the prefix cache: its full blocks of generated tokens are
+                              kept there too (a conversation's next turn starts with them) */
     engine_token_fn on_token; /* may be NULL */
     engine_done_fn on_done;   /* may be NULL */
     void *user;

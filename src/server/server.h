@@ -232,6 +232,45 @@ struct server_reviews_params server_reviews_default_params(void);
 enum ar_status server_reviews_attach(struct server *s, struct reply_service *svc,
                                      const struct server_reviews_params *p);
 
+/* ---- sessions: incremental input (sessions.c) ----------------------------------------------
+ * Conversations kept by the server, changed with JSON Patch (RFC 6902):
+ *   POST   /v1/sessions             a document: {"messages": [...], "system"?, sampling options
+ *                                   as chat completions take them, anything else kept as is};
+ *                                   201 {id, object: "session", created, expires_at, turns,
+ *                                   document}
+ *   GET    /v1/sessions/{id}        the same
+ *   PATCH  /v1/sessions/{id}        Content-Type: application/json-patch+json (else 415): the
+ *                                   operations applied all or none (a failed "test" 409, a bad
+ *                                   operation or pointer 400, a document that is no longer a
+ *                                   valid session 400, too large 413); ?generate=true then
+ *                                   generates a turn as below (a turn that fails after the
+ *                                   patch was applied, e.g. 503 queue full, leaves it applied)
+ *   POST   /v1/sessions/{id}/generate   the next assistant message from the document's
+ *                                   messages, appended to it: 200 {..., document, message,
+ *                                   finish_reason, usage}; 409 while another turn runs
+ *   DELETE /v1/sessions/{id}
+ * A turn's prompt reuses the previous turn's prompt and reply ids, whose KV the engine keeps
+ * in its prefix cache (usage.prompt_tokens_details.cached_tokens). Sessions are in this
+ * process's memory (not shared by instances, lost on restart), belong to the API key that
+ * made them (another key: 404; without keys, one owner for all) and expire ttl_s after their
+ * last use. */
+struct server_sessions_params {
+    double ttl_s;        /* idle lifetime in seconds (3600) */
+    int max_per_key;     /* sessions one key may hold (64); beyond: 429 */
+    int max_sessions;    /* sessions in all (1024: with the size below at most 256 MiB of
+                            documents); beyond: 429 */
+    size_t max_doc_size; /* a document's JSON bytes (256 KiB); beyond: 413 */
+};
+struct server_sessions_params server_sessions_default_params(void);
+struct server_sessions;
+/* Adds the routes above to s (before server_start). p may be NULL (defaults; zero fields
+ * take theirs too). *out is set even when adding a route fails (AR_EINVAL, AR_ENOMEM), as the
+ * routes added stay: destroy it with server_sessions_destroy after server_destroy (once no
+ * request and no engine callback can reach it). */
+enum ar_status server_sessions_attach(struct server *s, const struct server_sessions_params *p,
+                                      struct server_sessions **out);
+void server_sessions_destroy(struct server_sessions *ss);
+
 /* ---- inside a handler --------------------------------------------------------------------- */
 /* Every function below is thread-safe. Pointers returned are borrowed from req and valid until
  * its final reply has been made (req lives at least that long, even if the client is gone). */
@@ -248,7 +287,8 @@ const char *server_req_method(const struct server_req *req);
 const char *server_req_path(const struct server_req *req);
 /* A request header (case-insensitive name) or NULL. Only while the handler runs. */
 const char *server_req_header(struct server_req *req, const char *name);
-/* A query-string argument (decoded) or NULL; "" for "?name". Only while the handler runs. */
+/* A query parameter of the request target (?name=value, unescaped) or NULL; "" for a name
+ * without a value. Only while the handler runs. */
 const char *server_req_query(struct server_req *req, const char *name);
 /* Identity used for rate limits: "key:<index>" with API keys, else the client's address. */
 const char *server_req_client(const struct server_req *req);

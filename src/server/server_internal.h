@@ -135,6 +135,47 @@ bool srv_rlimit_healthy(const struct srv_rlimit *rl);
 /* Failed calls to Redis since creation. */
 uint64_t srv_rlimit_errors(const struct srv_rlimit *rl);
 
+/* ---- jsonpatch.c: JSON Patch (RFC 6902) and JSON Pointer (RFC 6901) ---------------------- */
+
+enum jsonpatch_result {
+    JSONPATCH_OK = 0,
+    JSONPATCH_EINVAL,  /* a malformed patch or operation, a bad pointer, a missing target */
+    JSONPATCH_ETEST,   /* a "test" operation found another value */
+    JSONPATCH_ETOOBIG, /* the result would pass jsonpatch_limits */
+    JSONPATCH_ENOMEM
+};
+
+struct jsonpatch_err {
+    enum jsonpatch_result result;
+    int op; /* index of the failing operation, -1 for the patch as a whole */
+    char msg[192];
+};
+
+/* Bounds on the patched document, checked as each operation runs: nesting (a scalar is 1
+ * level) and values (every node of the tree). */
+struct jsonpatch_limits {
+    int max_depth;    /* 64 */
+    size_t max_nodes; /* 2^20 */
+};
+struct jsonpatch_limits jsonpatch_default_limits(void);
+
+/* Applies patch (an array of operations) to a copy of doc: *out is the new document
+ * (cJSON_Delete) when every operation succeeded, else NULL with e filled, and doc is never
+ * touched. Members of an operation other than op/path/value/from are ignored; a member named
+ * twice is an error. lim NULL: the defaults. */
+enum jsonpatch_result jsonpatch_apply(const cJSON *doc, const cJSON *patch,
+                                      const struct jsonpatch_limits *lim, cJSON **out,
+                                      struct jsonpatch_err *e);
+/* The value pointer names in doc ("" is doc itself), or NULL (missing, malformed pointer). */
+const cJSON *jsonpatch_get(const cJSON *doc, const char *pointer);
+/* JSON equality as "test" uses it: same type; numbers by value, strings by code points,
+ * arrays element by element, objects by member names and values in any order (a name given
+ * twice counts once, with its first value, the one a pointer names). */
+bool jsonpatch_equal(const cJSON *a, const cJSON *b);
+/* Inserts item (owned from now on) into arr before element idx (appends for the length);
+ * false when out of memory (item not taken). */
+bool jsonpatch_array_insert(cJSON *arr, int idx, cJSON *item);
+
 /* ---- openai.c ---------------------------------------------------------------------------- */
 
 /* Registers the built-in routes and metric families. */

@@ -478,6 +478,51 @@ static void prefix_cache_reuses_shared_blocks_without_changing_output(void **sta
     assert_memory_equal(oqm.res_tok, oqm_ref.res_tok, GEN * sizeof(int32_t));
 }
 
+/* A conversation's next turn starts with the previous prompt and its reply: with
+ * cache_generated the reply's full blocks are in the prefix cache too, without it only the
+ * prompt's; either way the next turn's tokens are those of an engine without a cache. */
+static void generated_blocks_enter_the_prefix_cache_when_asked(void **state)
+{
+    enum { N_A = 40, GEN = 30, N_MORE = 10 };
+    int32_t a[N_A], next[N_A + GEN + N_MORE];
+    struct engine_params p = small_params();
+    struct th_rng rng = {4242};
+    struct obs o1, o2, oref;
+    struct waiter w;
+    (void)state;
+    random_prompt(&rng, a, N_A);
+    for (int keep = 0; keep < 2; keep++) {
+        struct engine *e = make_engine(&llama_f32, &p);
+        struct engine_request r;
+        waiter_init(&w);
+        memset(&o1, 0, sizeof(o1));
+        o1.w = &w;
+        r = greedy_request(a, N_A, GEN, &o1);
+        r.cache_generated = keep != 0;
+        submit_ok(e, &r, NULL);
+        wait_done(&w, 1);
+        check_consistent(&o1);
+        o1.w = NULL;
+        waiter_fini(&w);
+        assert_int_equal(o1.res.n_gen, GEN);
+        memcpy(next, a, sizeof(a));
+        memcpy(next + N_A, o1.res_tok, GEN * sizeof(int32_t));
+        for (int i = 0; i < N_MORE; i++)
+            next[N_A + GEN + i] = 3 + (int32_t)(th_rng_u64(&rng) % 765);
+        run_on(e, next, N_A + GEN + N_MORE, 8, &o2);
+        /* KV exists for the prompt and every generated token but the last (max_tokens ended
+         * it before it ran): 69 positions, 4 full blocks; the prompt alone fills 2 */
+        assert_int_equal(o2.res.n_cached, keep ? (N_A + GEN - 1) / 16 * 16 : N_A / 16 * 16);
+        engine_destroy(e);
+        p.prefix_cache = false;
+        e = make_engine(&llama_f32, &p);
+        run_on(e, next, N_A + GEN + N_MORE, 8, &oref);
+        engine_destroy(e);
+        p.prefix_cache = true;
+        assert_memory_equal(o2.res_tok, oref.res_tok, 8 * sizeof(int32_t));
+    }
+}
+
 /* ---- scheduling ------------------------------------------------------------------------------ */
 
 static void interactive_requests_run_before_earlier_bulk_ones(void **state)
@@ -1006,6 +1051,7 @@ int main(void)
         cmocka_unit_test(greedy_generation_matches_reference_continuation),
         cmocka_unit_test(batched_generation_equals_generation_alone),
         cmocka_unit_test(prefix_cache_reuses_shared_blocks_without_changing_output),
+        cmocka_unit_test(generated_blocks_enter_the_prefix_cache_when_asked),
         cmocka_unit_test(interactive_requests_run_before_earlier_bulk_ones),
         cmocka_unit_test(bulk_request_waiting_too_long_goes_first),
         cmocka_unit_test(full_queue_rejects_and_every_accepted_request_finishes_once),
