@@ -95,7 +95,7 @@ static cJSON *reply_head(const struct gen *g, const char *object)
     return o;
 }
 
-static cJSON *usage_of(const struct engine_result *res)
+cJSON *oai_usage_json(const struct engine_result *res)
 {
     cJSON *u = cJSON_CreateObject(), *d;
     if (!u)
@@ -240,7 +240,7 @@ static void on_done(void *user, const struct engine_result *res)
                 reply_head(g, g->kind == OAI_CHAT ? "chat.completion.chunk" : "text_completion");
             if (o) {
                 cJSON_AddArrayToObject(o, "choices");
-                cJSON_AddItemToObject(o, "usage", usage_of(res));
+                cJSON_AddItemToObject(o, "usage", oai_usage_json(res));
             }
             send_event(req, o);
         }
@@ -277,7 +277,7 @@ static void on_done(void *user, const struct engine_result *res)
         cJSON_AddNullToObject(c, "logprobs");
     }
     cJSON_AddStringToObject(c, "finish_reason", finish);
-    cJSON_AddItemToObject(o, "usage", usage_of(res));
+    cJSON_AddItemToObject(o, "usage", oai_usage_json(res));
     server_reply_json(req, 200, o);
 }
 

@@ -81,6 +81,10 @@ struct oai_request {
 enum ar_status oai_request_parse(enum oai_kind kind, const cJSON *body, int n_ctx, int32_t n_vocab,
                                  struct oai_request *out, struct oai_error *e);
 void oai_request_fini(struct oai_request *r);
+struct engine_result;
+/* OpenAI's "usage" object of a finished request: prompt, completion and total tokens, and
+ * prompt_tokens_details.cached_tokens (the prompt tokens the prefix cache supplied). */
+cJSON *oai_usage_json(const struct engine_result *res);
 
 /* Sets e: 400 invalid_request_error with code and param. */
 void oai_error_set(struct oai_error *e, int status, const char *type, const char *code,

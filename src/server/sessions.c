@@ -521,20 +521,6 @@ static void remember_context_locked(struct session *x, struct turn *t,
     x->n_ctx_ids = n;
 }
 
-static cJSON *usage_of(const struct engine_result *res)
-{
-    cJSON *u = cJSON_CreateObject(), *d;
-    if (!u)
-        return NULL;
-    cJSON_AddNumberToObject(u, "prompt_tokens", res->n_prompt);
-    cJSON_AddNumberToObject(u, "completion_tokens", res->n_gen);
-    cJSON_AddNumberToObject(u, "total_tokens", res->n_prompt + res->n_gen);
-    d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
-    if (d)
-        cJSON_AddNumberToObject(d, "cached_tokens", res->n_cached);
-    return u;
-}
-
 /* Appends the reply to the session and answers; runs on the engine's thread. */
 static void turn_done(void *user, const struct engine_result *res)
 {
@@ -632,7 +618,7 @@ static void turn_done(void *user, const struct engine_result *res)
     }
     cJSON_AddItemToObject(o, "message", msg);
     cJSON_AddStringToObject(o, "finish_reason", finish);
-    if ((m = usage_of(res)))
+    if ((m = oai_usage_json(res)))
         cJSON_AddItemToObject(o, "usage", m);
     server_reply_json(req, 200, o);
 }

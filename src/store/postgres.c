@@ -1254,6 +1254,18 @@ out:
     return s;
 }
 
+/* fn for each job row of r (job_from_res), until it returns false (AR_ECANCELED then). */
+static enum ar_status job_rows_each(PGresult *r, store_job_fn fn, void *user)
+{
+    for (int i = 0; i < PQntuples(r); i++) {
+        struct store_job_info info;
+        job_from_res(r, i, &info);
+        if (!fn(&info, user))
+            return AR_ECANCELED;
+    }
+    return AR_OK;
+}
+
 /* Calls fn for each job statement id (no values) returns. */
 static enum ar_status jobs_each(struct pg_store *ps, enum pg_stmt id, store_job_fn fn, void *user,
                                 struct ar_err *err)
@@ -1265,12 +1277,8 @@ static enum ar_status jobs_each(struct pg_store *ps, enum pg_stmt id, store_job_
         return s;
     s = pg_exec(ps, pc, id, NULL, &r, err);
     pool_put(ps, pc);
-    for (int i = 0; s == AR_OK && i < PQntuples(r); i++) {
-        struct store_job_info info;
-        job_from_res(r, i, &info);
-        if (!fn(&info, user))
-            s = AR_ECANCELED;
-    }
+    if (s == AR_OK)
+        s = job_rows_each(r, fn, user);
     PQclear(r);
     return s;
 }
@@ -1290,12 +1298,8 @@ static enum ar_status pg_jobs_list(struct store *base, const char *owner, int64_
         return s;
     s = pg_exec(ps, pc, P_JOBS_LIST, v, &r, err);
     pool_put(ps, pc);
-    for (int i = 0; s == AR_OK && i < PQntuples(r); i++) {
-        struct store_job_info info;
-        job_from_res(r, i, &info);
-        if (!fn(&info, user))
-            s = AR_ECANCELED;
-    }
+    if (s == AR_OK)
+        s = job_rows_each(r, fn, user);
     PQclear(r);
     return s;
 }
