@@ -341,6 +341,47 @@ static void phi3(void **state)
     check_family(&CASES[5]);
 }
 
+/* `bench` on a mixture of experts counts the used experts' bytes per decoded token, and says
+ * which CPU and kernels it ran on. */
+static void bench_reads_the_active_bytes_of_a_mixture(void **state)
+{
+    const struct family_case *c = &CASES[1];
+    char path[256];
+    struct model *m = NULL;
+    struct ar_err err = {0};
+    struct th_run r;
+    int n_tg = 0;
+    (void)state;
+    snprintf(path, sizeof(path), "/tmp/ar_gen_model_test_%d_bench.gguf", (int)getpid());
+    gen(c, "q8_0", path);
+    assert_int_equal(model_load(path, &m, &err), AR_OK);
+    r = th_run_exec(th_bin_path(),
+                    (char *const[]){"autoreply", "bench", "-m", path, "-t", "1", "-p", "8", "-n",
+                                    "4", "-r", "1", "--json", NULL},
+                    NULL, false);
+    if (r.status != 0)
+        fail_msg("bench: status %d: %s", r.status, r.err);
+    for (char *line = strtok(r.out, "\n"); line; line = strtok(NULL, "\n")) {
+        cJSON *j = cJSON_Parse(line);
+        const cJSON *test;
+        assert_non_null(j);
+        if (cJSON_GetObjectItem(j, "cpu")) {
+            assert_true(cJSON_IsString(cJSON_GetObjectItem(j, "kernels")));
+        } else if ((test = cJSON_GetObjectItem(j, "test")) && !strcmp(test->valuestring, "tg4")) {
+            assert_true(cJSON_GetObjectItem(j, "weight_bytes")->valuedouble ==
+                        (double)model_active_weight_bytes(m));
+            assert_true(cJSON_GetObjectItem(j, "weight_bytes_all")->valuedouble ==
+                        (double)model_weight_bytes(m));
+            n_tg++;
+        }
+        cJSON_Delete(j);
+    }
+    assert_int_equal(n_tg, 1);
+    th_run_free(&r);
+    model_destroy(m);
+    unlink(path);
+}
+
 /* Bad flags: one clear line, non-zero exit, no file. */
 static void bad_family_flags_are_rejected(void **state)
 {
@@ -378,6 +419,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(qwen3),   cmocka_unit_test(qwen3moe), cmocka_unit_test(glm4),
         cmocka_unit_test(chatglm), cmocka_unit_test(gemma3),   cmocka_unit_test(phi3),
+        cmocka_unit_test(bench_reads_the_active_bytes_of_a_mixture),
         cmocka_unit_test(bad_family_flags_are_rejected),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
