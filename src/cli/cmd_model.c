@@ -184,9 +184,10 @@ static int layer_of(const char *name)
 }
 
 /* Type for a 2-D weight `name` with rows of row_len elements. is_output: this matrix produces
- * the logits (output.weight, or token_embd.weight when the output is tied). */
+ * the logits (output.weight, or token_embd.weight when the output is tied). n_expert: experts
+ * per layer (0: dense). */
 static enum ar_type tensor_type_for(enum file_type ft, const char *name, int64_t row_len,
-                                    bool is_output, int n_layers)
+                                    bool is_output, int n_layers, int n_expert)
 {
     enum ar_type t;
     int layer = layer_of(name);
@@ -227,6 +228,12 @@ static enum ar_type tensor_type_for(enum file_type ft, const char *name, int64_t
     default:
         t = AR_TYPE_Q8_0;
     }
+    /* llama-quantize's rule for 8-expert models (Mixtral's size): the small k and v
+     * projections to Q8_0, and the attention output up one step in the 4-bit mixes */
+    if (n_expert == 8 && (strstr(name, "attn_k.weight") || strstr(name, "attn_v.weight")))
+        t = AR_TYPE_Q8_0;
+    if (n_expert == 8 && strstr(name, "attn_output.weight") && ft == FTYPE_Q4_K_M)
+        t = AR_TYPE_Q5_K;
     /* rows that do not fill whole blocks fall back to a type that fits: a K-quant to the
      * legacy 32-element type of about its size (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, as
      * llama-quantize does), anything else to Q8_0; rows of no whole 32-block to F16 */
@@ -347,7 +354,7 @@ int cmd_quantize(int argc, char **argv)
     uint8_t **bufs = NULL;
     int rc = 1;
     int64_t n_tensors;
-    int n_layers = 0;
+    int n_layers = 0, n_expert = 0;
     bool has_output;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-t") || !strcmp(argv[i], "--threads")) {
@@ -387,6 +394,16 @@ int cmd_quantize(int argc, char **argv)
     }
     n_tensors = gguf_n_tensors(f);
     has_output = gguf_find_tensor(f, "output.weight") != NULL;
+    {
+        struct gguf_str arch;
+        char key[128];
+        int64_t v;
+        if (gguf_get_str(f, "general.architecture", &arch)) {
+            snprintf(key, sizeof(key), "%.*s.expert_count", (int)AR_MIN(arch.len, 64), arch.ptr);
+            if (gguf_get_i64(f, key, &v) && v > 0 && v < 1 << 20)
+                n_expert = (int)v;
+        }
+    }
     for (int64_t i = 0; i < n_tensors; i++) {
         const struct gguf_tensor *t = gguf_tensor_at(f, i);
         int l = layer_of(t->name);
@@ -428,7 +445,7 @@ int cmd_quantize(int argc, char **argv)
          * the experts' router stay as they are */
         if ((t->n_dims == 2 || t->n_dims == 3) && len > 7 &&
             !strcmp(t->name + len - 7, ".weight") && !strstr(t->name, "ffn_gate_inp"))
-            dt = tensor_type_for(ft, t->name, t->ne[0], is_output, n_layers);
+            dt = tensor_type_for(ft, t->name, t->ne[0], is_output, n_layers, n_expert);
         if (dt == t->type) {
             st = gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne, t->data, t->size,
                                         true);
@@ -922,7 +939,7 @@ int cmd_gen_model(int argc, char **argv)
                          (o.tied && !strcmp(s->name, "token_embd.weight"));
         enum ar_type t = s->vec || s->keep_f32 ? AR_TYPE_F32
                                                : tensor_type_for(ft, s->name, s->cols, is_output,
-                                                                 (int)o.n_layer);
+                                                                 (int)o.n_layer, (int)o.n_expert);
         int64_t ne[3] = {s->cols, s->rows, s->n_mat};
         int n_dims = s->vec ? 1 : s->n_mat > 1 ? 3 : 2;
         uint64_t size = 0;

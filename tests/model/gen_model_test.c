@@ -1,7 +1,9 @@
 /* gen_model_test.c - `autoreply gen-model` for every family: the file it writes loads, the
  * loaded hyperparameters are the flags given (or the family's documented defaults), the
  * tensors are laid out as llama.cpp's converter lays them out, the weight byte counts are
- * those of the file's tensors, and the fast forward pass agrees with the reference pass on it. */
+ * those of the file's tensors, and the fast forward pass agrees with the reference pass on it.
+ * Also `quantize` against llama-quantize's choices and `bench`'s bytes per token for a
+ * mixture of experts. */
 #include "harness/harness.h"
 
 #include <math.h>
@@ -382,6 +384,53 @@ static void bench_reads_the_active_bytes_of_a_mixture(void **state)
     unlink(path);
 }
 
+/* `quantize` of each family's F32 fixture gives every tensor the type llama-quantize gave it
+ * (the fixtures' Q8_0 and Q4_K_M files): 3-D experts converted, the router kept F32, the
+ * fused qkv and the experts' down projection in the Q4_K_M mix, the 8-expert rule. */
+static void quantize_picks_the_types_llama_quantize_picks(void **state)
+{
+    static const char *const archs[] = {"qwen3", "qwen3moe", "glm4", "chatglm", "gemma3", "phi3"};
+    static const char *const types[] = {"q8_0", "q4_k_m"};
+    char in[512], want_path[512], rel[128], out[256];
+    (void)state;
+    snprintf(out, sizeof(out), "/tmp/ar_gen_model_test_%d_quant.gguf", (int)getpid());
+    for (size_t a = 0; a < AR_ARRAY_LEN(archs); a++) {
+        snprintf(rel, sizeof(rel), "fixtures-arch/models/tiny-%s-f32.gguf", archs[a]);
+        th_shared_path(in, sizeof(in), rel);
+        for (size_t ti = 0; ti < AR_ARRAY_LEN(types); ti++) {
+            struct gguf_file *got = NULL, *want = NULL;
+            struct ar_err err = {0};
+            struct th_run r = th_run_exec(
+                th_bin_path(),
+                (char *const[]){"autoreply", "quantize", in, out, (char *)(uintptr_t)types[ti],
+                                NULL},
+                NULL, false);
+            if (r.status != 0)
+                fail_msg("quantize %s %s: %s", archs[a], types[ti], r.err);
+            th_run_free(&r);
+            snprintf(rel, sizeof(rel), "fixtures-arch/models/tiny-%s-%s.gguf", archs[a],
+                     types[ti]);
+            th_shared_path(want_path, sizeof(want_path), rel);
+            assert_int_equal(gguf_open(want_path, &want, &err), AR_OK);
+            assert_int_equal(gguf_open(out, &got, &err), AR_OK);
+            assert_int_equal(gguf_n_tensors(got), gguf_n_tensors(want));
+            for (int64_t i = 0; i < gguf_n_tensors(want); i++) {
+                const struct gguf_tensor *w = gguf_tensor_at(want, i);
+                const struct gguf_tensor *g = gguf_find_tensor(got, w->name);
+                if (!g)
+                    fail_msg("%s %s: %s missing", archs[a], types[ti], w->name);
+                if (g->type != w->type)
+                    fail_msg("%s %s: %s is %s, llama-quantize made %s", archs[a], types[ti],
+                             w->name, ar_type_name(g->type), ar_type_name(w->type));
+                assert_int_equal(g->size, w->size);
+            }
+            gguf_close(got);
+            gguf_close(want);
+            unlink(out);
+        }
+    }
+}
+
 /* Bad flags: one clear line, non-zero exit, no file. */
 static void bad_family_flags_are_rejected(void **state)
 {
@@ -420,6 +469,7 @@ int main(void)
         cmocka_unit_test(qwen3),   cmocka_unit_test(qwen3moe), cmocka_unit_test(glm4),
         cmocka_unit_test(chatglm), cmocka_unit_test(gemma3),   cmocka_unit_test(phi3),
         cmocka_unit_test(bench_reads_the_active_bytes_of_a_mixture),
+        cmocka_unit_test(quantize_picks_the_types_llama_quantize_picks),
         cmocka_unit_test(bad_family_flags_are_rejected),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
