@@ -1,7 +1,9 @@
 /* cmd_bench.c - `autoreply bench -m MODEL`: prefill (ppN) and decode (tgN) speed, the memory
  * read bandwidth of this machine measured next to each decode repetition, and decode
  * efficiency = tok/s x weight bytes read per token / bandwidth (per repetition, then the
- * median). --json prints one object per line. */
+ * median); for a mixture of experts the bytes per token are the active ones (the used
+ * experts), not the file's. Prints the CPU and the kernels in use first. --json prints one
+ * object per line. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,7 +13,9 @@
 #include "base/pool.h"
 #include "cli.h"
 #include "cli_internal.h"
+#include "base/cpu.h"
 #include "gguf/gguf.h"
+#include "kernels/kernels.h"
 #include "model/model.h"
 
 /* ---- memory read bandwidth ------------------------------------------------------------------ */
@@ -122,6 +126,42 @@ static const char *file_type_name(uint32_t ft)
     }
 }
 
+/* The CPU's model name from /proc/cpuinfo into buf ("unknown" where there is none). */
+static void cpu_model_name(char *buf, size_t size)
+{
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    char line[512];
+    snprintf(buf, size, "unknown");
+    while (f && fgets(line, sizeof(line), f)) {
+        char *colon = strchr(line, ':');
+        if (strncmp(line, "model name", 10) != 0 || !colon)
+            continue;
+        colon += 1 + strspn(colon + 1, " \t");
+        colon[strcspn(colon, "\n")] = 0;
+        snprintf(buf, size, "%s", colon);
+        break;
+    }
+    if (f)
+        fclose(f);
+}
+
+/* Where the figures come from: CPU, its features, the kernels chosen; one line, or one JSON
+ * object. */
+static void print_machine(bool json)
+{
+    char cpu[128], feat[256];
+    cpu_model_name(cpu, sizeof(cpu));
+    cpu_features_str(cpu_features_get(), feat, (int)sizeof(feat));
+    for (char *c = cpu; *c; c++)
+        if (*c == '"' || *c == '\\')
+            *c = ' ';
+    if (json)
+        printf("{\"cpu\":\"%s\",\"features\":\"%s\",\"kernels\":\"%s\"}\n", cpu, feat,
+               kernels_get()->name);
+    else
+        printf("cpu: %s (%s); kernels: %s\n", cpu, feat, kernels_get()->name);
+}
+
 static const char *base_name(const char *p)
 {
     const char *s = strrchr(p, '/');
@@ -194,7 +234,9 @@ int cmd_bench(int argc, char **argv)
                    "by that many threads), measured right after each decode so both see the same\n"
                    "machine load. tokens_per_s: the best repetition; bandwidth_gbs: the median\n"
                    "of the repetitions' bandwidths; efficiency (decode): the median over\n"
-                   "repetitions of tok/s x weight bytes per token / that repetition's bandwidth;\n"
+                   "repetitions of tok/s x weight bytes per token / that repetition's bandwidth\n"
+                   "(a mixture of experts: the used experts' bytes, weight_bytes; the file's\n"
+                   "matrices: weight_bytes_all);\n"
                    "tokens_per_s_median: the median decode speed.\n");
             return 0;
         } else {
@@ -206,6 +248,7 @@ int cmd_bench(int argc, char **argv)
         cli_error("bench: -m MODEL is required");
         return 2;
     }
+    print_machine(json);
     for (int ts = 0; ts < n_thread_sets; ts++) {
         struct cli_runner *r = NULL;
         struct ar_pool *pool = NULL;
@@ -224,7 +267,8 @@ int cmd_bench(int argc, char **argv)
         const char *type = gguf_get_u32(model_gguf(m), "general.file_type", &ft)
                                ? file_type_name(ft)
                                : "other";
-        uint64_t wbytes = model_weight_bytes(m);
+        /* what one decode step reads: all matrices, of a mixture only the used experts */
+        uint64_t wbytes = model_active_weight_bytes(m), wbytes_all = model_weight_bytes(m);
         int32_t *toks = ar_malloc(sizeof(int32_t) * (size_t)n_prompt);
         uint64_t seed = 0x9e3779b97f4a7c15ull;
         float *logits;
@@ -274,20 +318,25 @@ int cmd_bench(int argc, char **argv)
         double bw = median(bw_rep, (int)reps), eff = median(eff_rep, (int)reps);
         double tg_med = median(tg_rep, (int)reps);
         if (json) {
-            printf("{\"model\":\"%s\",\"type\":\"%s\",\"threads\":%d,\"test\":\"pp%" PRId64
+            printf("{\"model\":\"%s\",\"arch\":\"%s\",\"type\":\"%s\",\"threads\":%d,\"test\":\"pp%" PRId64
                    "\",\"tokens_per_s\":%.3f,\"bandwidth_gbs\":%.3f,\"efficiency\":null,"
-                   "\"speedup_vs_decode\":%.3f,\"weight_bytes\":%" PRIu64 ",\"rss_after_load_kib\":%ld,"
+                   "\"speedup_vs_decode\":%.3f,\"weight_bytes\":%" PRIu64
+                   ",\"weight_bytes_all\":%" PRIu64 ",\"rss_after_load_kib\":%ld,"
                    "\"rss_after_run_kib\":%ld}\n",
-                   base_name(path), type, nt, n_prompt, pp_best, bw, pp_best / tg_best, wbytes,
-                   rss_load_kb, rss_kb);
-            printf("{\"model\":\"%s\",\"type\":\"%s\",\"threads\":%d,\"test\":\"tg%" PRId64
+                   base_name(path), model_arch_name(hp->arch), type, nt, n_prompt, pp_best, bw, pp_best / tg_best, wbytes,
+                   wbytes_all, rss_load_kb, rss_kb);
+            printf("{\"model\":\"%s\",\"arch\":\"%s\",\"type\":\"%s\",\"threads\":%d,\"test\":\"tg%" PRId64
                    "\",\"tokens_per_s\":%.3f,\"bandwidth_gbs\":%.3f,\"efficiency\":%.4f,"
                    "\"tokens_per_s_median\":%.3f,\"reps\":%" PRId64 ",\"weight_bytes\":%" PRIu64
-                   ",\"rss_after_run_kib\":%ld}\n",
-                   base_name(path), type, nt, n_gen, tg_best, bw, eff, tg_med, reps, wbytes, rss_kb);
+                   ",\"weight_bytes_all\":%" PRIu64 ",\"rss_after_run_kib\":%ld}\n",
+                   base_name(path), model_arch_name(hp->arch), type, nt, n_gen, tg_best, bw, eff, tg_med, reps, wbytes,
+                   wbytes_all, rss_kb);
         } else {
-            printf("%s (%s, %.1f MiB of weights per token), %d thread%s\n", base_name(path), type,
-                   (double)wbytes / 1048576.0, nt, nt > 1 ? "s" : "");
+            printf("%s (%s, %s, %.1f MiB of weights per token", base_name(path),
+                   model_arch_name(hp->arch), type, (double)wbytes / 1048576.0);
+            if (wbytes != wbytes_all)
+                printf(" of %.1f MiB", (double)wbytes_all / 1048576.0);
+            printf("), %d thread%s\n", nt, nt > 1 ? "s" : "");
             printf("  pp%-5" PRId64 " %10.2f tok/s   (%.1fx decode)\n", n_prompt, pp_best,
                    pp_best / tg_best);
             printf("  tg%-5" PRId64 " %10.2f tok/s   (median %.2f)\n", n_gen, tg_best, tg_med);

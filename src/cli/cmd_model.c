@@ -184,9 +184,10 @@ static int layer_of(const char *name)
 }
 
 /* Type for a 2-D weight `name` with rows of row_len elements. is_output: this matrix produces
- * the logits (output.weight, or token_embd.weight when the output is tied). */
+ * the logits (output.weight, or token_embd.weight when the output is tied). n_expert: experts
+ * per layer (0: dense). */
 static enum ar_type tensor_type_for(enum file_type ft, const char *name, int64_t row_len,
-                                    bool is_output, int n_layers)
+                                    bool is_output, int n_layers, int n_expert)
 {
     enum ar_type t;
     int layer = layer_of(name);
@@ -212,7 +213,10 @@ static enum ar_type tensor_type_for(enum file_type ft, const char *name, int64_t
     case FTYPE_Q4_K_M:
     case FTYPE_Q5_K_M: {
         enum ar_type base = ft == FTYPE_Q4_K_M ? AR_TYPE_Q4_K : AR_TYPE_Q5_K;
-        bool mixed = strstr(name, "attn_v.weight") || strstr(name, "ffn_down.weight");
+        /* the value projection (alone or inside the fused qkv) and the FFN's down projection
+         * (dense or the experts') */
+        bool mixed = strstr(name, "attn_v.weight") || strstr(name, "attn_qkv.weight") ||
+                     strstr(name, "ffn_down.weight") || strstr(name, "ffn_down_exps.weight");
         if (is_output)
             t = AR_TYPE_Q6_K;
         else if (mixed && layer >= 0 && more_bits(layer, n_layers))
@@ -224,6 +228,12 @@ static enum ar_type tensor_type_for(enum file_type ft, const char *name, int64_t
     default:
         t = AR_TYPE_Q8_0;
     }
+    /* llama-quantize's rule for 8-expert models (Mixtral's size): the small k and v
+     * projections to Q8_0, and the attention output up one step in the 4-bit mixes */
+    if (n_expert == 8 && (strstr(name, "attn_k.weight") || strstr(name, "attn_v.weight")))
+        t = AR_TYPE_Q8_0;
+    if (n_expert == 8 && strstr(name, "attn_output.weight") && ft == FTYPE_Q4_K_M)
+        t = AR_TYPE_Q5_K;
     /* rows that do not fill whole blocks fall back to a type that fits: a K-quant to the
      * legacy 32-element type of about its size (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, as
      * llama-quantize does), anything else to Q8_0; rows of no whole 32-block to F16 */
@@ -344,7 +354,7 @@ int cmd_quantize(int argc, char **argv)
     uint8_t **bufs = NULL;
     int rc = 1;
     int64_t n_tensors;
-    int n_layers = 0;
+    int n_layers = 0, n_expert = 0;
     bool has_output;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-t") || !strcmp(argv[i], "--threads")) {
@@ -384,6 +394,16 @@ int cmd_quantize(int argc, char **argv)
     }
     n_tensors = gguf_n_tensors(f);
     has_output = gguf_find_tensor(f, "output.weight") != NULL;
+    {
+        struct gguf_str arch;
+        char key[128];
+        int64_t v;
+        if (gguf_get_str(f, "general.architecture", &arch)) {
+            snprintf(key, sizeof(key), "%.*s.expert_count", (int)AR_MIN(arch.len, 64), arch.ptr);
+            if (gguf_get_i64(f, key, &v) && v > 0 && v < 1 << 20)
+                n_expert = (int)v;
+        }
+    }
     for (int64_t i = 0; i < n_tensors; i++) {
         const struct gguf_tensor *t = gguf_tensor_at(f, i);
         int l = layer_of(t->name);
@@ -421,8 +441,11 @@ int cmd_quantize(int argc, char **argv)
         enum ar_type dt = t->type;
         size_t len = strlen(t->name);
         enum ar_status st;
-        if (t->n_dims == 2 && len > 7 && !strcmp(t->name + len - 7, ".weight"))
-            dt = tensor_type_for(ft, t->name, t->ne[0], is_output, n_layers);
+        /* matrices (3-D: a mixture's experts, one after another) are converted; vectors and
+         * the experts' router stay as they are */
+        if ((t->n_dims == 2 || t->n_dims == 3) && len > 7 &&
+            !strcmp(t->name + len - 7, ".weight") && !strstr(t->name, "ffn_gate_inp"))
+            dt = tensor_type_for(ft, t->name, t->ne[0], is_output, n_layers, n_expert);
         if (dt == t->type) {
             st = gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne, t->data, t->size,
                                         true);
@@ -516,23 +539,287 @@ done:
     return st;
 }
 
+/* What llama.cpp's converter writes for each family: the writer's own description of the
+ * layouts (../shared/fixtures-arch/README.md section 1), kept apart from the loader's
+ * (src/model/arch.c) so that a test loading these files checks one against the other. */
+struct gen_family {
+    const char *name;
+    bool qkv_bias;        /* q/k/v biases (in attn_qkv.bias when fused) */
+    bool fused_qkv;       /* attn_qkv: q rows, then k rows, then v rows */
+    bool fused_gate_up;   /* ffn_up: the gate rows, then the up rows; no ffn_gate */
+    bool qk_norm;         /* attn_q_norm, attn_k_norm (head_dim) */
+    bool post_norms;      /* post_attention_norm, post_ffw_norm */
+    bool moe;             /* ffn_gate_inp (F32) and 3-D ffn_{gate,up,down}_exps */
+    bool swa;             /* sliding window, its pattern and rope base; linear scaling */
+    bool rope_factors;    /* rope_factors_short/long, attn_factor, original_context_length */
+    bool tied;            /* default: no output.weight */
+    bool head_dim_keys;   /* attention.key_length / value_length always written */
+    bool rope_dim_key;    /* rope.dimension_count written */
+    int rope_pct;         /* rotated share of each head, percent */
+    float eps, base;      /* rms epsilon, rope base */
+    float embd_sd;        /* token_embd's spread */
+};
+
+/* clang-format off */
+static const struct gen_family gen_families[] = {
+    /* name        bias   fqkv   fgu    qknorm post   moe    swa    factor tied   hdkeys rdkey  pct eps        base    embd */
+    {"llama",    false, false, false, false, false, false, false, false, false, false, true,  100, 1e-5f,     1e4f,   0.25f},
+    {"qwen2",    true,  false, false, false, false, false, false, false, true,  false, true,  100, 1e-6f,     1e6f,   0.25f},
+    {"qwen3",    false, false, false, true,  false, false, false, false, true,  true,  false, 100, 1e-6f,     1e6f,   0.25f},
+    {"qwen3moe", false, false, false, true,  false, true,  false, false, false, true,  false, 100, 1e-6f,     1e6f,   0.25f},
+    {"glm4",     true,  false, true,  false, true,  false, false, false, false, true,  true,  50,  1e-5f,     1e4f,   0.25f},
+    {"chatglm",  true,  true,  true,  false, false, false, false, false, false, false, true,  50,  1.5625e-7f, 5e6f,  0.25f},
+    {"gemma3",   false, false, false, true,  true,  false, true,  false, true,  true,  false, 100, 1e-6f,     1e6f,   0.03f},
+    {"phi3",     false, true,  true,  false, false, false, false, true,  true,  false, true,  75,  1e-5f,     1e4f,   0.25f},
+};
+/* clang-format on */
+
+static const struct gen_family *gen_family_find(const char *name)
+{
+    for (size_t i = 0; i < AR_ARRAY_LEN(gen_families); i++)
+        if (!strcmp(gen_families[i].name, name))
+            return &gen_families[i];
+    return NULL;
+}
+
+/* 0 in an int field: the family's default, filled in by gen_resolve. */
 struct gen_opts {
     const char *arch, *out, *type;
     int64_t n_embd, n_layer, n_head, n_head_kv, n_ff, n_vocab, n_ctx, seed, threads;
+    int64_t head_dim, rope_dim, n_expert, n_expert_used, n_ff_exp, swa_window, swa_pattern,
+        n_ctx_orig;
+    double rope_scale; /* linear rope scaling factor (gemma3's global layers); 1: none */
     bool tied;
 };
 
-int cmd_gen_model(int argc, char **argv)
+/* Fills in the family defaults and checks the shape; false after printing the error. */
+static bool gen_resolve(struct gen_opts *o, const struct gen_family *fam)
 {
-    struct gen_opts o = {"qwen2", NULL, "f32", 256, 2, 4, 2, 768, 1024, 4096, 1, 2, false};
-    bool tied_set = false, vocab = true;
-    enum file_type ft;
-    struct gguf_writer *w = NULL;
-    struct ar_pool *pool = NULL;
-    struct ar_err err = {0};
-    uint8_t *bufs[1024] = {0};
-    int n_bufs = 0, rc = 1;
+    if (o->n_head % o->n_head_kv) {
+        cli_error("gen-model: --n-head %lld is not a multiple of --n-head-kv %lld",
+                  (long long)o->n_head, (long long)o->n_head_kv);
+        return false;
+    }
+    if (!o->head_dim) {
+        if (o->n_embd % o->n_head) {
+            cli_error("gen-model: --n-embd is not a multiple of --n-head (or give --head-dim)");
+            return false;
+        }
+        o->head_dim = o->n_embd / o->n_head;
+    }
+    if (!o->rope_dim)
+        o->rope_dim = o->head_dim * fam->rope_pct / 100 / 2 * 2;
+    if (o->head_dim % 2 || o->rope_dim % 2 || o->rope_dim > o->head_dim || o->rope_dim < 2) {
+        cli_error("gen-model: head size %lld and rotated dimensions %lld must be even, the "
+                  "second at most the first",
+                  (long long)o->head_dim, (long long)o->rope_dim);
+        return false;
+    }
+    if (!o->n_ctx)
+        o->n_ctx = fam->rope_factors ? 131072 : 4096; /* Phi-4-mini's context */
+    if (!o->n_ctx_orig)
+        o->n_ctx_orig = AR_MIN(o->n_ctx, 4096);
+    if (fam->moe) {
+        o->n_expert = o->n_expert ? o->n_expert : 8;
+        o->n_expert_used = o->n_expert_used ? o->n_expert_used : 2;
+        o->n_ff_exp = o->n_ff_exp ? o->n_ff_exp : o->n_ff;
+        if (o->n_expert_used > o->n_expert || o->n_expert_used > 64) {
+            cli_error("gen-model: --n-expert-used must be at most --n-expert and 64");
+            return false;
+        }
+    } else if (o->n_expert || o->n_expert_used || o->n_ff_exp) {
+        cli_error("gen-model: --n-expert, --n-expert-used, --n-ff-exp are for qwen3moe only");
+        return false;
+    }
+    if (fam->swa) {
+        o->swa_window = o->swa_window ? o->swa_window : 512;
+        o->swa_pattern = o->swa_pattern ? o->swa_pattern : 6;
+    } else if (o->swa_window || o->swa_pattern) {
+        cli_error("gen-model: --swa-window and --swa-pattern are for gemma3 only");
+        return false;
+    }
+    if (o->rope_scale == 0)
+        o->rope_scale = fam->swa ? 8.0 : 1.0; /* Gemma 3 4B and larger */
+    return true;
+}
+
+/* The metadata of the file's header: general.*, <arch>.* as the converter names them. */
+static void gen_write_hparams(struct gguf_writer *w, const struct gen_opts *o,
+                              const struct gen_family *fam, enum file_type ft)
+{
     char key[128];
+    gguf_writer_set_str(w, "general.architecture", o->arch);
+    gguf_writer_set_str(w, "general.name", "autoreply random-weight model");
+    gguf_writer_set_u32(w, "general.file_type", (uint32_t)ft);
+#define KEY(s) (snprintf(key, sizeof(key), "%s." s, o->arch), key)
+    /* the newer families' conversions leave the vocabulary size to the token list */
+    if (!strcmp(o->arch, "llama") || !strcmp(o->arch, "qwen2"))
+        gguf_writer_set_u32(w, KEY("vocab_size"), (uint32_t)o->n_vocab);
+    gguf_writer_set_u32(w, KEY("context_length"), (uint32_t)o->n_ctx);
+    gguf_writer_set_u32(w, KEY("embedding_length"), (uint32_t)o->n_embd);
+    gguf_writer_set_u32(w, KEY("block_count"), (uint32_t)o->n_layer);
+    gguf_writer_set_u32(w, KEY("feed_forward_length"), (uint32_t)o->n_ff);
+    gguf_writer_set_u32(w, KEY("attention.head_count"), (uint32_t)o->n_head);
+    gguf_writer_set_u32(w, KEY("attention.head_count_kv"), (uint32_t)o->n_head_kv);
+    if (fam->head_dim_keys || o->head_dim * o->n_head != o->n_embd) {
+        gguf_writer_set_u32(w, KEY("attention.key_length"), (uint32_t)o->head_dim);
+        gguf_writer_set_u32(w, KEY("attention.value_length"), (uint32_t)o->head_dim);
+    }
+    gguf_writer_set_f32(w, KEY("attention.layer_norm_rms_epsilon"), fam->eps);
+    gguf_writer_set_f32(w, KEY("rope.freq_base"), fam->base);
+    if (fam->rope_dim_key || o->rope_dim != o->head_dim)
+        gguf_writer_set_u32(w, KEY("rope.dimension_count"), (uint32_t)o->rope_dim);
+    if (o->rope_scale != 1.0) {
+        gguf_writer_set_str(w, KEY("rope.scaling.type"), "linear");
+        gguf_writer_set_f32(w, KEY("rope.scaling.factor"), (float)o->rope_scale);
+    }
+    if (fam->moe) {
+        gguf_writer_set_u32(w, KEY("expert_count"), (uint32_t)o->n_expert);
+        gguf_writer_set_u32(w, KEY("expert_used_count"), (uint32_t)o->n_expert_used);
+        gguf_writer_set_u32(w, KEY("expert_feed_forward_length"), (uint32_t)o->n_ff_exp);
+    }
+    if (fam->swa) {
+        gguf_writer_set_u32(w, KEY("attention.sliding_window"), (uint32_t)o->swa_window);
+        gguf_writer_set_u32(w, KEY("attention.sliding_window_pattern"), (uint32_t)o->swa_pattern);
+        gguf_writer_set_f32(w, KEY("rope.freq_base_swa"), 10000.0f);
+    }
+    if (fam->rope_factors) {
+        /* LongRoPE's magnitude correction for a context stretched beyond the original */
+        double s = (double)o->n_ctx / (double)o->n_ctx_orig;
+        double attn = s > 1.0 ? sqrt(1.0 + log(s) / log((double)o->n_ctx_orig)) : 1.0;
+        gguf_writer_set_f32(w, KEY("rope.scaling.attn_factor"), (float)attn);
+        gguf_writer_set_u32(w, KEY("rope.scaling.original_context_length"),
+                            (uint32_t)o->n_ctx_orig);
+        /* Phi-4-mini's config value; llama.cpp ignores it for phi3 (and so do we) */
+        gguf_writer_set_u32(w, KEY("attention.sliding_window"), 262144);
+    }
+#undef KEY
+}
+
+/* One tensor to generate: n_mat matrices of rows x cols (1-D vectors: rows == 1, vec),
+ * entries N(mean, sd^2). */
+struct gen_spec {
+    char name[64];
+    int64_t rows, cols, n_mat;
+    float mean, sd;
+    bool vec;      /* 1-D, F32 */
+    bool keep_f32; /* a 2-D matrix that stays F32 (the MoE router) */
+};
+
+struct gen_list {
+    struct gen_spec *s;
+    int n, cap;
+};
+
+static void gen_add(struct gen_list *l, const char *name, int64_t rows, int64_t cols,
+                    int64_t n_mat, float mean, float sd, bool vec)
+{
+    struct gen_spec *s = &l->s[l->n++];
+    snprintf(s->name, sizeof(s->name), "%s", name);
+    s->rows = rows;
+    s->cols = cols;
+    s->n_mat = n_mat;
+    s->mean = mean;
+    s->sd = sd;
+    s->vec = vec;
+    s->keep_f32 = false;
+}
+
+/* The tensors of one layer, in the family's layout (numpy-style shapes rows x cols). */
+static void gen_layer(struct gen_list *l, const struct gen_opts *o, const struct gen_family *f,
+                      int il)
+{
+    int64_t e = o->n_embd, nq = o->n_head * o->head_dim, nkv = o->n_head_kv * o->head_dim;
+    char nm[64];
+#define L(suffix) (snprintf(nm, sizeof(nm), "blk.%d." suffix, il), nm)
+#define VEC(suffix, n, mean, sd) gen_add(l, L(suffix), 1, n, 1, mean, sd, true)
+#define MAT(suffix, r, c, sd) gen_add(l, L(suffix), r, c, 1, 0, sd, false)
+    VEC("attn_norm.weight", e, 1, 0.05f);
+    if (f->fused_qkv) {
+        MAT("attn_qkv.weight", nq + 2 * nkv, e, 0.07f);
+        if (f->qkv_bias)
+            VEC("attn_qkv.bias", nq + 2 * nkv, 0, 0.1f);
+    } else {
+        MAT("attn_q.weight", nq, e, 0.08f);
+        MAT("attn_k.weight", nkv, e, 0.08f);
+        MAT("attn_v.weight", nkv, e, 0.06f);
+        if (f->qkv_bias) {
+            VEC("attn_q.bias", nq, 0, 0.1f);
+            VEC("attn_k.bias", nkv, 0, 0.1f);
+            VEC("attn_v.bias", nkv, 0, 0.05f);
+        }
+    }
+    if (f->qk_norm) {
+        VEC("attn_q_norm.weight", o->head_dim, 1, 0.05f);
+        VEC("attn_k_norm.weight", o->head_dim, 1, 0.05f);
+    }
+    MAT("attn_output.weight", e, nq, 0.06f);
+    if (f->post_norms)
+        VEC("post_attention_norm.weight", e, 1, 0.05f);
+    VEC("ffn_norm.weight", e, 1, 0.05f);
+    if (f->moe) {
+        MAT("ffn_gate_inp.weight", o->n_expert, e, 0.2f);
+        l->s[l->n - 1].keep_f32 = true; /* the converter keeps the router F32 */
+        gen_add(l, L("ffn_gate_exps.weight"), o->n_ff_exp, e, o->n_expert, 0, 0.06f, false);
+        gen_add(l, L("ffn_up_exps.weight"), o->n_ff_exp, e, o->n_expert, 0, 0.06f, false);
+        gen_add(l, L("ffn_down_exps.weight"), e, o->n_ff_exp, o->n_expert, 0, 0.1f, false);
+    } else {
+        if (f->fused_gate_up) {
+            MAT("ffn_up.weight", 2 * o->n_ff, e, 0.06f);
+        } else {
+            MAT("ffn_gate.weight", o->n_ff, e, 0.06f);
+            MAT("ffn_up.weight", o->n_ff, e, 0.06f);
+        }
+        MAT("ffn_down.weight", e, o->n_ff, 0.04f);
+    }
+    if (f->post_norms)
+        VEC("post_ffw_norm.weight", e, 1, 0.05f);
+#undef MAT
+#undef VEC
+#undef L
+}
+
+/* Every tensor of the model, in file order. */
+static bool gen_tensors(struct gen_list *l, const struct gen_opts *o, const struct gen_family *f)
+{
+    l->cap = (int)o->n_layer * 20 + 8;
+    if (!(l->s = ar_calloc((size_t)l->cap, sizeof(*l->s))))
+        return false;
+    if (f->rope_factors) {
+        /* LongRoPE divides each pair's frequency by its factor: near 1 for the short
+         * contexts, larger for the long; Box-Muller's |z| < 9 keeps both positive */
+        gen_add(l, "rope_factors_long.weight", 1, o->rope_dim / 2, 1, 4.0f, 0.4f, true);
+        gen_add(l, "rope_factors_short.weight", 1, o->rope_dim / 2, 1, 1.05f, 0.03f, true);
+    }
+    gen_add(l, "token_embd.weight", o->n_vocab, o->n_embd, 1, 0, f->embd_sd, false);
+    for (int il = 0; il < (int)o->n_layer; il++)
+        gen_layer(l, o, f, il);
+    gen_add(l, "output_norm.weight", 1, o->n_embd, 1, 1, 0.05f, true);
+    if (!o->tied)
+        gen_add(l, "output.weight", o->n_vocab, o->n_embd, 1, 0, 0.25f, false);
+    return true;
+}
+
+static void gen_usage(void)
+{
+    printf("usage: autoreply gen-model --arch ARCH --n-embd N --n-layer N --n-head N "
+           "--n-head-kv N --n-ff N --n-vocab N [--head-dim N] [--rope-dim N] [--n-ctx N]\n"
+           "       [--n-expert N --n-expert-used N --n-ff-exp N] [--swa-window N] "
+           "[--swa-pattern N] [--rope-scale F] [--n-ctx-orig N]\n"
+           "       [--type f32|f16|bf16|q8_0|q4_0|q4_k|q4_k_m|q6_k] [--tied|--untied] "
+           "[--seed S] [-t N] [--no-vocab] -o FILE\n"
+           "ARCH: llama qwen2 qwen3 qwen3moe glm4 chatglm gemma3 phi3, each in the tensor layout\n"
+           "and metadata of llama.cpp's converter. Unset values take the family's default:\n"
+           "head-dim n_embd/n_head; rope-dim the head (glm4, chatglm half, phi3 three quarters);\n"
+           "qwen3moe 8 experts, 2 used, n-ff-exp = n-ff; gemma3 window 512, pattern 6,\n"
+           "rope-scale 8 (1: none); phi3 n-ctx 131072, n-ctx-orig 4096; tied for qwen2, qwen3,\n"
+           "gemma3, phi3. A synthetic vocabulary (byte tokens, <|im_start|>, <|im_end|>,\n"
+           "pieces) is written unless --no-vocab, so the model can be served and given text.\n");
+}
+
+/* Parses the flags into o; returns -1 to go on, else the exit code. */
+static int gen_parse(int argc, char **argv, struct gen_opts *o, bool *tied_set, bool *vocab)
+{
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         struct {
@@ -540,20 +827,21 @@ int cmd_gen_model(int argc, char **argv)
             int64_t *dst;
             int64_t lo, hi;
         } nums[] = {
-            {"--n-embd", &o.n_embd, 32, 65536},   {"--n-layer", &o.n_layer, 1, 256},
-            {"--n-head", &o.n_head, 1, 1024},     {"--n-head-kv", &o.n_head_kv, 1, 1024},
-            {"--n-ff", &o.n_ff, 32, 262144},      {"--n-vocab", &o.n_vocab, 2, 1048576},
-            {"--n-ctx", &o.n_ctx, 16, 1 << 20},   {"--seed", &o.seed, 0, INT64_MAX},
-            {"-t", &o.threads, 1, 256},
+            {"--n-embd", &o->n_embd, 32, 65536},   {"--n-layer", &o->n_layer, 1, 256},
+            {"--n-head", &o->n_head, 1, 1024},     {"--n-head-kv", &o->n_head_kv, 1, 1024},
+            {"--n-ff", &o->n_ff, 32, 262144},      {"--n-vocab", &o->n_vocab, 2, 1048576},
+            {"--n-ctx", &o->n_ctx, 16, 1 << 24},   {"--seed", &o->seed, 0, INT64_MAX},
+            {"-t", &o->threads, 1, 256},           {"--head-dim", &o->head_dim, 2, 4096},
+            {"--rope-dim", &o->rope_dim, 2, 4096}, {"--n-expert", &o->n_expert, 1, 1024},
+            {"--n-expert-used", &o->n_expert_used, 1, 1024},
+            {"--n-ff-exp", &o->n_ff_exp, 32, 262144},
+            {"--swa-window", &o->swa_window, 1, 1 << 24},
+            {"--swa-pattern", &o->swa_pattern, 1, 256},
+            {"--n-ctx-orig", &o->n_ctx_orig, 16, 1 << 24},
         };
         bool matched = false;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            printf("usage: autoreply gen-model --arch llama|qwen2 --n-embd N --n-layer N "
-                   "--n-head N --n-head-kv N --n-ff N --n-vocab N [--n-ctx N] "
-                   "[--type f32|f16|bf16|q8_0|q4_0|q4_k|q4_k_m|q6_k] [--tied|--untied] "
-                   "[--seed S] [-t N] [--no-vocab] -o FILE\n"
-                   "A synthetic vocabulary (byte tokens, <|im_start|>, <|im_end|>, pieces) is\n"
-                   "written unless --no-vocab, so the model can be served and given text.\n");
+            gen_usage();
             return 0;
         }
         for (size_t k = 0; k < AR_ARRAY_LEN(nums); k++) {
@@ -567,141 +855,105 @@ int cmd_gen_model(int argc, char **argv)
         if (matched)
             continue;
         if (!strcmp(a, "--arch")) {
-            if (!(o.arch = cli_value(argc, argv, &i)))
+            if (!(o->arch = cli_value(argc, argv, &i)))
                 return 2;
         } else if (!strcmp(a, "--type")) {
-            if (!(o.type = cli_value(argc, argv, &i)))
+            if (!(o->type = cli_value(argc, argv, &i)))
+                return 2;
+        } else if (!strcmp(a, "--rope-scale")) {
+            if (!(v = cli_value(argc, argv, &i)) ||
+                !cli_parse_f64(a, v, 1.0, 1024.0, &o->rope_scale))
                 return 2;
         } else if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
-            if (!(o.out = cli_value(argc, argv, &i)))
+            if (!(o->out = cli_value(argc, argv, &i)))
                 return 2;
         } else if (!strcmp(a, "--no-vocab")) {
-            vocab = false;
+            *vocab = false;
         } else if (!strcmp(a, "--tied")) {
-            o.tied = true;
-            tied_set = true;
+            o->tied = true;
+            *tied_set = true;
         } else if (!strcmp(a, "--untied")) {
-            o.tied = false;
-            tied_set = true;
+            o->tied = false;
+            *tied_set = true;
         } else {
             cli_error("gen-model: unknown option '%s'", a);
             return 2;
         }
     }
+    return -1;
+}
+
+int cmd_gen_model(int argc, char **argv)
+{
+    struct gen_opts o = {.arch = "qwen2", .type = "f32", .n_embd = 256, .n_layer = 2,
+                         .n_head = 4, .n_head_kv = 2, .n_ff = 768, .n_vocab = 1024, .seed = 1,
+                         .threads = 2};
+    bool tied_set = false, vocab = true;
+    const struct gen_family *fam;
+    enum file_type ft;
+    struct gguf_writer *w = NULL;
+    struct ar_pool *pool = NULL;
+    struct ar_err err = {0};
+    struct gen_list specs = {0};
+    uint8_t **bufs = NULL;
+    int n_bufs = 0, rc;
+    if ((rc = gen_parse(argc, argv, &o, &tied_set, &vocab)) >= 0)
+        return rc;
+    rc = 1;
     if (!o.out) {
         cli_error("gen-model: -o FILE is required");
         return 2;
     }
-    if (strcmp(o.arch, "llama") && strcmp(o.arch, "qwen2")) {
-        cli_error("gen-model: unknown architecture '%s' (llama, qwen2)", o.arch);
+    if (!(fam = gen_family_find(o.arch))) {
+        cli_error("gen-model: unknown architecture '%s' (llama, qwen2, qwen3, qwen3moe, glm4, "
+                  "chatglm, gemma3, phi3)",
+                  o.arch);
         return 2;
     }
     if (!ftype_parse(o.type, &ft)) {
         cli_error("gen-model: unknown type '%s'", o.type);
         return 2;
     }
-    if (o.n_embd % o.n_head || o.n_head % o.n_head_kv || (o.n_embd / o.n_head) % 2) {
-        cli_error("gen-model: n_embd must be a multiple of n_head, n_head of n_head_kv, and the "
-                  "head size even");
+    if (!gen_resolve(&o, fam))
         return 2;
-    }
-    if (o.n_layer * 9 + 4 > (int64_t)AR_ARRAY_LEN(bufs)) {
-        cli_error("gen-model: too many layers");
+    if (vocab && o.n_vocab < 262) {
+        cli_error("gen-model: the synthetic vocabulary needs --n-vocab >= 262 (or --no-vocab)");
         return 2;
     }
     if (!tied_set)
-        o.tied = !strcmp(o.arch, "qwen2");
-    if (ar_pool_create((int)o.threads, &pool) != AR_OK || gguf_writer_create(&w) != AR_OK) {
+        o.tied = fam->tied;
+    if (ar_pool_create((int)o.threads, &pool) != AR_OK || gguf_writer_create(&w) != AR_OK ||
+        !gen_tensors(&specs, &o, fam) ||
+        !(bufs = ar_calloc((size_t)specs.n, sizeof(*bufs)))) {
         cli_error("gen-model: out of memory");
         goto done;
     }
-    int64_t head_dim = o.n_embd / o.n_head, kv_dim = head_dim * o.n_head_kv;
-    gguf_writer_set_str(w, "general.architecture", o.arch);
-    gguf_writer_set_str(w, "general.name", "autoreply random-weight model");
-    gguf_writer_set_u32(w, "general.file_type", (uint32_t)ft);
-#define KEY(s) (snprintf(key, sizeof(key), "%s." s, o.arch), key)
-    gguf_writer_set_u32(w, KEY("vocab_size"), (uint32_t)o.n_vocab);
-    gguf_writer_set_u32(w, KEY("context_length"), (uint32_t)o.n_ctx);
-    gguf_writer_set_u32(w, KEY("embedding_length"), (uint32_t)o.n_embd);
-    gguf_writer_set_u32(w, KEY("block_count"), (uint32_t)o.n_layer);
-    gguf_writer_set_u32(w, KEY("feed_forward_length"), (uint32_t)o.n_ff);
-    gguf_writer_set_u32(w, KEY("attention.head_count"), (uint32_t)o.n_head);
-    gguf_writer_set_u32(w, KEY("attention.head_count_kv"), (uint32_t)o.n_head_kv);
-    gguf_writer_set_f32(w, KEY("attention.layer_norm_rms_epsilon"),
-                        strcmp(o.arch, "qwen2") ? 1e-5f : 1e-6f);
-    gguf_writer_set_f32(w, KEY("rope.freq_base"), strcmp(o.arch, "qwen2") ? 10000.0f : 1e6f);
-    gguf_writer_set_u32(w, KEY("rope.dimension_count"), (uint32_t)head_dim);
-#undef KEY
-    if (vocab && o.n_vocab < 262) {
-        cli_error("gen-model: the synthetic vocabulary needs --n-vocab >= 262 (or --no-vocab)");
-        goto done;
-    }
+    gen_write_hparams(w, &o, fam, ft);
     if (vocab && add_synthetic_vocab(w, o.n_vocab) != AR_OK) {
         cli_error("gen-model: out of memory");
         goto done;
     }
-    {
-        /* A tensor: name, rows, row length, mean, stddev (1-D tensors have rows == 1). */
-        struct spec {
-            char name[64];
-            int64_t rows, cols;
-            float mean, sd;
-            bool vec;
-        } specs[1024];
-        int n = 0;
-#define ADD(nm, r, c, m, s, v)                                                                     \
-    do {                                                                                           \
-        snprintf(specs[n].name, sizeof(specs[n].name), "%s", nm);                                  \
-        specs[n].rows = (r), specs[n].cols = (c), specs[n].mean = (m), specs[n].sd = (s);          \
-        specs[n].vec = (v);                                                                        \
-        n++;                                                                                       \
-    } while (0)
-        ADD("token_embd.weight", o.n_vocab, o.n_embd, 0, 0.25f, false);
-        for (int64_t l = 0; l < o.n_layer; l++) {
-            char nm[64];
-#define L(suffix) (snprintf(nm, sizeof(nm), "blk.%d." suffix, (int)l), nm)
-            ADD(L("attn_norm.weight"), 1, o.n_embd, 1, 0.05f, true);
-            ADD(L("attn_q.weight"), o.n_embd, o.n_embd, 0, 0.08f, false);
-            ADD(L("attn_k.weight"), kv_dim, o.n_embd, 0, 0.08f, false);
-            ADD(L("attn_v.weight"), kv_dim, o.n_embd, 0, 0.06f, false);
-            if (!strcmp(o.arch, "qwen2")) {
-                ADD(L("attn_q.bias"), 1, o.n_embd, 0, 0.1f, true);
-                ADD(L("attn_k.bias"), 1, kv_dim, 0, 0.1f, true);
-                ADD(L("attn_v.bias"), 1, kv_dim, 0, 0.05f, true);
-            }
-            ADD(L("attn_output.weight"), o.n_embd, o.n_embd, 0, 0.06f, false);
-            ADD(L("ffn_norm.weight"), 1, o.n_embd, 1, 0.05f, true);
-            ADD(L("ffn_gate.weight"), o.n_ff, o.n_embd, 0, 0.06f, false);
-            ADD(L("ffn_up.weight"), o.n_ff, o.n_embd, 0, 0.06f, false);
-            ADD(L("ffn_down.weight"), o.n_embd, o.n_ff, 0, 0.04f, false);
-#undef L
+    for (int i = 0; i < specs.n; i++) {
+        const struct gen_spec *s = &specs.s[i];
+        bool is_output = !strcmp(s->name, "output.weight") ||
+                         (o.tied && !strcmp(s->name, "token_embd.weight"));
+        enum ar_type t = s->vec || s->keep_f32 ? AR_TYPE_F32
+                                               : tensor_type_for(ft, s->name, s->cols, is_output,
+                                                                 (int)o.n_layer, (int)o.n_expert);
+        int64_t ne[3] = {s->cols, s->rows, s->n_mat};
+        int n_dims = s->vec ? 1 : s->n_mat > 1 ? 3 : 2;
+        uint64_t size = 0;
+        uint8_t *buf = convert_tensor(pool, AR_TYPE_F32, NULL, t, s->rows * s->n_mat, s->cols,
+                                      s->mean, s->sd, (uint64_t)o.seed * 1000003u + (uint64_t)i,
+                                      &size);
+        if (!buf) {
+            cli_error("gen-model: cannot make %s as %s", s->name, ar_type_name(t));
+            goto done;
         }
-        ADD("output_norm.weight", 1, o.n_embd, 1, 0.05f, true);
-        if (!o.tied)
-            ADD("output.weight", o.n_vocab, o.n_embd, 0, 0.25f, false);
-#undef ADD
-        for (int i = 0; i < n; i++) {
-            const struct spec *s = &specs[i];
-            bool is_output = !strcmp(s->name, "output.weight") ||
-                             (o.tied && !strcmp(s->name, "token_embd.weight"));
-            enum ar_type t = s->vec ? AR_TYPE_F32
-                                    : tensor_type_for(ft, s->name, s->cols, is_output,
-                                                      (int)o.n_layer);
-            int64_t ne[2] = {s->cols, s->rows};
-            uint64_t size = 0;
-            uint8_t *buf = convert_tensor(pool, AR_TYPE_F32, NULL, t, s->rows, s->cols, s->mean,
-                                          s->sd, (uint64_t)o.seed * 1000003u + (uint64_t)i,
-                                          &size);
-            if (!buf) {
-                cli_error("gen-model: cannot make %s as %s", s->name, ar_type_name(t));
-                goto done;
-            }
-            bufs[n_bufs++] = buf;
-            if (gguf_writer_add_tensor(w, s->name, t, s->vec ? 1 : 2, ne, buf, size, true) !=
-                AR_OK) {
-                cli_error("gen-model: cannot add %s", s->name);
-                goto done;
-            }
+        bufs[n_bufs++] = buf;
+        if (gguf_writer_add_tensor(w, s->name, t, n_dims, ne, buf, size, true) != AR_OK) {
+            cli_error("gen-model: cannot add %s", s->name);
+            goto done;
         }
     }
     if (gguf_writer_write(w, o.out, &err) != AR_OK) {
@@ -712,6 +964,8 @@ int cmd_gen_model(int argc, char **argv)
 done:
     for (int i = 0; i < n_bufs; i++)
         ar_free(bufs[i]);
+    ar_free(bufs);
+    ar_free(specs.s);
     gguf_writer_destroy(w);
     ar_pool_destroy(pool);
     return rc;
