@@ -1157,12 +1157,12 @@ AR_INLINE void scores_nv(const int NV, int nq, int nt, const float *q, const uin
 {
     for (int t = 0; t < nt; t++) {
         const uint8_t *kr = k + (size_t)t * kv_stride;
-        __m512 kv[8];
-        _Pragma("GCC unroll 8") for (int c = 0; c < NV; c++) kv[c] = kv_load16(kr, c, f16);
+        __m512 kv[16];
+        _Pragma("GCC unroll 16") for (int c = 0; c < NV; c++) kv[c] = kv_load16(kr, c, f16);
         for (int h = 0; h < nq; h++) {
             const float *qh = q + (size_t)h * (size_t)(16 * NV);
             __m512 a = _mm512_mul_ps(kv[0], _mm512_loadu_ps(qh));
-            _Pragma("GCC unroll 8") for (int c = 1; c < NV; c++) a =
+            _Pragma("GCC unroll 16") for (int c = 1; c < NV; c++) a =
                 _mm512_fmadd_ps(kv[c], _mm512_loadu_ps(qh + 16 * c), a);
             s[(size_t)h * s_stride + (size_t)t] = _mm512_reduce_add_ps(a) * scale;
         }
@@ -1177,6 +1177,8 @@ static void attn_scores(int hd, int nq, int nt, const float *q, const void *k, s
         scores_nv(4, nq, nt, q, k, kv_stride, f16, scale, s, s_stride);
     } else if (hd == 128) {
         scores_nv(8, nq, nt, q, k, kv_stride, f16, scale, s, s_stride);
+    } else if (hd == 256) { /* Gemma 3 */
+        scores_nv(16, nq, nt, q, k, kv_stride, f16, scale, s, s_stride);
     } else {
         for (int h = 0; h < nq; h++) {
             for (int t = 0; t < nt; t++) {
@@ -1194,23 +1196,23 @@ static void attn_scores(int hd, int nq, int nt, const float *q, const void *k, s
 AR_INLINE void values_nv(const int NV, const int HN, int nt, const float *s, size_t s_stride,
                          const uint8_t *v, size_t kv_stride, bool f16, float *out)
 {
-    __m512 acc[4][8];
+    __m512 acc[4][16];
     _Pragma("GCC unroll 4") for (int h = 0; h < HN; h++)
-        _Pragma("GCC unroll 8") for (int c = 0; c < NV; c++) acc[h][c] =
+        _Pragma("GCC unroll 16") for (int c = 0; c < NV; c++) acc[h][c] =
             _mm512_loadu_ps(out + (size_t)h * (size_t)(16 * NV) + 16 * c);
     for (int t = 0; t < nt; t++) {
         const uint8_t *vr = v + (size_t)t * kv_stride;
-        __m512 vv[8];
-        _Pragma("GCC unroll 8") for (int c = 0; c < NV; c++) vv[c] = kv_load16(vr, c, f16);
+        __m512 vv[16];
+        _Pragma("GCC unroll 16") for (int c = 0; c < NV; c++) vv[c] = kv_load16(vr, c, f16);
         _Pragma("GCC unroll 4") for (int h = 0; h < HN; h++)
         {
             __m512 a = _mm512_set1_ps(s[(size_t)h * s_stride + (size_t)t]);
-            _Pragma("GCC unroll 8") for (int c = 0; c < NV; c++) acc[h][c] =
+            _Pragma("GCC unroll 16") for (int c = 0; c < NV; c++) acc[h][c] =
                 _mm512_fmadd_ps(a, vv[c], acc[h][c]);
         }
     }
     _Pragma("GCC unroll 4") for (int h = 0; h < HN; h++)
-        _Pragma("GCC unroll 8") for (int c = 0; c < NV; c++)
+        _Pragma("GCC unroll 16") for (int c = 0; c < NV; c++)
             _mm512_storeu_ps(out + (size_t)h * (size_t)(16 * NV) + 16 * c, acc[h][c]);
 }
 
@@ -1229,6 +1231,10 @@ static void attn_values(int hd, int nq, int nt, const float *s, size_t s_stride,
             values_nv(8, 2, nt, s + (size_t)h * s_stride, s_stride, v, kv_stride, f16, out + h * hd);
         for (; h < nq; h++)
             values_nv(8, 1, nt, s + (size_t)h * s_stride, s_stride, v, kv_stride, f16, out + h * hd);
+    } else if (hd == 256) { /* Gemma 3 */
+        for (; h < nq; h++)
+            values_nv(16, 1, nt, s + (size_t)h * s_stride, s_stride, v, kv_stride, f16,
+                      out + h * hd);
     }
     for (; h < nq; h++) {
         for (int t = 0; t < nt; t++) {

@@ -602,7 +602,7 @@ static void f32_ops_match_reference(void **state)
  * the same rows, for F32 and F16 rows, common and odd head sizes, 1 to 7 query heads. */
 static void attention_ops_match_plain_loops(void **state)
 {
-    static const int hds[] = {64, 128, 24};
+    static const int hds[] = {64, 128, 256, 24};
     static const int nqs[] = {1, 4, 7};
     const struct kernel_ops *vs[MAX_VARIANTS + 1];
     int nv = simd_variants(vs), checked = 0;
