@@ -641,6 +641,19 @@ static enum ar_status pg_exec(struct pg_store *ps, struct pg_conn *pc, enum pg_s
     }
 }
 
+/* pg_exec on a connection taken from the pool for this one statement. */
+static enum ar_status pg_run(struct pg_store *ps, enum pg_stmt id, const char *const *vals,
+                             PGresult **out, struct ar_err *err)
+{
+    struct pg_conn *pc;
+    enum ar_status s;
+    if ((s = pool_get(ps, &pc, err)) != AR_OK)
+        return s;
+    s = pg_exec(ps, pc, id, vals, out, err);
+    pool_put(ps, pc);
+    return s;
+}
+
 static enum ar_status tx_begin(struct pg_store *ps, struct pg_conn *pc, struct ar_err *err)
 {
     enum ar_status s = AR_OK;
@@ -1047,16 +1060,12 @@ static enum ar_status pg_job_next_pending(struct store *base, const char *job_id
     char after[24], limit[24];
     const char *v[3] = {job_id, after, limit};
     struct store_item *items = NULL;
-    struct pg_conn *pc;
     PGresult *r = NULL;
     size_t n = 0, rows;
     enum ar_status s;
     snprintf(after, sizeof(after), "%lld", (long long)after_line);
     snprintf(limit, sizeof(limit), "%lld", (long long)(max > INT64_MAX ? INT64_MAX : (int64_t)max));
-    if ((s = pool_get(ps, &pc, err)) != AR_OK)
-        return s;
-    s = pg_exec(ps, pc, P_ITEM_PENDING, v, &r, err);
-    pool_put(ps, pc);
+    s = pg_run(ps, P_ITEM_PENDING, v, &r, err);
     if (s != AR_OK)
         return s;
     rows = (size_t)PQntuples(r);
@@ -1125,14 +1134,10 @@ static enum ar_status pg_job_item_get(struct store *base, const char *job_id, in
     struct pg_store *ps = (struct pg_store *)base;
     char ln[24];
     const char *v[2] = {job_id, ln};
-    struct pg_conn *pc;
     PGresult *r = NULL;
     enum ar_status s;
     snprintf(ln, sizeof(ln), "%lld", (long long)line);
-    if ((s = pool_get(ps, &pc, err)) != AR_OK)
-        return s;
-    s = pg_exec(ps, pc, P_ITEM_GET, v, &r, err);
-    pool_put(ps, pc);
+    s = pg_run(ps, P_ITEM_GET, v, &r, err);
     if (s == AR_OK && PQntuples(r) > 0) {
         s = store_item_copy(out, int_at(r, 0, 0), item_status_at(r, 0, 1), PQgetvalue(r, 0, 2),
                             text_at(r, 0, 3));
@@ -1146,13 +1151,9 @@ static enum ar_status pg_job_item_get(struct store *base, const char *job_id, in
 static enum ar_status job_update(struct pg_store *ps, enum pg_stmt id, const char *const *v,
                                  struct ar_err *err)
 {
-    struct pg_conn *pc;
     PGresult *r = NULL;
     enum ar_status s;
-    if ((s = pool_get(ps, &pc, err)) != AR_OK)
-        return s;
-    s = pg_exec(ps, pc, id, v, &r, err);
-    pool_put(ps, pc);
+    s = pg_run(ps, id, v, &r, err);
     if (s == AR_OK && strcmp(PQcmdTuples(r), "0") == 0)
         s = ar_err_set(err, AR_EINVAL, 0, "store: no job %s", v[0]);
     PQclear(r);
@@ -1270,13 +1271,9 @@ static enum ar_status job_rows_each(PGresult *r, store_job_fn fn, void *user)
 static enum ar_status jobs_each(struct pg_store *ps, enum pg_stmt id, store_job_fn fn, void *user,
                                 struct ar_err *err)
 {
-    struct pg_conn *pc;
     PGresult *r = NULL;
     enum ar_status s;
-    if ((s = pool_get(ps, &pc, err)) != AR_OK)
-        return s;
-    s = pg_exec(ps, pc, id, NULL, &r, err);
-    pool_put(ps, pc);
+    s = pg_run(ps, id, NULL, &r, err);
     if (s == AR_OK)
         s = job_rows_each(r, fn, user);
     PQclear(r);
@@ -1289,15 +1286,11 @@ static enum ar_status pg_jobs_list(struct store *base, const char *owner, int64_
     struct pg_store *ps = (struct pg_store *)base;
     char before[24], lim[24];
     const char *v[3] = {owner, before, lim};
-    struct pg_conn *pc;
     PGresult *r = NULL;
     enum ar_status s;
     snprintf(before, sizeof(before), "%lld", (long long)(before_seq > 0 ? before_seq : INT64_MAX));
     snprintf(lim, sizeof(lim), "%zu", limit);
-    if ((s = pool_get(ps, &pc, err)) != AR_OK)
-        return s;
-    s = pg_exec(ps, pc, P_JOBS_LIST, v, &r, err);
-    pool_put(ps, pc);
+    s = pg_run(ps, P_JOBS_LIST, v, &r, err);
     if (s == AR_OK)
         s = job_rows_each(r, fn, user);
     PQclear(r);
@@ -1309,13 +1302,9 @@ static enum ar_status pg_job_usage(struct store *base, const char *owner, int64_
 {
     struct pg_store *ps = (struct pg_store *)base;
     const char *v[1] = {owner};
-    struct pg_conn *pc;
     PGresult *r = NULL;
     enum ar_status s;
-    if ((s = pool_get(ps, &pc, err)) != AR_OK)
-        return s;
-    s = pg_exec(ps, pc, P_JOB_USAGE, v, &r, err);
-    pool_put(ps, pc);
+    s = pg_run(ps, P_JOB_USAGE, v, &r, err);
     if (s == AR_OK && PQntuples(r) == 1) {
         *open_jobs = int_at(r, 0, 0);
         *bytes = int_at(r, 0, 1);
@@ -1328,13 +1317,9 @@ static enum ar_status pg_job_usage(struct store *base, const char *owner, int64_
 static enum ar_status job_change(struct pg_store *ps, enum pg_stmt id, const char *const *v,
                                  bool *changed, struct ar_err *err)
 {
-    struct pg_conn *pc;
     PGresult *r = NULL;
     enum ar_status s;
-    if ((s = pool_get(ps, &pc, err)) != AR_OK)
-        return s;
-    s = pg_exec(ps, pc, id, v, &r, err);
-    pool_put(ps, pc);
+    s = pg_run(ps, id, v, &r, err);
     *changed = s == AR_OK && strcmp(PQcmdTuples(r), "0") != 0;
     PQclear(r);
     return s;
