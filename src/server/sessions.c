@@ -171,6 +171,18 @@ static void reply_not_found(struct server_req *req, const char *id)
                        "no session '%.64s' (it may have expired, or belong to another key)", id);
 }
 
+/* Why session id could not be had: unknown (or another key's), a turn running, or memory. */
+static void reply_unavailable(struct server_req *req, const char *id, bool found, bool busy)
+{
+    if (!found)
+        reply_not_found(req, id);
+    else if (busy)
+        server_reply_error(req, 409, "invalid_request_error", "session_busy",
+                           "a turn of this session is being generated");
+    else
+        reply_nomem(req);
+}
+
 /* The chat request a document stands for: its members, with "system" (a string) as the
  * first message. For validation (placeholder) an empty message list gets one empty user
  * message. NULL when out of memory. */
@@ -713,13 +725,7 @@ static void generate(struct server_sessions *ss, struct server_req *req, const c
     snprintf(t->id, sizeof(t->id), "%s", id);
     snprintf(t->owner, sizeof(t->owner), "%s", owner);
     if (!body) {
-        if (!found)
-            reply_not_found(req, id);
-        else if (busy)
-            server_reply_error(req, 409, "invalid_request_error", "session_busy",
-                               "a turn of this session is being generated");
-        else
-            reply_nomem(req);
+        reply_unavailable(req, id, found, busy);
         return;
     }
     st = oai_request_parse(OAI_CHAT, body, n_ctx, tokenizer_n_vocab(tok), &rq, &e);
@@ -870,13 +876,7 @@ static void h_patch(struct server_req *req, void *user)
     pthread_mutex_unlock(&ss->mu);
     if (!doc) {
         cJSON_Delete(patch);
-        if (!found)
-            reply_not_found(req, id);
-        else if (busy)
-            server_reply_error(req, 409, "invalid_request_error", "session_busy",
-                               "a turn of this session is being generated");
-        else
-            reply_nomem(req);
+        reply_unavailable(req, id, found, busy);
         return;
     }
     lim.max_depth = CODEC_MAX_DEPTH;
