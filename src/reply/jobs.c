@@ -81,45 +81,49 @@ static enum ar_status lines_from_array(const cJSON *arr, struct lines *l, struct
     return AR_OK;
 }
 
+/* The next non-blank line of a JSONL body from *pos: [*a, *e) without its leading and trailing
+ * spaces, tabs and CRs, its 1-based number in *line (blank lines count). False at the end. */
+static bool jsonl_next(const char *body, size_t len, size_t *pos, int64_t *line, size_t *a,
+                       size_t *e)
+{
+    while (*pos < len) {
+        const char *nl = memchr(body + *pos, '\n', len - *pos);
+        size_t b = *pos, z = nl ? (size_t)(nl - body) : len;
+        *pos = nl ? z + 1 : len;
+        (*line)++;
+        while (b < z && (body[b] == ' ' || body[b] == '\t' || body[b] == '\r'))
+            b++;
+        while (z > b && (body[z - 1] == ' ' || body[z - 1] == '\t' || body[z - 1] == '\r'))
+            z--;
+        if (b < z) {
+            *a = b;
+            *e = z;
+            return true;
+        }
+    }
+    return false; /* blank lines are not reviews */
+}
+
 static enum ar_status lines_from_jsonl(const char *body, size_t len, struct lines *l,
                                        struct ar_err *err)
 {
-    size_t i = 0;
+    size_t i = 0, a, e;
     int64_t line = 0;
-    while (i < len) {
-        size_t a = i, e;
-        const char *nl = memchr(body + i, '\n', len - i);
-        e = nl ? (size_t)(nl - body) : len;
-        i = nl ? e + 1 : len;
-        line++;
-        while (a < e && (body[a] == ' ' || body[a] == '\t' || body[a] == '\r'))
-            a++;
-        {
-            size_t z = e;
-            while (z > a && (body[z - 1] == ' ' || body[z - 1] == '\t' || body[z - 1] == '\r'))
-                z--;
-            e = z;
-        }
-        if (a == e)
-            continue; /* blank lines are not reviews */
-        {
-            /* cJSON would cut a string at its NUL when the line is answered (the server's
-             * codec refuses the same in a parsed body; see ar_json_has_nul) */
-            char field[96];
-            if (ar_json_has_nul(body + a, e - a, NULL, field, sizeof(field)))
-                return ar_err_set(err, AR_EINVAL, (uint64_t)a,
-                                  "line %lld: \"%s\" contains a NUL character (\\u0000)",
-                                  (long long)line, field[0] ? field : "(the line)");
-        }
+    while (jsonl_next(body, len, &i, &line, &a, &e)) {
+        /* cJSON would cut a string at its NUL when the line is answered (the server's codec
+         * refuses the same in a parsed body; see ar_json_has_nul) */
+        char field[96], *copy;
+        if (ar_json_has_nul(body + a, e - a, NULL, field, sizeof(field)))
+            return ar_err_set(err, AR_EINVAL, (uint64_t)a,
+                              "line %lld: \"%s\" contains a NUL character (\\u0000)",
+                              (long long)line, field[0] ? field : "(the line)");
         if ((int64_t)l->n >= REPLY_JOB_LINES_MAX)
             return ar_err_set(err, AR_EINVAL, 0, "more than %d reviews in one job",
                               REPLY_JOB_LINES_MAX);
-        {
-            char *copy = ar_strndup(body + a, e - a);
-            if (!copy || lines_add(l, line, copy) != AR_OK) {
-                ar_free(copy);
-                return ar_err_set(err, AR_ENOMEM, 0, "out of memory");
-            }
+        copy = ar_strndup(body + a, e - a);
+        if (!copy || lines_add(l, line, copy) != AR_OK) {
+            ar_free(copy);
+            return ar_err_set(err, AR_ENOMEM, 0, "out of memory");
         }
     }
     return AR_OK;
@@ -243,21 +247,10 @@ enum ar_status reply_job_create_json(struct reply_service *svc, const char *defa
 static enum ar_status lines_all_jsonl(const char *body, size_t len, struct lines *l,
                                       struct ar_err *err)
 {
-    size_t i = 0;
+    size_t i = 0, a, e;
     int64_t line = 0;
-    while (i < len) {
-        size_t a = i, e;
-        const char *nl = memchr(body + i, '\n', len - i);
+    while (jsonl_next(body, len, &i, &line, &a, &e)) {
         char *copy;
-        e = nl ? (size_t)(nl - body) : len;
-        i = nl ? e + 1 : len;
-        line++;
-        while (a < e && (body[a] == ' ' || body[a] == '\t' || body[a] == '\r'))
-            a++;
-        while (e > a && (body[e - 1] == ' ' || body[e - 1] == '\t' || body[e - 1] == '\r'))
-            e--;
-        if (a == e)
-            continue; /* blank lines are not reviews */
         if ((int64_t)l->n >= REPLY_JOB_LINES_MAX)
             return ar_err_set(err, AR_EINVAL, 0, "more than %d reviews in one job",
                               REPLY_JOB_LINES_MAX);
