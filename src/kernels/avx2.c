@@ -689,6 +689,26 @@ static void silu_mul(int n, float *out, const float *gate, const float *up)
         out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
 }
 
+static void gelu_mul(int n, float *out, const float *gate, const float *up)
+{
+    const __m256 one = _mm256_set1_ps(1.0f), k2 = _mm256_set1_ps(2.0f * KERNELS_GELU_K),
+                 a = _mm256_set1_ps(KERNELS_GELU_A), sign = _mm256_set1_ps(-0.0f);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 g = _mm256_loadu_ps(gate + i);
+        /* 2u = 2k (g + a g g g), in the reference's order of operations */
+        __m256 c = _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(a, g), g), g);
+        __m256 u2 = _mm256_mul_ps(k2, _mm256_add_ps(g, c));
+        __m256 s = _mm256_div_ps(g, _mm256_add_ps(one, exp_ps(_mm256_xor_ps(u2, sign))));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(s, _mm256_loadu_ps(up + i)));
+    }
+    for (; i < n; i++) {
+        float g = gate[i];
+        float u2 = 2.0f * KERNELS_GELU_K * (g + KERNELS_GELU_A * g * g * g);
+        out[i] = g / (1.0f + expf(-u2)) * up[i];
+    }
+}
+
 /* One KV head's attention over a run of key / value rows, with the dot and axpy above. */
 static void attn_scores(int hd, int nq, int nt, const float *q, const void *k, size_t kv_stride,
                         enum ar_type kt, float scale, float *s, size_t s_stride)
@@ -743,6 +763,7 @@ void kernels_fill_avx2(struct kernel_ops *ops)
     ops->rmsnorm = rmsnorm;
     ops->softmax = softmax;
     ops->silu_mul = silu_mul;
+    ops->gelu_mul = gelu_mul;
     ops->attn_scores = attn_scores;
     ops->attn_values = attn_values;
 }

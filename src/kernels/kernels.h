@@ -49,6 +49,10 @@ struct kernel_ops {
     void (*softmax)(int n, float *x);
     /* out[i] = silu(gate[i]) * up[i] */
     void (*silu_mul)(int n, float *out, const float *gate, const float *up);
+    /* out[i] = gelu(gate[i]) * up[i], GELU in its tanh form 0.5 g (1 + tanh(u)),
+     * u = sqrt(2/pi) (g + 0.044715 g^3), computed as g * sigmoid(2u) (the same function;
+     * no cancellation where tanh(u) is near -1) */
+    void (*gelu_mul)(int n, float *out, const float *gate, const float *up);
 
     /* Attention of nq query heads (q: nq rows of hd floats, one after another) that share
      * one KV head, over nt key/value rows of hd elements of type kt (F32 or F16), rows

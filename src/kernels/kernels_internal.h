@@ -13,6 +13,10 @@ void kernels_fill_avx2(struct kernel_ops *ops);        /* avx2.c: needs avx2 fma
 void kernels_fill_avx512(struct kernel_ops *ops);      /* avx512.c: + avx512f/bw/vl/dq */
 void kernels_fill_avx512_vnni(struct kernel_ops *ops); /* avx512_vnni.c: + avx512vnni */
 
+/* GELU in its tanh form: sqrt(2/pi) and the cubic's coefficient (see gelu_mul). */
+#define KERNELS_GELU_K 0.7978845608028654f
+#define KERNELS_GELU_A 0.044715f
+
 /* The attention loops of variants without a fused kernel: per (query head, key row) the
  * variant's own dot and axpy, rows in order. Inline, so each ISA file compiles them with its
  * own flags around its own vector ops. */

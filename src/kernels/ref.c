@@ -566,6 +566,15 @@ static void silu_mul(int n, float *out, const float *gate, const float *up)
         out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
 }
 
+static void gelu_mul(int n, float *out, const float *gate, const float *up)
+{
+    for (int i = 0; i < n; i++) {
+        float g = gate[i];
+        float u2 = 2.0f * KERNELS_GELU_K * (g + KERNELS_GELU_A * g * g * g);
+        out[i] = g / (1.0f + expf(-u2)) * up[i];
+    }
+}
+
 /* One KV head's attention over a run of key / value rows, with the dot and axpy above. */
 static void attn_scores(int hd, int nq, int nt, const float *q, const void *k, size_t kv_stride,
                         enum ar_type kt, float scale, float *s, size_t s_stride)
@@ -636,6 +645,7 @@ void kernels_fill_ref(struct kernel_ops *ops)
     ops->rmsnorm = rmsnorm;
     ops->softmax = softmax;
     ops->silu_mul = silu_mul;
+    ops->gelu_mul = gelu_mul;
     ops->attn_scores = attn_scores;
     ops->attn_values = attn_values;
 }

@@ -123,6 +123,7 @@ static void build_tables(void)
         FALL_BACK(rmsnorm)
         FALL_BACK(softmax)
         FALL_BACK(silu_mul)
+        FALL_BACK(gelu_mul)
         FALL_BACK(attn_scores)
         FALL_BACK(attn_values)
 #undef FALL_BACK

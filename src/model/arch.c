@@ -53,22 +53,11 @@ bool model_layer_is_swa(const struct model_hparams *hp, int il)
            il % hp->swa_pattern < hp->swa_pattern - 1;
 }
 
-/* out[i] = gelu(gate[i]) * up[i], GELU in its tanh form:
- * 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))). Plain C: both passes call this one. */
-static void gelu_tanh_mul(int n, float *out, const float *gate, const float *up)
-{
-    const float k = 0.7978845608028654f;
-    for (int i = 0; i < n; i++) {
-        float g = gate[i];
-        out[i] = 0.5f * g * (1.0f + tanhf(k * (g + 0.044715f * g * g * g))) * up[i];
-    }
-}
-
 void model_act_mul(const struct kernel_ops *ops, enum model_act act, int n, float *out,
                    const float *gate, const float *up)
 {
     if (act == MODEL_ACT_GELU_TANH)
-        gelu_tanh_mul(n, out, gate, up);
+        ops->gelu_mul(n, out, gate, up);
     else
         ops->silu_mul(n, out, gate, up);
 }

@@ -767,6 +767,7 @@ static void check_table_complete(const struct kernel_ops *ops)
     assert_non_null(ops->rmsnorm);
     assert_non_null(ops->softmax);
     assert_non_null(ops->silu_mul);
+    assert_non_null(ops->gelu_mul);
 }
 
 static void every_table_is_complete_and_ref_comes_last(void **state)
@@ -851,6 +852,17 @@ static void f32_ops_match_double_computations(void **state)
         for (int i = 0; i < n; i++) {
             double want = (double)x[i] / (1.0 + exp(-(double)x[i])) * (double)w[i];
             assert_true(fabs((double)out[i] - want) <= 1e-6 * fabs(want) + 1e-7);
+        }
+
+        /* GELU (tanh form) against its definition in double, gates out to +-8 */
+        for (int i = 0; i < n; i++)
+            y[i] = 4.0f * x[i];
+        k->gelu_mul(n, out, y, w);
+        for (int i = 0; i < n; i++) {
+            double g = (double)y[i];
+            double want = 0.5 * g * (1.0 + tanh(sqrt(2.0 / M_PI) * (g + 0.044715 * g * g * g))) *
+                          (double)w[i];
+            assert_true(fabs((double)out[i] - want) <= 2e-6 * fabs(want) + 1e-7);
         }
 
         double mx = -(double)INFINITY, se = 0.0, sum = 0.0;

@@ -589,6 +589,14 @@ static void f32_ops_match_reference(void **state)
                     close_or_fail(c[i], d[i], 1e-5 * fabs((double)d[i]) + 1e-30, k->name,
                                   "silu_mul", n, i);
             }
+            /* gelu_mul, gates now out to +-30 (far into both tails): relative 2e-5 */
+            if (k->gelu_mul != ref->gelu_mul) {
+                k->gelu_mul(n, c, a, b);
+                ref->gelu_mul(n, d, a, b);
+                for (int i = 0; i < n; i++)
+                    close_or_fail(c[i], d[i], 2e-5 * fabs((double)d[i]) + 1e-30, k->name,
+                                  "gelu_mul", n, i);
+            }
             free(a);
             free(b);
             free(c);
