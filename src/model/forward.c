@@ -1,10 +1,11 @@
 /* forward.c - one transformer forward pass over a batch of (token, position, sequence) rows,
  * with K/V in the paged cache: the fast form of reference.c's pass (same steps, same
- * per-family data; tests hold the two together). Each step of a layer is a parallel stage on the pool: row
- * stages (norms, RoPE, activations) split batch rows, matmul stages split weight rows (so
- * each thread streams its share of every matrix once per batch), attention splits
- * (row, head) pairs. Small batches of distinct sequences (decode) run the whole pass as one
- * pool job of phases instead (see stage_pass). No result depends on the thread count. */
+ * per-family data; tests hold the two together). The pass is one list of phases (per layer:
+ * q/k/v products, attention, output projection, gate/up products, down projection; then the
+ * output matrix), each parallel work followed by a tail of row work (see "the pass" below).
+ * Two schedules run that one list: large batches as one pool run per phase and per tail;
+ * small ones as a single pool job whose threads claim each phase's items in turn (see
+ * stage_pass). No result depends on the thread count or on the schedule. */
 #include "model_internal.h"
 
 #include <assert.h>
@@ -96,12 +97,11 @@ struct model_ctx {
     int n_rows; /* rows the current row stage covers */
     int layer;
     size_t kv_elem; /* 2 (F16) or 4 (F32) */
+    int n_out;  /* rows that produce logits */
+    float *logits;
     /* row stages */
-    const float *norm_w;    /* norm stage weights */
-    bool norm_add;          /* norm stage: x += proj first */
-    const float *post_w;    /* norm stage with norm_add: proj = rmsnorm(proj) * post_w first
-                             * (the block's post norm), NULL: none */
-    const float *conv_src;  /* convert stage / fused conversion source */
+    int tail_p;             /* the phase whose tail stage_tail runs */
+    const float *conv_src;  /* convert stage source */
     int64_t conv_n;         /* elements per row */
     enum ar_type conv_type; /* AR_TYPE_F32: no conversion */
     /* matmul stage */
@@ -112,25 +112,18 @@ struct model_ctx {
     int mm_max;        /* items a stage may hold */
     const void *mm_x; /* input rows */
     size_t mm_x_row;  /* bytes between input rows */
-    /* small batches: each thread makes its own copy of the matmul input (no extra stage) */
-    int mm_pre;      /* MM_PRE_* */
-    uint8_t *act_th; /* owned, (nth, SMALL_ROWS * act_row) */
-    float *tmp_th;   /* owned, (nth, SMALL_ROWS * tmp_width) */
-    int64_t tmp_width;
-    /* attention stage also does the K/V writes and RoPE (rows of distinct sequences) */
+    /* attention items also do their row's K/V writes and RoPE (rows of distinct sequences) */
     bool fuse_post;
     /* work items of the running stage are claimed from this counter (see run_stage) */
     atomic_int_fast64_t next;
 
     /* ---- small batches: the whole pass as one pool job of phases (see stage_pass) ---- */
-    bool ph_ok;              /* the model's matmul groups share activation types */
+    bool ph_ok;              /* dense FFNs, and each phase's matrices share an activation type */
     struct ph_seg *ph_seg;   /* owned, (ph_count, ph_segs): claim segments */
     struct ph_done *ph_done; /* owned, (ph_count) */
     int ph_count;            /* PH_PER_LAYER * n_layers + 1 */
     int ph_segs;             /* min(nth, PH_MAX_SEGS) */
     atomic_int ph_cur;       /* the running phase; ph_count when the pass is done */
-    float *logits;           /* output rows of the running pass */
-    int n_out;               /* rows that produce logits */
 };
 
 /* A phase's items are split into ph_segs contiguous segments, one per thread: a thread
@@ -148,13 +141,14 @@ struct ph_done {
 };
 #define PH_MAX_SEGS 16
 
-/* Batches of at most this many rows convert matmul inputs per thread, inside the matmul
- * stage: the repeated work is tiny and one pool rendezvous per conversion is saved. */
+/* Batches of at most this many rows run as one pool job (stage_pass), or, where that
+ * schedule does not apply, do their tails on the calling thread: a few rows' norms cost less
+ * than a pool rendezvous. */
 #define SMALL_ROWS 8
-enum { MM_PRE_NONE, MM_PRE_CONVERT, MM_PRE_SILU };
 
-/* Phases of one layer in a small-batch pass (then one for the output matrix). */
+/* The phases of one layer (p = layer * PH_PER_LAYER + k; then PH_OUT), see "the pass". */
 enum { PH_QKV, PH_ATTN, PH_WO, PH_GU, PH_DOWN, PH_PER_LAYER };
+#define PH_HEAD (-1) /* the tail before phase 0: embedding, layer 0's attention norm */
 
 /* ---- allocation ---------------------------------------------------------------------- */
 
@@ -248,12 +242,6 @@ enum ar_status model_ctx_create(const struct model *m, int n_batch_max, struct a
             !(c->moe_act_up = ar_malloc_aligned((size_t)bytes)))
             goto fail;
     }
-    c->tmp_width = AR_MAX(AR_MAX(hp->n_embd, hp->n_ff), n_q);
-    if (ar_mul_overflow_u64((uint64_t)c->nth * SMALL_ROWS, AR_MAX(c->act_row, 1), &bytes) ||
-        bytes > SIZE_MAX || !(c->act_th = ar_malloc_aligned((size_t)bytes)))
-        goto fail;
-    if (alloc_rows(&c->tmp_th, c->nth * SMALL_ROWS, c->tmp_width))
-        goto fail;
     c->ph_count = PH_PER_LAYER * hp->n_layers + 1;
     c->ph_segs = AR_MIN(c->nth, PH_MAX_SEGS);
     if (!(c->ph_seg = ar_malloc_aligned((size_t)c->ph_count * (size_t)c->ph_segs *
@@ -313,8 +301,6 @@ void model_ctx_destroy(struct model_ctx *c)
     ar_free(c->moe_pos);
     ar_free(c->moe_start);
     ar_free(c->moe_items);
-    ar_free_aligned(c->act_th);
-    ar_free_aligned(c->tmp_th);
     ar_free_aligned(c->ph_seg);
     ar_free_aligned(c->ph_done);
     ar_free(c);
@@ -391,22 +377,6 @@ static void embed_scale(const struct model *m, float *x)
             x[i] *= m->hp.embd_scale;
 }
 
-static void stage_embed(void *arg, int ith, int nth)
-{
-    struct model_ctx *c = arg;
-    const struct model_mat *e = &c->m->tok_embd;
-    int64_t n = c->m->hp.n_embd, r0, r1;
-    (void)ith, (void)nth;
-    while (claim(c, c->n_rows, row_chunk(c), &r0, &r1)) {
-        for (int64_t r = r0; r < r1; r++) {
-            const uint8_t *row = (const uint8_t *)e->data + (size_t)c->b->tokens[r] * e->row_size;
-            c->ops->to_float[e->type](row, c->x + r * n, n);
-            embed_scale(c->m, c->x + r * n);
-            rope_table_row(c, r);
-        }
-    }
-}
-
 /* x += p, the output of a block: first p = rmsnorm(p) * post when the block has a post norm. */
 static void add_block_output(const struct model_ctx *c, float *x, float *p, const float *post)
 {
@@ -417,25 +387,6 @@ static void add_block_output(const struct model_ctx *c, float *x, float *p, cons
         x[i] += p[i];
 }
 
-/* xn[r] = rmsnorm(x[r]) * norm_w, after x += proj when norm_add; then the conversion of
- * xn[r] for the next matmul when conv_type is not F32. */
-static void stage_norm(void *arg, int ith, int nth)
-{
-    struct model_ctx *c = arg;
-    int64_t n = c->m->hp.n_embd, r0, r1;
-    (void)ith, (void)nth;
-    while (claim(c, c->n_rows, row_chunk(c), &r0, &r1)) {
-        for (int64_t r = r0; r < r1; r++) {
-            float *x = c->x + r * n;
-            if (c->norm_add)
-                add_block_output(c, x, c->proj + r * n, c->post_w);
-            c->ops->rmsnorm((int)n, c->xn + r * n, x, c->norm_w, c->m->hp.rms_eps);
-        }
-        if (c->conv_type != AR_TYPE_F32)
-            convert_rows(c, r0, r1);
-    }
-}
-
 static void stage_convert(void *arg, int ith, int nth)
 {
     struct model_ctx *c = arg;
@@ -443,21 +394,6 @@ static void stage_convert(void *arg, int ith, int nth)
     (void)ith, (void)nth;
     while (claim(c, c->n_rows, row_chunk(c), &r0, &r1))
         convert_rows(c, r0, r1);
-}
-
-/* hid = act(gate) * up, then its conversion for the down projection. */
-static void stage_silu(void *arg, int ith, int nth)
-{
-    struct model_ctx *c = arg;
-    int64_t n = c->m->hp.n_ff, r0, r1;
-    (void)ith, (void)nth;
-    while (claim(c, c->n_rows, row_chunk(c), &r0, &r1)) {
-        for (int64_t r = r0; r < r1; r++)
-            model_act_mul(c->ops, c->m->hp.act, (int)n, c->hid + r * n, c->gate + r * n,
-                          c->up + r * n);
-        if (c->conv_type != AR_TYPE_F32)
-            convert_rows(c, r0, r1);
-    }
 }
 
 /* Row r's biases, RoPE on q and k and its K/V rows written into its sequence's block, for
@@ -507,17 +443,6 @@ static void qkv_post_row(struct model_ctx *c, int64_t r, int g0, int g1)
             vh[i] = ar_f32_to_f16(v[i]);
         }
     }
-}
-
-/* Biases, RoPE on q and k, and the K/V rows written into each row's sequence blocks. */
-static void stage_qkv_post(void *arg, int ith, int nth)
-{
-    struct model_ctx *c = arg;
-    int64_t r0, r1;
-    (void)ith, (void)nth;
-    while (claim(c, c->n_rows, row_chunk(c), &r0, &r1))
-        for (int64_t r = r0; r < r1; r++)
-            qkv_post_row(c, r, 0, c->m->hp.n_kv_heads);
 }
 
 /* Attention work item it = (row, KV head), with thread ith's score rows (see stage_attn). */
@@ -602,31 +527,9 @@ static void stage_matmul(void *arg, int ith, int nth)
     int n_cols = c->n_rows;
     const void *mm_x = c->mm_x;
     size_t mm_x_row = c->mm_x_row;
-    (void)nth;
-    if (c->mm_pre != MM_PRE_NONE) {
-        /* this thread's own copy of the input rows, made exactly as the shared stages do */
-        float *tmp = c->tmp_th + (size_t)ith * SMALL_ROWS * (size_t)c->tmp_width;
-        uint8_t *act = c->act_th + (size_t)ith * SMALL_ROWS * c->act_row;
-        const float *src = c->conv_src;
-        int64_t n = c->conv_n;
-        if (c->mm_pre == MM_PRE_SILU) {
-            for (int r = 0; r < n_cols; r++)
-                model_act_mul(c->ops, c->m->hp.act, (int)n, tmp + r * n, c->gate + r * n,
-                              c->up + r * n);
-            src = tmp;
-        }
-        if (c->conv_type == AR_TYPE_F32) {
-            mm_x = src;
-            mm_x_row = (size_t)n * sizeof(float);
-        } else {
-            for (int r = 0; r < n_cols; r++)
-                c->ops->from_float[c->conv_type](src + r * n, act + (size_t)r * c->act_row, n);
-            mm_x = act;
-            mm_x_row = c->act_row;
-        }
-    }
+    (void)ith, (void)nth;
     /* work units: blocks of mm_call rows weight rows, numbered across the stage's matrices
-     * (mm_plan) */
+     * (see run_mm_stage) */
     const int64_t *units = c->mm_units, *call = c->mm_call;
     int64_t u0, u1;
     while (claim(c, units[c->n_mm], 1, &u0, &u1)) {
@@ -693,24 +596,22 @@ static void run_matmuls(struct model_ctx *c, const float *in, const struct mm_it
         int e = k + 1;
         while (e < n_items && items[e].w->vec_type == vt)
             e++;
-        c->mm_pre = MM_PRE_NONE;
         if (vt == AR_TYPE_F32) {
             c->mm_x = in;
             c->mm_x_row = (size_t)n_in * sizeof(float);
-        } else if ((c->act_src != in || c->act_type != vt) && c->n_rows <= SMALL_ROWS) {
-            set_conv(c, in, n_in, vt);
-            c->mm_pre = MM_PRE_CONVERT;
         } else {
             if (c->act_src != in || c->act_type != vt) {
                 set_conv(c, in, n_in, vt);
-                run_stage(c, stage_convert);
+                if (c->n_rows <= SMALL_ROWS)
+                    convert_rows(c, 0, c->n_rows);
+                else
+                    run_stage(c, stage_convert);
                 note_act(c, in, vt);
             }
             c->mm_x = c->act;
             c->mm_x_row = c->act_row; /* converted rows sit act_row bytes apart */
         }
         run_mm_stage(c, items + k, e - k);
-        c->mm_pre = MM_PRE_NONE;
         k = e;
     }
 }
@@ -855,30 +756,46 @@ static void compact_rows(struct model_ctx *c, int n_out)
     c->n_rows = n_out;
 }
 
-/* ---- small batches: one pool job per pass ------------------------------------------------
- * With a few rows a layer's stages are short (tens of microseconds), and a pool rendezvous per
- * stage costs as much as the work. So the pass runs as one job: phases in order (per layer:
- * q/k/v products, attention, output projection, gate/up products, down projection; then the
- * output matrix), each a set of items claimed from its own counter. The thread that completes
- * a phase's last item does the phase's short serial tail (residual add, norm and conversion of
- * the next input, silu, row compaction) and then opens the next phase; a thread with nothing
- * left to claim waits for that. Every item and tail is computed by the same code whichever
- * thread runs it, so results do not depend on the thread count (they equal the staged pass's). */
 
-/* Weight rows per matmul item: small items keep two threads even on a 7-item matrix. */
-static int64_t ph_unit_rows(const struct model_mat *w)
+/* ---- the pass ----------------------------------------------------------------------------
+ * One list of phases, run in order by both schedules. A phase is parallel work: matmul units
+ * (a run of one matrix's weight rows against every input row) or attention items (row, KV
+ * head). Layer l has the phases p = l * PH_PER_LAYER + k, k in
+ *   PH_QKV   q, k, v = Wq, Wk, Wv · xn                  (n_heads, n_kv_heads, n_kv_heads × hd)
+ *   PH_ATTN  att = softmax(q·K^T / sqrt(hd)) V per query head over its row's visible positions
+ *   PH_WO    proj = Wo · att                             (n_embd)
+ *   PH_GU    gate, up = Wgate, Wup · xn                  (n_ff; mixture of experts: run_moe)
+ *   PH_DOWN  proj = Wdown · hid                          (n_embd; none after run_moe)
+ * and the last phase, PH_OUT = n_layers * PH_PER_LAYER, is logits = Woutput · xn.
+ * Each phase ends in its tail: row work (tail_rows) that makes the next phase's input:
+ *   head     x = embedding (× embd_scale); xn = rmsnorm(x) * attn_norm[0]
+ *   QKV      biases, q/k norms, RoPE, K/V rows written (unless the attention items do it)
+ *   ATTN     (last layer: only the rows that produce logits go on)
+ *   WO       x += post_attn(proj); xn = rmsnorm(x) * ffn_norm
+ *   GU       hid = act(gate) * up
+ *   DOWN     x += post_ffn(proj); xn = rmsnorm(x) * (next layer's attn_norm, or output_norm)
+ * each followed by the conversion of that input into the activation type of the next phase's
+ * matrices. */
+
+static int ph_out(const struct model_ctx *c)
 {
-    return w->n_out > 8192 ? MM_CALL_ROWS : 32;
+    return c->ph_count - 1;
 }
 
-/* The matmuls of phase p (none for attention); returns their count. */
+static const struct model_layer *ph_layer(const struct model_ctx *c, int p)
+{
+    int l = p < 0 ? 0 : p / PH_PER_LAYER;
+    return &c->m->layers[AR_MIN(l, c->m->hp.n_layers - 1)];
+}
+
+/* The matmuls of phase p (none for attention, and for the FFN of a mixture of experts, which
+ * run_moe computes); returns their count. */
 static int ph_mats(const struct model_ctx *c, int p, struct mm_item *it)
 {
     const struct model *m = c->m;
     const struct model_hparams *hp = &m->hp;
-    int l = p / PH_PER_LAYER;
-    const struct model_layer *L = &m->layers[AR_MIN(l, hp->n_layers - 1)];
-    if (l == hp->n_layers) {
+    const struct model_layer *L = ph_layer(c, p);
+    if (p == ph_out(c)) {
         it[0] = (struct mm_item){.w = &m->output, .out = c->logits, .ldy = (size_t)hp->n_vocab};
         return 1;
     }
@@ -892,10 +809,14 @@ static int ph_mats(const struct model_ctx *c, int p, struct mm_item *it)
         it[0] = (struct mm_item){.w = &L->wo, .out = c->proj, .ldy = (size_t)hp->n_embd};
         return 1;
     case PH_GU:
+        if (L->exp_gate)
+            return 0;
         it[0] = (struct mm_item){.w = &L->wgate, .out = c->gate, .ldy = (size_t)hp->n_ff};
         it[1] = (struct mm_item){.w = &L->wup, .out = c->up, .ldy = (size_t)hp->n_ff};
         return 2;
     case PH_DOWN:
+        if (L->exp_gate)
+            return 0;
         it[0] = (struct mm_item){.w = &L->wdown, .out = c->proj, .ldy = (size_t)hp->n_embd};
         return 1;
     default:
@@ -903,76 +824,183 @@ static int ph_mats(const struct model_ctx *c, int p, struct mm_item *it)
     }
 }
 
-/* The matmul input for the next phase: rows of src (n floats each) as type t. */
-static void ph_set_input(struct model_ctx *c, const float *src, int64_t n, enum ar_type t)
+/* The input rows of phase p's matrices: src (n floats per row), wanted as type *t (that of
+ * the first matrix; a mixture of experts: its router's). False when p has no matrix input. */
+static bool ph_input(const struct model_ctx *c, int p, const float **src, int64_t *n,
+                     enum ar_type *t)
 {
-    if (t == AR_TYPE_F32) {
-        c->mm_x = src;
-        c->mm_x_row = (size_t)n * sizeof(float);
-        return;
+    const struct model_hparams *hp = &c->m->hp;
+    const struct model_layer *L = ph_layer(c, p);
+    if (p == ph_out(c)) {
+        *src = c->xn, *n = hp->n_embd, *t = c->m->output.vec_type;
+        return true;
     }
-    for (int r = 0; r < c->n_rows; r++)
-        c->ops->from_float[t](src + (size_t)r * (size_t)n, c->act + (size_t)r * c->act_row, n);
-    c->mm_x = c->act;
-    c->mm_x_row = c->act_row;
+    switch (p % PH_PER_LAYER) {
+    case PH_QKV:
+        *src = c->xn, *n = hp->n_embd, *t = L->wq.vec_type;
+        return true;
+    case PH_WO:
+        *src = c->att, *n = (int64_t)hp->n_heads * hp->head_dim, *t = L->wo.vec_type;
+        return true;
+    case PH_GU:
+        *src = c->xn, *n = hp->n_embd, *t = L->exp_gate ? L->router.vec_type : L->wgate.vec_type;
+        return true;
+    case PH_DOWN:
+        *src = c->hid, *n = hp->n_ff, *t = L->wdown.vec_type;
+        return !L->exp_gate;
+    default:
+        return false;
+    }
 }
 
-/* x += proj (unless first; proj post-normed by post unless NULL), xn = rmsnorm(x) * w, then
- * xn as the input of matrix `next`. */
-static void ph_norm(struct model_ctx *c, bool add, const float *post, const float *w,
-                    const struct model_mat *next)
-{
-    int64_t n = c->m->hp.n_embd;
-    for (int r = 0; r < c->n_rows; r++) {
-        float *x = c->x + r * n;
-        if (add)
-            add_block_output(c, x, c->proj + r * n, post);
-        c->ops->rmsnorm((int)n, c->xn + r * n, x, w, c->m->hp.rms_eps);
-    }
-    ph_set_input(c, c->xn, n, next->vec_type);
-}
-
-/* The serial tail of phase p; returns the phase to open next. */
-static int ph_finish(struct model_ctx *c, int p)
+/* Tail of phase p (PH_HEAD: the head) on rows [r0, r1); see "the pass". */
+static void tail_rows(struct model_ctx *c, int p, int64_t r0, int64_t r1)
 {
     const struct model *m = c->m;
     const struct model_hparams *hp = &m->hp;
-    int l = p / PH_PER_LAYER;
-    const struct model_layer *L = &m->layers[AR_MIN(l, hp->n_layers - 1)];
-    if (l == hp->n_layers)
-        return c->ph_count;
-    switch (p % PH_PER_LAYER) {
-    case PH_QKV:
-        c->layer = l;
-        break;
-    case PH_ATTN:
-        if (l == hp->n_layers - 1 && c->n_rows > c->n_out) {
-            /* K/V are written: from here on only rows that produce logits matter */
-            compact_rows(c, c->n_out);
-            if (c->n_out == 0)
-                return c->ph_count;
+    const struct model_layer *L = ph_layer(c, p);
+    int l = p < 0 ? -1 : p / PH_PER_LAYER, k = p < 0 ? PH_DOWN : p % PH_PER_LAYER;
+    int64_t n = hp->n_embd, f = hp->n_ff;
+    const float *src;
+    int64_t src_n;
+    enum ar_type t;
+
+    for (int64_t r = r0; r < r1; r++) {
+        float *x = c->x + r * n, *xn = c->xn + r * n;
+        if (p < 0) { /* the head */
+            const struct model_mat *e = &m->tok_embd;
+            const uint8_t *row = (const uint8_t *)e->data + (size_t)c->b->tokens[r] * e->row_size;
+            c->ops->to_float[e->type](row, x, n);
+            embed_scale(m, x);
+            rope_table_row(c, r);
+            c->ops->rmsnorm((int)n, xn, x, m->layers[0].attn_norm, hp->rms_eps);
+            continue;
         }
-        ph_set_input(c, c->att, (int64_t)hp->n_heads * hp->head_dim, L->wo.vec_type);
-        break;
-    case PH_WO:
-        ph_norm(c, true, L->post_attn_norm, L->ffn_norm, &L->wgate);
-        break;
-    case PH_GU:
-        for (int r = 0; r < c->n_rows; r++)
-            model_act_mul(c->ops, hp->act, hp->n_ff, c->hid + (size_t)r * (size_t)hp->n_ff,
-                          c->gate + (size_t)r * (size_t)hp->n_ff,
-                          c->up + (size_t)r * (size_t)hp->n_ff);
-        ph_set_input(c, c->hid, hp->n_ff, L->wdown.vec_type);
-        break;
-    case PH_DOWN:
-        if (l + 1 < hp->n_layers)
-            ph_norm(c, true, L->post_ffn_norm, m->layers[l + 1].attn_norm, &m->layers[l + 1].wq);
-        else
-            ph_norm(c, true, L->post_ffn_norm, m->output_norm, &m->output);
-        break;
-    default:
-        break;
+        switch (k) {
+        case PH_QKV:
+            if (!c->fuse_post)
+                qkv_post_row(c, r, 0, hp->n_kv_heads);
+            break;
+        case PH_WO:
+            add_block_output(c, x, c->proj + r * n, L->post_attn_norm);
+            c->ops->rmsnorm((int)n, xn, x, L->ffn_norm, hp->rms_eps);
+            break;
+        case PH_GU:
+            if (!L->exp_gate)
+                model_act_mul(c->ops, hp->act, (int)f, c->hid + r * f, c->gate + r * f,
+                              c->up + r * f);
+            break;
+        case PH_DOWN:
+            add_block_output(c, x, c->proj + r * n, L->post_ffn_norm);
+            c->ops->rmsnorm((int)n, xn, x,
+                            l + 1 < hp->n_layers ? m->layers[l + 1].attn_norm : m->output_norm,
+                            hp->rms_eps);
+            break;
+        default:
+            break;
+        }
     }
+    if (ph_input(c, p + 1, &src, &src_n, &t) && t != AR_TYPE_F32)
+        for (int64_t r = r0; r < r1; r++)
+            c->ops->from_float[t](src + r * src_n, c->act + (size_t)r * c->act_row, src_n);
+}
+
+/* The serial part of phase p's tail before its rows: after the last layer's attention only
+ * the rows that produce logits go on. Returns false when none does (the pass ends). */
+static bool tail_begin(struct model_ctx *c, int p)
+{
+    if (p == (c->m->hp.n_layers - 1) * PH_PER_LAYER + PH_ATTN && c->n_rows > c->n_out) {
+        compact_rows(c, c->n_out); /* K/V are written */
+        return c->n_out > 0;
+    }
+    return true;
+}
+
+/* The serial part after phase p's tail rows: phase p + 1's input is ready. */
+static void tail_end(struct model_ctx *c, int p)
+{
+    const float *src;
+    int64_t n;
+    enum ar_type t;
+    if (!ph_input(c, p + 1, &src, &n, &t)) {
+        c->act_src = NULL;
+        return;
+    }
+    note_act(c, src, t);
+    c->mm_x = t == AR_TYPE_F32 ? (const void *)src : c->act;
+    c->mm_x_row = t == AR_TYPE_F32 ? (size_t)n * sizeof(float) : c->act_row;
+}
+
+/* ---- large batches: one pool run per phase and per tail ----------------------------------- */
+
+static void stage_tail(void *arg, int ith, int nth)
+{
+    struct model_ctx *c = arg;
+    int64_t r0, r1;
+    (void)ith, (void)nth;
+    while (claim(c, c->n_rows, row_chunk(c), &r0, &r1))
+        tail_rows(c, c->tail_p, r0, r1);
+}
+
+/* Tail of phase p (rows split over the pool, or on this thread for a few rows); false when
+ * the pass ends there. */
+static bool run_tail(struct model_ctx *c, int p)
+{
+    if (p >= 0 && !tail_begin(c, p))
+        return false;
+    if (c->n_rows <= SMALL_ROWS) {
+        tail_rows(c, p, 0, c->n_rows);
+    } else {
+        c->tail_p = p;
+        run_stage(c, stage_tail);
+    }
+    tail_end(c, p);
+    return true;
+}
+
+static void pass_stages(struct model_ctx *c)
+{
+    struct mm_item it[MM_MAX_MATS];
+    run_tail(c, PH_HEAD);
+    for (int p = 0; p < c->ph_count; p++) {
+        const struct model_layer *L = ph_layer(c, p);
+        const float *src;
+        int64_t n;
+        enum ar_type t;
+        int n_mm;
+        c->layer = p / PH_PER_LAYER;
+        if (p != ph_out(c) && p % PH_PER_LAYER == PH_ATTN)
+            run_stage(c, stage_attn);
+        else if (p != ph_out(c) && p % PH_PER_LAYER == PH_GU && L->exp_gate)
+            run_moe(c, L);
+        else if ((n_mm = ph_mats(c, p, it)) > 0 && ph_input(c, p, &src, &n, &t))
+            run_matmuls(c, src, it, n_mm);
+        if (p == ph_out(c) || !run_tail(c, p))
+            return;
+    }
+}
+
+/* ---- small batches: the pass as one pool job ---------------------------------------------
+ * With a few rows a phase is short (tens of microseconds), and a pool rendezvous per phase
+ * costs as much as the work. So the pass runs as one job: each phase's items are claimed from
+ * its own segments; the thread that completes a phase's last item runs its tail (a few rows:
+ * serially) and opens the next phase; a thread with nothing left to claim waits for that.
+ * Every item and tail is computed by the same code whichever thread runs it, so results do
+ * not depend on the thread count (and equal pass_stages'). */
+
+/* Weight rows per matmul item: small items keep two threads even on a 7-item matrix. */
+static int64_t ph_unit_rows(const struct model_mat *w)
+{
+    return w->n_out > 8192 ? MM_CALL_ROWS : 32;
+}
+
+/* The tail of phase p; returns the phase to open next (ph_count: the pass is done). */
+static int ph_finish(struct model_ctx *c, int p)
+{
+    if (p == ph_out(c) || !tail_begin(c, p))
+        return c->ph_count;
+    tail_rows(c, p, 0, c->n_rows);
+    tail_end(c, p);
     return p + 1;
 }
 
@@ -1040,6 +1068,7 @@ static void ph_open(struct model_ctx *c, int p)
                               (e << 32) | f, memory_order_relaxed);
     }
     atomic_store_explicit(&c->ph_done[p].done, 0, memory_order_relaxed);
+    c->layer = p / PH_PER_LAYER;
 }
 
 static void stage_pass(void *arg, int ith, int nth)
@@ -1093,25 +1122,16 @@ static void stage_pass(void *arg, int ith, int nth)
     }
 }
 
-/* The small-batch pass: embedding and the first norm here, the rest as one pool job. */
-static void forward_phases(struct model_ctx *c)
+static void pass_phases(struct model_ctx *c)
 {
-    const struct model *m = c->m;
-    int64_t n = m->hp.n_embd;
-    for (int r = 0; r < c->n_rows; r++) {
-        const struct model_mat *e = &m->tok_embd;
-        const uint8_t *row = (const uint8_t *)e->data + (size_t)c->b->tokens[r] * e->row_size;
-        c->ops->to_float[e->type](row, c->x + r * n, n);
-        embed_scale(m, c->x + r * n);
-        rope_table_row(c, r);
-    }
-    ph_norm(c, false, NULL, m->layers[0].attn_norm, &m->layers[0].wq);
+    tail_rows(c, PH_HEAD, 0, c->n_rows);
+    tail_end(c, PH_HEAD);
     ph_open(c, 0);
     atomic_store_explicit(&c->ph_cur, 0, memory_order_release);
     ar_pool_run_shared(c->pool, stage_pass, c);
 }
 
-/* ---- the pass ------------------------------------------------------------------------ */
+/* ---- model_forward ------------------------------------------------------------------------ */
 
 static enum ar_status check_batch(const struct model_ctx *c, const struct kv_cache *kv,
                                   struct kv_seq *const *seqs, const struct model_batch *b,
@@ -1150,8 +1170,6 @@ static enum ar_status check_batch(const struct model_ctx *c, const struct kv_cac
 enum ar_status model_forward(struct model_ctx *c, struct kv_cache *kv, struct kv_seq *const *seqs,
                              const struct model_batch *b, float *logits)
 {
-    const struct model *m;
-    const struct model_hparams *hp;
     enum ar_status st;
     int n, n_out;
     int32_t max_pos = 0;
@@ -1167,15 +1185,14 @@ enum ar_status model_forward(struct model_ctx *c, struct kv_cache *kv, struct kv
     if ((st = ensure_scores(c, (int64_t)max_pos + 1)) != AR_OK)
         return st;
 
-    m = c->m;
-    hp = &m->hp;
     c->kv = kv;
     c->seqs = seqs;
     c->b = b;
     c->kv_elem = kv_params(kv)->type == AR_TYPE_F32 ? 4 : 2;
     c->n_rows = n;
+    c->n_out = n_out;
+    c->logits = logits;
     c->act_src = NULL;
-    c->mm_pre = MM_PRE_NONE;
     /* a row's K/V can be written by its own attention item when no other row of the batch
      * belongs to the same sequence */
     c->fuse_post = n <= SMALL_ROWS;
@@ -1183,93 +1200,14 @@ enum ar_status model_forward(struct model_ctx *c, struct kv_cache *kv, struct kv
         for (int r2 = 0; r2 < r; r2++)
             if (b->seq[r2] == b->seq[r])
                 c->fuse_post = false;
-
     for (int r = 0, j = 0; r < n; r++)
         if (b->logits ? b->logits[r] != 0 : r == n - 1)
             c->out_rows[j++] = r;
-    if (c->fuse_post && c->ph_ok) {
-        c->logits = logits;
-        c->n_out = n_out;
-        forward_phases(c);
-        c->kv = NULL;
-        c->seqs = NULL;
-        c->b = NULL;
-        return AR_OK;
-    }
-    run_stage(c, stage_embed);
-    for (int l = 0; l < hp->n_layers; l++) {
-        const struct model_layer *L = &m->layers[l];
-        struct mm_item qkv[3] = {{.w = &L->wq, .out = c->q, .ldy = (size_t)L->wq.n_out},
-                                 {.w = &L->wk, .out = c->k, .ldy = (size_t)L->wk.n_out},
-                                 {.w = &L->wv, .out = c->v, .ldy = (size_t)L->wv.n_out}};
-        struct mm_item o = {.w = &L->wo, .out = c->proj, .ldy = (size_t)hp->n_embd};
-        struct mm_item gu[2] = {{.w = &L->wgate, .out = c->gate, .ldy = (size_t)hp->n_ff},
-                                {.w = &L->wup, .out = c->up, .ldy = (size_t)hp->n_ff}};
-        struct mm_item d = {.w = &L->wdown, .out = c->proj, .ldy = (size_t)hp->n_embd};
-        c->layer = l;
 
-        /* attention block: x += Wo · attn(rmsnorm(x) * attn_norm) */
-        c->norm_w = L->attn_norm;
-        c->norm_add = l > 0; /* the previous layer's ffn output */
-        c->post_w = l > 0 ? m->layers[l - 1].post_ffn_norm : NULL;
-        set_conv(c, c->xn, hp->n_embd, L->wq.vec_type);
-        run_stage(c, stage_norm);
-        note_act(c, c->xn, L->wq.vec_type);
-        run_matmuls(c, c->xn, qkv, 3);
-        if (!c->fuse_post)
-            run_stage(c, stage_qkv_post);
-        run_stage(c, stage_attn);
-        c->act_src = NULL; /* att is new */
-        if (l == hp->n_layers - 1 && c->n_rows > n_out) {
-            /* K/V are written: from here on only rows that produce logits matter */
-            compact_rows(c, n_out);
-            if (n_out == 0)
-                break;
-        }
-        run_matmuls(c, c->att, &o, 1);
-
-        /* feed-forward block: x += Wdown · (act(Wgate · h) * (Wup · h)), or the experts' */
-        c->norm_w = L->ffn_norm;
-        c->norm_add = true;
-        c->post_w = L->post_attn_norm;
-        if (L->exp_gate) {
-            set_conv(c, c->xn, hp->n_embd, L->router.vec_type);
-            run_stage(c, stage_norm);
-            note_act(c, c->xn, L->router.vec_type);
-            run_moe(c, L);
-            continue;
-        }
-        set_conv(c, c->xn, hp->n_embd, L->wgate.vec_type);
-        run_stage(c, stage_norm);
-        note_act(c, c->xn, L->wgate.vec_type);
-        run_matmuls(c, c->xn, gu, 2);
-        set_conv(c, c->hid, hp->n_ff, L->wdown.vec_type);
-        if (c->n_rows <= SMALL_ROWS) {
-            /* silu and its conversion inside the down projection's stage, per thread */
-            set_conv(c, c->gate, hp->n_ff, L->wdown.vec_type);
-            c->mm_pre = MM_PRE_SILU;
-            run_mm_stage(c, &d, 1);
-            c->mm_pre = MM_PRE_NONE;
-            c->act_src = NULL;
-        } else {
-            run_stage(c, stage_silu);
-            note_act(c, c->hid, L->wdown.vec_type);
-            run_matmuls(c, c->hid, &d, 1);
-        }
-    }
-
-    /* final norm and output matrix over the rows that want logits (now rows 0..n_out-1) */
-    if (n_out > 0) {
-        struct mm_item out = {.w = &m->output, .out = logits, .ldy = (size_t)hp->n_vocab};
-        assert(c->n_rows == n_out);
-        c->norm_w = m->output_norm;
-        c->norm_add = true;
-        c->post_w = m->layers[hp->n_layers - 1].post_ffn_norm;
-        set_conv(c, c->xn, hp->n_embd, m->output.vec_type);
-        run_stage(c, stage_norm);
-        note_act(c, c->xn, m->output.vec_type);
-        run_matmuls(c, c->xn, &out, 1);
-    }
+    if (n <= SMALL_ROWS && c->ph_ok)
+        pass_phases(c);
+    else
+        pass_stages(c);
     c->kv = NULL;
     c->seqs = NULL;
     c->b = NULL;
