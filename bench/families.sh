@@ -5,12 +5,73 @@
 # Qwen2.5-0.5B-shaped qwen2 model of bench/engine.sh. Prints one JSON object per measurement
 # (the first line of each bench: the CPU and kernels).
 #   sh bench/families.sh [FAMILY...]      FAMILY: qwen2 qwen3 qwen3moe glm4 chatglm gemma3 phi3
+# With ROUNDS=N it runs every model once per round (-r 1), N rounds, so that each family's
+# figures and qwen2's come from the same stretches of machine load; then
+#   sh bench/families.sh summary FILE
+# prints the table of docs/benchmarks.md from that output: medians over the rounds, and each
+# family's prefill GFLOP/s and decode efficiency as ratios to the qwen2 row of the same type and
+# thread count.
 # With OLD_BIN=path/to/older/autoreply it instead runs that binary and this one alternately,
 # ROUNDS times (default 5), on the qwen2 model: the fast pass's speed before and after a change.
 set -e
 cd "$(dirname "$0")/.."
 DIR=${AR_BENCH_DIR:-/tmp/autoreply-bench}
 BIN=./bin/autoreply
+
+# summary FILE: medians per (model, type, threads, test) over the rounds, ratios to qwen2
+if [ "${1:-}" = summary ]; then
+    awk '
+    function field(line, k,   m) {
+        if (match(line, "\"" k "\":[^,}]*")) {
+            m = substr(line, RSTART + length(k) + 3, RLENGTH - length(k) - 3)
+            gsub(/"/, "", m)
+            return m
+        }
+        return ""
+    }
+    function median(key,   n, i, j, t, a) {
+        n = cnt[key]
+        for (i = 1; i <= n; i++) a[i] = val[key, i]
+        for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j - 1] > a[j]; j--) {
+            t = a[j]; a[j] = a[j - 1]; a[j - 1] = t
+        }
+        return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+    }
+    function add(key, v) { cnt[key]++; val[key, cnt[key]] = v }
+    /"test":"pp/ {
+        k = field($0, "model") SUBSEP field($0, "threads")
+        if (!(k in seen)) { seen[k] = 1; order[++n_rows] = k }
+        arch[k] = field($0, "arch"); type[k] = field($0, "type")
+        mib[k] = field($0, "weight_bytes") / 1048576; mib_all[k] = field($0, "weight_bytes_all") / 1048576
+        add(k SUBSEP "pp", field($0, "tokens_per_s")); add(k SUBSEP "gf", field($0, "gflops_per_s"))
+    }
+    /"test":"tg/ {
+        k = field($0, "model") SUBSEP field($0, "threads")
+        add(k SUBSEP "tg", field($0, "tokens_per_s")); add(k SUBSEP "eff", field($0, "efficiency"))
+        add(k SUBSEP "bw", field($0, "bandwidth_gbs"))
+    }
+    END {
+        for (i = 1; i <= n_rows; i++) {
+            k = order[i]; split(k, p, SUBSEP)
+            if (arch[k] == "qwen2") { base_gf[type[k], p[2]] = median(k SUBSEP "gf"); base_eff[type[k], p[2]] = median(k SUBSEP "eff") }
+        }
+        print "| model | type | threads | MiB/token | rounds | pp512 tok/s | prefill GFLOP/s | vs qwen2 | tg tok/s | bandwidth GB/s | decode efficiency | vs qwen2 |"
+        print "|---|---|---|---|---|---|---|---|---|---|---|---|"
+        for (i = 1; i <= n_rows; i++) {
+            k = order[i]; split(k, p, SUBSEP)
+            gf = median(k SUBSEP "gf"); eff = median(k SUBSEP "eff")
+            bg = base_gf[type[k], p[2]]; be = base_eff[type[k], p[2]]
+            m = mib[k] != mib_all[k] ? sprintf("%.0f of %.0f", mib[k], mib_all[k]) : sprintf("%.0f", mib[k])
+            rg = bg > 0 ? sprintf("%.2f", gf / bg) : "-"
+            re = be > 0 ? sprintf("%.2f", eff / be) : "-"
+            printf("| %s (%s) | %s | %s | %s | %d | %.0f | %.0f | %s | %.1f | %.1f | %.3f | %s |\n",
+                p[1], arch[k], type[k], p[2], m, cnt[k SUBSEP "pp"], median(k SUBSEP "pp"), gf,
+                rg, median(k SUBSEP "tg"), median(k SUBSEP "bw"), eff, re)
+        }
+    }' "$2"
+    exit 0
+fi
+
 mkdir -p "$DIR"
 make -s -j2 bin/autoreply
 
@@ -55,6 +116,24 @@ if [ -n "${OLD_BIN:-}" ]; then
 fi
 
 families=${*:-"qwen2 qwen3 qwen3moe glm4 chatglm gemma3 phi3"}
+if [ -n "${ROUNDS:-}" ]; then
+    for type in ${TYPES:-q8_0 q4_k_m}; do
+        for f in $families; do
+            model_path "$f" $type >/dev/null
+        done
+    done
+    for r in $(seq "$ROUNDS"); do
+        for type in ${TYPES:-q8_0 q4_k_m}; do
+            for f in $families; do
+                m=$(model_path "$f" $type)
+                cat "$m" >/dev/null
+                echo "+ $BIN bench -m $m -t 1,2 -r 1 -n ${N_GEN:-64} --json  # round $r" >&2
+                $BIN bench -m "$m" -t 1,2 -r 1 -n "${N_GEN:-64}" --json | sed "s|^{|{\"round\":$r,|"
+            done
+        done
+    done
+    exit 0
+fi
 for type in q8_0 q4_k_m; do
     for f in $families; do
         m=$(model_path "$f" $type)

@@ -237,7 +237,9 @@ int cmd_bench(int argc, char **argv)
                    "repetitions of tok/s x weight bytes per token / that repetition's bandwidth\n"
                    "(a mixture of experts: the used experts' bytes, weight_bytes; the file's\n"
                    "matrices: weight_bytes_all);\n"
-                   "tokens_per_s_median: the median decode speed.\n");
+                   "tokens_per_s_median: the median decode speed; gflops_per_s (prefill): the\n"
+                   "pass's floating-point operations (model_prefill_flops: matrices, causal\n"
+                   "attention, the last row's logits) per second at the best repetition.\n");
             return 0;
         } else {
             cli_error("bench: unknown option '%s'", a);
@@ -320,10 +322,11 @@ int cmd_bench(int argc, char **argv)
         if (json) {
             printf("{\"model\":\"%s\",\"arch\":\"%s\",\"type\":\"%s\",\"threads\":%d,\"test\":\"pp%" PRId64
                    "\",\"tokens_per_s\":%.3f,\"bandwidth_gbs\":%.3f,\"efficiency\":null,"
-                   "\"speedup_vs_decode\":%.3f,\"weight_bytes\":%" PRIu64
+                   "\"speedup_vs_decode\":%.3f,\"gflops_per_s\":%.1f,\"weight_bytes\":%" PRIu64
                    ",\"weight_bytes_all\":%" PRIu64 ",\"rss_after_load_kib\":%ld,"
                    "\"rss_after_run_kib\":%ld}\n",
-                   base_name(path), model_arch_name(hp->arch), type, nt, n_prompt, pp_best, bw, pp_best / tg_best, wbytes,
+                   base_name(path), model_arch_name(hp->arch), type, nt, n_prompt, pp_best, bw, pp_best / tg_best,
+                   model_prefill_flops(m, n_prompt) * pp_best / (double)n_prompt / 1e9, wbytes,
                    wbytes_all, rss_load_kb, rss_kb);
             printf("{\"model\":\"%s\",\"arch\":\"%s\",\"type\":\"%s\",\"threads\":%d,\"test\":\"tg%" PRId64
                    "\",\"tokens_per_s\":%.3f,\"bandwidth_gbs\":%.3f,\"efficiency\":%.4f,"
@@ -337,8 +340,9 @@ int cmd_bench(int argc, char **argv)
             if (wbytes != wbytes_all)
                 printf(" of %.1f MiB", (double)wbytes_all / 1048576.0);
             printf("), %d thread%s\n", nt, nt > 1 ? "s" : "");
-            printf("  pp%-5" PRId64 " %10.2f tok/s   (%.1fx decode)\n", n_prompt, pp_best,
-                   pp_best / tg_best);
+            printf("  pp%-5" PRId64 " %10.2f tok/s   (%.1fx decode, %.1f GFLOP/s)\n", n_prompt,
+                   pp_best, pp_best / tg_best,
+                   model_prefill_flops(m, n_prompt) * pp_best / (double)n_prompt / 1e9);
             printf("  tg%-5" PRId64 " %10.2f tok/s   (median %.2f)\n", n_gen, tg_best, tg_med);
             printf("  memory read bandwidth %.2f GB/s; decode efficiency %.3f (medians over %" PRId64
                    " repetitions)\n",

@@ -630,6 +630,37 @@ uint64_t model_weight_bytes(const struct model *m)
     return m->weight_bytes;
 }
 
+/* Products of one token through a layer's matrices (a mixture of experts: its used experts). */
+static uint64_t layer_macs(const struct model_layer *L, int n_used)
+{
+    const struct model_mat *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->wgate, &L->wup, &L->wdown};
+    uint64_t n = 0;
+    for (size_t i = 0; i < AR_ARRAY_LEN(ws); i++)
+        if (ws[i]->data)
+            n += (uint64_t)ws[i]->n_in * (uint64_t)ws[i]->n_out;
+    if (L->exp_gate)
+        n += (uint64_t)L->router.n_in * (uint64_t)L->router.n_out +
+             (uint64_t)n_used * ((uint64_t)L->exp_gate[0].n_in * (uint64_t)L->exp_gate[0].n_out +
+                                 (uint64_t)L->exp_up[0].n_in * (uint64_t)L->exp_up[0].n_out +
+                                 (uint64_t)L->exp_down[0].n_in * (uint64_t)L->exp_down[0].n_out);
+    return n;
+}
+
+double model_prefill_flops(const struct model *m, int64_t n_tokens)
+{
+    const struct model_hparams *hp = &m->hp;
+    double f = 2.0 * (double)hp->n_embd * (double)hp->n_vocab; /* logits of the last row */
+    for (int l = 0; l < hp->n_layers; l++) {
+        const struct model_layer *L = &m->layers[l];
+        double seen = 0; /* positions the rows attend to, all rows together */
+        for (int64_t i = 0; i < n_tokens; i++)
+            seen += (double)(L->swa_window > 0 ? AR_MIN(i + 1, (int64_t)L->swa_window) : i + 1);
+        f += 2.0 * (double)n_tokens * (double)layer_macs(L, hp->n_expert_used) +
+             4.0 * (double)hp->n_heads * (double)hp->head_dim * seen; /* q·k and p·v */
+    }
+    return f;
+}
+
 uint64_t model_active_weight_bytes(const struct model *m)
 {
     return m->active_weight_bytes;

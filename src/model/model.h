@@ -78,6 +78,10 @@ uint64_t model_weight_bytes(const struct model *m);
  * mixture-of-experts FFN only n_expert_used experts (the router always). Equals
  * model_weight_bytes for dense models. */
 uint64_t model_active_weight_bytes(const struct model *m);
+/* Floating-point operations (a multiply-add counts 2) of a prefill of n_tokens from position 0:
+ * every row through every layer's matrices (a mixture: the used experts), causal attention
+ * over the positions each row sees (its window on sliding layers), logits of the last row. */
+double model_prefill_flops(const struct model *m, int64_t n_tokens);
 /* Whether layer il attends over a sliding window (hp->swa_window positions) only. */
 bool model_layer_is_swa(const struct model_hparams *hp, int il);
 /* KV geometry for this model with n_blocks blocks of block_tokens tokens of type type. */
