@@ -93,7 +93,10 @@ static struct model *load_fixture(const char *name)
     char rel[128], path[PATH_LEN];
     struct model *m = NULL;
     struct ar_err err = {0};
-    snprintf(rel, sizeof(rel), "fixtures/models/%s.gguf", name);
+    if (strchr(name, '/')) /* another fixtures folder: "fixtures-arch/models/NAME" */
+        snprintf(rel, sizeof(rel), "%s.gguf", name);
+    else
+        snprintf(rel, sizeof(rel), "fixtures/models/%s.gguf", name);
     enum ar_status st = model_load(th_shared_path(path, sizeof(path), rel), &m, &err);
     if (st != AR_OK)
         fail_msg("model_load %s: %s (%s)", path, ar_status_str(st), err.msg);
@@ -708,6 +711,44 @@ static void hyperparameters_and_weight_bytes_follow_the_file(void **state)
     }
 }
 
+/* model_prefill_flops against a count from the file's tensor shapes: each layer tensor of two
+ * or more dimensions is a matrix every row goes through (a 3-D expert tensor: n_expert_used of
+ * its matrices), causal attention over 1..n positions (a sliding layer: at most its window),
+ * and the last row's logits. The gemma3 fixture has a window of 64 on layer 0, so 100 rows
+ * cover both the clipped and the full sum. */
+static void prefill_flops_follow_the_tensor_shapes(void **state)
+{
+    static const char *names[] = {"tiny-llama-q8_0", "fixtures-arch/models/tiny-qwen3moe-q8_0",
+                                  "fixtures-arch/models/tiny-gemma3-q8_0"};
+    (void)state;
+    for (size_t k = 0; k < AR_ARRAY_LEN(names); k++) {
+        struct model *m = load_fixture(names[k]);
+        const struct model_hparams *hp = model_hparams(m);
+        const struct gguf_file *f = model_gguf(m);
+        const int64_t n = 100;
+        double macs = 0, want;
+        for (int64_t i = 0; i < gguf_n_tensors(f); i++) {
+            const struct gguf_tensor *t = gguf_tensor_at(f, i);
+            if (strncmp(t->name, "blk.", 4) != 0 || t->ne[1] <= 1)
+                continue;
+            macs += (double)t->ne[0] * (double)t->ne[1] *
+                    (t->ne[2] > 1 ? (double)hp->n_expert_used : 1.0);
+        }
+        want = 2.0 * (double)n * macs + 2.0 * (double)hp->n_embd * (double)hp->n_vocab;
+        for (int l = 0; l < hp->n_layers; l++) {
+            int64_t w = model_layer_is_swa(hp, l) ? hp->swa_window : n;
+            double seen = 0;
+            for (int64_t i = 1; i <= n; i++)
+                seen += (double)(i < w ? i : w);
+            want += 4.0 * hp->n_heads * hp->head_dim * seen;
+        }
+        if (k == 2)
+            assert_true(model_layer_is_swa(hp, 0) && hp->swa_window == 64);
+        assert_true(fabs(model_prefill_flops(m, n) - want) <= 1e-9 * want);
+        model_destroy(m);
+    }
+}
+
 /* The shipped demo model (models/MODEL_CARD.md): hyperparameters as the card states, and
  * its Q8_0 file computes nearly the same logits as its F16 file. */
 static void demo_model_loads_and_its_two_precisions_agree(void **state)
@@ -972,6 +1013,7 @@ int main(void)
         cmocka_unit_test(f16_kv_cache_stays_close_to_f32),
         cmocka_unit_test(hyperparameters_and_weight_bytes_follow_the_file),
         cmocka_unit_test(demo_model_loads_and_its_two_precisions_agree),
+        cmocka_unit_test(prefill_flops_follow_the_tensor_shapes),
         cmocka_unit_test(bad_files_are_rejected_with_the_right_status),
         cmocka_unit_test(bad_batches_are_rejected_without_writing),
         cmocka_unit_test(allocation_failures_return_enomem),
