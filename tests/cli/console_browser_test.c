@@ -42,9 +42,9 @@ static int group_setup(void **state)
     assert_non_null(mkdtemp(g.dir));
     snprintf(data, sizeof(data), "%s/var", g.dir);
     snprintf(log, sizeof(log), "%s/serve.log", g.dir);
-    th_serve_spawn(&g.srv, log,
-                   (const char *const[]){"-m", g.model, "--port", "0", "--data-dir", data, "-t",
-                                         "1", NULL});
+    th_serve_spawn(
+        &g.srv, log,
+        (const char *const[]){"-m", g.model, "--port", "0", "--data-dir", data, "-t", "1", NULL});
     return th_serve_wait_ready(&g.srv, 60) ? 0 : -1;
 }
 

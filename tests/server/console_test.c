@@ -200,16 +200,17 @@ static void test_gzip_when_accepted(void **state)
     server_destroy(s);
 }
 
-/* ---- GET /v1/stats ---------------------------------------------------------------------------- */
+/* ---- GET /v1/stats ----------------------------------------------------------------------------
+ */
 
 static struct metrics_child *http_child(struct metrics_registry *reg, const char *method,
                                         const char *endpoint)
 {
     static const char *const labels[] = {"method", "endpoint", "status", NULL};
     struct metrics_family *f;
-    assert_int_equal(metrics_histogram(reg, "autoreply_http_request_duration_seconds", "x",
-                                       labels, NULL, 0, &f),
-                     AR_OK);
+    assert_int_equal(
+        metrics_histogram(reg, "autoreply_http_request_duration_seconds", "x", labels, NULL, 0, &f),
+        AR_OK);
     return metrics_child(f, (const char *const[]){method, endpoint, "200"});
 }
 
@@ -247,9 +248,9 @@ static void test_stats_from_registry(void **state)
         metrics_counter(reg, "autoreply_reply_cache_misses_total", "x", miss_labels, &f), AR_OK);
     metrics_inc(metrics_child(f, (const char *const[]){"interactive"}), 1);
     /* generated replies took 2 s and 4 s (mean 3 s); cached ones 1 ms, which must not count */
-    assert_int_equal(metrics_histogram(reg, "autoreply_reply_latency_seconds", "x", cached_labels,
-                                       NULL, 0, &f),
-                     AR_OK);
+    assert_int_equal(
+        metrics_histogram(reg, "autoreply_reply_latency_seconds", "x", cached_labels, NULL, 0, &f),
+        AR_OK);
     metrics_observe(metrics_child(f, (const char *const[]){"false"}), 2.0);
     metrics_observe(metrics_child(f, (const char *const[]){"false"}), 4.0);
     metrics_observe(metrics_child(f, (const char *const[]){"true"}), 0.001);
@@ -307,7 +308,8 @@ static void test_stats_from_registry(void **state)
     metrics_registry_destroy(reg);
 }
 
-/* ---- who may ask ------------------------------------------------------------------------------ */
+/* ---- who may ask ------------------------------------------------------------------------------
+ */
 
 static void test_loopback_addresses(void **state)
 {
