@@ -6,7 +6,7 @@ PKGS="build-essential pkg-config clang libclang-rt-14-dev curl
 libmicrohttpd-dev libsqlite3-dev libpcre2-dev libcjson-dev libmsgpack-dev libcmocka-dev
 libpq-dev libhiredis-dev librabbitmq-dev zlib1g-dev
 postgresql redis-server rabbitmq-server nginx-light prometheus iproute2 procps
-chromium nodejs"
+chromium fonts-wqy-microhei nodejs"
 # The browser tests' driver (tests/browser: playwright-core, pinned by its package-lock.json)
 # drives Debian's /usr/bin/chromium: npm downloads no browser. Installed again only when the
 # lock file changed since the last install.

@@ -7,7 +7,8 @@
 // workflow API is there (GET /v1/reviews answers 200), that a pending review made through the
 // API shows in the inbox and, edited and approved with the keyboard, is approved with the
 // edited text as the API then tells. Without that API the inbox must show the API's error.
-// Screenshots go to DIR.
+// With --key KEY (a server with API keys) the page must ask for the key first (the API's 401),
+// and work once it is given. Screenshots go to DIR.
 import { chromium } from "playwright-core";
 import fs from "node:fs";
 import path from "node:path";
@@ -16,6 +17,7 @@ const args = Object.fromEntries(
   process.argv.slice(2).reduce((acc, a, i, all) => (a.startsWith("--") ? [...acc, [a.slice(2), all[i + 1]]] : acc), []));
 const base = args.base;
 const out = args.out || "build/browser";
+const key = args.key || "";
 const chromePath = args.chromium || process.env.AR_CHROMIUM || "/usr/bin/chromium";
 if (!base) {
   console.error("usage: node console.mjs --base http://127.0.0.1:PORT --out DIR");
@@ -36,9 +38,11 @@ function check(cond, what) {
 }
 
 async function apiJson(method, p, body, type) {
+  const headers = body === undefined ? {} : { "Content-Type": type || "application/json" };
+  if (key) headers.Authorization = "Bearer " + key;
   const r = await fetch(base + p, {
     method,
-    headers: body === undefined ? {} : { "Content-Type": type || "application/json" },
+    headers,
     body: body === undefined ? undefined : typeof body === "string" ? body : JSON.stringify(body),
   });
   let data = null;
@@ -86,6 +90,7 @@ const browser = await chromium.launch({
     "--no-first-run", "--disable-quic"],
 });
 const errors = [];
+let keyGiven = !key;
 try {
   const ctx = await browser.newContext({ viewport: { width: 1280, height: 800 }, locale: "en-US", acceptDownloads: true });
   const page = await ctx.newPage();
@@ -96,12 +101,22 @@ try {
     // Chromium logs every non-2xx fetch as a console error; without the workflow API its
     // routes are expected to answer 404, and the page shows that (checked below)
     if (!workflow && /Failed to load resource/.test(m.text()) && /\/v1\/(reviews|shops)/.test(url)) return;
+    // and before the key is given, the API's 401 is what makes the page ask for it
+    if (!keyGiven && /Failed to load resource.*401/.test(m.text())) return;
     errors.push("console: " + m.text() + " " + url);
   });
 
   // ---- live -------------------------------------------------------------------------------
   await page.goto(base + "/console#live");
+  if (key) {
+    await page.waitForSelector("#key-dialog[open]", { timeout: 10000 });
+    check(true, "key: the page asks for the API key");
+    await page.fill("#key-input", key);
+    await page.click("#key-form button");
+    check(await page.evaluate(() => sessionStorage.getItem("autoreply.key")) === key, "key: kept in sessionStorage");
+  }
   await page.waitForFunction(() => /Updated/.test(document.getElementById("live-status").textContent), null, { timeout: 15000 });
+  keyGiven = true; // every 401 of the page before this was before the key
   check(await page.locator("#charts figure.chart").count() === 5, "live view: five charts");
   await page.waitForFunction(() => window.autoreplyConsole.series.rps.length >= 2, null, { timeout: 15000 });
   const pts = await page.locator("#chart-rps polyline").getAttribute("points");

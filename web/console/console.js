@@ -321,11 +321,18 @@
       svg.setAttribute("viewBox", "0 0 240 80");
       svg.setAttribute("class", "spark");
       svg.setAttribute("id", "chart-" + c.id);
+      const axis = document.createElementNS(SVG, "line");
+      axis.setAttribute("class", "axis");
+      axis.setAttribute("x1", "0");
+      axis.setAttribute("x2", "240");
+      axis.setAttribute("y1", "78.5");
+      axis.setAttribute("y2", "78.5");
       c.lines.forEach((_, i) => {
         const p = document.createElementNS(SVG, "polyline");
         p.setAttribute("class", "line l" + i);
         svg.append(p);
       });
+      svg.append(axis);
       box.append(el("figure", { class: "chart" },
         el("figcaption", {}, el("span", { text: t(c.label) }), el("b", { id: "val-" + c.id, text: "–" })),
         svg));
@@ -346,13 +353,15 @@
       if (!(max > 0)) max = 1;
       c.lines.forEach((name, i) => {
         const pts = [];
+        /* the newest point at the right edge, older ones scrolling left */
+        const shift = LIVE_POINTS - series[name].length;
         series[name].forEach((v, k) => {
           if (v == null) return;
-          const x = (240 * k) / (LIVE_POINTS - 1);
+          const x = (240 * (k + shift)) / (LIVE_POINTS - 1);
           const y = 78 - (74 * v) / max;
           pts.push(x.toFixed(1) + "," + y.toFixed(1));
         });
-        svg.children[i].setAttribute("points", pts.join(" "));
+        svg.querySelector(".l" + i).setAttribute("points", pts.join(" "));
       });
     }
   }
