@@ -139,6 +139,21 @@ try {
   const csv = fs.readFileSync(csvPath, "utf8").replace(/^\ufeff/, "").trim().split(/\r\n/);
   check(csv.length === 3 && csv[0].split(",").includes("line"), "jobs view: CSV with a header and 2 rows");
   await page.screenshot({ path: path.join(out, "console-jobs.png") });
+  // a job long enough (2000 lines) to be cancelled from the page while it runs
+  let long = "";
+  for (let i = 0; i < 2000; i++) long += JSON.stringify({ shop_id: shop, id: "long-" + i, text: "第" + i + "次买了，味道不错", rating: 4 }) + "\n";
+  const lj = await apiJson("POST", "/v1/jobs", long, "application/x-ndjson");
+  check(lj.status === 202, "a long job accepted (" + lj.status + ")");
+  await page.click("#tab-inbox");
+  await page.click("#tab-jobs");
+  const lrow = page.locator("#jobs-table tbody tr", { hasText: lj.data.id });
+  await lrow.getByRole("button", { name: "Cancel" }).click();
+  const cancelled = await until(async () => {
+    const j = await apiJson("GET", "/v1/jobs/" + lj.data.id);
+    return j.data && j.data.status !== "queued" && j.data.status !== "running" && j.data.status;
+  }, 10000, "the long job to stop");
+  check(cancelled === "cancelled", "jobs view: Cancel cancels the running job (" + cancelled + ")");
+  await apiJson("DELETE", "/v1/jobs/" + lj.data.id + "?purge=true");
 
   // ---- inbox ------------------------------------------------------------------------------
   await page.goto(base + "/console#inbox");
