@@ -14,7 +14,10 @@ browser_deps() {
     command -v npm >/dev/null 2>&1 || { echo "install-deps: npm not found (nodejs)" >&2; return 1; }
     d=tests/browser
     [ -f "$d/node_modules/.package-lock.json" ] && cmp -s "$d/package-lock.json" "$d/node_modules/.lock-installed" && return 0
-    (cd "$d" && npm ci --no-audit --no-fund --loglevel=error) && cp "$d/package-lock.json" "$d/node_modules/.lock-installed"
+    (cd "$d" && npm ci --no-audit --no-fund --loglevel=error) && cp "$d/package-lock.json" "$d/node_modules/.lock-installed" && return 0
+    # the rest of the suite still runs; tests/cli/console_browser_test then fails, saying why
+    echo "install-deps: npm ci in $d failed: the browser tests cannot run" >&2
+    return 0
 }
 cd "$(dirname "$0")/.."
 missing=""
