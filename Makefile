@@ -50,7 +50,12 @@ DEPS_deploy    := base
 DEPS_fleet     := base
 
 srcs_of = $(wildcard src/$(1)/*.c)
-objs_of = $(patsubst src/%.c,$(BUILD)/obj/%.o,$(call srcs_of,$(1)))
+objs_of = $(patsubst src/%.c,$(BUILD)/obj/%.o,$(call srcs_of,$(1))) $(GEN_OBJS_$(1))
+
+# The console's files (web/console/) compiled into the server as byte arrays, so that
+# `autoreply serve` needs no files on disk (tools/embed-console.sh writes the C file).
+CONSOLE_FILES := $(sort $(wildcard web/console/*))
+GEN_OBJS_server := $(BUILD)/obj/gen/console_assets.o
 lib_of  = $(BUILD)/lib/libar_$(1).a
 libs_for = $(foreach m,$(1) $(DEPS_$(1)),$(call lib_of,$(m)))
 
@@ -64,6 +69,14 @@ all: $(BIN)
 $(BUILD)/obj/%.o: src/%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(FLAGS_$(basename $(notdir $<))) -MMD -MP -c $< -o $@
+
+$(BUILD)/gen/console_assets.c: $(CONSOLE_FILES) tools/embed-console.sh
+	@mkdir -p $(dir $@)
+	sh tools/embed-console.sh $@ $(CONSOLE_FILES)
+
+$(BUILD)/obj/gen/console_assets.o: $(BUILD)/gen/console_assets.c src/server/console_assets.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -c $< -o $@
 
 define module_lib
 $(call lib_of,$(1)): $(call objs_of,$(1))

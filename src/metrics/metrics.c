@@ -470,27 +470,82 @@ uint64_t metrics_histogram_count(const struct metrics_child *c)
     return snapshot_buckets(c, counts);
 }
 
-double metrics_quantile(const struct metrics_child *c, double q)
+double metrics_buckets_quantile(const double *bounds, size_t n_bounds, const uint64_t *counts,
+                                double q)
 {
-    uint64_t counts[METRICS_MAX_BUCKETS + 1], total, cum = 0;
-    const struct metrics_family *f;
+    uint64_t total = 0, cum = 0;
     double rank;
-    if (!c || c->fam->type != METRICS_TYPE_HISTOGRAM || !(q >= 0.0 && q <= 1.0))
+    if (!bounds || !counts || n_bounds == 0 || !(q >= 0.0 && q <= 1.0))
         return NAN;
-    f = c->fam;
-    total = snapshot_buckets(c, counts);
+    for (size_t i = 0; i <= n_bounds; i++)
+        total += counts[i];
     if (total == 0)
         return NAN;
     rank = q * (double)total;
-    for (size_t i = 0; i < f->n_bounds; i++) {
+    for (size_t i = 0; i < n_bounds; i++) {
         if (counts[i] > 0 && (double)(cum + counts[i]) >= rank) {
-            double lower = i > 0 ? f->bounds[i - 1] : (f->bounds[0] > 0.0 ? 0.0 : f->bounds[0]);
-            double upper = f->bounds[i];
+            double lower = i > 0 ? bounds[i - 1] : (bounds[0] > 0.0 ? 0.0 : bounds[0]);
+            double upper = bounds[i];
             return lower + (upper - lower) * (rank - (double)cum) / (double)counts[i];
         }
         cum += counts[i];
     }
-    return f->bounds[f->n_bounds - 1];
+    return bounds[n_bounds - 1];
+}
+
+double metrics_quantile(const struct metrics_child *c, double q)
+{
+    uint64_t counts[METRICS_MAX_BUCKETS + 1];
+    if (!c || c->fam->type != METRICS_TYPE_HISTOGRAM)
+        return NAN;
+    snapshot_buckets(c, counts);
+    return metrics_buckets_quantile(c->fam->bounds, c->fam->n_bounds, counts, q);
+}
+
+/* ---- sums over children ---------------------------------------------------------------- */
+
+static void sum_child(const struct metrics_family *f, const struct metrics_child *c,
+                      metrics_keep_fn keep, void *user, struct metrics_sum *out)
+{
+    if (keep && !keep((const char *const *)f->label_names, (const char *const *)c->values,
+                      f->n_labels, user))
+        return;
+    out->value += metrics_value(c);
+    if (f->type == METRICS_TYPE_HISTOGRAM) {
+        uint64_t counts[METRICS_MAX_BUCKETS + 1];
+        out->count += snapshot_buckets(c, counts);
+        for (size_t i = 0; i <= f->n_bounds; i++)
+            out->buckets[i] += counts[i];
+    }
+}
+
+enum ar_status metrics_sum(struct metrics_registry *reg, const char *name, metrics_keep_fn keep,
+                           void *user, struct metrics_sum *out)
+{
+    if (!reg || !name || !out)
+        return AR_EINVAL;
+    memset(out, 0, sizeof(*out));
+    pthread_mutex_lock(&reg->lock);
+    for (size_t i = 0; i < reg->n_families; i++) {
+        struct metrics_family *f = reg->families[i];
+        if (strcmp(f->name, name) != 0)
+            continue;
+        out->found = true;
+        out->type = f->type;
+        if (f->type == METRICS_TYPE_HISTOGRAM) {
+            out->n_bounds = f->n_bounds;
+            memcpy(out->bounds, f->bounds, f->n_bounds * sizeof(f->bounds[0]));
+        }
+        pthread_mutex_lock(&f->lock);
+        for (size_t j = 0; j < f->n_children; j++)
+            sum_child(f, f->children[j], keep, user, out);
+        pthread_mutex_unlock(&f->lock);
+        if (f->other && atomic_load_explicit(&f->other->touched, memory_order_relaxed))
+            sum_child(f, f->other, keep, user, out);
+        break;
+    }
+    pthread_mutex_unlock(&reg->lock);
+    return AR_OK;
 }
 
 /* ---- rendering ------------------------------------------------------------------------- */

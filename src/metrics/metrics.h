@@ -6,6 +6,7 @@
 #ifndef AR_METRICS_H
 #define AR_METRICS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -78,6 +79,34 @@ uint64_t metrics_histogram_count(const struct metrics_child *c);
  * when its bound is positive). A rank in the +Inf bucket answers the largest finite bound.
  * NaN when the child has no observations or is not a histogram. Thread-safe. */
 double metrics_quantile(const struct metrics_child *c, double q);
+
+/* The q-quantile estimated from histogram buckets as metrics_quantile does: bounds (n_bounds,
+ * increasing), counts (n_bounds + 1, not cumulative, the last the +Inf bucket). NaN when the
+ * counts are all 0 or q is outside [0, 1]. */
+double metrics_buckets_quantile(const double *bounds, size_t n_bounds, const uint64_t *counts,
+                                double q);
+
+/* One family added up over its children (for summaries such as the server's /v1/stats, read
+ * without parsing the exposition text). */
+struct metrics_sum {
+    bool found; /* the family is registered */
+    enum metrics_type type;
+    double value;    /* counters and gauges: the sum of the values; histograms: of sums */
+    uint64_t count;  /* histograms: observations */
+    size_t n_bounds; /* histograms: the family's bounds and the summed bucket counts */
+    double bounds[METRICS_MAX_BUCKETS];
+    uint64_t buckets[METRICS_MAX_BUCKETS + 1]; /* not cumulative, the last the +Inf bucket */
+};
+
+/* Which children metrics_sum counts: keep(label_names, label_values, n_labels, user) true to
+ * count it; NULL keeps every child. Called under the family's lock: it must only look. */
+typedef bool (*metrics_keep_fn)(const char *const *names, const char *const *values,
+                                size_t n_labels, void *user);
+
+/* Adds up the family called name into *out (zeroed first; found false when there is none).
+ * Thread-safe. AR_EINVAL for NULL reg, name or out. */
+enum ar_status metrics_sum(struct metrics_registry *reg, const char *name, metrics_keep_fn keep,
+                           void *user, struct metrics_sum *out);
 
 /* Writes the whole registry as exposition text (families in registration order, children
  * in creation order) into a new NUL-terminated buffer *out of *len bytes (NUL excluded);

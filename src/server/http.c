@@ -843,6 +843,21 @@ static void client_address(struct MHD_Connection *c, char *out, size_t size)
                   (socklen_t)size);
 }
 
+bool srv_address_is_loopback(const char *addr)
+{
+    struct in_addr a4;
+    struct in6_addr a6;
+    if (!addr)
+        return false;
+    if (inet_pton(AF_INET, addr, &a4) == 1)
+        return (ntohl(a4.s_addr) >> 24) == 127;
+    if (inet_pton(AF_INET6, addr, &a6) != 1)
+        return false;
+    if (IN6_IS_ADDR_LOOPBACK(&a6))
+        return true;
+    return IN6_IS_ADDR_V4MAPPED(&a6) && a6.s6_addr[12] == 127;
+}
+
 /* Content-Type -> format; false for types we do not read. */
 static bool body_format(const char *ct, enum codec_format *f)
 {
@@ -1056,7 +1071,16 @@ static void admit(struct server *s, struct server_req *r, struct MHD_Connection 
         }
         return;
     }
-    if (s->keys && !(rt->flags & SERVER_ROUTE_PUBLIC) &&
+    if (!s->keys && !(rt->flags & SERVER_ROUTE_PUBLIC) &&
+        (!(rt->flags & SERVER_ROUTE_METRICS) || s->p.metrics_auth) &&
+        !srv_address_is_loopback(r->client)) {
+        /* no key tells an operator's clients from anyone else: only this machine's are */
+        server_reply_error(r, 403, "permission_error", "loopback_only",
+                           "without API keys (--api-key-file) this server answers clients on "
+                           "its own machine only");
+        return;
+    }
+    if (s->keys && !(rt->flags & (SERVER_ROUTE_PUBLIC | SERVER_ROUTE_PAGE)) &&
         (!(rt->flags & SERVER_ROUTE_METRICS) || s->p.metrics_auth)) {
         const char *auth = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
         int idx = -1;
@@ -1074,7 +1098,7 @@ static void admit(struct server *s, struct server_req *r, struct MHD_Connection 
         }
         snprintf(r->client, sizeof(r->client), "key:%d", idx);
     }
-    if (!(rt->flags & (SERVER_ROUTE_PUBLIC | SERVER_ROUTE_METRICS)) &&
+    if (!(rt->flags & (SERVER_ROUTE_PUBLIC | SERVER_ROUTE_METRICS | SERVER_ROUTE_PAGE)) &&
         !srv_limiter_request(s->limiter, r->client, ar_time_s(), &retry)) {
         server_reply_error_ex(r, 429, "rate_limit_error", "rate_limit_exceeded", NULL, retry,
                               "too many requests; retry after %.0f s", ceil(retry));
@@ -1828,7 +1852,8 @@ enum ar_status server_create(const struct server_params *p, struct server **out,
     if (p->rate_redis_url &&
         (st = srv_limiter_use_redis(s->limiter, p->rate_redis_url, s->metrics, err)) != AR_OK)
         goto fail;
-    if ((st = register_metrics(s)) != AR_OK || (st = openai_register(s)) != AR_OK) {
+    if ((st = register_metrics(s)) != AR_OK || (st = openai_register(s)) != AR_OK ||
+        (st = console_register(s)) != AR_OK) {
         ar_err_set(err, st, 0, "cannot register the server's metrics and routes");
         goto fail;
     }

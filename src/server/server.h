@@ -45,10 +45,10 @@ struct server_params {
     const char *rate_redis_url; /* redis://host:port/db: the buckets above live there, shared
                                    by every instance (a call Redis cannot answer is decided by
                                    this instance's own buckets); NULL: in this process only */
-    const char *model_name;   /* model id in /v1/models and replies ("autoreply") */
-    double retry_after_s;     /* Retry-After of 503 answers (queue full, loading), >= 1 (1) */
-    int n_ctx;                /* per-request context (prompt + generation); 0 or more than
-                                 the engine's: engine_n_ctx */
+    const char *model_name;     /* model id in /v1/models and replies ("autoreply") */
+    double retry_after_s;       /* Retry-After of 503 answers (queue full, loading), >= 1 (1) */
+    int n_ctx;                  /* per-request context (prompt + generation); 0 or more than
+                                   the engine's: engine_n_ctx */
     struct metrics_registry *metrics; /* borrowed; NULL: the server owns one */
     const char *instance_name;        /* this instance in the X-Autoreply-Instance header of every
                                          response and in /health (copied; printable ASCII, at most
@@ -142,12 +142,15 @@ enum server_route_flags {
                                        An exact route wins, then the longest prefix; the
                                        handler reads the rest from server_req_path */
     SERVER_ROUTE_ARRAY = 1u << 5,   /* with BODY: an array body is accepted as well */
-    SERVER_ROUTE_RAW = 1u << 6      /* the body is kept as received (server_req_raw_body), with
+    SERVER_ROUTE_RAW = 1u << 6,     /* the body is kept as received (server_req_raw_body), with
                                        any Content-Type. With BODY too, a body that is one JSON
                                        value (MessagePack for msgpack types) holding an object or
                                        an array is also parsed (server_req_body); any other body
                                        is left to the handler (server_req_body NULL), except
                                        MessagePack that does not parse: 400 */
+    SERVER_ROUTE_PAGE = 1u << 7     /* a browser page's static file: no API key needed (a
+                                       navigation cannot send one) nor request rate limit, but
+                                       without API keys only loopback clients, like the API */
 };
 
 /* Called on the event-loop thread. It must, now or later and from any thread, finish the

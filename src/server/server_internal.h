@@ -184,6 +184,11 @@ bool jsonpatch_array_insert(cJSON *arr, int idx, cJSON *item);
 
 /* Registers the built-in routes and metric families. */
 enum ar_status openai_register(struct server *s);
+/* console.c: GET /console (the page compiled in from web/console/) and GET /v1/stats. */
+enum ar_status console_register(struct server *s);
+/* Whether a client address (as inet_ntop writes it) is a loopback one: 127.0.0.0/8, ::1, or
+ * ::ffff:127.x.y.z. Without API keys the server answers only such clients. */
+bool srv_address_is_loopback(const char *addr);
 
 /* Server-wide metrics the HTTP core updates (http.c owns them, openai.c observes). */
 struct srv_metrics {

@@ -681,6 +681,66 @@ static void process_collector_renders_the_standard_families(void **state)
     metrics_registry_destroy(reg);
 }
 
+/* metrics_sum adds up the children a filter keeps: checked against sums kept here while the
+ * same values go in, over more label sets than a family holds (the "other" child counts). */
+static bool keep_get(const char *const *names, const char *const *values, size_t n, void *user)
+{
+    (void)user;
+    for (size_t i = 0; i < n; i++)
+        if (!strcmp(names[i], "method"))
+            return values && values[i] && !strcmp(values[i], "GET");
+    return false;
+}
+
+static void sum_adds_up_the_kept_children(void **state)
+{
+    static const char *const labels[] = {"method", "path", NULL};
+    static const double bounds[] = {1, 2, 4};
+    struct metrics_registry *reg;
+    struct metrics_family *c, *h;
+    struct metrics_sum sum;
+    double want_all = 0, want_get = 0;
+    uint64_t want_buckets[4] = {0};
+    (void)state;
+    assert_int_equal(metrics_registry_create(&reg), AR_OK);
+    assert_int_equal(metrics_counter(reg, "c_total", "c", labels, &c), AR_OK);
+    assert_int_equal(metrics_histogram(reg, "h_seconds", "h", labels, bounds, 3, &h), AR_OK);
+    for (int i = 0; i < METRICS_MAX_CHILDREN + 50; i++) {
+        char path[32];
+        const char *method = i % 3 ? "POST" : "GET";
+        double v = (double)(i % 7) * 0.75;
+        snprintf(path, sizeof(path), "/p%d", i);
+        metrics_inc(metrics_child(c, (const char *const[]){method, path}), (double)i);
+        metrics_observe(metrics_child(h, (const char *const[]){method, path}), v);
+        want_all += (double)i;
+        if (i % 3 == 0 && i < METRICS_MAX_CHILDREN) { /* past the bound: "other", no GET */
+            want_get += (double)i;
+        }
+        want_buckets[v <= 1 ? 0 : v <= 2 ? 1 : v <= 4 ? 2 : 3]++;
+    }
+    assert_int_equal(metrics_sum(reg, "c_total", NULL, NULL, &sum), AR_OK);
+    assert_true(sum.found && sum.type == METRICS_TYPE_COUNTER);
+    assert_true(sum.value == want_all);
+    assert_int_equal(metrics_sum(reg, "c_total", keep_get, NULL, &sum), AR_OK);
+    assert_true(sum.value == want_get);
+    assert_int_equal(metrics_sum(reg, "h_seconds", NULL, NULL, &sum), AR_OK);
+    assert_int_equal(sum.n_bounds, 3);
+    assert_int_equal(sum.count, METRICS_MAX_CHILDREN + 50);
+    for (int b = 0; b < 4; b++)
+        assert_int_equal(sum.buckets[b], want_buckets[b]);
+    /* the quantile of the summed buckets lies in the bucket that holds the true one */
+    {
+        double q = metrics_buckets_quantile(sum.bounds, sum.n_bounds, sum.buckets, 0.5);
+        assert_true(q > 2 && q <= 4); /* values 0, .75, 1.5, 2.25, 3, 3.75, 4.5: median 2.25 */
+    }
+    assert_int_equal(metrics_sum(reg, "nope", NULL, NULL, &sum), AR_OK);
+    assert_false(sum.found);
+    assert_true(sum.value == 0 && sum.count == 0);
+    assert_int_equal(metrics_sum(NULL, "c_total", NULL, NULL, &sum), AR_EINVAL);
+    assert_true(isnan(metrics_buckets_quantile(bounds, 3, (const uint64_t[]){0, 0, 0, 0}, 0.5)));
+    metrics_registry_destroy(reg);
+}
+
 int main(void)
 {
     struct timespec ts;
@@ -694,6 +754,7 @@ int main(void)
         cmocka_unit_test(names_are_validated),
         cmocka_unit_test(children_are_bounded_and_extra_label_sets_share_other),
         cmocka_unit_test(quantile_interpolates_within_the_bucket),
+        cmocka_unit_test(sum_adds_up_the_kept_children),
         cmocka_unit_test(concurrent_increments_sum_exactly),
         cmocka_unit_test(out_of_memory_is_reported_and_leaks_nothing),
         cmocka_unit_test(collectors_render_after_the_families_once_per_pair),
