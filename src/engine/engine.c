@@ -347,8 +347,9 @@ static enum ar_status admit(struct engine *e, struct req *r)
     r->n_past = (int)matched;
     st = kv_seq_reserve_at(e->kv, &r->kv, r->n_tok, INT64_MAX);
     if (st == AR_OK &&
-        reserve_rows(e, r, matched + AR_MIN(e->p.prefill_chunk, r->n_tok - matched)) != AR_OK) {
-        kv_seq_fini(e->kv, &r->kv);
+        (st = reserve_rows(e, r, matched + AR_MIN(e->p.prefill_chunk, r->n_tok - matched))) ==
+            AR_EBUSY) {
+        kv_seq_fini(e->kv, &r->kv); /* the local pool is short now */
         r->n_past = 0;
         return AR_EBUSY;
     }
@@ -359,9 +360,9 @@ static enum ar_status admit(struct engine *e, struct req *r)
     }
     if (st != AR_OK) {
         kv_seq_fini(e->kv, &r->kv);
+        r->n_past = 0;
         return st == AR_EBUSY ? AR_ENOMEM : st;
     }
-    r->n_past = (int)matched;
     r->n_fill = r->n_tok;
     r->n_reg = (int)(matched / e->p.block_tokens);
     r->reg_off = e->pc == NULL;
