@@ -581,6 +581,26 @@ static void sliding_layers_release_kv_behind_the_window_without_changing_logits(
     kv_seq_fini(r.kv, &s);
     kv_destroy(r.kv);
 
+    /* a row whose window lost a local block (released, or never taken) is refused, not read */
+    {
+        struct kv_cache *kv = swa_kv(m, 12);
+        struct kv_seq *sp = &s;
+        int32_t p1 = 100, zero = 0;
+        struct model_batch one = {.n_tokens = 1, .tokens = ta, .pos = &p1, .seq = &zero,
+                                  .n_seqs = 1};
+        kv_seq_init(&s);
+        assert_int_equal(kv_seq_reserve(kv, &s, 128), AR_OK);
+        kv_seq_slide(kv, &s, 128); /* keeps blocks 4..7 (positions 65..127 visible) */
+        assert_int_equal(model_forward(ctx, kv, &sp, &one, got), AR_EINVAL);
+        p1 = 127;
+        assert_int_equal(model_forward(ctx, kv, &sp, &one, got), AR_OK);
+        assert_int_equal(kv_seq_reserve_at(kv, &s, 160, INT64_MAX), AR_OK); /* no local */
+        p1 = 140;
+        assert_int_equal(model_forward(ctx, kv, &sp, &one, got), AR_EINVAL);
+        kv_seq_fini(kv, &s);
+        kv_destroy(kv);
+    }
+
     model_ctx_destroy(ctx);
     ar_pool_destroy(pool);
     free(plain);
