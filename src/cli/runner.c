@@ -44,13 +44,15 @@ enum ar_status cli_runner_open(const char *path, int n_threads, enum ar_type kv_
         ar_err_set(err, st, 0, "cannot start %d threads", n_threads);
         goto fail;
     }
+    r->n_batch = n_ctx < RUNNER_BATCH ? n_ctx : RUNNER_BATCH;
     model_kv_params(r->model, RUNNER_BLOCK_TOKENS,
                     (n_ctx + RUNNER_BLOCK_TOKENS - 1) / RUNNER_BLOCK_TOKENS, kv_type, &kp);
+    if (kp.swa_layers) /* sliding layers: their window and one chunk, +2 for the block edges */
+        kp.n_local_blocks = AR_MIN(kp.n_blocks, (kp.swa_window + r->n_batch) / RUNNER_BLOCK_TOKENS + 3);
     if ((st = kv_create(&kp, &r->kv)) != AR_OK) {
         ar_err_set(err, st, 0, "cannot allocate the KV cache (%d tokens)", n_ctx);
         goto fail;
     }
-    r->n_batch = n_ctx < RUNNER_BATCH ? n_ctx : RUNNER_BATCH;
     if ((st = model_ctx_create(r->model, r->n_batch, r->pool, &r->ctx)) != AR_OK) {
         ar_err_set(err, st, 0, "cannot allocate scratch buffers for %d tokens", r->n_batch);
         goto fail;
@@ -125,11 +127,15 @@ static enum ar_status run(struct cli_runner *r, const int32_t *tokens, int n, bo
         r->logits = nl;
         r->logits_rows = rows;
     }
-    if ((st = kv_seq_reserve(r->kv, &r->seq, r->n_past + n)) != AR_OK)
+    if ((st = kv_seq_reserve_at(r->kv, &r->seq, r->n_past + n, INT64_MAX)) != AR_OK)
         return ar_err_set(err, st, 0, "KV cache full");
-    /* the prompt in chunks of n_batch rows; logits rows land in order */
+    /* the prompt in chunks of n_batch rows; logits rows land in order. Sliding layers take
+     * local blocks for each chunk and give back those behind the window after it. */
     for (int done = 0; done < n; done += b.n_tokens) {
         b.n_tokens = AR_MIN(r->n_batch, n - done);
+        if ((st = kv_seq_reserve_at(r->kv, &r->seq, r->n_past + done + b.n_tokens,
+                                    r->n_past + done)) != AR_OK)
+            return ar_err_set(err, st, 0, "KV cache full");
         for (int i = 0; i < b.n_tokens; i++) {
             r->pos[i] = r->n_past + done + i;
             r->want[i] = all || done + i == n - 1;
@@ -141,6 +147,7 @@ static enum ar_status run(struct cli_runner *r, const int32_t *tokens, int n, bo
         float *dst = r->logits + (all ? (size_t)done * (size_t)r->n_vocab : 0);
         if ((st = model_forward(r->ctx, r->kv, seqs, &b, dst)) != AR_OK)
             return ar_err_set(err, st, 0, "forward pass failed: %s", ar_status_str(st));
+        kv_seq_slide(r->kv, &r->seq, r->n_past + done + b.n_tokens);
     }
     r->n_past += n;
     *logits = r->logits;

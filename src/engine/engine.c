@@ -9,6 +9,10 @@
  * plus one spare block while others run; decode blocks are taken one at a time, evicting
  * cached prefix blocks first and then preempting (lowest priority, newest admission first).
  * The prefix cache is keyed on token ids only: one engine serves one model.
+ * Sliding-window models also have a local pool (kv.h) for their sliding layers: a sequence
+ * takes local blocks step by step for the rows it computes and releases them once behind
+ * every window (kv_seq_slide), so it holds about window / block_tokens + 1 of them; a
+ * shortage evicts the prefix cache's local blocks, then skips or preempts.
  *
  * Locking: e->mu guards the queues, the running array, the cancel flags and the stats. The
  * scheduler thread alone touches the KV cache, the prefix cache, samplers, text buffers and
@@ -176,6 +180,9 @@ static void publish_locked(struct engine *e)
     e->st.kv_blocks_total = kv_params(e->kv)->n_blocks;
     e->st.kv_blocks_used = e->st.kv_blocks_total - kv_n_free(e->kv);
     e->st.kv_blocks_cached = e->pc ? kv_prefix_n_evictable(e->pc) : 0;
+    e->st.kv_local_blocks_total = kv_pool_n_blocks(e->kv, KV_POOL_LOCAL);
+    e->st.kv_local_blocks_used =
+        e->st.kv_local_blocks_total - kv_pool_n_free(e->kv, KV_POOL_LOCAL);
 }
 
 static void run_remove_locked(struct engine *e, struct req *r)
@@ -290,8 +297,32 @@ static struct req *pick_locked(struct engine *e, double t)
     return ih;
 }
 
-/* Gives r its KV: the cached prefix (prefix cache) and blocks for all its known tokens, and
- * its sampler on the first admission. AR_EBUSY: not enough KV now (nothing kept). */
+/* Makes n local blocks free, evicting the prefix cache's; false when it cannot. */
+static bool local_free(struct engine *e, int64_t n)
+{
+    int64_t have = kv_pool_n_free(e->kv, KV_POOL_LOCAL);
+    if (have < n && e->pc)
+        have += kv_prefix_evict_local(e->pc, n - have);
+    return have >= n;
+}
+
+/* Takes r's blocks for computing rows [r->n_past, n_tokens): global ones to n_tokens and the
+ * local ones of those rows. AR_EBUSY when the local pool is short even after evicting the
+ * prefix cache's (nothing taken then). */
+static enum ar_status reserve_rows(struct engine *e, struct req *r, int64_t n_tokens)
+{
+    int64_t n_g, n_l;
+    kv_seq_need(e->kv, &r->kv, n_tokens, r->n_past, &n_g, &n_l);
+    if (n_g > kv_n_free(e->kv) && e->pc)
+        kv_prefix_evict(e->pc, n_g - kv_n_free(e->kv));
+    if (!local_free(e, n_l))
+        return AR_EBUSY;
+    return kv_seq_reserve_at(e->kv, &r->kv, n_tokens, r->n_past);
+}
+
+/* Gives r its KV: the cached prefix (prefix cache), blocks for all its known tokens (the
+ * local ones for its first step only), and its sampler on the first admission. AR_EBUSY:
+ * not enough KV now (nothing kept). */
 static enum ar_status admit(struct engine *e, struct req *r)
 {
     int64_t matched = 0, need, extra, have;
@@ -301,6 +332,7 @@ static enum ar_status admit(struct engine *e, struct req *r)
         /* never reuse the block holding the last known token: its logits are needed */
         int64_t limit = (int64_t)(r->n_tok - 1) / e->p.block_tokens * e->p.block_tokens;
         matched = kv_prefix_lookup(e->pc, r->tokens, limit, &r->kv, &r->pc_parent);
+        kv_seq_slide(e->kv, &r->kv, matched); /* local blocks behind the window */
     }
     need = blocks_for(e, r->n_tok) - r->kv.n_blocks;
     extra = e->n_run > 0 ? 1 : 0; /* keep a block for the running ones to grow into */
@@ -311,7 +343,16 @@ static enum ar_status admit(struct engine *e, struct req *r)
         kv_seq_fini(e->kv, &r->kv);
         return AR_EBUSY;
     }
-    st = kv_seq_reserve(e->kv, &r->kv, r->n_tok);
+    /* global blocks for every known token, local ones for the first step's rows */
+    r->n_past = (int)matched;
+    st = kv_seq_reserve_at(e->kv, &r->kv, r->n_tok, INT64_MAX);
+    if (st == AR_OK &&
+        (st = reserve_rows(e, r, matched + AR_MIN(e->p.prefill_chunk, r->n_tok - matched))) ==
+            AR_EBUSY) {
+        kv_seq_fini(e->kv, &r->kv); /* the local pool is short now */
+        r->n_past = 0;
+        return AR_EBUSY;
+    }
     if (st == AR_OK && !r->smp) {
         st = sampler_create(&r->sp, e->n_vocab, &r->smp);
         if (st == AR_OK)
@@ -319,9 +360,9 @@ static enum ar_status admit(struct engine *e, struct req *r)
     }
     if (st != AR_OK) {
         kv_seq_fini(e->kv, &r->kv);
+        r->n_past = 0;
         return st == AR_EBUSY ? AR_ENOMEM : st;
     }
-    r->n_past = (int)matched;
     r->n_fill = r->n_tok;
     r->n_reg = (int)(matched / e->p.block_tokens);
     r->reg_off = e->pc == NULL;
@@ -383,7 +424,7 @@ static void reserve_decode_blocks(struct engine *e)
             i++;
             continue;
         }
-        st = kv_seq_reserve(e->kv, &r->kv, r->n_past + 1);
+        st = kv_seq_reserve_at(e->kv, &r->kv, r->n_past + 1, r->n_past);
         if (st == AR_OK) {
             i++;
             continue;
@@ -392,7 +433,7 @@ static void reserve_decode_blocks(struct engine *e)
             finish(e, r, ENGINE_FINISH_ERROR, st); /* removes r: i now names the next one */
             continue;
         }
-        if (e->pc && kv_prefix_evict(e->pc, 1) == 1)
+        if (e->pc && (kv_prefix_evict(e->pc, 1) == 1 || kv_prefix_evict_local(e->pc, 1) == 1))
             continue;
         struct req *v = pick_victim(e);
         preempt(e, v);
@@ -473,6 +514,10 @@ static void step(struct engine *e)
             if ((pass == 0) != (pending == 1))
                 continue;
             c = AR_MIN(pending, AR_MIN(e->p.prefill_chunk, e->p.n_batch - rows));
+            /* a prompt chunk's local blocks (decode rows have theirs): without them the chunk
+             * waits for a later step */
+            if (pass == 1 && reserve_rows(e, r, r->n_past + c) != AR_OK)
+                continue;
             for (int j = 0; j < c; j++) {
                 e->b_tok[rows + j] = r->tokens[r->n_past + j];
                 e->b_pos[rows + j] = r->n_past + j;
@@ -490,6 +535,11 @@ static void step(struct engine *e)
             e->b_reqs[n_seq] = r;
             n_seq++;
         }
+    }
+    if (rows == 0) {
+        /* every chunk waits for local blocks that only finishing work would free */
+        preempt(e, pick_victim(e));
+        return;
     }
     memset(&b, 0, sizeof(b));
     b.n_tokens = rows;
@@ -524,13 +574,16 @@ static void step(struct engine *e)
         while (!r->reg_off && (r->n_reg + 1) * e->p.block_tokens <=
                                   (r->cache_generated ? r->n_past : AR_MIN(r->n_past, r->n_fill))) {
             int bi = r->n_reg;
-            if (kv_prefix_insert(e->pc, r->pc_parent, r->tokens + (size_t)bi * e->p.block_tokens,
-                                 &r->kv.blocks[bi], &r->pc_parent) != AR_OK) {
+            if (kv_prefix_insert_local(e->pc, r->pc_parent,
+                                       r->tokens + (size_t)bi * e->p.block_tokens,
+                                       &r->kv.blocks[bi], r->kv.local ? &r->kv.local[bi] : NULL,
+                                       &r->pc_parent) != AR_OK) {
                 r->reg_off = true;
                 break;
             }
             r->n_reg++;
         }
+        kv_seq_slide(e->kv, &r->kv, r->n_past);
         if (r->b_logits < 0)
             continue;
         sst = sampler_sample(r->smp, e->logits + (size_t)r->b_logits * (size_t)e->n_vocab, &t);
@@ -720,6 +773,17 @@ enum ar_status engine_create(const struct model *m, const struct tokenizer *tok,
     e->next_id = 1;
 
     model_kv_params(m, p->block_tokens, n_blocks, p->kv_type, &kp);
+    if (kp.swa_layers) {
+        /* The local pool (sliding layers): after each step a sequence holds the blocks of its
+         * window, at most ceil(window / bt) + 1, plus one its next decode row opens; a step's
+         * prompt chunks, n_batch rows in all, take at most ceil(n_batch / bt) + 1 more each.
+         * So n_seq_max * (ceil(window / bt) + 3) + ceil(n_batch / bt) blocks never run short
+         * but for what the prefix cache keeps (evictable); more than the global pool is never
+         * needed, as a sequence holds no more local blocks than global ones. */
+        int64_t win = (kp.swa_window + p->block_tokens - 1) / p->block_tokens;
+        kp.n_local_blocks = AR_MIN(n_blocks, (int64_t)e->p.n_seq_max * (win + 3) +
+                                                 blocks_for(e, e->p.n_batch));
+    }
     if ((st = kv_create(&kp, &e->kv)) != AR_OK) {
         ar_err_set(err, st, 0, "cannot create the KV cache (%lld blocks)", (long long)n_blocks);
         goto fail;

@@ -97,6 +97,10 @@ struct engine_stats {
     int running;
     int64_t kv_blocks_used, kv_blocks_total; /* used includes kv_blocks_cached */
     int64_t kv_blocks_cached; /* held only by the prefix cache (evictable) */
+    /* the local pool of a sliding-window model (gemma3): blocks of its sliding layers, held
+     * for the positions still inside some window (and by the prefix cache); 0 and 0 when
+     * the model has none */
+    int64_t kv_local_blocks_used, kv_local_blocks_total;
     uint64_t prefix_queries;  /* admitted requests that looked up the prefix cache */
     uint64_t prefix_hit_tokens;
     uint64_t prompt_tokens, generated_tokens;

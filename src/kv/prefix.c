@@ -2,7 +2,8 @@
  * 64-bit hash, stored with their exact tokens and parent entry (compared on every lookup),
  * holding one block reference each, evicted least recently used first (leaves only).
  * Entries live in a fixed table of n_blocks slots (each entry holds a distinct block, so the
- * table never fills); a hash table of slot chains finds them. */
+ * table never fills); a hash table of slot chains finds them. With a local pool an entry may
+ * also hold the block's local-pool block, given up before the entry itself. */
 #include "kv.h"
 
 #include <assert.h>
@@ -12,6 +13,7 @@ struct pc_entry {
     uint64_t parent;   /* parent entry's handle, 0: first block of a prompt */
     uint64_t last_use; /* pc->tick at the last lookup or insert */
     int32_t block;     /* the cached block; -1: slot free */
+    int32_t local;     /* its local-pool block; -1: none (or released) */
     uint32_t gen;      /* bumped when the slot is freed: part of the handle */
     int32_t n_children;
     int32_t next; /* next slot in the same hash bucket, -1: end */
@@ -87,7 +89,7 @@ enum ar_status kv_prefix_create(struct kv_cache *kv, struct kv_prefix **out)
     pc->mask = nb - 1;
     pc->e = ar_calloc((size_t)pc->cap, sizeof(*pc->e));
     for (int64_t i = 0; pc->e && i < pc->cap; i++)
-        pc->e[i].block = -1; /* before any failure path: destroy reads it */
+        pc->e[i].block = pc->e[i].local = -1; /* before any failure path: destroy reads it */
     pc->tokens = ar_malloc((size_t)pc->cap * (size_t)pc->bt * sizeof(*pc->tokens));
     pc->buckets = ar_malloc((size_t)nb * sizeof(*pc->buckets));
     pc->free_slots = ar_malloc((size_t)pc->cap * sizeof(*pc->free_slots));
@@ -112,8 +114,11 @@ void kv_prefix_destroy(struct kv_prefix *pc)
         return;
     if (pc->e) {
         for (int64_t i = 0; i < pc->cap; i++)
-            if (pc->e[i].block >= 0)
+            if (pc->e[i].block >= 0) {
                 kv_block_unref(pc->kv, pc->e[i].block);
+                if (pc->e[i].local >= 0)
+                    kv_pool_unref(pc->kv, KV_POOL_LOCAL, pc->e[i].local);
+            }
     }
     ar_free(pc->e);
     ar_free(pc->tokens);
@@ -160,38 +165,64 @@ static int32_t find_entry(const struct kv_prefix *pc, uint64_t key, uint64_t par
 int64_t kv_prefix_lookup(struct kv_prefix *pc, const int32_t *tokens, int64_t n_tokens,
                          struct kv_seq *s, uint64_t *last)
 {
-    uint64_t parent = 0, parent_key = 0;
-    int64_t n = 0;
+    uint64_t parent = 0, parent_key = 0, best_handle = 0;
+    int64_t n = 0, best = 0, window = kv_params(pc->kv)->swa_window;
+    int64_t missing = -1; /* the last block index walked without its local block */
+    bool local = kv_has_local(pc->kv);
     assert(s->n_blocks == 0);
     while (n + pc->bt <= n_tokens) {
         uint64_t key = kv_prefix_hash(parent_key, tokens + n, pc->bt);
         int32_t slot = find_entry(pc, key, parent, tokens + n);
+        int64_t lo;
         if (slot < 0)
             break;
         /* the table can hold every block of the cache; growth only fails on ENOMEM, in which
          * case the match simply stops here */
-        if (s->n_blocks == s->cap) {
-            int32_t cap = s->cap ? s->cap * 2 : 4;
-            int32_t *nb = ar_realloc(s->blocks, (size_t)cap * sizeof(*nb));
-            if (!nb)
-                break;
-            s->blocks = nb;
-            s->cap = cap;
-        }
-        kv_block_ref(pc->kv, pc->e[slot].block);
-        s->blocks[s->n_blocks++] = pc->e[slot].block;
+        if (kv_seq_append(pc->kv, s, pc->e[slot].block, pc->e[slot].local) != AR_OK)
+            break;
         pc->e[slot].last_use = ++pc->tick;
         parent = slot_handle(pc, slot);
         parent_key = key;
+        if (local && pc->e[slot].local < 0)
+            missing = n / pc->bt;
         n += pc->bt;
+        /* an end is usable when the next query's window [n + 1 - window, n) is all held */
+        lo = AR_MAX(0, n + 1 - window) / pc->bt;
+        if (!local || missing < lo) {
+            best = n;
+            best_handle = parent;
+        }
     }
+    kv_seq_truncate(pc->kv, s, best);
     if (last)
-        *last = parent;
-    return n;
+        *last = best_handle;
+    return best;
 }
 
 enum ar_status kv_prefix_insert(struct kv_prefix *pc, uint64_t parent, const int32_t *tokens,
                                 int32_t *block, uint64_t *handle)
+{
+    return kv_prefix_insert_local(pc, parent, tokens, block, NULL, handle);
+}
+
+/* Gives entry en the caller's local block, or the caller the entry's (see insert). */
+static void share_local(struct kv_prefix *pc, struct pc_entry *en, int32_t *local)
+{
+    if (!local || *local < 0 || en->local == *local)
+        return;
+    if (en->local < 0) {
+        kv_pool_ref(pc->kv, KV_POOL_LOCAL, *local);
+        en->local = *local;
+        return;
+    }
+    kv_pool_ref(pc->kv, KV_POOL_LOCAL, en->local);
+    kv_pool_unref(pc->kv, KV_POOL_LOCAL, *local);
+    *local = en->local;
+}
+
+enum ar_status kv_prefix_insert_local(struct kv_prefix *pc, uint64_t parent,
+                                      const int32_t *tokens, int32_t *block, int32_t *local,
+                                      uint64_t *handle)
 {
     int32_t ps = handle_slot(pc, parent), slot;
     uint64_t key;
@@ -207,6 +238,7 @@ enum ar_status kv_prefix_insert(struct kv_prefix *pc, uint64_t parent, const int
             kv_block_unref(pc->kv, *block);
             *block = en->block;
         }
+        share_local(pc, en, local);
         en->last_use = ++pc->tick;
         *handle = slot_handle(pc, slot);
         return AR_OK;
@@ -219,6 +251,8 @@ enum ar_status kv_prefix_insert(struct kv_prefix *pc, uint64_t parent, const int
     en->parent = parent;
     en->last_use = ++pc->tick;
     en->block = *block;
+    en->local = -1;
+    share_local(pc, en, local);
     en->n_children = 0;
     memcpy(pc->tokens + (size_t)slot * (size_t)pc->bt, tokens, (size_t)pc->bt * sizeof(*tokens));
     en->next = pc->buckets[key & pc->mask];
@@ -244,7 +278,10 @@ static void remove_entry(struct kv_prefix *pc, int32_t slot)
     if (ps >= 0)
         pc->e[ps].n_children--;
     kv_block_unref(pc->kv, en->block);
+    if (en->local >= 0)
+        kv_pool_unref(pc->kv, KV_POOL_LOCAL, en->local);
     en->block = -1;
+    en->local = -1;
     en->next = -1;
     en->gen++;
     pc->free_slots[pc->n_free++] = slot;
@@ -265,6 +302,30 @@ int64_t kv_prefix_evict(struct kv_prefix *pc, int64_t n)
         if (best < 0)
             break;
         remove_entry(pc, best);
+        done++;
+    }
+    return done;
+}
+
+int64_t kv_prefix_evict_local(struct kv_prefix *pc, int64_t n)
+{
+    int64_t done = 0;
+    if (!kv_has_local(pc->kv))
+        return 0;
+    while (done < n) {
+        int32_t best = -1;
+        for (int64_t i = 0; i < pc->cap; i++) {
+            const struct pc_entry *en = &pc->e[i];
+            if (en->block < 0 || en->local < 0 ||
+                kv_pool_refcount(pc->kv, KV_POOL_LOCAL, en->local) != 1)
+                continue;
+            if (best < 0 || en->last_use < pc->e[best].last_use)
+                best = (int32_t)i;
+        }
+        if (best < 0)
+            break;
+        kv_pool_unref(pc->kv, KV_POOL_LOCAL, pc->e[best].local);
+        pc->e[best].local = -1;
         done++;
     }
     return done;

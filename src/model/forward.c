@@ -411,7 +411,7 @@ static void qkv_post_row(struct model_ctx *c, int64_t r, int g0, int g1)
     const float *csp = c->rope + (r * c->m->n_rope + L->rope) * hp->rope_dim;
     int32_t pos = c->b->pos[r];
     const struct kv_seq *s = c->seqs[c->b->seq[r]];
-    int32_t block = s->blocks[pos / bt];
+    int32_t block = kv_seq_table(c->kv, s, c->layer)[pos / bt];
     size_t off = (size_t)(pos % bt) * row_size;
     uint8_t *kd = (uint8_t *)kv_k_block(c->kv, c->layer, block) + off;
     uint8_t *vd = (uint8_t *)kv_v_block(c->kv, c->layer, block) + off;
@@ -462,7 +462,7 @@ static void attn_item(struct model_ctx *c, int ith, int64_t it)
     const float *q = c->q + r * n_q + (int64_t)kvh * group * hd;
     float *out = c->att + r * n_q + (int64_t)kvh * group * hd;
     int32_t n_pos = c->b->pos[r] + 1;
-    const struct kv_seq *s = c->seqs[c->b->seq[r]];
+    const int32_t *tab = kv_seq_table(c->kv, c->seqs[c->b->seq[r]], c->layer);
     size_t head_off = (size_t)kvh * (size_t)hd * es;
     int swa = c->m->layers[c->layer].swa_window;
     /* positions [first, n_pos) are visible: all, or the window's on a sliding layer (whose
@@ -473,7 +473,7 @@ static void attn_item(struct model_ctx *c, int ith, int64_t it)
         qkv_post_row(c, r, kvh, kvh + 1);
     for (int32_t t0 = first; t0 < n_pos;) {
         int32_t bi = t0 / bt, in = t0 % bt, nt = AR_MIN(bt - in, n_pos - t0);
-        const uint8_t *kb = (const uint8_t *)kv_k_block(c->kv, c->layer, s->blocks[bi]);
+        const uint8_t *kb = (const uint8_t *)kv_k_block(c->kv, c->layer, tab[bi]);
         ops->attn_scores(hd, group, nt, q, kb + (size_t)in * row_size + head_off, row_size, kt,
                          scale, scores + t0, cap);
         t0 += nt;
@@ -483,7 +483,7 @@ static void attn_item(struct model_ctx *c, int ith, int64_t it)
     memset(out, 0, (size_t)group * (size_t)hd * sizeof(float));
     for (int32_t t0 = first; t0 < n_pos;) {
         int32_t bi = t0 / bt, in = t0 % bt, nt = AR_MIN(bt - in, n_pos - t0);
-        const uint8_t *vb = (const uint8_t *)kv_v_block(c->kv, c->layer, s->blocks[bi]);
+        const uint8_t *vb = (const uint8_t *)kv_v_block(c->kv, c->layer, tab[bi]);
         ops->attn_values(hd, group, nt, scores + t0, cap, vb + (size_t)in * row_size + head_off,
                          row_size, kt, out);
         t0 += nt;
@@ -1159,6 +1159,11 @@ static enum ar_status check_batch(const struct model_ctx *c, const struct kv_cac
         for (int32_t i = 0; i <= b->pos[r] / kp->block_tokens; i++)
             if (s->blocks[i] < 0 || s->blocks[i] >= kp->n_blocks)
                 return AR_EINVAL; /* a table from another cache */
+        /* the local blocks of the row's window (sliding layers), released or never taken */
+        for (int32_t i = AR_MAX(0, b->pos[r] + 1 - kp->swa_window) / kp->block_tokens;
+             kv_has_local(kv) && i <= b->pos[r] / kp->block_tokens; i++)
+            if (!s->local || s->local[i] < 0 || s->local[i] >= kp->n_local_blocks)
+                return AR_EINVAL;
         if (b->logits ? b->logits[r] != 0 : r == b->n_tokens - 1)
             (*n_out)++;
     }

@@ -480,7 +480,8 @@ static enum ar_status load_tensors(struct model *m, struct ar_err *err)
     m->active_weight_bytes = m->weight_bytes;
 
     m->layers = ar_calloc((size_t)hp->n_layers, sizeof(*m->layers));
-    if (!m->layers)
+    m->swa_layers = ar_calloc((size_t)hp->n_layers, 1);
+    if (!m->layers || !m->swa_layers)
         return AR_ENOMEM;
     for (int l = 0; l < hp->n_layers; l++) {
         struct model_layer *L = &m->layers[l];
@@ -490,6 +491,7 @@ static enum ar_status load_tensors(struct model *m, struct ar_err *err)
             return st;
         L->swa_window = model_layer_is_swa(hp, l) ? hp->swa_window : 0;
         L->rope = L->swa_window ? 1 : 0;
+        m->swa_layers[l] = L->swa_window ? 1 : 0;
         m->weight_bytes += layer_bytes(L, hp->n_expert);
         m->active_weight_bytes += layer_bytes(L, hp->n_expert_used);
     }
@@ -604,6 +606,7 @@ void model_destroy(struct model *m)
         ar_free(m->layers[l].exp_down);
     }
     ar_free(m->layers);
+    ar_free(m->swa_layers);
     gguf_close(m->file);
     ar_free(m);
 }
@@ -675,4 +678,8 @@ void model_kv_params(const struct model *m, int block_tokens, int64_t n_blocks, 
     out->block_tokens = block_tokens;
     out->n_blocks = n_blocks;
     out->type = type;
+    /* one pool unless the caller sizes a local one (n_local_blocks) */
+    out->swa_window = m->hp.swa_window;
+    out->swa_layers = m->hp.swa_window > 0 ? m->swa_layers : NULL;
+    out->n_local_blocks = 0;
 }

@@ -84,7 +84,8 @@ uint64_t model_active_weight_bytes(const struct model *m);
 double model_prefill_flops(const struct model *m, int64_t n_tokens);
 /* Whether layer il attends over a sliding window (hp->swa_window positions) only. */
 bool model_layer_is_swa(const struct model_hparams *hp, int il);
-/* KV geometry for this model with n_blocks blocks of block_tokens tokens of type type. */
+/* KV geometry for this model with n_blocks blocks of block_tokens tokens of type type, its
+ * sliding-window layers marked; one pool (set out->n_local_blocks for a local pool). */
 void model_kv_params(const struct model *m, int block_tokens, int64_t n_blocks, enum ar_type type,
                      struct kv_params *out);
 

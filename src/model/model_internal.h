@@ -81,6 +81,7 @@ struct model {
     struct model_mat output;    /* n_embd -> n_vocab (may be tok_embd's data) */
     const float *output_norm;   /* (n_embd) */
     struct model_layer *layers; /* owned, (n_layers) */
+    uint8_t *swa_layers;        /* owned, (n_layers): 1 for a sliding-window layer */
     struct model_rope rope[2];  /* [0] global layers, [1] sliding-window layers (gemma3) */
     int n_rope;                 /* 1 or 2 */
     /* LongRoPE (phi3): rope[0] carries the short factors; this one the long factors, used

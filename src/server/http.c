@@ -1745,6 +1745,13 @@ static enum ar_status register_metrics(struct server *s)
     s->m.kv_used = metrics_child(f, NULL);
     FAM(metrics_gauge(g, "autoreply_kv_blocks_capacity", "KV cache blocks in all.", NULL, &f));
     s->m.kv_total = metrics_child(f, NULL);
+    FAM(metrics_gauge(g, "autoreply_kv_local_blocks_used",
+                      "Local-pool KV blocks in use (sliding-window layers).", NULL, &f));
+    s->m.kv_local_used = metrics_child(f, NULL);
+    FAM(metrics_gauge(g, "autoreply_kv_local_blocks_capacity",
+                      "Local-pool KV blocks in all (0: the model has no sliding-window layers).",
+                      NULL, &f));
+    s->m.kv_local_total = metrics_child(f, NULL);
     FAM(metrics_counter(g, "autoreply_prefix_cache_queries_total",
                         "Admitted requests that looked up the prefix cache.", NULL, &f));
     s->m.prefix_queries = metrics_child(f, NULL);

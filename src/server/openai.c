@@ -700,6 +700,8 @@ static void h_metrics(struct server_req *req, void *user)
         metrics_set(m->running, st.running);
         metrics_set(m->kv_used, (double)st.kv_blocks_used);
         metrics_set(m->kv_total, (double)st.kv_blocks_total);
+        metrics_set(m->kv_local_used, (double)st.kv_local_blocks_used);
+        metrics_set(m->kv_local_total, (double)st.kv_local_blocks_total);
         sync_counter(m->prefix_queries, &m->seen[0], st.prefix_queries);
         sync_counter(m->prefix_hit_tokens, &m->seen[1], st.prefix_hit_tokens);
         sync_counter(m->preemptions, &m->seen[2], st.preemptions);

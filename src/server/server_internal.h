@@ -197,7 +197,7 @@ struct srv_metrics {
     /* refusals for load, counted by server_reply_json from the error code of 429/503 answers */
     struct metrics_child *rejected_rate, *rejected_queue, *rejected_overloaded;
     struct metrics_family *queue_length; /* {priority} */
-    struct metrics_child *running, *kv_used, *kv_total;
+    struct metrics_child *running, *kv_used, *kv_total, *kv_local_used, *kv_local_total;
     struct metrics_child *prefix_queries, *prefix_hit_tokens, *preemptions;
     struct metrics_child *prompt_tokens, *generation_tokens;
     _Atomic uint64_t seen[5]; /* engine counters already added (prefix queries, hit tokens,

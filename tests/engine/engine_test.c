@@ -1,7 +1,9 @@
 /* engine_test.c - the serving engine on real model files: greedy output against llama.cpp's
  * reference continuations, batched = alone, the prefix cache (same tokens as without it),
  * priorities and bulk aging, the queue bound, cancellation, timeouts, preemption under a
- * tiny KV cache, stop strings, end-of-generation, max_tokens and the context limit.
+ * tiny KV cache, stop strings, end-of-generation, max_tokens and the context limit; a
+ * sliding-window model (gemma3) with its local KV pool: bounded local blocks, exact tokens,
+ * the prefix cache reused past the window.
  * A "gate" lets a test park the scheduler inside a request's first on_token callback, so
  * queue states are set up without timing races. */
 #include "harness/harness.h"
@@ -69,10 +71,22 @@ static void sleep_s(double s)
     nanosleep(&ts, NULL);
 }
 
+/* When set, on_token records the most local-pool blocks in use once a request has
+ * LOCAL_WATCH_FROM tokens (scheduler thread; engine_get_stats takes the engine's lock, which
+ * the scheduler does not hold during callbacks). */
+#define LOCAL_WATCH_FROM 20
+static struct engine *local_watch;
+static int64_t local_used_max;
+
 static void on_token(void *user, int32_t token, const char *text, size_t len)
 {
     struct obs *o = user;
     o->n_calls++;
+    if (local_watch && o->n_tok >= LOCAL_WATCH_FROM) {
+        struct engine_stats st;
+        engine_get_stats(local_watch, &st);
+        local_used_max = AR_MAX(local_used_max, st.kv_local_blocks_used);
+    }
     if (token >= 0 && o->n_tok < MAX_GEN)
         o->tok[o->n_tok++] = token;
     if (o->stream_len + len < MAX_TEXT) {
@@ -156,7 +170,7 @@ struct loaded {
     struct tokenizer *tok;
 };
 
-static struct loaded llama_f32, demo;
+static struct loaded llama_f32, demo, gemma3;
 
 static void load(const char *rel, struct loaded *out)
 {
@@ -174,6 +188,7 @@ static int group_setup(void **state)
     (void)state;
     load("fixtures/models/tiny-llama-f32.gguf", &llama_f32);
     load("models/autoreply-demo-q8_0.gguf", &demo);
+    load("fixtures-arch/models/tiny-gemma3-f32.gguf", &gemma3);
     return 0;
 }
 
@@ -184,6 +199,8 @@ static int group_teardown(void **state)
     model_destroy(llama_f32.m);
     tokenizer_destroy(demo.tok);
     model_destroy(demo.m);
+    tokenizer_destroy(gemma3.tok);
+    model_destroy(gemma3.m);
     return 0;
 }
 
@@ -1045,6 +1062,162 @@ static void create_fails_cleanly_on_every_allocation(void **state)
     }
 }
 
+/* ---- sliding-window models ------------------------------------------------------------------ */
+
+/* Greedy tokens of prompt + gen through model_forward with one pool that keeps every block,
+ * in the engine's schedule for a request alone (prompt chunks of `chunk` rows, logits of the
+ * last row only, then one row per step; one thread), so its logits are the engine's bit for
+ * bit when the local pool changes nothing. */
+static void greedy_one_pool(const struct model *m, const int32_t *prompt, int n, int gen,
+                            int chunk, int32_t *out)
+{
+    int nv = model_hparams(m)->n_vocab, total = n + gen;
+    int32_t *toks = malloc(sizeof(int32_t) * (size_t)total), *pos = malloc(sizeof(int32_t) * (size_t)chunk);
+    int32_t *seq = calloc((size_t)chunk, sizeof(int32_t));
+    uint8_t *want = calloc((size_t)chunk, 1);
+    float *logits = malloc(sizeof(float) * (size_t)nv);
+    struct model_ctx *ctx;
+    struct kv_params kp;
+    struct kv_cache *kv = NULL;
+    struct kv_seq s, *sp = &s;
+    assert_true(toks && pos && seq && want && logits);
+    memcpy(toks, prompt, sizeof(int32_t) * (size_t)n);
+    assert_int_equal(model_ctx_create(m, chunk, NULL, &ctx), AR_OK);
+    model_kv_params(m, 16, (total + 15) / 16, AR_TYPE_F16, &kp);
+    assert_int_equal(kv_create(&kp, &kv), AR_OK);
+    assert_false(kv_has_local(kv));
+    kv_seq_init(&s);
+    for (int p0 = 0; p0 < total - 1;) {
+        int c = p0 < n ? AR_MIN(chunk, n - p0) : 1;
+        for (int i = 0; i < c; i++) {
+            pos[i] = p0 + i;
+            want[i] = p0 + i == (p0 < n ? n : p0 + 1) - 1;
+        }
+        assert_int_equal(kv_seq_reserve(kv, &s, p0 + c), AR_OK);
+        struct model_batch b = {.n_tokens = c, .tokens = toks + p0, .pos = pos, .seq = seq,
+                                .logits = want, .n_seqs = 1};
+        assert_int_equal(model_forward(ctx, kv, &sp, &b, logits), AR_OK);
+        p0 += c;
+        if (p0 >= n) {
+            int best = 0;
+            for (int i = 1; i < nv; i++)
+                if (logits[i] > logits[best])
+                    best = i;
+            toks[p0] = best;
+        }
+    }
+    memcpy(out, toks + n, sizeof(int32_t) * (size_t)gen);
+    kv_seq_fini(kv, &s);
+    kv_destroy(kv);
+    model_ctx_destroy(ctx);
+    free(toks);
+    free(pos);
+    free(seq);
+    free(want);
+    free(logits);
+}
+
+/* gemma3 (window 64 on layer 0): an engine gets a local pool smaller than the global one;
+ * three 300-position requests at once hold at most ceil(64 / 16) + 2 local blocks each while
+ * decoding, and every request's tokens are those of a single pool keeping all K/V. With the
+ * prefix cache, a prompt sharing 270 tokens reuses 256 of them (past the window, its local
+ * blocks from the cache) and still gives those tokens. */
+static void sliding_window_model_frees_local_blocks_and_keeps_tokens(void **state)
+{
+    enum { N = 3, PROMPT = 200, GEN = 100, CHUNK = 64 };
+    int32_t prompt[N][PROMPT + 80], want[N][GEN], b[280], want_b[20];
+    struct engine_params p = small_params();
+    struct th_rng rng = {9090};
+    struct obs o[N], oa, ob;
+    struct waiter w;
+    struct engine_stats st;
+    struct engine *e;
+    int nv = model_hparams(gemma3.m)->n_vocab;
+    (void)state;
+    assert_int_equal(model_hparams(gemma3.m)->swa_window, 64);
+    assert_true(model_hparams(gemma3.m)->n_ctx_train >= 300);
+    p.prefill_chunk = CHUNK;
+    p.n_seq_max = 4;
+    for (int k = 0; k < N; k++) {
+        prompt[k][0] = 2; /* <bos> */
+        for (int i = 1; i < PROMPT + 80; i++)
+            prompt[k][i] = 7 + (int32_t)(th_rng_u64(&rng) % (uint64_t)(nv - 7));
+        greedy_one_pool(gemma3.m, prompt[k], PROMPT, GEN, CHUNK, want[k]);
+    }
+
+    /* cache off: what the local pool holds is the sequences' own blocks */
+    p.prefix_cache = false;
+    e = make_engine(&gemma3, &p);
+    engine_get_stats(e, &st);
+    assert_true(st.kv_local_blocks_total > 0 && st.kv_local_blocks_total < st.kv_blocks_total);
+    assert_int_equal(st.kv_local_blocks_used, 0);
+    waiter_init(&w);
+    local_used_max = 0;
+    local_watch = e;
+    for (int k = 0; k < N; k++) {
+        memset(&o[k], 0, sizeof(o[k]));
+        o[k].w = &w;
+        struct engine_request r = greedy_request(prompt[k], PROMPT, GEN, &o[k]);
+        submit_ok(e, &r, NULL);
+    }
+    wait_done(&w, N);
+    local_watch = NULL;
+    for (int k = 0; k < N; k++) {
+        check_consistent(&o[k]);
+        assert_int_equal(o[k].n_tok, GEN);
+        assert_memory_equal(o[k].tok, want[k], sizeof(int32_t) * GEN);
+    }
+    /* a decoding sequence holds its window, 64 positions: at most 5 blocks of 16, +1 being
+     * opened; one still prefilling (when the test thread submitted late) a chunk of 64 and
+     * its window: at most ceil((63 + 64) / 16) + 1 = 9. Keeping every block would take 19
+     * blocks per sequence. */
+    assert_true(local_used_max > 0);
+    assert_true(local_used_max <= N * 9);
+    engine_get_stats(e, &st);
+    assert_int_equal(st.kv_local_blocks_used, 0);
+    assert_int_equal(st.kv_blocks_used, 0);
+    engine_destroy(e);
+    waiter_fini(&w);
+
+    /* cache on: a registers its 280-token prompt; b shares its first 270 tokens */
+    p.prefix_cache = true;
+    memcpy(b, prompt[0], sizeof(b));
+    for (int i = 270; i < 280; i++)
+        b[i] = prompt[1][i];
+    greedy_one_pool(gemma3.m, b, 280, 20, CHUNK, want_b);
+    e = make_engine(&gemma3, &p);
+    run_on(e, prompt[0], 280, 20, &oa);
+    run_on(e, b, 280, 20, &ob);
+    assert_int_equal(ob.res.n_cached, 256);
+    assert_memory_equal(ob.tok, want_b, sizeof(want_b));
+    engine_get_stats(e, &st);
+    assert_true(st.kv_local_blocks_used > 0); /* the cache keeps some */
+    engine_destroy(e);
+
+    /* a KV cache for 480 tokens (the local pool then as large as the global one, 30 blocks):
+     * two requests of 13 blocks fit, growing to 19 each they do not; one is preempted and
+     * recomputed, the prefix cache gives up blocks, and the tokens stay exact */
+    p.kv_tokens = 480;
+    e = make_engine(&gemma3, &p);
+    waiter_init(&w);
+    for (int k = 0; k < N; k++) {
+        memset(&o[k], 0, sizeof(o[k]));
+        o[k].w = &w;
+        struct engine_request r = greedy_request(prompt[k], PROMPT, GEN, &o[k]);
+        submit_ok(e, &r, NULL);
+    }
+    wait_done(&w, N);
+    engine_get_stats(e, &st);
+    assert_int_equal(st.kv_local_blocks_total, 30);
+    assert_true(st.preemptions > 0);
+    for (int k = 0; k < N; k++) {
+        check_consistent(&o[k]);
+        assert_memory_equal(o[k].tok, want[k], sizeof(int32_t) * GEN);
+    }
+    engine_destroy(e);
+    waiter_fini(&w);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1063,6 +1236,7 @@ int main(void)
         cmocka_unit_test(context_limit_ends_generation_and_bad_requests_are_refused),
         cmocka_unit_test(destroy_cancels_queued_and_running_requests),
         cmocka_unit_test(create_fails_cleanly_on_every_allocation),
+        cmocka_unit_test(sliding_window_model_frees_local_blocks_and_keeps_tokens),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -1,5 +1,6 @@
 /* kv_test.c - the paged KV cache: block allocation until full, reference counts, block
- * tables (reserve, truncate, fini), geometry, and out-of-memory handling. */
+ * tables (reserve, truncate, fini), geometry, and out-of-memory handling; the local pool of
+ * sliding-window layers (own storage and counts, release behind the window, no leaks). */
 #include "harness/harness.h"
 
 #include "base/base.h"
@@ -243,6 +244,140 @@ static void allocation_failures_return_enomem_and_leak_nothing(void **state)
     }
 }
 
+/* 3 layers, 0 and 2 sliding (window 8), blocks of 4 tokens; n_local local blocks. */
+static const uint8_t swa_010[3] = {1, 0, 1};
+static struct kv_params swa_params(int64_t n_blocks, int64_t n_local)
+{
+    struct kv_params p = {
+        .n_layers = 3, .n_kv_heads = 2, .head_dim = 8, .block_tokens = 4,
+        .n_blocks = n_blocks, .type = AR_TYPE_F32, .swa_window = 8,
+        .swa_layers = swa_010, .n_local_blocks = n_local,
+    };
+    return p;
+}
+
+static void local_pool_has_its_own_storage_free_list_and_refcounts(void **state)
+{
+    struct kv_params p = swa_params(6, 3);
+    struct kv_cache *kv;
+    size_t bs = 4 * 2 * 8 * sizeof(float); /* one block of one layer's K (or V) */
+    int32_t lb[3];
+    (void)state;
+    /* the global pool holds layer 1 for 6 blocks, the local one layers 0 and 2 for 3 */
+    assert_int_equal(kv_total_size(&p), (6 * 1 + 3 * 2) * 2 * bs);
+    assert_int_equal(kv_create(&p, &kv), AR_OK);
+    assert_true(kv_has_local(kv));
+    assert_int_equal(kv_layer_pool(kv, 0), KV_POOL_LOCAL);
+    assert_int_equal(kv_layer_pool(kv, 1), KV_POOL_GLOBAL);
+    assert_int_equal(kv_layer_pool(kv, 2), KV_POOL_LOCAL);
+    assert_int_equal(kv_pool_n_blocks(kv, KV_POOL_GLOBAL), 6);
+    assert_int_equal(kv_pool_n_blocks(kv, KV_POOL_LOCAL), 3);
+
+    /* every (layer, K/V, block) is its own memory: fill each with its own byte, read back */
+    for (int pass = 0; pass < 2; pass++)
+        for (int l = 0; l < 3; l++)
+            for (int32_t b = 0; b < (l == 1 ? 6 : 3); b++)
+                for (int w = 0; w < 2; w++) {
+                    uint8_t *d = w ? kv_v_block(kv, l, b) : kv_k_block(kv, l, b);
+                    uint8_t v = (uint8_t)(l * 32 + b * 2 + w + 1);
+                    if (pass == 0)
+                        memset(d, v, bs);
+                    for (size_t i = 0; pass == 1 && i < bs; i++)
+                        assert_int_equal(d[i], v);
+                }
+
+    /* the pools count apart: the local one runs dry while the global one is untouched */
+    for (int i = 0; i < 3; i++)
+        assert_true((lb[i] = kv_pool_alloc(kv, KV_POOL_LOCAL)) >= 0);
+    assert_int_equal(kv_pool_alloc(kv, KV_POOL_LOCAL), -1);
+    assert_int_equal(kv_pool_n_free(kv, KV_POOL_LOCAL), 0);
+    assert_int_equal(kv_n_free(kv), 6);
+    kv_pool_ref(kv, KV_POOL_LOCAL, lb[0]);
+    assert_int_equal(kv_pool_refcount(kv, KV_POOL_LOCAL, lb[0]), 2);
+    assert_int_equal(kv_block_refcount(kv, lb[0]), 0);
+    kv_pool_unref(kv, KV_POOL_LOCAL, lb[0]);
+    assert_int_equal(kv_pool_n_free(kv, KV_POOL_LOCAL), 0);
+    for (int i = 0; i < 3; i++)
+        kv_pool_unref(kv, KV_POOL_LOCAL, lb[i]);
+    assert_int_equal(kv_pool_n_free(kv, KV_POOL_LOCAL), 3);
+    kv_destroy(kv);
+
+    /* no local pool without local blocks, sliding layers or a window: one pool as before */
+    for (int c = 0; c < 3; c++) {
+        p = swa_params(6, c == 0 ? 0 : 3);
+        if (c == 1)
+            p.swa_layers = NULL;
+        if (c == 2)
+            p.swa_window = 0;
+        assert_int_equal(kv_total_size(&p), 3 * 6 * 2 * bs);
+        assert_int_equal(kv_create(&p, &kv), AR_OK);
+        assert_false(kv_has_local(kv));
+        assert_int_equal(kv_layer_pool(kv, 0), KV_POOL_GLOBAL);
+        assert_int_equal(kv_pool_n_blocks(kv, KV_POOL_LOCAL), 0);
+        assert_int_equal(kv_pool_n_free(kv, KV_POOL_LOCAL), 0);
+        kv_destroy(kv);
+    }
+    p = swa_params(6, -1);
+    assert_int_equal(kv_create(&p, &kv), AR_EINVAL);
+}
+
+static void sliding_releases_local_blocks_behind_every_window(void **state)
+{
+    struct kv_params p = swa_params(16, 4);
+    struct kv_cache *kv;
+    struct kv_seq s, t;
+    (void)state;
+    assert_int_equal(kv_create(&p, &kv), AR_OK);
+    kv_seq_init(&s);
+    kv_seq_init(&t);
+    /* decode 40 positions one at a time: block i is kept while some later query's window
+     * (p - 8, p] reaches it, i.e. while (i + 1) * 4 > n + 1 - 8 after n positions */
+    for (int64_t n = 0; n < 40; n++) {
+        assert_true(kv_seq_window_held(kv, &s, n));
+        assert_int_equal(kv_seq_reserve_at(kv, &s, n + 1, n), AR_OK);
+        assert_true(s.local[n / 4] >= 0);
+        assert_true(kv_seq_n_local(&s) <= 4); /* ceil(8 / 4) + 1, + the block opened */
+        kv_seq_slide(kv, &s, n + 1);
+        assert_int_equal(s.n_blocks, n / 4 + 1);
+        for (int32_t i = 0; i < s.n_blocks; i++) {
+            assert_true(s.blocks[i] >= 0);
+            assert_int_equal(s.local[i] >= 0, (i + 1) * 4 > n + 1 + 1 - 8);
+        }
+        assert_true(kv_seq_n_local(&s) <= 3);
+        assert_int_equal(kv_pool_n_free(kv, KV_POOL_LOCAL), 4 - kv_seq_n_local(&s));
+        assert_int_equal(kv_n_free(kv), 16 - s.n_blocks);
+    }
+    /* a released block cannot be had back: the window of position 8 is not held */
+    assert_false(kv_seq_window_held(kv, &s, 8));
+
+    /* a second table sharing s's entries holds their blocks after s is gone */
+    for (int32_t i = 0; i < s.n_blocks; i++)
+        assert_int_equal(kv_seq_append(kv, &t, s.blocks[i], s.local[i]), AR_OK);
+    assert_int_equal(kv_pool_refcount(kv, KV_POOL_LOCAL, s.local[s.n_blocks - 1]), 2);
+    kv_seq_fini(kv, &s);
+    assert_int_equal(kv_pool_n_free(kv, KV_POOL_LOCAL), 4 - kv_seq_n_local(&t));
+    kv_seq_truncate(kv, &t, 36); /* drops the last block, local and global */
+    assert_int_equal(kv_pool_n_free(kv, KV_POOL_LOCAL), 4 - kv_seq_n_local(&t));
+    kv_seq_fini(kv, &t);
+
+    /* taking local blocks for every position of 20 needs 5 of 4: busy, nothing taken */
+    assert_int_equal(kv_seq_reserve(kv, &s, 20), AR_EBUSY);
+    assert_int_equal(s.n_blocks, 0);
+    assert_int_equal(kv_seq_reserve(kv, &s, 16), AR_OK);
+    assert_int_equal(kv_seq_n_local(&s), 4);
+    /* global blocks only (from beyond the end), then the rows [16, 20) */
+    assert_int_equal(kv_seq_reserve_at(kv, &s, 24, INT64_MAX), AR_OK);
+    assert_int_equal(kv_seq_n_local(&s), 4);
+    assert_int_equal(kv_seq_reserve_at(kv, &s, 20, 16), AR_EBUSY);
+    kv_seq_slide(kv, &s, 16);
+    assert_int_equal(kv_seq_reserve_at(kv, &s, 20, 16), AR_OK);
+    assert_int_equal(kv_seq_n_local(&s), 3);
+    kv_seq_fini(kv, &s);
+    assert_int_equal(kv_n_free(kv), 16);
+    assert_int_equal(kv_pool_n_free(kv, KV_POOL_LOCAL), 4);
+    kv_destroy(kv);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -254,6 +389,8 @@ int main(void)
         cmocka_unit_test(reserve_is_busy_and_allocates_nothing_when_too_few_blocks),
         cmocka_unit_test(shared_prefix_blocks_survive_until_every_sequence_is_done),
         cmocka_unit_test(allocation_failures_return_enomem_and_leak_nothing),
+        cmocka_unit_test(local_pool_has_its_own_storage_free_list_and_refcounts),
+        cmocka_unit_test(sliding_releases_local_blocks_behind_every_window),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

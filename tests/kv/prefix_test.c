@@ -1,6 +1,7 @@
 /* prefix_test.c - the prefix cache: chained matching of full blocks, exact token comparison
  * under forced hash collisions, reference counting, duplicate registration, LRU eviction
- * (leaves first, blocks in use never), stale handles and allocation failures.
+ * (leaves first, blocks in use never), stale handles and allocation failures; with a local
+ * pool (sliding-window layers), entries' local blocks and where a match may end.
  * The file is compiled in with a switchable hash so a test can make every key collide. */
 #include "harness/harness.h"
 
@@ -254,10 +255,101 @@ static void create_fails_cleanly_on_every_allocation(void **state)
     }
 }
 
+/* Layer 0 sliding (window 8), layer 1 global; blocks of BT = 4 tokens. A match ending after n
+ * tokens needs the local blocks of positions [n + 1 - 8, n): blocks (n - 7) / 4 .. n / 4 - 1. */
+static void matches_end_only_where_the_window_local_blocks_are_cached(void **state)
+{
+    static const uint8_t swa[2] = {1, 0};
+    struct kv_params p = {
+        .n_layers = 2, .n_kv_heads = 1, .head_dim = 4, .block_tokens = BT, .n_blocks = 16,
+        .type = AR_TYPE_F32, .swa_window = 8, .swa_layers = swa, .n_local_blocks = 16,
+    };
+    int32_t a[24], q[24];
+    uint64_t h[6], parent = 0, last;
+    struct kv_cache *kv;
+    struct kv_prefix *pc;
+    struct kv_seq s, b;
+    (void)state;
+    for (int i = 0; i < 24; i++) {
+        a[i] = 100 + i;
+        q[i] = i < 16 ? a[i] : 500 + i; /* shares blocks 0..3 with a */
+    }
+    assert_int_equal(kv_create(&p, &kv), AR_OK);
+    assert_int_equal(kv_prefix_create(kv, &pc), AR_OK);
+
+    /* a's 6 blocks registered, block 2 without its local block */
+    kv_seq_init(&s);
+    assert_int_equal(kv_seq_reserve(kv, &s, 24), AR_OK);
+    for (int i = 0; i < 6; i++) {
+        if (i == 2)
+            assert_int_equal(kv_prefix_insert(pc, parent, a + i * BT, &s.blocks[i], &parent),
+                             AR_OK);
+        else
+            assert_int_equal(kv_prefix_insert_local(pc, parent, a + i * BT, &s.blocks[i],
+                                                    &s.local[i], &parent),
+                             AR_OK);
+        h[i] = parent;
+    }
+    kv_seq_fini(kv, &s);
+    assert_int_equal(kv_pool_n_free(kv, KV_POOL_LOCAL), 16 - 5);
+
+    /* all of a: the window of 24 is blocks 4 and 5, both cached */
+    assert_int_equal(kv_prefix_lookup(pc, a, 24, &s, &last), 24);
+    assert_int_equal(last, h[5]);
+    for (int i = 0; i < 6; i++)
+        assert_int_equal(s.local[i] >= 0, i != 2);
+    assert_true(kv_seq_window_held(kv, &s, 24));
+    kv_seq_fini(kv, &s);
+
+    /* q walks blocks 0..3, but ends at 16 and 12 need block 2's local K/V: the match ends
+     * at 8 (window blocks 0 and 1), and the blocks beyond are not held */
+    assert_int_equal(kv_prefix_lookup(pc, q, 24, &s, &last), 8);
+    assert_int_equal(s.n_blocks, 2);
+    assert_int_equal(last, h[1]);
+    assert_true(kv_seq_window_held(kv, &s, 8));
+    for (int i = 0; i < 6; i++) {
+        int32_t blk = pc->e[(h[i] & 0xffffffffu) - 1].block;
+        assert_int_equal(kv_block_refcount(kv, blk), i < 2 ? 2 : 1);
+    }
+    kv_seq_fini(kv, &s);
+
+    /* b computes block 2 again and registers it: the entry takes b's local block (and b gets
+     * the cached global block); now q's match may end at 16 */
+    kv_seq_init(&b);
+    assert_int_equal(kv_prefix_lookup(pc, a, 8, &b, &last), 8);
+    assert_int_equal(kv_seq_reserve_at(kv, &b, 12, 8), AR_OK);
+    int32_t own = b.blocks[2];
+    assert_int_equal(kv_prefix_insert_local(pc, last, a + 8, &b.blocks[2], &b.local[2], &last),
+                     AR_OK);
+    assert_int_equal(last, h[2]);
+    assert_true(b.blocks[2] != own);
+    assert_int_equal(kv_pool_refcount(kv, KV_POOL_LOCAL, b.local[2]), 2);
+    assert_int_equal(kv_prefix_lookup(pc, q, 24, &s, &last), 16);
+    assert_int_equal(last, h[3]);
+    kv_seq_fini(kv, &s);
+
+    /* local eviction frees what only the cache holds (blocks 3..5, not b's 0..2), entries
+     * stay */
+    assert_int_equal(kv_prefix_evict_local(pc, 100), 3);
+    assert_int_equal(kv_prefix_n_entries(pc), 6);
+    kv_seq_fini(kv, &b);
+    assert_int_equal(kv_prefix_evict_local(pc, 100), 3);
+    assert_int_equal(kv_pool_n_free(kv, KV_POOL_LOCAL), 16);
+    /* no local block left: no end has its window */
+    assert_int_equal(kv_prefix_lookup(pc, a, 24, &s, &last), 0);
+    assert_int_equal(last, 0);
+    assert_int_equal(s.n_blocks, 0);
+    kv_seq_fini(kv, &s); /* the table may have grown */
+    kv_prefix_destroy(pc);
+    assert_int_equal(kv_n_free(kv), 16);
+    kv_destroy(kv);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(hash_is_chained_over_parent_and_tokens),
+        cmocka_unit_test(matches_end_only_where_the_window_local_blocks_are_cached),
         cmocka_unit_test_setup_teardown(lookup_matches_registered_full_blocks_in_order, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(prompt_differing_in_one_token_matches_only_common_blocks,

@@ -414,12 +414,209 @@ static void phi3_switches_to_long_rope_factors_beyond_the_original_context(void 
     model_destroy(m);
 }
 
+/* ---- the local KV pool of sliding-window layers ------------------------------------------ */
+
+#define SWA_N 300     /* positions, well beyond gemma3's window of 64 */
+#define SWA_BT 16     /* tokens per block */
+#define SWA_SPLIT 240 /* chunks of SWA_CHUNK rows up to here, then one row per step */
+#define SWA_CHUNK 40
+
+struct swa_run {
+    struct model_ctx *ctx;
+    struct kv_cache *kv;
+    struct kv_prefix *pc; /* NULL: nothing registered */
+    uint64_t parent;      /* handle of the last registered block */
+    int n_reg;            /* blocks registered */
+    int64_t max_held;     /* most local blocks the sequence held after a step */
+    int64_t max_decode;   /* ... while computing a one-row step */
+};
+
+/* Computes toks[from, n) of sequence s as the schedule above, every row's logits into
+ * out + pos * n_vocab. Local blocks are taken per step for its rows (the prefix cache's given
+ * up when short) and released behind the window after it; with r->pc each full block is
+ * registered (with its local block) before that. */
+static void swa_run_seq(struct swa_run *r, struct kv_seq *s, const int32_t *toks, int from,
+                        int n, int n_vocab, float *out)
+{
+    int32_t pos[SWA_CHUNK], seq[SWA_CHUNK] = {0};
+    uint8_t want[SWA_CHUNK];
+    struct kv_seq *sp = s;
+    for (int p0 = from; p0 < n;) {
+        int c = p0 < SWA_SPLIT ? AR_MIN(SWA_CHUNK, SWA_SPLIT - p0) : 1;
+        int64_t n_g, n_l;
+        c = AR_MIN(c, n - p0);
+        for (int i = 0; i < c; i++) {
+            pos[i] = p0 + i;
+            want[i] = 1;
+        }
+        kv_seq_need(r->kv, s, p0 + c, p0, &n_g, &n_l);
+        if (r->pc && n_l > kv_pool_n_free(r->kv, KV_POOL_LOCAL))
+            kv_prefix_evict_local(r->pc, n_l - kv_pool_n_free(r->kv, KV_POOL_LOCAL));
+        assert_int_equal(kv_seq_reserve_at(r->kv, s, p0 + c, p0), AR_OK);
+        if (c == 1)
+            r->max_decode = AR_MAX(r->max_decode, kv_seq_n_local(s));
+        struct model_batch b = {.n_tokens = c, .tokens = toks + p0, .pos = pos, .seq = seq,
+                                .logits = want, .n_seqs = 1};
+        assert_int_equal(model_forward(r->ctx, r->kv, &sp, &b, out + (size_t)p0 * n_vocab),
+                         AR_OK);
+        p0 += c;
+        while (r->pc && (r->n_reg + 1) * SWA_BT <= p0) {
+            assert_int_equal(kv_prefix_insert_local(r->pc, r->parent, toks + r->n_reg * SWA_BT,
+                                                    &s->blocks[r->n_reg],
+                                                    s->local ? &s->local[r->n_reg] : NULL,
+                                                    &r->parent),
+                             AR_OK);
+            r->n_reg++;
+        }
+        kv_seq_slide(r->kv, s, p0);
+        assert_true(kv_seq_window_held(r->kv, s, p0));
+        r->max_held = AR_MAX(r->max_held, kv_seq_n_local(s));
+    }
+}
+
+static struct kv_cache *swa_kv(const struct model *m, int64_t n_local)
+{
+    struct kv_params kp;
+    struct kv_cache *kv = NULL;
+    model_kv_params(m, SWA_BT, 2 * ((SWA_N + SWA_BT - 1) / SWA_BT), AR_TYPE_F32, &kp);
+    kp.n_local_blocks = n_local;
+    assert_int_equal(kv_create(&kp, &kv), AR_OK);
+    assert_true(kv_has_local(kv) == (n_local > 0));
+    return kv;
+}
+
+/* One whole sequence (from 0) through a fresh cache with n_local local blocks (0: one pool). */
+static struct swa_run swa_whole(struct model *m, struct model_ctx *ctx, int64_t n_local,
+                                const int32_t *toks, float *out)
+{
+    struct swa_run r = {.ctx = ctx, .kv = swa_kv(m, n_local)};
+    struct kv_seq s;
+    int64_t n_blocks = kv_pool_n_blocks(r.kv, KV_POOL_GLOBAL);
+    kv_seq_init(&s);
+    swa_run_seq(&r, &s, toks, 0, SWA_N, model_hparams(m)->n_vocab, out);
+    kv_seq_fini(r.kv, &s);
+    assert_int_equal(kv_n_free(r.kv), n_blocks);
+    assert_int_equal(kv_pool_n_free(r.kv, KV_POOL_LOCAL), n_local);
+    kv_destroy(r.kv);
+    return r;
+}
+
+/* gemma3 (window 64 on layer 0, layer 1 global), 300 positions in blocks of 16: with a local
+ * pool a sequence holds at most ceil(64 / 16) + 1 local blocks after each step (one more while
+ * a decode row opens a block), and the logits are bit for bit those of the single pool that
+ * keeps everything (same schedule, same threads), which follows the reference pass. A prefix
+ * reused past the window, its local blocks from the prefix cache, gives the logits of a
+ * fresh computation; a cache whose local blocks are gone serves no match at all. */
+static void sliding_layers_release_kv_behind_the_window_without_changing_logits(void **state)
+{
+    struct fx x = {"fixtures-arch", "tiny-gemma3-f32"};
+    struct model *m = load(&x);
+    const struct model_hparams *hp = model_hparams(m);
+    int nv = hp->n_vocab;
+    size_t all = (size_t)SWA_N * (size_t)nv;
+    int32_t ta[SWA_N], tb[SWA_N];
+    float *plain = malloc(sizeof(float) * all), *got = malloc(sizeof(float) * all),
+          *ref = malloc(sizeof(float) * all), *fresh_b = malloc(sizeof(float) * all);
+    struct th_rng rng = {0x5eed5a11};
+    struct ar_pool *pool = NULL;
+    struct model_ctx *ctx;
+    struct swa_run r;
+    struct kv_seq s;
+    int64_t held_max = (64 + SWA_BT - 1) / SWA_BT + 1, matched;
+    (void)state;
+    assert_true(plain && got && ref && fresh_b);
+    assert_int_equal(hp->swa_window, 64);
+    assert_true(model_layer_is_swa(hp, 0) && !model_layer_is_swa(hp, 1));
+    for (int i = 0; i < SWA_N; i++) {
+        ta[i] = (int32_t)(th_rng_u64(&rng) % (uint64_t)nv);
+        tb[i] = i < 260 ? ta[i] : (int32_t)(th_rng_u64(&rng) % (uint64_t)nv);
+    }
+    assert_int_equal(ar_pool_create(2, &pool), AR_OK);
+    assert_int_equal(model_ctx_create(m, SWA_CHUNK, pool, &ctx), AR_OK);
+
+    /* one pool (nothing released), against the reference pass */
+    r = swa_whole(m, ctx, 0, ta, plain);
+    assert_int_equal(r.max_held, 0);
+    assert_int_equal(model_forward_reference(m, ta, SWA_N, ref), AR_OK);
+    assert_true(max_abs_diff(plain, ref, all) <= FAST_VS_REF_MAX);
+
+    /* a local pool of 8 blocks: what a 40-row chunk and its window can span, no more */
+    r = swa_whole(m, ctx, 8, ta, got);
+    assert_memory_equal(got, plain, sizeof(float) * all);
+    assert_true(r.max_held <= held_max);
+    assert_true(r.max_decode <= held_max + 1);
+    assert_true(r.max_held >= held_max - 1); /* it did hold a window's worth */
+
+    /* prefix reuse: A registered; B shares A's first 260 tokens (16 full blocks) */
+    r = (struct swa_run){.ctx = ctx, .kv = swa_kv(m, 24)};
+    assert_int_equal(kv_prefix_create(r.kv, &r.pc), AR_OK);
+    kv_seq_init(&s);
+    swa_run_seq(&r, &s, ta, 0, SWA_N, nv, got);
+    assert_memory_equal(got, plain, sizeof(float) * all);
+    kv_seq_fini(r.kv, &s);
+    /* the cache holds blocks 0..17 with their local blocks; drop the local ones of 0..11 (least
+     * recently used): a match ending at 256 needs blocks 12..15 (positions 193..255) */
+    assert_int_equal(kv_prefix_evict_local(r.pc, 12), 12);
+    matched = kv_prefix_lookup(r.pc, tb, 288, &s, &r.parent);
+    assert_int_equal(matched, 256);
+    for (int i = 0; i < 16; i++)
+        assert_true((s.local[i] >= 0) == (i >= 12));
+    kv_seq_slide(r.kv, &s, matched);
+    r.n_reg = 16;
+    r.max_held = 0;
+    swa_run_seq(&r, &s, tb, 256, SWA_N, nv, got);
+    assert_true(r.max_held <= held_max);
+    kv_seq_fini(r.kv, &s);
+    swa_whole(m, ctx, 0, tb, fresh_b);
+    assert_memory_equal(got + (size_t)256 * nv, fresh_b + (size_t)256 * nv,
+                        sizeof(float) * (size_t)(SWA_N - 256) * (size_t)nv);
+    /* without any local block, no end of B's prefix has its window: no match */
+    kv_prefix_evict_local(r.pc, 1000);
+    assert_int_equal(kv_pool_n_free(r.kv, KV_POOL_LOCAL), 24);
+    assert_int_equal(kv_prefix_lookup(r.pc, tb, 288, &s, &r.parent), 0);
+    assert_int_equal(s.n_blocks, 0);
+    assert_int_equal(r.parent, 0);
+    kv_prefix_destroy(r.pc);
+    assert_int_equal(kv_n_free(r.kv), kv_pool_n_blocks(r.kv, KV_POOL_GLOBAL));
+    kv_seq_fini(r.kv, &s);
+    kv_destroy(r.kv);
+
+    /* a row whose window lost a local block (released, or never taken) is refused, not read */
+    {
+        struct kv_cache *kv = swa_kv(m, 12);
+        struct kv_seq *sp = &s;
+        int32_t p1 = 100, zero = 0;
+        struct model_batch one = {.n_tokens = 1, .tokens = ta, .pos = &p1, .seq = &zero,
+                                  .n_seqs = 1};
+        kv_seq_init(&s);
+        assert_int_equal(kv_seq_reserve(kv, &s, 128), AR_OK);
+        kv_seq_slide(kv, &s, 128); /* keeps blocks 4..7 (positions 65..127 visible) */
+        assert_int_equal(model_forward(ctx, kv, &sp, &one, got), AR_EINVAL);
+        p1 = 127;
+        assert_int_equal(model_forward(ctx, kv, &sp, &one, got), AR_OK);
+        assert_int_equal(kv_seq_reserve_at(kv, &s, 160, INT64_MAX), AR_OK); /* no local */
+        p1 = 140;
+        assert_int_equal(model_forward(ctx, kv, &sp, &one, got), AR_EINVAL);
+        kv_seq_fini(kv, &s);
+        kv_destroy(kv);
+    }
+
+    model_ctx_destroy(ctx);
+    ar_pool_destroy(pool);
+    free(plain);
+    free(got);
+    free(ref);
+    free(fresh_b);
+    model_destroy(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(every_model_fast_pass_follows_the_reference),
         cmocka_unit_test(reference_rejects_bad_arguments),
         cmocka_unit_test(phi3_switches_to_long_rope_factors_beyond_the_original_context),
+        cmocka_unit_test(sliding_layers_release_kv_behind_the_window_without_changing_logits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
