@@ -160,8 +160,7 @@ const struct reply_profile *rp_profile(struct reply_service *svc, const char *sh
     return use ? use : shop_load(svc, shop_id, NULL);
 }
 
-const struct reply_profile *reply_service_profile(struct reply_service *svc,
-                                                  const char *shop_id)
+const struct reply_profile *reply_service_profile(struct reply_service *svc, const char *shop_id)
 {
     return rp_profile(svc, shop_id);
 }
@@ -222,8 +221,8 @@ enum ar_status reply_service_put_shop(struct reply_service *svc, const char *sho
     return st;
 }
 
-enum ar_status reply_service_get_shop(struct reply_service *svc, const char *shop_id,
-                                      cJSON **out, struct ar_err *err)
+enum ar_status reply_service_get_shop(struct reply_service *svc, const char *shop_id, cJSON **out,
+                                      struct ar_err *err)
 {
     const struct reply_profile *p;
     const char *source;
@@ -233,7 +232,7 @@ enum ar_status reply_service_get_shop(struct reply_service *svc, const char *sho
     if (!fresh)
         return ar_err_set(err, AR_EUNAVAIL, 0, "the store cannot be read now");
     source = p != reply_profiles_get(svc->p.profiles, shop_id) ? "store"
-             : in_config(svc->p.profiles, shop_id)            ? "config"
+             : in_config(svc->p.profiles, shop_id)             ? "config"
                                                                : "default";
     *out = shown(p, shop_id, source);
     return *out ? AR_OK : ar_err_set(err, AR_ENOMEM, 0, "out of memory");
@@ -282,8 +281,7 @@ static bool list_stored(const char *shop_id, const char *json, int64_t updated_s
     return true;
 }
 
-enum ar_status reply_service_list_shops(struct reply_service *svc, cJSON **out,
-                                        struct ar_err *err)
+enum ar_status reply_service_list_shops(struct reply_service *svc, cJSON **out, struct ar_err *err)
 {
     struct shop_list l = {svc, cJSON_CreateArray(), false};
     enum ar_status st;

@@ -21,14 +21,22 @@
 #define APPROVE_FROM (FROM(STORE_REVIEW_PENDING) | FROM(STORE_REVIEW_APPROVED))
 #define REJECT_FROM FROM(STORE_REVIEW_PENDING)
 
-enum wf_ep { WF_LIST, WF_GET, WF_APPROVE, WF_REJECT, WF_REGENERATE, WF_SHOPS, WF_SHOP_GET,
-             WF_SHOP_PUT };
+enum wf_ep {
+    WF_LIST,
+    WF_GET,
+    WF_APPROVE,
+    WF_REJECT,
+    WF_REGENERATE,
+    WF_SHOPS,
+    WF_SHOP_GET,
+    WF_SHOP_PUT
+};
 
 struct wf_task {
     struct reply_service *svc;
     struct server_req *req;
     enum wf_ep ep;
-    char *shop_id, *review_id; /* owned: from the path */
+    char *shop_id, *review_id;  /* owned: from the path */
     char key[STORE_ID_MAX + 1]; /* who asks: "key:<index>" with API keys, else "" */
     const cJSON *body;          /* borrowed from req until the answer */
     struct reply_call *call;    /* regenerate: the client's budget and cancellation */
@@ -214,9 +222,8 @@ static void do_list(struct wf_task *t)
         backend_error(t->req, AR_ENOMEM, "out of memory");
         return;
     }
-    st = store_reviews_list(reply_service_store(t->svc), &t->f,
-                            t->after.shop_id ? &t->after : NULL, (size_t)t->limit + 1, list_row,
-                            &l, &err);
+    st = store_reviews_list(reply_service_store(t->svc), &t->f, t->after.shop_id ? &t->after : NULL,
+                            (size_t)t->limit + 1, list_row, &l, &err);
     if (l.oom)
         st = AR_ENOMEM;
     if (st != AR_OK && st != AR_ECANCELED) {
@@ -306,17 +313,16 @@ static void do_change(struct wf_task *t)
     c.review_id = t->review_id;
     c.key = t->key;
     if (t->ep == WF_APPROVE) {
-        const cJSON *edit = cJSON_IsObject(t->body)
-                                ? cJSON_GetObjectItemCaseSensitive(t->body, "reply")
-                                : NULL;
+        const cJSON *edit =
+            cJSON_IsObject(t->body) ? cJSON_GetObjectItemCaseSensitive(t->body, "reply") : NULL;
         char why[200];
         if (edit && !cJSON_IsNull(edit) && !cJSON_IsString(edit)) {
             bad_request(t->req, "reply must be a string (the edited reply)");
             return;
         }
         if (cJSON_IsString(edit)) {
-            if (!reply_check_edit(reply_service_profile(t->svc, t->shop_id), edit->valuestring,
-                                  why, sizeof(why))) {
+            if (!reply_check_edit(reply_service_profile(t->svc, t->shop_id), edit->valuestring, why,
+                                  sizeof(why))) {
                 bad_request(t->req, why);
                 return;
             }
@@ -416,8 +422,7 @@ static void do_shop(struct wf_task *t)
     else
         st = reply_service_get_shop(t->svc, t->shop_id, &j, &err);
     if (st == AR_EFORMAT || st == AR_EINVAL)
-        server_reply_error(t->req, 400, "invalid_request_error", "invalid_profile", "%s",
-                           err.msg);
+        server_reply_error(t->req, 400, "invalid_request_error", "invalid_profile", "%s", err.msg);
     else if (st != AR_OK)
         backend_error(t->req, st, err.msg);
     else
@@ -527,8 +532,8 @@ static struct wf_task *task_new(struct server_req *req, void *svc, enum wf_ep ep
 }
 
 /* A whole number query argument in [lo, hi]; def when absent. */
-static bool query_int(struct server_req *req, const char *name, int64_t lo, int64_t hi,
-                      int64_t def, int64_t *out)
+static bool query_int(struct server_req *req, const char *name, int64_t lo, int64_t hi, int64_t def,
+                      int64_t *out)
 {
     const char *v = server_req_query(req, name);
     char *end;

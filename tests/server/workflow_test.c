@@ -332,8 +332,8 @@ static void statuses_follow_the_action_and_changes_are_checked(void **state)
     assert_string_equal(str_of(e, "after"), "Thanks, see you!");
     assert_string_equal(str_of(e, "from"), "pending");
     assert_string_equal(str_of(e, "to"), "approved");
-    assert_true(cJSON_GetObjectItem(e, "at")->valuedouble >= cJSON_GetObjectItem(j, "created")
-                                                                ->valuedouble);
+    assert_true(cJSON_GetObjectItem(e, "at")->valuedouble >=
+                cJSON_GetObjectItem(j, "created")->valuedouble);
     cJSON_Delete(j);
 
     /* no key: refused before anything happens */
@@ -405,10 +405,13 @@ struct listed_review {
     bool sent;
 };
 
-static const char *const list_texts[] = {
-    "Terrible, it broke and smells bad.", "Okay I guess.", "Love it, perfect gift!",
-    "Delivery was slow but the quality is great.", "Not what I expected, disappointed.",
-    "Fine.", "Excellent service and fast shipping!"};
+static const char *const list_texts[] = {"Terrible, it broke and smells bad.",
+                                         "Okay I guess.",
+                                         "Love it, perfect gift!",
+                                         "Delivery was slow but the quality is great.",
+                                         "Not what I expected, disappointed.",
+                                         "Fine.",
+                                         "Excellent service and fast shipping!"};
 
 /* Pages through GET /v1/reviews?<query> with limit per page; checks newest-first order, no
  * duplicate, and returns the ids (shop/id) seen in *out (count returned). */
@@ -526,10 +529,10 @@ static void list_filters_and_pages(void **state)
     assert_int_equal(n, want);
     /* bad queries */
     {
-        static const char *const bad[] = {"/v1/reviews?status=done",  "/v1/reviews?rating=9",
-                                          "/v1/reviews?rating=x",     "/v1/reviews?limit=0",
-                                          "/v1/reviews?limit=101",    "/v1/reviews?cursor=zz",
-                                          "/v1/reviews?cursor=31",    "/v1/reviews?sentiment=meh"};
+        static const char *const bad[] = {"/v1/reviews?status=done", "/v1/reviews?rating=9",
+                                          "/v1/reviews?rating=x",    "/v1/reviews?limit=0",
+                                          "/v1/reviews?limit=101",   "/v1/reviews?cursor=zz",
+                                          "/v1/reviews?cursor=31",   "/v1/reviews?sentiment=meh"};
         for (size_t i = 0; i < AR_ARRAY_LEN(bad); i++) {
             j = req(x, KEY_A, "GET", bad[i], NULL, &st);
             if (st != 400)
@@ -545,8 +548,8 @@ static void list_filters_and_pages(void **state)
 static const cJSON *shop_in(const cJSON *list, const char *id)
 {
     const cJSON *it;
-    cJSON_ArrayForEach(it, cJSON_GetObjectItem(list, "data")) if (!strcmp(str_of(it, "shop_id"), id))
-        return it;
+    cJSON_ArrayForEach(
+        it, cJSON_GetObjectItem(list, "data")) if (!strcmp(str_of(it, "shop_id"), id)) return it;
     return NULL;
 }
 
@@ -556,8 +559,17 @@ static void shop_put_changes_the_next_reply(void **state)
     struct reply_service_params p = reply_service_default_params();
     struct reply_service *other = NULL;
     const struct reply_profile *prof;
+    double t_put;
     int st;
     cJSON *j;
+    /* another instance on the same store, which has read s2's profile already */
+    p.profiles = x->profiles;
+    p.store = x->store;
+    p.gen = &x->gen.base;
+    p.n_workers = 1;
+    p.instance = "other";
+    assert_int_equal(reply_service_create(&p, &other), AR_OK);
+    assert_int_equal(reply_service_profile(other, "s2")->mode, REPLY_MODE_SUGGEST);
     /* before: s2 has the default profile (suggest) */
     j = req(x, KEY_A, "GET", "/v1/shops/s2", NULL, &st);
     assert_int_equal(st, 200);
@@ -569,9 +581,10 @@ static void shop_put_changes_the_next_reply(void **state)
     assert_int_equal(stored_status(x, "s2", "before"), STORE_REVIEW_PENDING);
 
     j = req(x, KEY_A, "PUT", "/v1/shops/s2",
-            "{\"shop_id\": \"s2\", \"mode\": \"auto\", \"banned_words\": [\"refund\"], "
-            "\"persona\": \"小店客服\", \"lang\": \"same\"}",
+            "{\"shop_id\": \"s2\", \"mode\": \"auto\", \"banned_words\": [\"refund\", "
+            "\"REVIEW\"], \"persona\": \"小店客服\", \"lang\": \"same\"}",
             &st);
+    t_put = ar_time_s();
     assert_int_equal(st, 200);
     assert_string_equal(str_of(j, "source"), "store");
     assert_string_equal(str_of(j, "mode"), "auto");
@@ -579,8 +592,15 @@ static void shop_put_changes_the_next_reply(void **state)
     cJSON_Delete(j);
 
     /* this instance at once: 5 stars are sent now, 3 stars still a draft */
-    assert_int_equal(answer(x, "s2", "after", "Great product, thanks again.", 5, NULL),
-                     REPLY_ACTION_SEND);
+    {
+        struct reply_result r;
+        assert_int_equal(answer(x, "s2", "after", "Great product, thanks again.", 5, &r),
+                         REPLY_ACTION_SEND);
+        /* the fake model writes "review": a banned word now, stripped from the reply */
+        assert_null(strstr(r.reply, "review"));
+        assert_non_null(strstr(r.reply, "Thank you for your"));
+        reply_result_fini(&r);
+    }
     assert_int_equal(stored_status(x, "s2", "after"), STORE_REVIEW_SENT);
     assert_int_equal(answer(x, "s2", "meh", "It is okay, nothing special.", 3, NULL),
                      REPLY_ACTION_SUGGEST);
@@ -599,27 +619,24 @@ static void shop_put_changes_the_next_reply(void **state)
     assert_string_equal(str_of(shop_in(j, "s2"), "mode"), "auto");
     cJSON_Delete(j);
 
-    /* another instance on the same store uses it too */
-    p.profiles = x->profiles;
-    p.store = x->store;
-    p.gen = &x->gen.base;
-    p.n_workers = 1;
-    p.instance = "other";
-    assert_int_equal(reply_service_create(&p, &other), AR_OK);
-    prof = reply_service_profile(other, "s2");
+    /* the other instance follows within REPLY_SHOP_REFRESH_S (plus a margin for a loaded
+     * machine) */
+    while ((prof = reply_service_profile(other, "s2"))->mode != REPLY_MODE_AUTO &&
+           ar_time_s() - t_put < REPLY_SHOP_REFRESH_S + 5)
+        th_sleep_s(0.1);
     assert_int_equal(prof->mode, REPLY_MODE_AUTO);
-    assert_int_equal(prof->n_banned, 1);
+    assert_int_equal(prof->n_banned, 2);
     assert_string_equal(prof->banned[0], "refund");
     assert_non_null(strstr(prof->system, "小店客服"));
     reply_service_destroy(other);
 
     /* bad profiles: 400 naming the member, nothing changed */
     {
-        static const char *const bad[] = {
-            "{\"mode\": \"sometimes\"}", "{\"auto_min_rating\": 9}", "{\"colour\": \"red\"}",
-            "{\"shop_id\": \"other\"}",  "{\"banned_words\": [1]}",  "[1, 2]"};
-        static const char *const named[] = {"mode", "auto_min_rating", "colour",
-                                            "shop_id", "banned_words", "object"};
+        static const char *const bad[] = {"{\"mode\": \"sometimes\"}", "{\"auto_min_rating\": 9}",
+                                          "{\"colour\": \"red\"}",     "{\"shop_id\": \"other\"}",
+                                          "{\"banned_words\": [1]}",   "[1, 2]"};
+        static const char *const named[] = {"mode",    "auto_min_rating", "colour",
+                                            "shop_id", "banned_words",    "object"};
         for (size_t i = 0; i < AR_ARRAY_LEN(bad); i++) {
             j = req(x, KEY_A, "PUT", "/v1/shops/s2", bad[i], &st);
             if (st != 400 || !strstr(err_msg(j), named[i]))
@@ -634,7 +651,10 @@ static void shop_put_changes_the_next_reply(void **state)
 }
 
 #define BOTH(f)                                                                                    \
-    {"sqlite/" #f, f, setup, teardown, NULL}, { "postgres/" #f, f, setup_pg, teardown, NULL }
+    {"sqlite/" #f, f, setup, teardown, NULL},                                                      \
+    {                                                                                              \
+        "postgres/" #f, f, setup_pg, teardown, NULL                                                \
+    }
 
 int main(void)
 {
