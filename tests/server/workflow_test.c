@@ -650,6 +650,53 @@ static void shop_put_changes_the_next_reply(void **state)
     cJSON_Delete(j);
 }
 
+/* ---- profiles saved while reviews are answered ---------------------------------------------- */
+
+struct flipper {
+    struct fx *x;
+    atomic_bool stop;
+    atomic_int puts;
+};
+
+static void *flipper_run(void *arg)
+{
+    struct flipper *f = arg;
+    while (!atomic_load(&f->stop) && atomic_load(&f->puts) < 200) {
+        int st;
+        cJSON *j = req(
+            f->x, KEY_A, "PUT", "/v1/shops/flip",
+            atomic_load(&f->puts) % 2 ? "{\"mode\": \"auto\"}" : "{\"mode\": \"suggest\"}", &st);
+        assert_int_equal(st, 200);
+        cJSON_Delete(j);
+        atomic_fetch_add(&f->puts, 1);
+    }
+    return NULL;
+}
+
+/* Every review answered while the shop's mode flips is stored with the status of the action it
+ * was answered with (sent for send, pending for suggest), whichever profile it met. */
+static void profiles_saved_while_reviews_are_answered(void **state)
+{
+    struct fx *x = *state;
+    struct flipper f = {x, false, 0};
+    pthread_t th;
+    int n = 0;
+    assert_int_equal(pthread_create(&th, NULL, flipper_run, &f), 0);
+    /* at least 30 reviews, and on until the mode flipped a few times */
+    for (; n < 30 || (atomic_load(&f.puts) < 6 && n < 2000); n++) {
+        char id[16], text[64];
+        enum reply_action a;
+        snprintf(id, sizeof(id), "f%d", n);
+        snprintf(text, sizeof(text), "Lovely item number %d, thanks!", n);
+        a = answer(x, "flip", id, text, 5, NULL);
+        assert_int_equal(stored_status(x, "flip", id),
+                         a == REPLY_ACTION_SEND ? STORE_REVIEW_SENT : STORE_REVIEW_PENDING);
+    }
+    atomic_store(&f.stop, true);
+    pthread_join(th, NULL);
+    assert_true(atomic_load(&f.puts) >= 6);
+}
+
 #define BOTH(f)                                                                                    \
     {"sqlite/" #f, f, setup, teardown, NULL},                                                      \
     {                                                                                              \
@@ -663,6 +710,7 @@ int main(void)
         BOTH(approve_and_reject_at_once_one_wins),
         BOTH(list_filters_and_pages),
         BOTH(shop_put_changes_the_next_reply),
+        BOTH(profiles_saved_while_reviews_are_answered),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
