@@ -340,6 +340,33 @@ static void statuses_follow_the_action_and_changes_are_checked(void **state)
     j = req(x, NULL, "POST", "/v1/reviews/s1/r1/approve", NULL, &st);
     assert_int_equal(st, 401);
     cJSON_Delete(j);
+    /* a server without keys is open (loopback): its changes name no key */
+    {
+        struct server_params sp = server_default_params();
+        struct server *open_srv = NULL;
+        struct ar_err err = {0};
+        int port = x->port;
+        sp.host = "127.0.0.1";
+        sp.port = 0;
+        assert_int_equal(server_create(&sp, &open_srv, &err), AR_OK);
+        assert_int_equal(server_reviews_attach(open_srv, x->svc, NULL), AR_OK);
+        assert_int_equal(server_start(open_srv, &err), AR_OK);
+        answer(x, "s1", "open", "Nice colour.", 4, NULL);
+        x->port = server_port(open_srv);
+        j = req(x, NULL, "POST", "/v1/reviews/s1/open/reject", NULL, &st);
+        assert_int_equal(st, 200);
+        cJSON_Delete(j);
+        j = req(x, NULL, "GET", "/v1/reviews/s1/open", NULL, &st);
+        assert_int_equal(st, 200);
+        e = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "audit"), 0);
+        assert_non_null(e);
+        assert_string_equal(str_of(e, "key"), "");
+        assert_string_equal(str_of(e, "action"), "reject");
+        cJSON_Delete(j);
+        x->port = port;
+        server_stop(open_srv, 5);
+        server_destroy(open_srv);
+    }
 }
 
 /* ---- concurrent approve and reject --------------------------------------------------------- */
