@@ -127,6 +127,7 @@ asan:
 # ThreadSanitizer over the tests that exercise threads: pool, engine, server, metrics, store,
 # in-process reply cache.
 TSAN_TESTS := base/base_test engine/engine_test server/server_test server/sessions_test \
+              server/workflow_test \
               metrics/metrics_test \
               store/store_test reply/fleet_test cache/cache_test
 tsan:

@@ -335,6 +335,7 @@ enum ar_status reply_service_create(const struct reply_service_params *p,
     pthread_cond_init(&svc->q_cv, NULL);
     pthread_mutex_init(&svc->claims_mu, NULL);
     pthread_cond_init(&svc->claims_cv, NULL);
+    rp_shops_init(svc);
     metrics_setup(svc);
     if (pthread_create(&svc->renewer, NULL, renewer_main, svc) != 0) {
         reply_service_destroy(svc);
@@ -386,6 +387,7 @@ void reply_service_destroy(struct reply_service *svc)
     pthread_cond_destroy(&svc->q_cv);
     pthread_mutex_destroy(&svc->q_mu);
     pthread_mutex_destroy(&svc->mu);
+    rp_shops_fini(svc);
     ar_free(svc);
 }
 
@@ -605,12 +607,15 @@ static enum reply_action decide_action(const struct reply_profile *p, int rating
 
 /* Generates until a reply passes the guardrails; *text is new. Returns the source (MODEL or
  * FALLBACK), or -1 with r->err set when the model cannot be reached, the caller's token
- * budget is spent (REPLY_ELIMITED) or the caller went away (REPLY_ECANCELLED). */
+ * budget is spent (REPLY_ELIMITED) or the caller went away (REPLY_ECANCELLED). fresh: a
+ * person asked for another reply than the one there is, so every attempt samples
+ * (retry_temperature) from a random seed instead of the reproducible first attempt. */
 static int generate(struct reply_service *svc, const struct reply_profile *prof,
                     const struct reply_review *rv, const char *review_lang,
                     const char *reply_lang, bool negative, enum engine_priority prio,
-                    struct reply_call *call, struct reply_result *r, char **text)
+                    struct reply_call *call, bool fresh, struct reply_result *r, char **text)
 {
+    uint64_t seed = svc->p.seed;
     struct reply_generator *gen;
     struct reply_gen_request gr;
     struct reply_gen_usage usage;
@@ -637,12 +642,16 @@ static int generate(struct reply_service *svc, const struct reply_profile *prof,
     gr.timeout_s = svc->p.timeout_s;
     gr.call = call;
     gr.usage = &usage;
+    if (fresh && getrandom(&seed, sizeof(seed), 0) != (ssize_t)sizeof(seed))
+        seed = svc->p.seed ^ (uint64_t)time(NULL);
     for (int attempt = 0; attempt <= svc->p.max_retries; attempt++) {
         char *out = NULL, *fixed = NULL;
         size_t out_len = 0;
         enum reply_guard g;
-        gr.temperature = attempt == 0 ? svc->p.temperature : svc->p.retry_temperature;
-        gr.seed = svc->p.seed + (uint64_t)attempt;
+        gr.temperature = attempt == 0 && !fresh ? svc->p.temperature : svc->p.retry_temperature;
+        if (fresh && !(gr.temperature > 0))
+            gr.temperature = 0.7f;
+        gr.seed = seed + (uint64_t)attempt;
         gr.admission = attempt == 0; /* a regeneration finishes what was admitted */
         usage.limited = false;
         st = reply_call_cancelled(call) ? AR_ECANCELED : gen->generate(gen, &gr, &out, &out_len);
@@ -904,6 +913,8 @@ static void store_answer(struct reply_service *svc, const struct reply_profile *
     row.sentiment = isfinite(r->sentiment_score) ? r->sentiment_score : 0.0f;
     row.cached = r->cached;
     row.model = r->model;
+    /* sent means sent automatically; anything else waits for a person */
+    row.status = r->action == REPLY_ACTION_SEND ? STORE_REVIEW_SENT : STORE_REVIEW_PENDING;
     st = store_reply_put(svc->p.store, &row, &stored, &existed, &err);
     if (st != AR_OK) {
         set_error(r, reply_error_of_backend(st), "store: %s", err.msg);
@@ -926,7 +937,7 @@ static void generate_and_store(struct reply_service *svc, const struct reply_pro
     char *text = NULL;
     int src;
     metrics_inc(svc->m.model_calls, 1);
-    src = generate(svc, prof, rv, review_lang, reply_lang, negative, prio, call, r, &text);
+    src = generate(svc, prof, rv, review_lang, reply_lang, negative, prio, call, false, r, &text);
     if (src < 0)
         return;
     if (src == REPLY_SOURCE_MODEL && key) {
@@ -966,7 +977,7 @@ static void answer(struct reply_service *svc, const struct reply_review *rv,
         r->err = REPLY_EINVAL;
         return;
     }
-    prof = reply_profiles_get(svc->p.profiles, rv->shop_id);
+    prof = rp_profile(svc, rv->shop_id);
 
     review_lang = rv->lang ? rv->lang : reply_guess_lang(rv->text, rv->text_len);
     reply_lang = prof->lang_policy == REPLY_LANG_ZH   ? "zh"
@@ -1166,4 +1177,102 @@ void reply_service_answer_many_call(struct reply_service *svc, const struct repl
         run_many(svc, rv, out, second, n_second, prio, call);
     ar_free(first);
     ar_free(second);
+}
+
+/* ---- the review workflow ------------------------------------------------------------------ */
+
+void reply_service_regenerate(struct reply_service *svc, const char *shop_id,
+                              const char *review_id, const char *key, struct reply_call *call,
+                              struct store_reply *row, struct reply_result *r)
+{
+    struct store_reply stored;
+    struct store_review_change ch;
+    struct reply_review rv;
+    struct ar_err err = {AR_OK, 0, {0}};
+    const struct reply_profile *prof;
+    const char *review_lang;
+    enum store_change_result res = STORE_CHANGE_NOT_FOUND;
+    char *text = NULL, *final;
+    bool found = false, negative;
+    enum ar_status st;
+    int src;
+    double t0 = ar_time_s();
+    memset(r, 0, sizeof(*r));
+    memset(row, 0, sizeof(*row));
+    if (!id_ok(shop_id) || !id_ok(review_id)) {
+        set_error(r, REPLY_ENOTFOUND, "no such review");
+        return;
+    }
+    st = store_reply_get(svc->p.store, shop_id, review_id, &stored, &found, &err);
+    if (st != AR_OK) {
+        set_error(r, reply_error_of_backend(st), "store: %s", err.msg);
+        return;
+    }
+    if (!found) {
+        set_error(r, REPLY_ENOTFOUND, "no reply is stored for review %.60s of shop %.60s",
+                  review_id, shop_id);
+        return;
+    }
+    if (stored.status == STORE_REVIEW_SENT) {
+        set_error(r, REPLY_ECONFLICT, "review %.60s of shop %.60s was sent already", review_id,
+                  shop_id);
+        store_reply_fini(&stored);
+        return;
+    }
+    /* the review as it was answered, through the shop's profile now */
+    memset(&rv, 0, sizeof(rv));
+    rv.shop_id = shop_id;
+    rv.review_id = review_id;
+    rv.text = stored.text;
+    rv.text_len = strlen(stored.text);
+    rv.rating = stored.rating;
+    prof = rp_profile(svc, shop_id);
+    review_lang = reply_guess_lang(rv.text, rv.text_len);
+    snprintf(r->lang, sizeof(r->lang), "%s", stored.lang[0] ? stored.lang : review_lang);
+    r->sentiment =
+        reply_sentiment_classify(rv.text, rv.text_len, review_lang, rv.rating, &r->sentiment_score);
+    negative = rv.rating <= 2 || r->sentiment == REPLY_SENT_NEGATIVE;
+    r->needs_human = stored.needs_human;
+    r->action = REPLY_ACTION_SUGGEST;
+    metrics_inc(svc->m.model_calls, 1);
+    src = generate(svc, prof, &rv, review_lang, r->lang, negative, ENGINE_PRIO_INTERACTIVE,
+                   call, true, r, &text);
+    if (src < 0) {
+        store_reply_fini(&stored);
+        return;
+    }
+    r->source = (enum reply_source)src;
+    final = finish_text(prof, text);
+    ar_free(text);
+    if (!final) {
+        set_error(r, REPLY_EINTERNAL, "out of memory");
+        store_reply_fini(&stored);
+        return;
+    }
+    r->reply = final;
+    /* only if nobody changed it while the model ran */
+    memset(&ch, 0, sizeof(ch));
+    ch.shop_id = shop_id;
+    ch.review_id = review_id;
+    ch.from_mask = 1u << stored.status;
+    ch.to = STORE_REVIEW_PENDING;
+    ch.reply = final;
+    ch.key = key;
+    ch.action = "regenerate";
+    st = store_review_change(svc->p.store, &ch, row, &res, &err);
+    store_reply_fini(&stored);
+    if (st != AR_OK)
+        set_error(r, reply_error_of_backend(st), "store: %s", err.msg);
+    else if (res == STORE_CHANGE_NOT_FOUND)
+        set_error(r, REPLY_ENOTFOUND, "review %.60s of shop %.60s is gone", review_id, shop_id);
+    else if (res == STORE_CHANGE_REFUSED)
+        set_error(r, REPLY_ECONFLICT,
+                  "review %.60s of shop %.60s changed while it was regenerated (now %s)",
+                  review_id, shop_id, store_review_status_str(row->status));
+    if (r->err != REPLY_OK) {
+        store_reply_fini(row);
+        ar_free(r->reply);
+        r->reply = NULL;
+    }
+    r->latency_ms = (ar_time_s() - t0) * 1000.0;
 }

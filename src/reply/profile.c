@@ -33,6 +33,7 @@ static void profile_fini(struct reply_profile *p)
     ar_free(p->refund_policy);
     ar_free(p->signature);
     ar_free(p->system);
+    ar_free(p->system_base);
     words_free(p->banned, p->n_banned);
     words_free(p->sensitive, p->n_sensitive);
     memset(p, 0, sizeof(*p));
@@ -68,11 +69,13 @@ static enum ar_status profile_copy(struct reply_profile *dst, const struct reply
     dst->refund_policy = dup_or_null(src->refund_policy);
     dst->signature = dup_or_null(src->signature);
     dst->system = dup_or_null(src->system);
+    dst->system_base = dup_or_null(src->system_base);
     dst->banned = dst->sensitive = NULL;
     dst->n_banned = dst->n_sensitive = 0;
     if ((src->shop_id && !dst->shop_id) || (src->name && !dst->name) ||
         (src->persona && !dst->persona) || (src->refund_policy && !dst->refund_policy) ||
-        (src->signature && !dst->signature) || (src->system && !dst->system))
+        (src->signature && !dst->signature) || (src->system && !dst->system) ||
+        (src->system_base && !dst->system_base))
         return AR_ENOMEM;
     st = words_dup(src->banned, src->n_banned, &dst->banned);
     dst->n_banned = dst->banned ? src->n_banned : 0;
@@ -120,6 +123,13 @@ static enum ar_status build_system(struct reply_profile *p, const char *base)
     }
     ar_free(p->system);
     p->system = ar_buf_take(&b, NULL);
+    if (base != p->system_base) {
+        char *keep = base ? ar_strdup(base) : NULL;
+        if (base && !keep)
+            return AR_ENOMEM;
+        ar_free(p->system_base);
+        p->system_base = keep;
+    }
     return p->system ? AR_OK : AR_ENOMEM;
 }
 
@@ -436,4 +446,116 @@ const struct reply_profile *reply_profiles_get(const struct reply_profiles *ps,
 int reply_profiles_count(const struct reply_profiles *ps)
 {
     return ps->n_shops;
+}
+
+const struct reply_profile *reply_profiles_at(const struct reply_profiles *ps, int i)
+{
+    return ps && i >= 0 && i < ps->n_shops ? &ps->shops[i] : NULL;
+}
+
+void reply_profile_destroy(struct reply_profile *p)
+{
+    if (!p)
+        return;
+    profile_fini(p);
+    ar_free(p);
+}
+
+enum ar_status reply_profile_from_json(const struct reply_profiles *ps, const char *shop_id,
+                                       const cJSON *o, struct reply_profile **out,
+                                       struct ar_err *err)
+{
+    struct reply_profile *p;
+    cJSON *copy = NULL;
+    const cJSON *id;
+    const char *base;
+    enum ar_status st;
+    size_t id_len = shop_id ? strlen(shop_id) : 0;
+    *out = NULL;
+    if (!ps || id_len == 0 || id_len > STORE_ID_MAX || memchr(shop_id, 0x1f, id_len) ||
+        !reply_utf8_valid(shop_id, id_len))
+        return ar_err_set(err, AR_EINVAL, 0, "shop_id must be 1..%d bytes of UTF-8", STORE_ID_MAX);
+    if (!cJSON_IsObject(o))
+        return ar_err_set(err, AR_EFORMAT, 0, "shop: expected an object");
+    id = cJSON_GetObjectItemCaseSensitive(o, "shop_id");
+    if (id) {
+        if (!cJSON_IsString(id) || strcmp(id->valuestring, shop_id) != 0)
+            return ar_err_set(err, AR_EFORMAT, 0, "shop.shop_id: \"%.64s\" is not the shop's id",
+                              cJSON_IsString(id) ? id->valuestring : "(not a string)");
+        if (!(copy = cJSON_Duplicate(o, 1)))
+            return ar_err_set(err, AR_ENOMEM, 0, "out of memory");
+        cJSON_DeleteItemFromObjectCaseSensitive(copy, "shop_id");
+        o = copy;
+    }
+    p = ar_calloc(1, sizeof(*p));
+    if (!p) {
+        cJSON_Delete(copy);
+        return ar_err_set(err, AR_ENOMEM, 0, "out of memory");
+    }
+    /* the default's base prompt unless the object replaces it */
+    st = profile_copy(p, &ps->def);
+    base = ps->def.system_base;
+    if (st == AR_OK) {
+        ar_free(p->shop_id);
+        p->shop_id = ar_strdup(shop_id);
+        st = p->shop_id ? AR_OK : AR_ENOMEM;
+    }
+    if (st == AR_OK)
+        st = apply(p, o, "shop", &base, err);
+    if (st == AR_OK)
+        st = build_system(p, base);
+    cJSON_Delete(copy);
+    if (st != AR_OK) {
+        if (st == AR_ENOMEM)
+            ar_err_set(err, AR_ENOMEM, 0, "out of memory");
+        reply_profile_destroy(p);
+        return st;
+    }
+    *out = p;
+    return AR_OK;
+}
+
+static bool add_words(cJSON *j, const char *name, char *const *w, int n)
+{
+    cJSON *arr = cJSON_AddArrayToObject(j, name);
+    for (int i = 0; arr && i < n; i++) {
+        cJSON *s = cJSON_CreateString(w[i]);
+        if (!s || !cJSON_AddItemToArray(arr, s)) {
+            cJSON_Delete(s);
+            return false;
+        }
+    }
+    return arr != NULL;
+}
+
+/* Adds name: v when v is set (a profile keeps NULL for members never given). */
+static bool add_opt(cJSON *j, const char *name, const char *v)
+{
+    return !v || cJSON_AddStringToObject(j, name, v) != NULL;
+}
+
+cJSON *reply_profile_to_json(const struct reply_profile *p)
+{
+    static const char *const langs[] = {"same", "zh", "en"};
+    static const char *const modes[] = {"off", "suggest", "auto"};
+    cJSON *j = cJSON_CreateObject();
+    bool ok = j && p;
+    ok = ok && cJSON_AddStringToObject(j, "shop_id", p->shop_id ? p->shop_id : "") &&
+         cJSON_AddStringToObject(j, "name", p->name ? p->name : "") &&
+         add_opt(j, "persona", p->persona) && add_opt(j, "system_prompt", p->system_base) &&
+         cJSON_AddStringToObject(j, "lang", langs[p->lang_policy % 3]) &&
+         cJSON_AddNumberToObject(j, "min_chars", p->min_chars) &&
+         cJSON_AddNumberToObject(j, "max_chars", p->max_chars) &&
+         add_opt(j, "refund_policy", p->refund_policy) &&
+         add_words(j, "banned_words", p->banned, p->n_banned) &&
+         add_words(j, "sensitive_words", p->sensitive, p->n_sensitive) &&
+         add_opt(j, "signature", p->signature) &&
+         cJSON_AddStringToObject(j, "mode", modes[p->mode % 3]) &&
+         cJSON_AddNumberToObject(j, "auto_min_rating", p->auto_min_rating) &&
+         cJSON_AddBoolToObject(j, "hold_needs_human", p->hold_needs_human);
+    if (!ok) {
+        cJSON_Delete(j);
+        return NULL;
+    }
+    return j;
 }

@@ -103,6 +103,8 @@ struct reply_profile {
     char *refund_policy; /* owned or NULL: appended to the system prompt only when set */
     char *signature;     /* owned or NULL: appended to every reply (after "\n") */
     char *system;        /* owned: the full system prompt (base + persona + policy) */
+    char *system_base;   /* owned or NULL: the profile's "system_prompt" (NULL: the model
+                            card's default) */
     enum reply_lang_policy lang_policy;
     int min_chars, max_chars; /* reply length bounds in code points (signature excluded) */
     char **banned;       /* owned, (n_banned): never in a reply (ASCII case-insensitive) */
@@ -140,6 +142,20 @@ void reply_profiles_destroy(struct reply_profiles *ps);
 const struct reply_profile *reply_profiles_get(const struct reply_profiles *ps,
                                                const char *shop_id);
 int reply_profiles_count(const struct reply_profiles *ps); /* named shops */
+/* The i-th named shop's profile (0 <= i < reply_profiles_count), in shop_id order; borrowed. */
+const struct reply_profile *reply_profiles_at(const struct reply_profiles *ps, int i);
+
+/* One shop's profile from a PROFILE object (the config file's format above), starting from
+ * ps's default profile as the file's shops do; a member "shop_id" is allowed when it equals
+ * shop_id. Errors as reply_profiles_parse, the member named as "shop.<member>". The caller
+ * owns *out (reply_profile_destroy). */
+enum ar_status reply_profile_from_json(const struct reply_profiles *ps, const char *shop_id,
+                                       const cJSON *o, struct reply_profile **out,
+                                       struct ar_err *err);
+void reply_profile_destroy(struct reply_profile *p);
+/* The profile as a PROFILE object plus "shop_id" (what reply_profile_from_json reads back to
+ * the same profile); NULL when out of memory. */
+cJSON *reply_profile_to_json(const struct reply_profile *p);
 
 /* ---- sentiment ------------------------------------------------------------------------- */
 
@@ -594,6 +610,50 @@ enum ar_status reply_job_results_jsonl(struct reply_service *svc, const char *jo
  * job. */
 enum ar_status reply_job_results_each(struct reply_service *svc, const char *job_id,
                                       reply_job_line_fn fn, void *user, struct ar_err *err);
+
+/* ---- the review workflow ------------------------------------------------------------------
+ * Every stored reply has a status (store.h): "send" answers are stored sent, "suggest" ones
+ * pending. A person then approves (optionally with an edited reply), rejects or regenerates
+ * it; the front end (src/server/workflow.c) changes the store, the service regenerates. */
+
+/* Whether a person's edited reply may be approved for the shop of p: not empty, at most
+ * REPLY_TEXT_MAX bytes, no banned word of the shop. False with why (size n) filled. */
+bool reply_check_edit(const struct reply_profile *p, const char *text, char *why, size_t n);
+
+/* A new draft for a stored review: the model again with a fresh seed (never the reply cache or
+ * the stored answer), the shop's profile now, the guardrails and the signature, stored as
+ * pending with an audit entry (action "regenerate", key) if the review's status did not change
+ * meanwhile. r->err: REPLY_ENOTFOUND (no such review), REPLY_ECONFLICT (sent already, or
+ * changed during the generation), or what generation gives; on REPLY_OK *row (the caller owns
+ * it: store_reply_fini) is the row now stored. */
+void reply_service_regenerate(struct reply_service *svc, const char *shop_id,
+                              const char *review_id, const char *key, struct reply_call *call,
+                              struct store_reply *row, struct reply_result *r);
+
+/* ---- shop profiles saved through the API ----------------------------------------------------
+ * A profile saved with reply_service_put_shop is kept in the store (durable, shared by every
+ * instance on the same database) and replaces the config file's profile of that shop: on this
+ * instance at once, on the others within REPLY_SHOP_REFRESH_S seconds (each re-reads a shop's
+ * stored profile at most that often). */
+#define REPLY_SHOP_REFRESH_S 5.0
+
+/* The profile reviews of shop_id are answered with now (borrowed, lives as long as svc). */
+const struct reply_profile *reply_service_profile(struct reply_service *svc,
+                                                  const char *shop_id);
+/* Validates profile (reply_profile_from_json: AR_EFORMAT/AR_EINVAL with the member named in
+ * err), stores it and uses it from now on; *out (may be NULL; cJSON_Delete) receives the
+ * profile as reply_profile_to_json shows it, with "source": "store". Other statuses: the
+ * store failed. */
+enum ar_status reply_service_put_shop(struct reply_service *svc, const char *shop_id,
+                                      const cJSON *profile, cJSON **out, struct ar_err *err);
+/* The profile of shop_id read now (reply_profile_to_json) with "source": "store" (saved
+ * through the API), "config" (the config file's) or "default" (neither names the shop). */
+enum ar_status reply_service_get_shop(struct reply_service *svc, const char *shop_id,
+                                      cJSON **out, struct ar_err *err);
+/* Every shop the config file names or the store keeps, in shop_id order, as
+ * reply_service_get_shop shows them: a new JSON array. */
+enum ar_status reply_service_list_shops(struct reply_service *svc, cJSON **out,
+                                        struct ar_err *err);
 
 /* ---- for front ends ------------------------------------------------------------------------ */
 

@@ -71,7 +71,19 @@ struct reply_service {
     struct queue *queue;       /* p.queue or owned_queue */
     struct queue *owned_queue; /* the in-process queue made when p.queue is NULL */
     struct rp_runner *runner;  /* the queue consumer, once reply_jobs_start ran */
+    /* shop profiles saved in the store (shops.c) */
+    pthread_mutex_t shops_mu;
+    struct rp_shop *shops;       /* under shops_mu: shops looked up, with their stored profile */
+    struct rp_retired *retired;  /* under shops_mu: replaced profiles, freed with the service
+                                    (a request may still hold one) */
 };
+
+/* shops.c: the profile a review of shop_id is answered with: the one saved in the store
+ * (re-read every REPLY_SHOP_REFRESH_S, at once after a put on this instance), else the config
+ * file's. Borrowed until the service is destroyed. */
+const struct reply_profile *rp_profile(struct reply_service *svc, const char *shop_id);
+void rp_shops_init(struct reply_service *svc);
+void rp_shops_fini(struct reply_service *svc);
 
 /* Queues fn(arg) on the worker pool; AR_EBUSY when the queue is full or stopping. */
 enum ar_status rp_submit(struct reply_service *svc, void (*fn)(void *), void *arg, bool bounded);

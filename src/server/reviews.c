@@ -1144,5 +1144,6 @@ enum ar_status server_reviews_attach(struct server *s, struct reply_service *svc
         if (st != AR_OK)
             return st;
     }
-    return AR_OK;
+    /* the merchant's workflow over the same service (workflow.c) */
+    return srv_workflow_attach(s, svc);
 }

@@ -202,6 +202,26 @@ enum ar_status server_add_route(struct server *s, const struct server_route *r);
  *   DELETE /v1/jobs/{id}     cancels a queued or running job (200, the job, "deleted": false);
  *                            deletes a finished or cancelled one, or any with purge=true
  *                            (200 {id, deleted: true})
+ * The merchant's review workflow (workflow.c; REVIEW = {shop_id, review_id, text, rating, lang,
+ * reply, status, needs_human, sentiment (label), sentiment_score, cached, model, created,
+ * updated}):
+ *   GET  /v1/reviews         answered reviews newest first: {object, data, next_cursor};
+ *                            status, shop_id, rating (1..5), sentiment (negative < -0.15 <=
+ *                            neutral <= 0.15 < positive, the pipeline's labels), limit (1..100,
+ *                            20), cursor (opaque: the previous page's next_cursor)
+ *   GET  /v1/reviews/{shop_id}/{review_id}   REVIEW plus audit: [{at, key, action, before,
+ *                            after, from, to}] oldest first
+ *   POST /v1/reviews/{shop_id}/{review_id}/approve  body optional {"reply": edited text} (held
+ *                            to the shop's banned words: 400); from pending or approved
+ *   POST .../reject          from pending only (an approve and a reject never both pass)
+ *   POST .../regenerate      a new draft (pending) from anything not sent
+ *                            each 200 REVIEW; 404 unknown; 409 invalid_state otherwise. The
+ *                            audit's key is "key:<index>" with API keys, else "".
+ *   GET  /v1/shops           {object, data: [PROFILE + shop_id + source]}: the --shops file's
+ *                            shops and those saved in the store (source "config" / "store")
+ *   GET  /v1/shops/{shop_id} PROFILE (source "default" for a shop named nowhere)
+ *   PUT  /v1/shops/{shop_id} PROFILE (reply_profile_from_json: 400 invalid_profile naming the
+ *                            member); saved and used at once here, by others within 5 s
  * A job belongs to the caller that made it (server_req_client: the API key, else the address):
  * for anyone else every jobs route answers 404.
  * Reviews and batches answer 503 "loading" until server_set_engine; jobs are stored and read

@@ -263,4 +263,10 @@ void srv_review_handle(struct reply_service *svc, enum srv_review_ep ep, const c
                        const cJSON *body, const char *raw, size_t raw_len, struct reply_call *call,
                        srv_review_done_fn done, void *ctx, const struct srv_review_opts *opts);
 
+/* ---- workflow.c: the review workflow and shop profiles ------------------------------------ */
+
+/* Adds GET /v1/reviews, GET /v1/reviews/{shop}/{review}, POST .../approve|reject|regenerate,
+ * GET /v1/shops, GET and PUT /v1/shops/{shop} over svc (server_reviews_attach calls it). */
+enum ar_status srv_workflow_attach(struct server *s, struct reply_service *svc);
+
 #endif

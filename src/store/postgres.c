@@ -85,6 +85,32 @@ static const char *const migrations[] = {
     /* the few jobs whose completion notice is still to be claimed (the sweeper's look) */
     "CREATE INDEX jobs_to_notify ON jobs (seq) "
     "  WHERE status = 'done' AND NOT notified AND callback_url <> '';",
+    /* 2 -> 3: the review workflow. A reply has a status and the time of its last change;
+     * the store never kept the action of replies from before, so they read as pending (a
+     * person sees them once). Every change by a person is kept in review_audit; a shop's
+     * profile saved through the API in shop_profiles. */
+    "ALTER TABLE replies ADD COLUMN status text NOT NULL DEFAULT 'pending'"
+    "  CHECK (status IN ('pending', 'approved', 'sent', 'rejected')),"
+    "  ADD COLUMN updated_s bigint NOT NULL DEFAULT 0;"
+    "UPDATE replies SET updated_s = created_s;"
+    "CREATE INDEX replies_by_created ON replies (created_s, shop_id, review_id);"
+    "CREATE INDEX replies_by_status ON replies (status, created_s, shop_id, review_id);"
+    "CREATE TABLE review_audit ("
+    "  id bigserial PRIMARY KEY,"
+    "  shop_id text NOT NULL,"
+    "  review_id text NOT NULL,"
+    "  at_s bigint NOT NULL,"
+    "  api_key text NOT NULL,"
+    "  action text NOT NULL,"
+    "  reply_before text NOT NULL,"
+    "  reply_after text NOT NULL,"
+    "  from_status text NOT NULL,"
+    "  to_status text NOT NULL);"
+    "CREATE INDEX review_audit_by_review ON review_audit (shop_id, review_id, id);"
+    "CREATE TABLE shop_profiles ("
+    "  shop_id text PRIMARY KEY,"
+    "  profile text NOT NULL,"
+    "  updated_s bigint NOT NULL);",
 };
 #define PG_SCHEMA_VERSION STORE_PG_SCHEMA_VERSION
 _Static_assert(AR_ARRAY_LEN(migrations) == STORE_PG_SCHEMA_VERSION, "one migration per version");
@@ -114,12 +140,21 @@ enum pg_stmt {
     P_JOB_DELETE,
     P_JOB_CLAIM_NOTIFY,
     P_JOBS_UNNOTIFIED,
+    P_REVIEWS_LIST,
+    P_REVIEW_LOCK,
+    P_REVIEW_SET,
+    P_AUDIT_INSERT,
+    P_AUDIT_LIST,
+    P_SHOP_PUT,
+    P_SHOP_GET,
+    P_SHOPS_LIST,
     P_COUNT
 };
+_Static_assert(P_COUNT <= 64, "pg_conn.prepared has a bit per statement");
 
 #define REPLY_COLS                                                                                 \
     "shop_id, review_id, review_text, rating, lang, reply, needs_human, sentiment, cached, "       \
-    "model, created_s"
+    "model, created_s, status, updated_s"
 #define JOB_COLS                                                                                   \
     "id, status, n_total, n_done, n_failed, created_s, updated_s, shop_id, published, owner, "    \
     "bytes, seq, callback_url, notified"
@@ -130,7 +165,7 @@ static const char *const stmt_sql[P_COUNT] = {
     [P_REPLY_PUT] =
         "WITH ended AS (DELETE FROM reply_claims WHERE shop_id = $1 AND review_id = $2),"
         " ins AS (INSERT INTO replies (" REPLY_COLS ") "
-        "  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) "
+        "  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $11) "
         "  ON CONFLICT (shop_id, review_id) DO NOTHING RETURNING 1) "
         "SELECT count(*) FROM ins",
     /* a new claim, one whose lease expired, or the owner's own: a row back means taken. The
@@ -185,6 +220,32 @@ static const char *const stmt_sql[P_COUNT] = {
                            "AND NOT notified AND callback_url <> ''",
     [P_JOBS_UNNOTIFIED] = "SELECT " JOB_COLS " FROM jobs WHERE status = 'done' AND NOT notified "
                           "AND callback_url <> '' ORDER BY seq LIMIT 100",
+    /* "" and 0 match anything; the cursor is the last row of the previous page (the largest
+     * bigint before the first page), compared as a row value in the list's order */
+    [P_REVIEWS_LIST] = "SELECT " REPLY_COLS " FROM replies "
+                       "WHERE ($1::text = '' OR status = $1::text) "
+                       "AND ($2::text = '' OR shop_id = $2::text) "
+                       "AND ($3::int = 0 OR rating = $3::int) "
+                       "AND sentiment BETWEEN $4::float8 AND $5::float8 "
+                       "AND (created_s, shop_id, review_id) < ($6::bigint, $7::text, $8::text) "
+                       "ORDER BY created_s DESC, shop_id DESC, review_id DESC LIMIT $9::bigint",
+    /* the row stays locked until the change commits: a second change waits, then reads the
+     * status the first one left */
+    [P_REVIEW_LOCK] = "SELECT " REPLY_COLS " FROM replies WHERE shop_id = $1 AND review_id = $2 "
+                      "FOR UPDATE",
+    [P_REVIEW_SET] = "UPDATE replies SET status = $3, reply = $4, updated_s = $5 "
+                     "WHERE shop_id = $1 AND review_id = $2",
+    [P_AUDIT_INSERT] = "INSERT INTO review_audit (shop_id, review_id, at_s, api_key, action, "
+                       "reply_before, reply_after, from_status, to_status) "
+                       "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+    [P_AUDIT_LIST] = "SELECT at_s, api_key, action, reply_before, reply_after, from_status, "
+                     "to_status FROM review_audit WHERE shop_id = $1 AND review_id = $2 "
+                     "ORDER BY id",
+    [P_SHOP_PUT] = "INSERT INTO shop_profiles (shop_id, profile, updated_s) VALUES ($1, $2, $3) "
+                   "ON CONFLICT (shop_id) DO UPDATE "
+                   "SET profile = EXCLUDED.profile, updated_s = EXCLUDED.updated_s",
+    [P_SHOP_GET] = "SELECT profile, updated_s FROM shop_profiles WHERE shop_id = $1",
+    [P_SHOPS_LIST] = "SELECT shop_id, profile, updated_s FROM shop_profiles ORDER BY shop_id",
 };
 
 /* what each statement is called in messages */
@@ -211,22 +272,32 @@ static const char *const stmt_what[P_COUNT] = {
     [P_JOB_DELETE] = "job delete",
     [P_JOB_CLAIM_NOTIFY] = "job notify",
     [P_JOBS_UNNOTIFIED] = "jobs to notify",
+    [P_REVIEWS_LIST] = "reviews list",
+    [P_REVIEW_LOCK] = "review lookup",
+    [P_REVIEW_SET] = "review update",
+    [P_AUDIT_INSERT] = "audit insert",
+    [P_AUDIT_LIST] = "audit list",
+    [P_SHOP_PUT] = "shop profile put",
+    [P_SHOP_GET] = "shop profile lookup",
+    [P_SHOPS_LIST] = "shop profiles",
 };
 
 static const int stmt_n_params[P_COUNT] = {
-    [P_REPLY_GET] = 2,         [P_REPLY_PUT] = 11,  [P_CLAIM_TAKE] = 4,   [P_CLAIM_DROP] = 3,
+    [P_REPLY_GET] = 2,         [P_REPLY_PUT] = 12,  [P_CLAIM_TAKE] = 4,   [P_CLAIM_DROP] = 3,
     [P_CLAIM_RELEASE] = 1,     [P_JOB_INSERT] = 7,  [P_ITEMS_INSERT] = 3, [P_ITEM_PENDING] = 3,
     [P_ITEM_FINISH] = 7,       [P_ITEM_STATUS] = 2, [P_ITEM_GET] = 2,     [P_JOB_SET_STATUS] = 3,
     [P_JOB_SET_PUBLISHED] = 1, [P_JOB_GET] = 1,     [P_JOB_ITEMS] = 3,    [P_JOBS_UNFINISHED] = 0,
     [P_JOBS_LIST] = 3,         [P_JOB_USAGE] = 1,   [P_JOB_CANCEL] = 2,   [P_JOB_DELETE] = 1,
     [P_JOB_CLAIM_NOTIFY] = 1,  [P_JOBS_UNNOTIFIED] = 0,
+    [P_REVIEWS_LIST] = 9,      [P_REVIEW_LOCK] = 2,     [P_REVIEW_SET] = 5,   [P_AUDIT_INSERT] = 9,
+    [P_AUDIT_LIST] = 2,        [P_SHOP_PUT] = 3,        [P_SHOP_GET] = 1,     [P_SHOPS_LIST] = 0,
 };
 
 /* ---- the pool ----------------------------------------------------------------------- */
 
 struct pg_conn {
     PGconn *c;
-    uint32_t prepared;     /* bit i: statement i is prepared on this connection */
+    uint64_t prepared;     /* bit i: statement i is prepared on this connection */
     uint64_t epoch;        /* the pool's epoch when it connected */
     bool reused;           /* taken from the idle list (it may have gone stale there) */
     bool broken;           /* must not go back to the pool */
@@ -614,14 +685,14 @@ static enum ar_status pg_exec(struct pg_store *ps, struct pg_conn *pc, enum pg_s
     snprintf(name, sizeof(name), "ar_%d", (int)id);
     for (int attempt = 0;; attempt++) {
         s = AR_OK;
-        if (!(pc->prepared & (1u << id))) {
+        if (!(pc->prepared & ((uint64_t)1 << id))) {
             if (!PQsendPrepare(pc->c, name, stmt_sql[id], stmt_n_params[id], NULL))
                 s = conn_error(pc, pg_status_of(pc->c, NULL), err, "prepare",
                                PQerrorMessage(pc->c));
             else
                 s = wait_results(ps, pc, stmt_what[id], NULL, err);
             if (s == AR_OK)
-                pc->prepared |= 1u << id;
+                pc->prepared |= (uint64_t)1 << id;
         }
         if (s == AR_OK) {
             if (!PQsendQueryPrepared(pc->c, name, stmt_n_params[id], vals, NULL, NULL, 0))
@@ -804,6 +875,8 @@ static enum ar_status reply_from_res(const PGresult *res, int row, struct store_
     r.sentiment = (float)strtod(PQgetvalue(res, row, 7), NULL);
     r.cached = bool_at(res, row, 8);
     r.model = PQgetvalue(res, row, 9);
+    r.status = store_review_status_of(PQgetvalue(res, row, 11));
+    r.updated_s = int_at(res, row, 12);
     return store_reply_copy(&r, int_at(res, row, 10), out);
 }
 
@@ -863,7 +936,7 @@ static enum ar_status pg_reply_put(struct store *base, const struct store_reply 
 {
     struct pg_store *ps = (struct pg_store *)base;
     char rating[8], sentiment[40], created_s[24];
-    const char *v[11];
+    const char *v[12];
     struct pg_conn *pc;
     PGresult *res = NULL;
     bool found = false;
@@ -883,6 +956,7 @@ static enum ar_status pg_reply_put(struct store *base, const struct store_reply 
     v[8] = r->cached ? "t" : "f";
     v[9] = r->model ? r->model : "";
     v[10] = created_s;
+    v[11] = store_review_status_names[r->status];
     if ((s = pool_get(ps, &pc, err)) != AR_OK)
         return s;
     s = pg_exec(ps, pc, P_REPLY_PUT, v, &res, err);
@@ -1360,6 +1434,176 @@ static enum ar_status pg_jobs_unnotified(struct store *base, store_job_fn fn, vo
     return jobs_each((struct pg_store *)base, P_JOBS_UNNOTIFIED, fn, user, err);
 }
 
+/* ---- the review workflow ------------------------------------------------------------------ */
+
+static enum ar_status pg_reviews_list(struct store *base, const struct store_review_filter *f,
+                                      const struct store_review_cursor *after, size_t limit,
+                                      store_reply_fn fn, void *user, struct ar_err *err)
+{
+    struct pg_store *ps = (struct pg_store *)base;
+    char rating[8], lo[40], hi[40], created[24], lim[24];
+    const char *v[9] = {f->status < 0 ? "" : store_review_status_names[f->status],
+                        f->shop_id,
+                        rating,
+                        lo,
+                        hi,
+                        created,
+                        after->shop_id ? after->shop_id : "",
+                        after->review_id ? after->review_id : "",
+                        lim};
+    PGresult *r = NULL;
+    enum ar_status s;
+    snprintf(rating, sizeof(rating), "%d", f->rating);
+    snprintf(lo, sizeof(lo), "%.17g", f->sentiment_min);
+    snprintf(hi, sizeof(hi), "%.17g", f->sentiment_max);
+    snprintf(created, sizeof(created), "%lld", (long long)after->created_s);
+    snprintf(lim, sizeof(lim), "%zu", limit);
+    s = pg_run(ps, P_REVIEWS_LIST, v, &r, err);
+    for (int i = 0; s == AR_OK && i < PQntuples(r); i++) {
+        struct store_reply row;
+        if ((s = reply_from_res(r, i, &row)) != AR_OK)
+            break;
+        if (!fn(&row, user))
+            s = AR_ECANCELED;
+        store_reply_fini(&row);
+    }
+    PQclear(r);
+    return s;
+}
+
+static enum ar_status pg_review_change(struct store *base, const struct store_review_change *c,
+                                       int64_t now, struct store_reply *out,
+                                       enum store_change_result *result, struct ar_err *err)
+{
+    struct pg_store *ps = (struct pg_store *)base;
+    const char *key[2] = {c->shop_id, c->review_id};
+    struct store_reply row, after;
+    char at[24];
+    struct pg_conn *pc;
+    PGresult *r = NULL;
+    enum ar_status s;
+    memset(&row, 0, sizeof(row));
+    snprintf(at, sizeof(at), "%lld", (long long)now);
+    if ((s = pool_get(ps, &pc, err)) != AR_OK)
+        return s;
+    if ((s = tx_begin(ps, pc, err)) != AR_OK)
+        goto out;
+    if ((s = pg_exec(ps, pc, P_REVIEW_LOCK, key, &r, err)) != AR_OK)
+        goto out;
+    if (PQntuples(r) == 0) {
+        *result = STORE_CHANGE_NOT_FOUND;
+        goto out;
+    }
+    if ((s = reply_from_res(r, 0, &row)) != AR_OK)
+        goto out;
+    if (!(c->from_mask & (1u << row.status))) {
+        *result = STORE_CHANGE_REFUSED;
+        if (out) {
+            *out = row;
+            memset(&row, 0, sizeof(row));
+        }
+        goto out; /* the lock goes with the rollback */
+    }
+    after = row;
+    after.status = c->to;
+    after.updated_s = now;
+    if (c->reply)
+        after.reply = c->reply;
+    {
+        const char *set[5] = {c->shop_id, c->review_id, store_review_status_names[c->to],
+                              after.reply, at};
+        const char *audit[9] = {c->shop_id,
+                                c->review_id,
+                                at,
+                                c->key,
+                                c->action,
+                                row.reply,
+                                after.reply,
+                                store_review_status_names[row.status],
+                                store_review_status_names[c->to]};
+        if ((s = pg_exec(ps, pc, P_REVIEW_SET, set, NULL, err)) != AR_OK ||
+            (s = pg_exec(ps, pc, P_AUDIT_INSERT, audit, NULL, err)) != AR_OK)
+            goto out;
+    }
+    if ((s = run_sql(ps, pc, "COMMIT", "commit", NULL, err)) != AR_OK)
+        goto out;
+    *result = STORE_CHANGED;
+    if (out)
+        s = store_reply_copy(&after, row.created_s, out);
+out:
+    PQclear(r);
+    pool_put(ps, pc); /* rolls back what did not commit */
+    store_reply_fini(&row);
+    if (s != AR_OK)
+        store_reply_fini(out);
+    return s;
+}
+
+static enum ar_status pg_review_audit(struct store *base, const char *shop_id,
+                                      const char *review_id, store_audit_fn fn, void *user,
+                                      struct ar_err *err)
+{
+    const char *v[2] = {shop_id, review_id};
+    PGresult *r = NULL;
+    enum ar_status s = pg_run((struct pg_store *)base, P_AUDIT_LIST, v, &r, err);
+    for (int i = 0; s == AR_OK && i < PQntuples(r); i++) {
+        struct store_audit a;
+        a.at_s = int_at(r, i, 0);
+        a.key = PQgetvalue(r, i, 1);
+        a.action = PQgetvalue(r, i, 2);
+        a.before = PQgetvalue(r, i, 3);
+        a.after = PQgetvalue(r, i, 4);
+        a.from = store_review_status_of(PQgetvalue(r, i, 5));
+        a.to = store_review_status_of(PQgetvalue(r, i, 6));
+        if (!fn(&a, user))
+            s = AR_ECANCELED;
+    }
+    PQclear(r);
+    return s;
+}
+
+static enum ar_status pg_shop_put(struct store *base, const char *shop_id, const char *json,
+                                  int64_t now, struct ar_err *err)
+{
+    char at[24];
+    const char *v[3] = {shop_id, json, at};
+    PGresult *r = NULL;
+    enum ar_status s;
+    snprintf(at, sizeof(at), "%lld", (long long)now);
+    s = pg_run((struct pg_store *)base, P_SHOP_PUT, v, &r, err);
+    PQclear(r);
+    return s;
+}
+
+static enum ar_status pg_shop_get(struct store *base, const char *shop_id, char **json,
+                                  int64_t *updated_s, bool *found, struct ar_err *err)
+{
+    const char *v[1] = {shop_id};
+    PGresult *r = NULL;
+    enum ar_status s = pg_run((struct pg_store *)base, P_SHOP_GET, v, &r, err);
+    if (s == AR_OK && PQntuples(r) > 0) {
+        *json = ar_strdup(PQgetvalue(r, 0, 0));
+        *updated_s = int_at(r, 0, 1);
+        *found = *json != NULL;
+        if (!*json)
+            s = AR_ENOMEM;
+    }
+    PQclear(r);
+    return s;
+}
+
+static enum ar_status pg_shops_list(struct store *base, store_shop_fn fn, void *user,
+                                    struct ar_err *err)
+{
+    PGresult *r = NULL;
+    enum ar_status s = pg_run((struct pg_store *)base, P_SHOPS_LIST, NULL, &r, err);
+    for (int i = 0; s == AR_OK && i < PQntuples(r); i++)
+        if (!fn(PQgetvalue(r, i, 0), PQgetvalue(r, i, 1), int_at(r, i, 2), user))
+            s = AR_ECANCELED;
+    PQclear(r);
+    return s;
+}
+
 static const struct store_ops pg_ops = {
     .name = "postgres",
     .close = pg_close,
@@ -1384,4 +1628,10 @@ static const struct store_ops pg_ops = {
     .job_delete = pg_job_delete,
     .job_claim_notify = pg_job_claim_notify,
     .jobs_unnotified = pg_jobs_unnotified,
+    .reviews_list = pg_reviews_list,
+    .review_change = pg_review_change,
+    .review_audit = pg_review_audit,
+    .shop_put = pg_shop_put,
+    .shop_get = pg_shop_get,
+    .shops_list = pg_shops_list,
 };

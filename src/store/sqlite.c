@@ -72,6 +72,33 @@ static const char *const migrations[STORE_SCHEMA_VERSION] = {
     "CREATE INDEX jobs_by_owner ON jobs (owner, status);"
     /* the few jobs whose completion notice is still to be claimed (the sweeper's look) */
     "CREATE INDEX jobs_to_notify ON jobs (status) WHERE notified = 0 AND callback_url <> '';",
+    /* 4 -> 5: the review workflow. A reply has a status and the time of its last change;
+     * the store never kept the action of replies from before, so they read as pending (a
+     * person sees them once). Every change by a person is kept in review_audit; a shop's
+     * profile saved through the API in shop_profiles. */
+    "ALTER TABLE replies ADD COLUMN status TEXT NOT NULL DEFAULT 'pending'"
+    "  CHECK (status IN ('pending', 'approved', 'sent', 'rejected'));"
+    "ALTER TABLE replies ADD COLUMN updated_s INTEGER NOT NULL DEFAULT 0;"
+    "UPDATE replies SET updated_s = created_s;"
+    "CREATE INDEX replies_by_created ON replies (created_s, shop_id, review_id);"
+    "CREATE INDEX replies_by_status ON replies (status, created_s, shop_id, review_id);"
+    "CREATE TABLE review_audit ("
+    "  id INTEGER PRIMARY KEY,"
+    "  shop_id TEXT NOT NULL,"
+    "  review_id TEXT NOT NULL,"
+    "  at_s INTEGER NOT NULL,"
+    "  api_key TEXT NOT NULL,"
+    "  action TEXT NOT NULL,"
+    "  reply_before TEXT NOT NULL,"
+    "  reply_after TEXT NOT NULL,"
+    "  from_status TEXT NOT NULL,"
+    "  to_status TEXT NOT NULL);"
+    "CREATE INDEX review_audit_by_review ON review_audit (shop_id, review_id, id);"
+    "CREATE TABLE shop_profiles ("
+    "  shop_id TEXT PRIMARY KEY,"
+    "  profile TEXT NOT NULL,"
+    "  updated_s INTEGER NOT NULL"
+    ") WITHOUT ROWID;",
 };
 
 /* ---- statements --------------------------------------------------------------------- */
@@ -106,12 +133,19 @@ enum stmt_id {
     S_JOB_DELETE,
     S_JOB_CLAIM_NOTIFY,
     S_JOBS_UNNOTIFIED,
+    S_REVIEWS_LIST,
+    S_REVIEW_SET,
+    S_AUDIT_INSERT,
+    S_AUDIT_LIST,
+    S_SHOP_PUT,
+    S_SHOP_GET,
+    S_SHOPS_LIST,
     S_COUNT
 };
 
 #define REPLY_COLS                                                                                 \
     "shop_id, review_id, review_text, rating, lang, reply, needs_human, sentiment, cached, "       \
-    "model, created_s"
+    "model, created_s, status, updated_s"
 /* unix seconds with a fraction, on this machine's clock (the database's, for SQLite) */
 #define NOW_S "((julianday('now') - 2440587.5) * 86400.0)"
 #define JOB_COLS                                                                                   \
@@ -124,7 +158,7 @@ static const char *const stmt_sql[S_COUNT] = {
     [S_ROLLBACK] = "ROLLBACK",
     [S_REPLY_GET] = "SELECT " REPLY_COLS " FROM replies WHERE shop_id = ?1 AND review_id = ?2",
     [S_REPLY_INSERT] = "INSERT INTO replies (" REPLY_COLS ") "
-                       "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11) "
+                       "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?11) "
                        "ON CONFLICT (shop_id, review_id) DO NOTHING",
     /* a new claim, or one that expired, or the owner's own: changes() says whether taken */
     [S_CLAIM_TAKE] =
@@ -180,6 +214,26 @@ static const char *const stmt_sql[S_COUNT] = {
                            "AND notified = 0 AND callback_url <> ''",
     [S_JOBS_UNNOTIFIED] = "SELECT " JOB_COLS " FROM jobs WHERE status = 'done' AND notified = 0 "
                           "AND callback_url <> '' ORDER BY rowid LIMIT 100",
+    /* "" and 0 match anything; the cursor is the last row of the previous page (INT64_MAX
+     * before the first page), compared as a row value in the list's order */
+    [S_REVIEWS_LIST] = "SELECT " REPLY_COLS " FROM replies "
+                       "WHERE (?1 = '' OR status = ?1) AND (?2 = '' OR shop_id = ?2) "
+                       "AND (?3 = 0 OR rating = ?3) AND sentiment BETWEEN ?4 AND ?5 "
+                       "AND (created_s, shop_id, review_id) < (?6, ?7, ?8) "
+                       "ORDER BY created_s DESC, shop_id DESC, review_id DESC LIMIT ?9",
+    [S_REVIEW_SET] = "UPDATE replies SET status = ?3, reply = ?4, updated_s = ?5 "
+                     "WHERE shop_id = ?1 AND review_id = ?2",
+    [S_AUDIT_INSERT] = "INSERT INTO review_audit (shop_id, review_id, at_s, api_key, action, "
+                       "reply_before, reply_after, from_status, to_status) "
+                       "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+    [S_AUDIT_LIST] = "SELECT at_s, api_key, action, reply_before, reply_after, from_status, "
+                     "to_status FROM review_audit WHERE shop_id = ?1 AND review_id = ?2 "
+                     "ORDER BY id",
+    [S_SHOP_PUT] = "INSERT INTO shop_profiles (shop_id, profile, updated_s) VALUES (?1, ?2, ?3) "
+                   "ON CONFLICT (shop_id) DO UPDATE "
+                   "SET profile = excluded.profile, updated_s = excluded.updated_s",
+    [S_SHOP_GET] = "SELECT profile, updated_s FROM shop_profiles WHERE shop_id = ?1",
+    [S_SHOPS_LIST] = "SELECT shop_id, profile, updated_s FROM shop_profiles ORDER BY shop_id",
 };
 
 /* Background checkpoints: the request connection never checkpoints (its WAL hook replaces
@@ -619,6 +673,8 @@ static enum ar_status reply_from_row(sqlite3_stmt *s, struct store_reply *out)
     r.sentiment = (float)sqlite3_column_double(s, 7);
     r.cached = sqlite3_column_int(s, 8) != 0;
     r.model = (const char *)sqlite3_column_text(s, 9);
+    r.status = store_review_status_of((const char *)sqlite3_column_text(s, 11));
+    r.updated_s = sqlite3_column_int64(s, 12);
     return store_reply_copy(&r, sqlite3_column_int64(s, 10), out);
 }
 
@@ -664,7 +720,8 @@ static enum ar_status sq_reply_put(struct store *base, const struct store_reply 
                     SQ_ARGS(SQ_TEXT(r->shop_id), SQ_TEXT(r->review_id), SQ_TEXT(r->text),
                             SQ_INT(r->rating), SQ_TEXT(r->lang), SQ_TEXT(r->reply),
                             SQ_INT(r->needs_human), SQ_REAL(r->sentiment), SQ_INT(r->cached),
-                            SQ_TEXT(r->model), SQ_INT(created)),
+                            SQ_TEXT(r->model), SQ_INT(created),
+                            SQ_TEXT(store_review_status_names[r->status])),
                     &changes, "reply insert", err);
     /* DO NOTHING on conflict: no change means the key was there already */
     *existed = res == AR_OK && changes == 0;
@@ -1158,6 +1215,191 @@ static enum ar_status sq_job_claim_notify(struct store *base, const char *job_id
     return res;
 }
 
+/* ---- the review workflow ------------------------------------------------------------------ */
+
+static enum ar_status sq_reviews_list(struct store *base, const struct store_review_filter *f,
+                                      const struct store_review_cursor *after, size_t limit,
+                                      store_reply_fn fn, void *user, struct ar_err *err)
+{
+    struct sqlite_store *st = (struct sqlite_store *)base;
+    enum ar_status res = AR_OK;
+    sqlite3_stmt *s;
+    int rc;
+    pthread_mutex_lock(&st->mu);
+    s = st->stmt[S_REVIEWS_LIST];
+    rc = bind_args(s, SQ_ARGS(SQ_TEXT(f->status < 0 ? "" : store_review_status_names[f->status]),
+                              SQ_TEXT(f->shop_id), SQ_INT(f->rating), SQ_REAL(f->sentiment_min),
+                              SQ_REAL(f->sentiment_max), SQ_INT(after->created_s),
+                              SQ_TEXT(after->shop_id), SQ_TEXT(after->review_id),
+                              SQ_INT(limit)));
+    while (rc == SQLITE_OK && (rc = sqlite3_step(s)) == SQLITE_ROW) {
+        struct store_reply r;
+        if ((res = reply_from_row(s, &r)) != AR_OK)
+            break;
+        if (!fn(&r, user))
+            res = AR_ECANCELED;
+        store_reply_fini(&r);
+        if (res != AR_OK)
+            break;
+        rc = SQLITE_OK;
+    }
+    if (res == AR_OK && rc != SQLITE_DONE)
+        res = db_fail(st, rc, err, "reviews list");
+    stmt_done(s);
+    pthread_mutex_unlock(&st->mu);
+    return res;
+}
+
+static enum ar_status sq_review_change(struct store *base, const struct store_review_change *c,
+                                       int64_t now, struct store_reply *out,
+                                       enum store_change_result *result, struct ar_err *err)
+{
+    struct sqlite_store *st = (struct sqlite_store *)base;
+    struct store_reply row, after;
+    enum ar_status res;
+    bool found = false;
+    memset(&row, 0, sizeof(row));
+    pthread_mutex_lock(&st->mu);
+    /* the write lock from the read on: the check and the change see the same row */
+    if ((res = tx_begin(st, err)) != AR_OK)
+        goto out;
+    if ((res = reply_get_locked(st, c->shop_id, c->review_id, &row, &found, err)) != AR_OK)
+        goto out;
+    if (!found) {
+        *result = STORE_CHANGE_NOT_FOUND;
+        goto out;
+    }
+    if (!(c->from_mask & (1u << row.status))) {
+        *result = STORE_CHANGE_REFUSED;
+        if (out) {
+            *out = row;
+            memset(&row, 0, sizeof(row));
+        }
+        goto out;
+    }
+    after = row;
+    after.status = c->to;
+    after.updated_s = now;
+    if (c->reply)
+        after.reply = c->reply;
+    res = exec_args(st, S_REVIEW_SET,
+                    SQ_ARGS(SQ_TEXT(c->shop_id), SQ_TEXT(c->review_id),
+                            SQ_TEXT(store_review_status_names[c->to]), SQ_TEXT(after.reply),
+                            SQ_INT(now)),
+                    NULL, "review update", err);
+    if (res == AR_OK)
+        res = exec_args(st, S_AUDIT_INSERT,
+                        SQ_ARGS(SQ_TEXT(c->shop_id), SQ_TEXT(c->review_id), SQ_INT(now),
+                                SQ_TEXT(c->key), SQ_TEXT(c->action), SQ_TEXT(row.reply),
+                                SQ_TEXT(after.reply), SQ_TEXT(store_review_status_names[row.status]),
+                                SQ_TEXT(store_review_status_names[c->to])),
+                        NULL, "audit insert", err);
+    if (res == AR_OK && out)
+        res = store_reply_copy(&after, row.created_s, out);
+    if (res == AR_OK)
+        *result = STORE_CHANGED;
+out:
+    res = tx_end(st, res, err);
+    pthread_mutex_unlock(&st->mu);
+    store_reply_fini(&row);
+    if (res != AR_OK)
+        store_reply_fini(out);
+    return res;
+}
+
+static enum ar_status sq_review_audit(struct store *base, const char *shop_id,
+                                      const char *review_id, store_audit_fn fn, void *user,
+                                      struct ar_err *err)
+{
+    struct sqlite_store *st = (struct sqlite_store *)base;
+    enum ar_status res = AR_OK;
+    sqlite3_stmt *s;
+    int rc;
+    pthread_mutex_lock(&st->mu);
+    s = st->stmt[S_AUDIT_LIST];
+    rc = bind_args(s, SQ_ARGS(SQ_TEXT(shop_id), SQ_TEXT(review_id)));
+    while (rc == SQLITE_OK && (rc = sqlite3_step(s)) == SQLITE_ROW) {
+        struct store_audit a;
+        a.at_s = sqlite3_column_int64(s, 0);
+        a.key = (const char *)sqlite3_column_text(s, 1);
+        a.action = (const char *)sqlite3_column_text(s, 2);
+        a.before = (const char *)sqlite3_column_text(s, 3);
+        a.after = (const char *)sqlite3_column_text(s, 4);
+        a.from = store_review_status_of((const char *)sqlite3_column_text(s, 5));
+        a.to = store_review_status_of((const char *)sqlite3_column_text(s, 6));
+        if (!fn(&a, user)) {
+            res = AR_ECANCELED;
+            break;
+        }
+        rc = SQLITE_OK;
+    }
+    if (res == AR_OK && rc != SQLITE_DONE)
+        res = db_fail(st, rc, err, "audit list");
+    stmt_done(s);
+    pthread_mutex_unlock(&st->mu);
+    return res;
+}
+
+static enum ar_status sq_shop_put(struct store *base, const char *shop_id, const char *json,
+                                  int64_t now, struct ar_err *err)
+{
+    struct sqlite_store *st = (struct sqlite_store *)base;
+    enum ar_status res;
+    pthread_mutex_lock(&st->mu);
+    res = exec_args(st, S_SHOP_PUT, SQ_ARGS(SQ_TEXT(shop_id), SQ_TEXT(json), SQ_INT(now)), NULL,
+                    "shop profile put", err);
+    pthread_mutex_unlock(&st->mu);
+    return res;
+}
+
+static enum ar_status sq_shop_get(struct store *base, const char *shop_id, char **json,
+                                  int64_t *updated_s, bool *found, struct ar_err *err)
+{
+    struct sqlite_store *st = (struct sqlite_store *)base;
+    enum ar_status res = AR_OK;
+    sqlite3_stmt *s;
+    int rc;
+    pthread_mutex_lock(&st->mu);
+    s = st->stmt[S_SHOP_GET];
+    rc = step_args(s, SQ_ARGS(SQ_TEXT(shop_id)));
+    if (rc == SQLITE_ROW) {
+        const char *t = (const char *)sqlite3_column_text(s, 0);
+        *json = ar_strdup(t ? t : "");
+        *updated_s = sqlite3_column_int64(s, 1);
+        *found = *json != NULL;
+        if (!*json)
+            res = AR_ENOMEM;
+    } else if (rc != SQLITE_DONE) {
+        res = db_fail(st, rc, err, "shop profile lookup");
+    }
+    stmt_done(s);
+    pthread_mutex_unlock(&st->mu);
+    return res;
+}
+
+static enum ar_status sq_shops_list(struct store *base, store_shop_fn fn, void *user,
+                                    struct ar_err *err)
+{
+    struct sqlite_store *st = (struct sqlite_store *)base;
+    enum ar_status res = AR_OK;
+    sqlite3_stmt *s;
+    int rc;
+    pthread_mutex_lock(&st->mu);
+    s = st->stmt[S_SHOPS_LIST];
+    while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+        if (!fn((const char *)sqlite3_column_text(s, 0), (const char *)sqlite3_column_text(s, 1),
+                sqlite3_column_int64(s, 2), user)) {
+            res = AR_ECANCELED;
+            break;
+        }
+    }
+    if (res == AR_OK && rc != SQLITE_DONE)
+        res = db_fail(st, rc, err, "shop profiles");
+    stmt_done(s);
+    pthread_mutex_unlock(&st->mu);
+    return res;
+}
+
 static const struct store_ops sqlite_ops = {
     .name = "sqlite",
     .close = sq_close,
@@ -1181,4 +1423,10 @@ static const struct store_ops sqlite_ops = {
     .job_delete = sq_job_delete,
     .job_claim_notify = sq_job_claim_notify,
     .jobs_unnotified = sq_jobs_unnotified,
+    .reviews_list = sq_reviews_list,
+    .review_change = sq_review_change,
+    .review_audit = sq_review_audit,
+    .shop_put = sq_shop_put,
+    .shop_get = sq_shop_get,
+    .shops_list = sq_shops_list,
 };

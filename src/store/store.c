@@ -14,6 +14,16 @@
 const char *const store_job_status_names[5] = {"queued", "running", "done", "failed", "cancelled"};
 const char *const store_item_status_names[3] = {"pending", "done", "error"};
 
+const char *const store_review_status_names[STORE_REVIEW_STATUS_COUNT] = {"pending", "approved",
+                                                                        "sent", "rejected"};
+
+const char *store_review_status_str(enum store_review_status s)
+{
+    if ((unsigned)s < AR_ARRAY_LEN(store_review_status_names))
+        return store_review_status_names[s];
+    return "unknown";
+}
+
 const char *store_job_status_str(enum store_job_status s)
 {
     if ((unsigned)s < AR_ARRAY_LEN(store_job_status_names))
@@ -41,6 +51,24 @@ enum store_job_status store_job_status_of(const char *name)
 {
     int s = status_from_name(store_job_status_names, AR_ARRAY_LEN(store_job_status_names), name);
     return s < 0 ? STORE_JOB_FAILED : (enum store_job_status)s;
+}
+
+bool store_review_status_parse(const char *name, enum store_review_status *out)
+{
+    int s = status_from_name(store_review_status_names, AR_ARRAY_LEN(store_review_status_names),
+                             name);
+    if (s < 0)
+        return false;
+    if (out)
+        *out = (enum store_review_status)s;
+    return true;
+}
+
+enum store_review_status store_review_status_of(const char *name)
+{
+    enum store_review_status s = STORE_REVIEW_PENDING;
+    store_review_status_parse(name, &s);
+    return s;
 }
 
 enum store_item_status store_item_status_of(const char *name)
@@ -98,6 +126,8 @@ enum ar_status store_reply_copy(const struct store_reply *r, int64_t created,
     out->sentiment = r->sentiment;
     out->cached = r->cached;
     out->created_s = created;
+    out->status = r->status;
+    out->updated_s = r->updated_s ? r->updated_s : created;
     out->storage = buf;
     return AR_OK;
 }
@@ -266,6 +296,8 @@ enum ar_status store_reply_put(struct store *st, const struct store_reply *r,
         return bad_arg(err, "sentiment must be finite");
     if (r->created_s < 0)
         return bad_arg(err, "negative created time");
+    if ((unsigned)r->status >= STORE_REVIEW_STATUS_COUNT)
+        return bad_arg(err, "unknown review status");
     created = r->created_s ? r->created_s : store_now_s();
     res = st->ops->reply_put(st, r, created, out, &ex, err);
     if (res != AR_OK)
@@ -274,9 +306,130 @@ enum ar_status store_reply_put(struct store *st, const struct store_reply *r,
         *existed = ex;
     /* a new row holds r's values as bound: copied without a read-back (a lookup on the hot
      * path of every new review) */
-    if (out && !ex)
-        res = store_reply_copy(r, created, out);
+    if (out && !ex) {
+        struct store_reply as_new = *r;
+        as_new.updated_s = created;
+        res = store_reply_copy(&as_new, created, out);
+    }
     return res;
+}
+
+/* ---- the review workflow ------------------------------------------------------------------ */
+
+enum ar_status store_reviews_list(struct store *st, const struct store_review_filter *f,
+                                  const struct store_review_cursor *after, size_t limit,
+                                  store_reply_fn fn, void *user, struct ar_err *err)
+{
+    struct store_review_filter any = {.status = -1};
+    struct store_review_cursor start = {INT64_MAX, NULL, NULL};
+    if (!st || !fn)
+        return bad_arg(err, "NULL argument");
+    if (limit < 1 || limit > 1000)
+        return bad_arg(err, "a list holds 1 to 1000 reviews");
+    if (f) {
+        if (f->status < -1 || f->status >= STORE_REVIEW_STATUS_COUNT)
+            return bad_arg(err, "unknown review status");
+        if (f->rating < 0 || f->rating > 5)
+            return bad_arg(err, "rating must be 1 to 5 (0: any)");
+        if (f->shop_id && strlen(f->shop_id) > STORE_ID_MAX)
+            return bad_arg(err, "shop_id must be at most 256 bytes");
+        if (f->by_sentiment && !(f->sentiment_min <= f->sentiment_max))
+            return bad_arg(err, "empty or undefined sentiment range");
+        any = *f;
+    }
+    if (!any.shop_id)
+        any.shop_id = "";
+    if (!any.by_sentiment) {
+        any.sentiment_min = -1e300;
+        any.sentiment_max = 1e300;
+    }
+    if (after && after->shop_id) {
+        if (!id_ok(after->shop_id) || !id_ok(after->review_id) || after->created_s < 0)
+            return bad_arg(err, "malformed cursor");
+        start = *after;
+    }
+    return st->ops->reviews_list(st, &any, &start, limit, fn, user, err);
+}
+
+enum ar_status store_review_change(struct store *st, const struct store_review_change *c,
+                                   struct store_reply *out, enum store_change_result *res,
+                                   struct ar_err *err)
+{
+    struct store_review_change ch;
+    if (out)
+        memset(out, 0, sizeof(*out));
+    if (res)
+        *res = STORE_CHANGE_NOT_FOUND;
+    if (!st || !c || !res)
+        return bad_arg(err, "NULL argument");
+    if (!id_ok(c->shop_id) || !id_ok(c->review_id))
+        return bad_arg(err, "shop_id and review_id must be 1 to 256 bytes");
+    if ((unsigned)c->to >= STORE_REVIEW_STATUS_COUNT ||
+        (c->from_mask & ~((1u << STORE_REVIEW_STATUS_COUNT) - 1)) != 0)
+        return bad_arg(err, "unknown review status");
+    if (!c->action || !c->action[0] || strlen(c->action) > 32)
+        return bad_arg(err, "an action must be 1 to 32 bytes");
+    if (c->key && strlen(c->key) > STORE_ID_MAX)
+        return bad_arg(err, "a key's name must be at most 256 bytes");
+    ch = *c;
+    if (!ch.key)
+        ch.key = "";
+    return st->ops->review_change(st, &ch, store_now_s(), out, res, err);
+}
+
+enum ar_status store_review_audit(struct store *st, const char *shop_id, const char *review_id,
+                                  store_audit_fn fn, void *user, struct ar_err *err)
+{
+    if (!st || !fn)
+        return bad_arg(err, "NULL argument");
+    if (!id_ok(shop_id) || !id_ok(review_id))
+        return bad_arg(err, "shop_id and review_id must be 1 to 256 bytes");
+    return st->ops->review_audit(st, shop_id, review_id, fn, user, err);
+}
+
+/* ---- shop profiles ------------------------------------------------------------------------ */
+
+#define SHOP_JSON_MAX ((size_t)1 << 20)
+
+enum ar_status store_shop_put(struct store *st, const char *shop_id, const char *json,
+                              struct ar_err *err)
+{
+    if (!st || !json)
+        return bad_arg(err, "NULL argument");
+    if (!id_ok(shop_id))
+        return bad_arg(err, "shop_id must be 1 to 256 bytes");
+    if (!json[0] || strlen(json) > SHOP_JSON_MAX)
+        return bad_arg(err, "a profile is 1 byte to 1 MiB of JSON");
+    return st->ops->shop_put(st, shop_id, json, store_now_s(), err);
+}
+
+enum ar_status store_shop_get(struct store *st, const char *shop_id, char **json,
+                              int64_t *updated_s, bool *found, struct ar_err *err)
+{
+    int64_t t = 0;
+    enum ar_status res;
+    if (json)
+        *json = NULL;
+    if (found)
+        *found = false;
+    if (updated_s)
+        *updated_s = 0;
+    if (!st || !json || !found)
+        return bad_arg(err, "NULL argument");
+    if (!id_ok(shop_id))
+        return bad_arg(err, "shop_id must be 1 to 256 bytes");
+    res = st->ops->shop_get(st, shop_id, json, &t, found, err);
+    if (res == AR_OK && updated_s)
+        *updated_s = t;
+    return res;
+}
+
+enum ar_status store_shops_list(struct store *st, store_shop_fn fn, void *user,
+                                struct ar_err *err)
+{
+    if (!st || !fn)
+        return bad_arg(err, "NULL argument");
+    return st->ops->shops_list(st, fn, user, err);
 }
 
 enum ar_status store_reply_claim(struct store *st, const char *shop_id, const char *review_id,

@@ -46,8 +46,8 @@
 
 #include "../base/base.h"
 
-#define STORE_SCHEMA_VERSION 4    /* SQLite's user_version */
-#define STORE_PG_SCHEMA_VERSION 2 /* PostgreSQL's max(schema_migrations.version) */
+#define STORE_SCHEMA_VERSION 5    /* SQLite's user_version */
+#define STORE_PG_SCHEMA_VERSION 3 /* PostgreSQL's max(schema_migrations.version) */
 #define STORE_ID_MAX 256          /* longest shop or review id (and job owner), bytes */
 #define STORE_URL_MAX 2048        /* longest job callback URL, bytes */
 #define STORE_JOB_ID_LEN 32       /* hex digits of a job id (128 random bits) */
@@ -79,6 +79,22 @@ bool store_healthy(struct store *st);
 
 /* ---- replies ------------------------------------------------------------------------- */
 
+/* Where an answered review stands in the merchant's workflow. A reply stored with action
+ * "send" is sent, with "suggest" pending; a person approves, rejects or regenerates it
+ * (store_review_change). Replies stored before the workflow existed read as pending: the
+ * store never kept their action, so a person sees them once. */
+enum store_review_status {
+    STORE_REVIEW_PENDING = 0, /* a draft for a person (suggest mode, or held for a human) */
+    STORE_REVIEW_APPROVED,    /* a person approved the (possibly edited) reply */
+    STORE_REVIEW_SENT,        /* sent automatically */
+    STORE_REVIEW_REJECTED     /* a person rejected the reply */
+};
+#define STORE_REVIEW_STATUS_COUNT 4
+/* "pending", "approved", "sent", "rejected" (static; "unknown" out of range). */
+const char *store_review_status_str(enum store_review_status s);
+/* The status of a name; false for anything else (also NULL). */
+bool store_review_status_parse(const char *name, enum store_review_status *out);
+
 /* One review and the reply generated for it. As an input (store_reply_put) the strings are
  * borrowed; as an output (get, put) they all point into `storage`, owned by the struct and
  * released with store_reply_fini. */
@@ -94,6 +110,8 @@ struct store_reply {
     bool cached;           /* the reply came from the reply cache, not the model */
     const char *model;     /* model name; NULL is stored as "" */
     int64_t created_s;     /* unix seconds; 0 on put means now */
+    enum store_review_status status; /* on put: as given (zeroed: pending) */
+    int64_t updated_s;     /* unix seconds of the last change (on put: created_s) */
     char *storage;         /* owned by outputs; NULL in inputs */
 };
 
@@ -111,6 +129,90 @@ enum ar_status store_reply_get(struct store *st, const char *shop_id, const char
  * existing row's. */
 enum ar_status store_reply_put(struct store *st, const struct store_reply *r,
                                struct store_reply *out, bool *existed, struct ar_err *err);
+
+/* ---- the review workflow ------------------------------------------------------------------ */
+
+/* Which answered reviews store_reviews_list returns (every field optional). */
+struct store_review_filter {
+    int status;          /* enum store_review_status, or -1: any */
+    const char *shop_id; /* NULL or "": any */
+    int rating;          /* 1..5, or 0: any */
+    bool by_sentiment;   /* only scores in [sentiment_min, sentiment_max] (inclusive) */
+    double sentiment_min, sentiment_max;
+};
+
+/* Where a page of a list starts: after the review with this (created_s, shop_id, review_id)
+ * in newest-first order (created_s descending, then shop_id, then review_id descending), so
+ * that a page never repeats or skips a review however many are stored meanwhile (new ones
+ * come before the first page). The strings are borrowed. */
+struct store_review_cursor {
+    int64_t created_s;
+    const char *shop_id, *review_id;
+};
+
+/* Borrowed for the call; false stops the list (AR_ECANCELED). */
+typedef bool (*store_reply_fn)(const struct store_reply *r, void *user);
+
+/* Calls fn for at most limit (1..1000) reviews matching f (NULL: all), newest first, starting
+ * after `after` (NULL: at the newest). */
+enum ar_status store_reviews_list(struct store *st, const struct store_review_filter *f,
+                                  const struct store_review_cursor *after, size_t limit,
+                                  store_reply_fn fn, void *user, struct ar_err *err);
+
+/* A change of a review's status by a person (or the pipeline on their behalf). */
+struct store_review_change {
+    const char *shop_id, *review_id;
+    unsigned from_mask;              /* the statuses it may change from: bit (1u << status) */
+    enum store_review_status to;     /* the status afterwards */
+    const char *reply;               /* the new reply text; NULL: kept */
+    const char *key;                 /* who made it (an API key's name), "" for nobody; NULL: "" */
+    const char *action;              /* what was done ("approve", ...), 1..32 bytes */
+};
+
+enum store_change_result {
+    STORE_CHANGED = 0,     /* changed, and an audit entry written, in one transaction */
+    STORE_CHANGE_NOT_FOUND, /* no reply is stored for the review */
+    STORE_CHANGE_REFUSED   /* its status is not in from_mask: nothing changed */
+};
+
+/* Changes the review's status (and reply) when its current status is in from_mask, checked
+ * and changed atomically (two changes at once, e.g. an approve and a reject of a pending
+ * review, never both pass a check the other's change falsifies), and appends an audit entry
+ * (at, key, action, reply before and after, status before and after) in the same
+ * transaction. *res says what happened; out (may be NULL) receives the row now stored
+ * (changed or refused; the caller owns it: store_reply_fini). */
+enum ar_status store_review_change(struct store *st, const struct store_review_change *c,
+                                   struct store_reply *out, enum store_change_result *res,
+                                   struct ar_err *err);
+
+/* One audit entry, borrowed for the call of a store_audit_fn. */
+struct store_audit {
+    int64_t at_s;
+    const char *key, *action, *before, *after;
+    enum store_review_status from, to;
+};
+typedef bool (*store_audit_fn)(const struct store_audit *a, void *user);
+
+/* Calls fn for every audit entry of the review, oldest first (none for an unknown review). */
+enum ar_status store_review_audit(struct store *st, const char *shop_id, const char *review_id,
+                                  store_audit_fn fn, void *user, struct ar_err *err);
+
+/* ---- shop profiles ------------------------------------------------------------------------
+ * A shop's profile saved through the API: JSON text (the profile format of src/reply/reply.h,
+ * checked by the caller) that replaces the config file's profile of that shop. */
+
+/* Stores (inserts or replaces) the profile of shop_id; json is 1 byte to 1 MiB. */
+enum ar_status store_shop_put(struct store *st, const char *shop_id, const char *json,
+                              struct ar_err *err);
+/* *found says whether shop_id has a stored profile; then *json is new (ar_free) and
+ * *updated_s (may be NULL) its time. */
+enum ar_status store_shop_get(struct store *st, const char *shop_id, char **json,
+                              int64_t *updated_s, bool *found, struct ar_err *err);
+/* Calls fn for every stored profile in shop_id order (strings borrowed for the call). */
+typedef bool (*store_shop_fn)(const char *shop_id, const char *json, int64_t updated_s,
+                              void *user);
+enum ar_status store_shops_list(struct store *st, store_shop_fn fn, void *user,
+                                struct ar_err *err);
 
 /* ---- claims: one generation per review across instances ---------------------------------
  * Before generating a reply for a review not stored yet, an instance claims it; the claim is

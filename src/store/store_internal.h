@@ -27,6 +27,22 @@ struct store_ops {
                                     const char *owner, struct ar_err *err);
     enum ar_status (*reply_claims_release)(struct store *st, const char *owner_prefix,
                                            int64_t *n_out, struct ar_err *err);
+    /* limit: 1..1000; f and after not NULL (after->shop_id NULL: from the newest) */
+    enum ar_status (*reviews_list)(struct store *st, const struct store_review_filter *f,
+                                   const struct store_review_cursor *after, size_t limit,
+                                   store_reply_fn fn, void *user, struct ar_err *err);
+    /* c's strings not NULL; now: the change's time; out may be NULL */
+    enum ar_status (*review_change)(struct store *st, const struct store_review_change *c,
+                                    int64_t now, struct store_reply *out,
+                                    enum store_change_result *res, struct ar_err *err);
+    enum ar_status (*review_audit)(struct store *st, const char *shop_id, const char *review_id,
+                                   store_audit_fn fn, void *user, struct ar_err *err);
+    enum ar_status (*shop_put)(struct store *st, const char *shop_id, const char *json,
+                               int64_t now, struct ar_err *err);
+    enum ar_status (*shop_get)(struct store *st, const char *shop_id, char **json,
+                               int64_t *updated_s, bool *found, struct ar_err *err);
+    enum ar_status (*shops_list)(struct store *st, store_shop_fn fn, void *user,
+                                 struct ar_err *err);
     /* job_id: a fresh id from store.c; spec's strings not NULL; bytes: the lines' input */
     enum ar_status (*job_create)(struct store *st, const char *job_id,
                                  const struct store_job_spec *spec, int64_t bytes,
@@ -90,6 +106,11 @@ void store_job_info_init(struct store_job_info *info, const char *id, const char
                          const char *shop_id);
 /* Fills the text fields added with owners (NULL: ""). */
 void store_job_info_owner(struct store_job_info *info, const char *owner, const char *callback_url);
+
+/* The names the databases keep, indexed by enum store_review_status. */
+extern const char *const store_review_status_names[STORE_REVIEW_STATUS_COUNT];
+/* The status a database keeps by name; an unknown name reads as pending. */
+enum store_review_status store_review_status_of(const char *name);
 
 /* Fills out with a copy of r as the store keeps it (NULL lang and model as "", created as
  * its time): one allocation for the strings, like a row read back. */

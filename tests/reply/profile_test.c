@@ -230,6 +230,58 @@ static void parse_survives_every_allocation_failure(void **state)
     fail_msg("parse never succeeded");
 }
 
+/* A shop's profile from one object (the PUT /v1/shops body) equals the config file's profile of
+ * the same members; shown as JSON it reads back to the same profile (what the console edits and
+ * saves again); a member named wrongly is refused by name. */
+static void one_profile_from_json_matches_the_file_and_round_trips(void **state)
+{
+    struct reply_profiles *ps = NULL;
+    struct reply_profile *p = NULL, *q = NULL;
+    const struct reply_profile *file;
+    struct ar_err err = {0};
+    cJSON *root = cJSON_Parse(sample), *tea, *shown, *again, *en = cJSON_Parse("{\"lang\":\"en\"}");
+    (void)state;
+    assert_int_equal(reply_profiles_parse(sample, strlen(sample), &ps, &err), AR_OK);
+    file = reply_profiles_get(ps, "tea-house");
+    tea = cJSON_GetObjectItem(cJSON_GetObjectItem(root, "shops"), "tea-house");
+    assert_non_null(tea);
+    assert_int_equal(reply_profile_from_json(ps, "tea-house", tea, &p, &err), AR_OK);
+    assert_string_equal(p->shop_id, "tea-house");
+    assert_string_equal(p->system, file->system);
+    assert_int_equal(p->mode, file->mode);
+    assert_int_equal(p->min_chars, file->min_chars);
+    assert_int_equal(p->n_banned, file->n_banned);
+    assert_string_equal(p->banned[1], "Cheap");
+    assert_string_equal(p->signature, file->signature);
+    assert_false(p->hold_needs_human);
+    /* shown, then read back: the same JSON (shop_id included, as PUT accepts it) */
+    shown = reply_profile_to_json(p);
+    assert_non_null(shown);
+    assert_string_equal(cJSON_GetObjectItem(shown, "shop_id")->valuestring, "tea-house");
+    assert_int_equal(reply_profile_from_json(ps, "tea-house", shown, &q, &err), AR_OK);
+    again = reply_profile_to_json(q);
+    assert_true(cJSON_Compare(shown, again, true));
+    assert_string_equal(q->system, p->system);
+    /* the default's max_chars (200, from the file) where the object says nothing */
+    reply_profile_destroy(q);
+    q = NULL;
+    assert_int_equal(reply_profile_from_json(ps, "new", en, &q, &err), AR_OK);
+    assert_int_equal(q->max_chars, 200);
+    assert_int_equal(q->lang_policy, REPLY_LANG_EN);
+    reply_profile_destroy(q);
+    q = NULL;
+    /* refused by name: another shop's id, a bad mode */
+    assert_int_not_equal(reply_profile_from_json(ps, "x", shown, &q, &err), AR_OK);
+    assert_non_null(strstr(err.msg, "shop_id"));
+    assert_null(q);
+    cJSON_Delete(again);
+    cJSON_Delete(shown);
+    cJSON_Delete(en);
+    cJSON_Delete(root);
+    reply_profile_destroy(p);
+    reply_profiles_destroy(ps);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -243,6 +295,7 @@ int main(void)
         cmocka_unit_test(missing_file_is_an_io_error),
         cmocka_unit_test(load_reads_a_file),
         cmocka_unit_test(parse_survives_every_allocation_failure),
+        cmocka_unit_test(one_profile_from_json_matches_the_file_and_round_trips),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -783,12 +783,21 @@ static void version_one_database_is_migrated(void **state)
     struct store_job_info info;
     bool found = false;
     sqlite3 *db = NULL;
+    struct store_reply old = sample_reply("s1", "r-old", "旧的回复"), got;
     make_job(st, id);
     assert_int_equal(store_job_set_published(st, id, NULL), AR_OK);
+    old.status = STORE_REVIEW_SENT; /* version 1 kept no status: it reads as pending */
+    assert_int_equal(store_reply_put(st, &old, NULL, NULL, NULL), AR_OK);
     store_close(st);
     /* back to version 1 as it was: the column did not exist */
     assert_int_equal(sqlite3_open(f->path, &db), SQLITE_OK);
     assert_int_equal(sqlite3_exec(db,
+                                  "DROP TABLE shop_profiles;"
+                                  "DROP TABLE review_audit;"
+                                  "DROP INDEX replies_by_created;"
+                                  "DROP INDEX replies_by_status;"
+                                  "ALTER TABLE replies DROP COLUMN status;"
+                                  "ALTER TABLE replies DROP COLUMN updated_s;"
                                   "DROP TABLE reply_claims;"
                                   "DROP INDEX jobs_by_owner;"
                                   "DROP INDEX jobs_to_notify;"
@@ -815,6 +824,12 @@ static void version_one_database_is_migrated(void **state)
     assert_int_equal(store_job_set_published(st, id, NULL), AR_OK);
     assert_int_equal(store_job_get(st, id, &info, &found, NULL), AR_OK);
     assert_true(info.published);
+    /* version 5: a reply from before reads as pending, last changed when it was made */
+    assert_int_equal(store_reply_get(st, "s1", "r-old", &got, &found, NULL), AR_OK);
+    assert_true(found);
+    assert_int_equal(got.status, STORE_REVIEW_PENDING);
+    assert_int_equal(got.updated_s, old.created_s);
+    store_reply_fini(&got);
     store_close(st);
 }
 
@@ -1047,9 +1062,17 @@ static void pg_version_one_database_is_migrated(void **state)
     char id[STORE_JOB_ID_LEN + 1];
     struct store_job_info info;
     bool found = false;
+    struct store_reply old = sample_reply("s1", "r-old", "旧的回复"), got;
     make_job(st, id);
+    old.status = STORE_REVIEW_SENT; /* version 1 kept no status: it reads as pending */
+    assert_int_equal(store_reply_put(st, &old, NULL, NULL, NULL), AR_OK);
     store_close(st);
-    assert_int_equal(th_pg_scalar(&f->db, "DROP INDEX jobs_by_owner; DROP INDEX jobs_to_notify;"
+    assert_int_equal(th_pg_scalar(&f->db, "DROP TABLE shop_profiles; DROP TABLE review_audit;"
+                                          "DROP INDEX replies_by_created;"
+                                          "DROP INDEX replies_by_status;"
+                                          "ALTER TABLE replies DROP COLUMN status,"
+                                          "  DROP COLUMN updated_s;"
+                                          "DROP INDEX jobs_by_owner; DROP INDEX jobs_to_notify;"
                                           "ALTER TABLE jobs DROP COLUMN owner, DROP COLUMN bytes,"
                                           "  DROP COLUMN callback_url, DROP COLUMN notified;"
                                           "DELETE FROM schema_migrations WHERE version > 1;"
@@ -1063,6 +1086,11 @@ static void pg_version_one_database_is_migrated(void **state)
     assert_string_equal(info.owner, "");
     assert_int_equal(info.bytes, job_lines_bytes());
     usage_is(st, "", 1, job_lines_bytes());
+    assert_int_equal(store_reply_get(st, "s1", "r-old", &got, &found, NULL), AR_OK);
+    assert_true(found);
+    assert_int_equal(got.status, STORE_REVIEW_PENDING);
+    assert_int_equal(got.updated_s, old.created_s);
+    store_reply_fini(&got);
     store_close(st);
 }
 
@@ -1920,6 +1948,392 @@ static void stopped_server_fails_fast_then_recovers(void **state)
 }
 
 /* Each test on both backends, named after the backend. */
+
+/* ---- the review workflow ------------------------------------------------------------------ */
+
+#define WF_N 40
+
+/* The reviews of the listing test: shops s0..s2, ratings 1..5, sentiments across the three
+ * buckets, every status, and created times with many ties (the cursor must break them). */
+struct wf_row {
+    char shop[8], review[16], reply[32];
+    int rating;
+    float sentiment;
+    enum store_review_status status;
+    int64_t created;
+};
+
+static void wf_rows(struct wf_row *rows)
+{
+    for (int i = 0; i < WF_N; i++) {
+        struct wf_row *w = &rows[i];
+        snprintf(w->shop, sizeof(w->shop), "s%d", i % 3);
+        snprintf(w->review, sizeof(w->review), "r%02d", (i * 7) % WF_N);
+        snprintf(w->reply, sizeof(w->reply), "reply %d", i);
+        w->rating = 1 + i % 5;
+        w->sentiment = (float)((i % 9) - 4) * 0.1f; /* -0.4 .. 0.4 */
+        w->status = (enum store_review_status)(i % STORE_REVIEW_STATUS_COUNT);
+        w->created = 1700000000 + i / 6; /* six reviews share each second */
+    }
+}
+
+static void wf_put_rows(struct store *st, struct wf_row *rows)
+{
+    wf_rows(rows);
+    for (int i = 0; i < WF_N; i++) {
+        struct store_reply r = sample_reply(rows[i].shop, rows[i].review, rows[i].reply);
+        struct store_reply out;
+        r.rating = rows[i].rating;
+        r.sentiment = rows[i].sentiment;
+        r.status = rows[i].status;
+        r.created_s = rows[i].created;
+        assert_int_equal(store_reply_put(st, &r, &out, NULL, NULL), AR_OK);
+        assert_int_equal(out.status, rows[i].status);
+        assert_int_equal(out.updated_s, rows[i].created);
+        store_reply_fini(&out);
+    }
+}
+
+/* Newest first: created descending, then shop_id, then review_id descending (strcmp). */
+static int wf_cmp(const void *a, const void *b)
+{
+    const struct wf_row *x = a, *y = b;
+    int c;
+    if (x->created != y->created)
+        return x->created > y->created ? -1 : 1;
+    if ((c = strcmp(x->shop, y->shop)) != 0)
+        return -c;
+    return -strcmp(x->review, y->review);
+}
+
+struct wf_page {
+    int n;
+    char keys[WF_N][48];
+    int64_t created[WF_N];
+    char shop[WF_N][8], review[WF_N][16];
+};
+
+static bool wf_collect(const struct store_reply *r, void *user)
+{
+    struct wf_page *p = user;
+    assert_true(p->n < WF_N);
+    snprintf(p->keys[p->n], sizeof(p->keys[0]), "%s/%s", r->shop_id, r->review_id);
+    snprintf(p->shop[p->n], sizeof(p->shop[0]), "%s", r->shop_id);
+    snprintf(p->review[p->n], sizeof(p->review[0]), "%s", r->review_id);
+    p->created[p->n] = r->created_s;
+    p->n++;
+    return true;
+}
+
+/* Lists every review matching f in pages of `limit`, each page starting after the last row of
+ * the one before; checks the concatenation against the rows filtered and sorted here. */
+static void wf_check_pages(struct store *st, const struct wf_row *rows,
+                           const struct store_review_filter *f, size_t limit)
+{
+    struct wf_row want[WF_N];
+    struct wf_page all = {0};
+    int n_want = 0;
+    struct store_review_cursor cur = {0, NULL, NULL};
+    char cur_shop[8], cur_review[16];
+    for (int i = 0; i < WF_N; i++) {
+        const struct wf_row *w = &rows[i];
+        if (f->status >= 0 && (int)w->status != f->status)
+            continue;
+        if (f->shop_id && f->shop_id[0] && strcmp(f->shop_id, w->shop) != 0)
+            continue;
+        if (f->rating && w->rating != f->rating)
+            continue;
+        if (f->by_sentiment &&
+            ((double)w->sentiment < f->sentiment_min || (double)w->sentiment > f->sentiment_max))
+            continue;
+        want[n_want++] = *w;
+    }
+    qsort(want, (size_t)n_want, sizeof(want[0]), wf_cmp);
+    for (int pages = 0;; pages++) {
+        struct wf_page page = {0};
+        assert_true(pages <= WF_N);
+        assert_int_equal(store_reviews_list(st, f, cur.shop_id ? &cur : NULL, limit, wf_collect,
+                                            &page, NULL),
+                         AR_OK);
+        assert_true(page.n <= (int)limit);
+        for (int i = 0; i < page.n; i++) {
+            assert_true(all.n < WF_N);
+            memcpy(all.keys[all.n++], page.keys[i], sizeof(page.keys[0]));
+        }
+        if (page.n < (int)limit)
+            break;
+        snprintf(cur_shop, sizeof(cur_shop), "%s", page.shop[page.n - 1]);
+        snprintf(cur_review, sizeof(cur_review), "%s", page.review[page.n - 1]);
+        cur.created_s = page.created[page.n - 1];
+        cur.shop_id = cur_shop;
+        cur.review_id = cur_review;
+    }
+    /* no duplicate, no gap, in order */
+    assert_int_equal(all.n, n_want);
+    for (int i = 0; i < n_want; i++) {
+        char k[48];
+        snprintf(k, sizeof(k), "%.8s/%.16s", want[i].shop, want[i].review);
+        assert_string_equal(all.keys[i], k);
+    }
+}
+
+static void reviews_list_by_filter_in_pages(void **state)
+{
+    struct fixture *f = *state;
+    struct store *st = open_store(f->url);
+    struct wf_row rows[WF_N];
+    struct store_review_filter any = {.status = -1};
+    struct store_review_filter pending = {.status = STORE_REVIEW_PENDING};
+    struct store_review_filter shop1 = {.status = -1, .shop_id = "s1", .rating = 0};
+    struct store_review_filter stars3 = {.status = -1, .rating = 3};
+    /* the pipeline's buckets: negative below -0.15, neutral to 0.15, positive above */
+    struct store_review_filter neg = {.status = -1, .by_sentiment = true,
+                                      .sentiment_min = -1, .sentiment_max = -0.15000001};
+    struct store_review_filter neutral = {.status = -1, .by_sentiment = true,
+                                          .sentiment_min = -0.15, .sentiment_max = 0.15};
+    struct store_review_filter mixed = {.status = STORE_REVIEW_SENT, .shop_id = "s2",
+                                        .by_sentiment = true, .sentiment_min = 0.15000001,
+                                        .sentiment_max = 1};
+    struct store_review_filter bad = {.status = 9};
+    struct wf_page page = {0};
+    wf_put_rows(st, rows);
+    wf_check_pages(st, rows, &any, 7);
+    wf_check_pages(st, rows, &any, 1);
+    wf_check_pages(st, rows, &any, 1000);
+    wf_check_pages(st, rows, &pending, 3);
+    wf_check_pages(st, rows, &shop1, 4);
+    wf_check_pages(st, rows, &stars3, 2);
+    wf_check_pages(st, rows, &neg, 5);
+    wf_check_pages(st, rows, &neutral, 5);
+    wf_check_pages(st, rows, &mixed, 2);
+    /* a review stored after the first page was read comes before it, never inside the next */
+    {
+        struct store_review_cursor cur = {rows[0].created, "s0", "r00"};
+        struct store_reply r = sample_reply("s0", "new", "newest");
+        r.created_s = 1800000000;
+        assert_int_equal(store_reply_put(st, &r, NULL, NULL, NULL), AR_OK);
+        assert_int_equal(store_reviews_list(st, NULL, &cur, 1000, wf_collect, &page, NULL),
+                         AR_OK);
+        for (int i = 0; i < page.n; i++)
+            assert_string_not_equal(page.keys[i], "s0/new");
+    }
+    assert_int_equal(store_reviews_list(st, &bad, NULL, 10, wf_collect, &page, NULL), AR_EINVAL);
+    assert_int_equal(store_reviews_list(st, NULL, NULL, 0, wf_collect, &page, NULL), AR_EINVAL);
+    assert_int_equal(store_reviews_list(st, NULL, NULL, 1001, wf_collect, &page, NULL),
+                     AR_EINVAL);
+    store_close(st);
+}
+
+struct audit_log {
+    int n;
+    struct {
+        char key[16], action[16], before[32], after[32];
+        enum store_review_status from, to;
+        int64_t at;
+    } e[8];
+};
+
+static bool audit_collect(const struct store_audit *a, void *user)
+{
+    struct audit_log *l = user;
+    assert_true(l->n < 8);
+    snprintf(l->e[l->n].key, sizeof(l->e[0].key), "%s", a->key);
+    snprintf(l->e[l->n].action, sizeof(l->e[0].action), "%s", a->action);
+    snprintf(l->e[l->n].before, sizeof(l->e[0].before), "%s", a->before);
+    snprintf(l->e[l->n].after, sizeof(l->e[0].after), "%s", a->after);
+    l->e[l->n].from = a->from;
+    l->e[l->n].to = a->to;
+    l->e[l->n].at = a->at_s;
+    l->n++;
+    return true;
+}
+
+#define FROM(s) (1u << (s))
+
+static void review_changes_check_the_status_and_are_audited(void **state)
+{
+    struct fixture *f = *state;
+    struct store *st = open_store(f->url);
+    struct store_reply r = sample_reply("s1", "r1", "draft"), out;
+    struct store_review_change approve = {"s1", "r1", FROM(STORE_REVIEW_PENDING),
+                                          STORE_REVIEW_APPROVED, "edited", "key:1", "approve"};
+    struct store_review_change reject = {"s1", "r1", FROM(STORE_REVIEW_PENDING),
+                                         STORE_REVIEW_REJECTED, NULL, NULL, "reject"};
+    struct store_review_change ghost = approve;
+    struct audit_log log = {0};
+    enum store_change_result res;
+    int64_t t0 = (int64_t)time(NULL);
+    bool found = false;
+    assert_int_equal(store_reply_put(st, &r, NULL, NULL, NULL), AR_OK);
+    /* pending -> approved with an edit */
+    assert_int_equal(store_review_change(st, &approve, &out, &res, NULL), AR_OK);
+    assert_int_equal(res, STORE_CHANGED);
+    assert_int_equal(out.status, STORE_REVIEW_APPROVED);
+    assert_string_equal(out.reply, "edited");
+    assert_true(out.updated_s >= t0);
+    assert_int_equal(out.created_s, r.created_s);
+    store_reply_fini(&out);
+    assert_int_equal(store_reply_get(st, "s1", "r1", &out, &found, NULL), AR_OK);
+    assert_int_equal(out.status, STORE_REVIEW_APPROVED);
+    assert_string_equal(out.reply, "edited");
+    assert_string_equal(out.text, r.text); /* the review itself never changes */
+    store_reply_fini(&out);
+    /* approved is not pending: refused, the row as it is */
+    assert_int_equal(store_review_change(st, &reject, &out, &res, NULL), AR_OK);
+    assert_int_equal(res, STORE_CHANGE_REFUSED);
+    assert_int_equal(out.status, STORE_REVIEW_APPROVED);
+    store_reply_fini(&out);
+    /* unknown review */
+    ghost.review_id = "nope";
+    assert_int_equal(store_review_change(st, &ghost, &out, &res, NULL), AR_OK);
+    assert_int_equal(res, STORE_CHANGE_NOT_FOUND);
+    assert_null(out.storage);
+    /* approved -> rejected when allowed, text kept */
+    reject.from_mask |= FROM(STORE_REVIEW_APPROVED);
+    assert_int_equal(store_review_change(st, &reject, NULL, &res, NULL), AR_OK);
+    assert_int_equal(res, STORE_CHANGED);
+    /* the log: one entry per change, oldest first; a refused change left none */
+    assert_int_equal(store_review_audit(st, "s1", "r1", audit_collect, &log, NULL), AR_OK);
+    assert_int_equal(log.n, 2);
+    assert_string_equal(log.e[0].key, "key:1");
+    assert_string_equal(log.e[0].action, "approve");
+    assert_string_equal(log.e[0].before, "draft");
+    assert_string_equal(log.e[0].after, "edited");
+    assert_int_equal(log.e[0].from, STORE_REVIEW_PENDING);
+    assert_int_equal(log.e[0].to, STORE_REVIEW_APPROVED);
+    assert_true(log.e[0].at >= t0);
+    assert_string_equal(log.e[1].key, "");
+    assert_string_equal(log.e[1].before, "edited");
+    assert_string_equal(log.e[1].after, "edited");
+    assert_int_equal(log.e[1].to, STORE_REVIEW_REJECTED);
+    log.n = 0;
+    assert_int_equal(store_review_audit(st, "s1", "nope", audit_collect, &log, NULL), AR_OK);
+    assert_int_equal(log.n, 0);
+    /* bad arguments */
+    approve.action = "";
+    assert_int_equal(store_review_change(st, &approve, NULL, &res, NULL), AR_EINVAL);
+    approve.action = "approve";
+    approve.to = (enum store_review_status)7;
+    assert_int_equal(store_review_change(st, &approve, NULL, &res, NULL), AR_EINVAL);
+    store_close(st);
+}
+
+struct change_race {
+    const char *url;
+    struct store_review_change c;
+    pthread_barrier_t *go;
+    int changed;
+};
+
+static void *change_run(void *arg)
+{
+    struct change_race *cr = arg;
+    struct store *st = open_store(cr->url);
+    char review[16];
+    for (int i = 0; i < 20; i++) {
+        enum store_change_result res = STORE_CHANGE_NOT_FOUND;
+        snprintf(review, sizeof(review), "race%d", i);
+        cr->c.review_id = review;
+        pthread_barrier_wait(cr->go);
+        if (store_review_change(st, &cr->c, NULL, &res, NULL) == AR_OK && res == STORE_CHANGED)
+            cr->changed |= 1 << i;
+    }
+    store_close(st);
+    return NULL;
+}
+
+/* An approve and a reject of the same pending review on two handles at once: exactly one wins,
+ * every time, and the stored status is the winner's. */
+static void approve_and_reject_at_once_one_wins(void **state)
+{
+    struct fixture *f = *state;
+    struct store *st = open_store(f->url);
+    pthread_barrier_t go;
+    struct change_race a = {f->url, {"s1", NULL, FROM(STORE_REVIEW_PENDING),
+                                     STORE_REVIEW_APPROVED, "ok", "key:0", "approve"}, &go, 0};
+    struct change_race b = {f->url, {"s1", NULL, FROM(STORE_REVIEW_PENDING),
+                                     STORE_REVIEW_REJECTED, NULL, "key:1", "reject"}, &go, 0};
+    pthread_t ta, tb;
+    for (int i = 0; i < 20; i++) {
+        char review[16];
+        struct store_reply r;
+        snprintf(review, sizeof(review), "race%d", i);
+        r = sample_reply("s1", review, "draft");
+        assert_int_equal(store_reply_put(st, &r, NULL, NULL, NULL), AR_OK);
+    }
+    pthread_barrier_init(&go, NULL, 2);
+    assert_int_equal(pthread_create(&ta, NULL, change_run, &a), 0);
+    assert_int_equal(pthread_create(&tb, NULL, change_run, &b), 0);
+    pthread_join(ta, NULL);
+    pthread_join(tb, NULL);
+    pthread_barrier_destroy(&go);
+    assert_int_equal(a.changed & b.changed, 0);
+    assert_int_equal(a.changed | b.changed, (1 << 20) - 1);
+    for (int i = 0; i < 20; i++) {
+        char review[16];
+        struct store_reply out;
+        struct audit_log log = {0};
+        bool found = false;
+        snprintf(review, sizeof(review), "race%d", i);
+        assert_int_equal(store_reply_get(st, "s1", review, &out, &found, NULL), AR_OK);
+        assert_int_equal(out.status, (a.changed >> i) & 1 ? STORE_REVIEW_APPROVED
+                                                          : STORE_REVIEW_REJECTED);
+        store_reply_fini(&out);
+        assert_int_equal(store_review_audit(st, "s1", review, audit_collect, &log, NULL), AR_OK);
+        assert_int_equal(log.n, 1);
+    }
+    store_close(st);
+}
+
+struct shop_seen {
+    int n;
+    char ids[4][16];
+    char json[4][64];
+};
+
+static bool shop_collect(const char *shop_id, const char *json, int64_t updated_s, void *user)
+{
+    struct shop_seen *s = user;
+    assert_true(s->n < 4);
+    assert_true(updated_s > 0);
+    snprintf(s->ids[s->n], sizeof(s->ids[0]), "%s", shop_id);
+    snprintf(s->json[s->n], sizeof(s->json[0]), "%s", json);
+    s->n++;
+    return true;
+}
+
+static void shop_profiles_are_stored_and_replaced(void **state)
+{
+    struct fixture *f = *state;
+    struct store *st = open_store(f->url);
+    struct shop_seen seen = {0};
+    char *json = NULL;
+    int64_t at = 0;
+    bool found = true;
+    assert_int_equal(store_shop_get(st, "b", &json, &at, &found, NULL), AR_OK);
+    assert_false(found);
+    assert_null(json);
+    assert_int_equal(store_shop_put(st, "b", "{\"mode\":\"suggest\"}", NULL), AR_OK);
+    assert_int_equal(store_shop_put(st, "a", "{\"lang\":\"zh\"}", NULL), AR_OK);
+    assert_int_equal(store_shop_put(st, "b", "{\"mode\":\"auto\"}", NULL), AR_OK);
+    assert_int_equal(store_shop_get(st, "b", &json, &at, &found, NULL), AR_OK);
+    assert_true(found);
+    assert_string_equal(json, "{\"mode\":\"auto\"}");
+    assert_true(at >= (int64_t)time(NULL) - 5);
+    ar_free(json);
+    store_close(st);
+    /* durable, listed in shop order */
+    st = open_store(f->url);
+    assert_int_equal(store_shops_list(st, shop_collect, &seen, NULL), AR_OK);
+    assert_int_equal(seen.n, 2);
+    assert_string_equal(seen.ids[0], "a");
+    assert_string_equal(seen.json[0], "{\"lang\":\"zh\"}");
+    assert_string_equal(seen.ids[1], "b");
+    assert_int_equal(store_shop_put(st, "", "{}", NULL), AR_EINVAL);
+    assert_int_equal(store_shop_put(st, "c", "", NULL), AR_EINVAL);
+    store_close(st);
+}
+
 #define BOTH(f)                                                                                    \
     {"sqlite/" #f, f, setup, teardown, NULL},                                                      \
     {                                                                                              \
@@ -1961,6 +2375,10 @@ int main(void)
         BOTH(an_expired_lease_is_taken_over),
         BOTH(two_instances_racing_on_a_review_generate_once),
         BOTH(item_done_twice_across_handles_counts_once),
+        BOTH(reviews_list_by_filter_in_pages),
+        BOTH(review_changes_check_the_status_and_are_audited),
+        BOTH(approve_and_reject_at_once_one_wins),
+        BOTH(shop_profiles_are_stored_and_replaced),
         PG(concurrent_opens_migrate_once),
         PG(pg_newer_schema_and_bad_urls_are_refused),
         PG(pooled_calls_run_in_parallel_and_waits_are_bounded),
