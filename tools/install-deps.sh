@@ -24,6 +24,9 @@ missing=""
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
 done
+# npm: Debian's own package where no npm came with the machine's Node.js (NodeSource's nodejs
+# carries npm and conflicts with Debian's npm package)
+command -v npm >/dev/null 2>&1 || missing="$missing npm"
 if [ -z "$missing" ]; then
     browser_deps
     exit
