@@ -612,7 +612,7 @@ static enum reply_action decide_action(const struct reply_profile *p, int rating
  * plus the batch's extra decode work, not n generations one after another. */
 
 #define CANDIDATES_MAX 8
-#define NOTES_MAX 2 /* aspect notes added to one reply */
+#define NOTES_MAX 4 /* aspects one note names */
 
 struct candidate {
     struct reply_generator *gen;

@@ -84,7 +84,7 @@ static const struct aspect_row aspects[REPLY_ASPECT_COUNT] = {
          {"价格", "价钱", "贵", "便宜", "性价比", "实惠", "划算", "降价", "差价", "值得", "不值",
           "块钱", "元", "优惠", NULL},
          {"price", "expensive", "cheap", "value", "money", "worth", "overpriced", "cost", NULL},
-         {"价格", "性价比", "差价", "实惠", "价钱", NULL},
+         {"价格", "性价比", "差价", "实惠", "价钱", "物有所值", NULL},
          {"price", "value", "money", "cost", NULL},
          "价格",
          "price"},
@@ -94,10 +94,11 @@ static const struct aspect_row aspects[REPLY_ASPECT_COUNT] = {
          {"service", "staff", "waiter", "waitress", "server", "friendly", "rude", "manager",
           "support", "customer care", NULL},
          /* not "为您服务" nor "customer service": closings and remedies every reply has */
-         {"服务态度", "态度", "服务质量", "服务不", "服务周到", "服务让", "服务水平", NULL},
+         {"服务态度", "态度", "服务质量", "服务不", "服务周到", "服务让", "服务水平", "我们服务",
+          "服务的", NULL},
          {"the service", "our service", "service you", "service was", "staff", "attitude",
           NULL},
-         "服务",
+         "服务态度",
          "service"},
     [REPLY_ASPECT_FRESHNESS] =
         {"freshness",
@@ -427,29 +428,49 @@ float reply_candidate_score(const struct reply_profile *p, const char *lang, int
 
 /* ---- aspect notes ------------------------------------------------------------------------- */
 
-/* One sentence naming aspect a, worded by the rating: low ratings promise to work on it, high
- * ones thank, a middle one notes it. Neither blames nor promises a remedy the shop may not
- * give. */
-static void note_sentence(struct ar_buf *b, enum reply_aspect a, const char *lang, int rating)
+/* The names of the aspects of m, at most max of them, joined as a list ("配送、包装和口味",
+ * "delivery, packaging and taste"); the number used. */
+static int aspect_list(struct ar_buf *b, unsigned m, int max, bool zh)
 {
-    char s[200];
-    bool zh = lang && !strcmp(lang, "zh");
-    if (zh && rating <= 2)
-        snprintf(s, sizeof(s), "%s方面的问题已经记下，会尽快跟进处理。", aspects[a].note_zh);
-    else if (zh && rating >= 4)
-        snprintf(s, sizeof(s), "您提到的%s，我们都记下了。", aspects[a].note_zh);
-    else if (zh)
-        snprintf(s, sizeof(s), "关于%s，您的意见已经记下。", aspects[a].note_zh);
-    else if (rating <= 2)
-        snprintf(s, sizeof(s), "We will work on the %s problem you raised. ",
-                 aspects[a].note_en);
-    else
-        snprintf(s, sizeof(s), "We have noted your comments on the %s. ", aspects[a].note_en);
-    ar_buf_puts(b, s);
+    int idx[REPLY_ASPECT_COUNT], n = 0;
+    for (int a = 0; a < REPLY_ASPECT_COUNT && n < max; a++)
+        if (m & (1u << a))
+            idx[n++] = a;
+    for (int k = 0; k < n; k++) {
+        if (k > 0)
+            ar_buf_puts(b, k == n - 1 ? (zh ? "和" : " and ") : (zh ? "、" : ", "));
+        ar_buf_puts(b, zh ? aspects[idx[k]].note_zh : aspects[idx[k]].note_en);
+    }
+    return n;
 }
 
-/* Byte offset where the last sentence of text begins (after the last sentence end that is
- * followed by more text), or 0 when it is one sentence. */
+/* One sentence naming the aspects of m (at most max), worded by the rating: low ratings promise
+ * to look into them, others say they were noted; two wordings (variant 0, 1), so that a note
+ * can avoid echoing the reply's own phrases. Neither blames nor promises a remedy the shop
+ * may not give. */
+static void note_sentence(struct ar_buf *b, unsigned m, int max, const char *lang, int rating,
+                          int variant)
+{
+    static const char *const zh_forms[3][2][2] = {
+        /* [low, high, middle][variant]: before and after the list */
+        {{"", "方面的问题已经记下，会尽快跟进处理。"}, {"您反映的", "问题，店里会逐一核实改进。"}},
+        {{"关于", "，您说的我们都记下了。"}, {"您对", "的评价，店里都看到了。"}},
+        {{"关于", "，您的意见已经记下。"}, {"您对", "的看法，店里都看到了。"}},
+    };
+    static const char *const en_forms[2][2][2] = {
+        {{"We will look into the ", " problems you raised."},
+         {"Your points on the ", " have been passed to the team."}},
+        {{"We have noted your comments on the ", "."},
+         {"Your words on the ", " have been passed to the team."}},
+    };
+    bool zh = lang && !strcmp(lang, "zh");
+    int tone = rating <= 2 ? 0 : rating >= 4 ? 1 : 2;
+    const char *const *form = zh ? zh_forms[tone][variant] : en_forms[tone == 0 ? 0 : 1][variant];
+    ar_buf_puts(b, form[0]);
+    aspect_list(b, m, max, zh);
+    ar_buf_puts(b, form[1]);
+}
+
 static bool ends_sentence(uint32_t cp)
 {
     return cp == 0x3002 || cp == 0xff01 || cp == 0xff1f || cp == '!' || cp == '?' || cp == '.' ||
@@ -478,48 +499,57 @@ static size_t last_sentence_start(const char *text, size_t len)
     return start;
 }
 
-enum ar_status reply_add_aspect_notes(const char *text, size_t len, const char *lang, int rating,
-                                      unsigned missing, int max_notes, int max_chars, char **out)
+/* text with one note put before its last sentence (or at the end); *out new. */
+static enum ar_status insert_note(const char *text, size_t len, const char *lang,
+                                  const char *note, size_t note_len, char **out)
 {
-    struct ar_buf notes = {0}, b = {0};
-    size_t at, n_notes = 0, nl;
-    char *ns;
-    for (int a = 0; a < REPLY_ASPECT_COUNT && (int)n_notes < max_notes; a++) {
-        if (!(missing & (1u << a)))
-            continue;
-        size_t before = notes.n;
-        note_sentence(&notes, (enum reply_aspect)a, lang, rating);
-        if (notes.oom)
-            break;
-        if (max_chars > 0 &&
-            reply_utf8_count(text, len) + reply_utf8_count(notes.s, notes.n) > (size_t)max_chars) {
-            notes.n = before; /* this note would pass the length bound: the reply stays shorter */
-            notes.s[before] = '\0';
-            break;
-        }
-        n_notes++;
-    }
-    ns = ar_buf_take(&notes, &nl);
-    if (!ns)
-        return AR_ENOMEM;
-    /* before the closing sentence (a thank-you or a welcome back), else at the end */
-    at = last_sentence_start(text, len);
+    struct ar_buf b = {0};
+    size_t at = last_sentence_start(text, len);
+    bool zh = lang && !strcmp(lang, "zh");
     if (!at)
         at = len;
     ar_buf_put(&b, text, at);
-    if (at == len && len && lang && strcmp(lang, "zh") && text[len - 1] != ' ' && nl)
+    if (!zh && at == len && len && text[len - 1] != ' ')
         ar_buf_puts(&b, " ");
-    ar_buf_put(&b, ns, nl);
+    ar_buf_put(&b, note, note_len);
+    if (!zh && at < len)
+        ar_buf_puts(&b, " ");
     ar_buf_put(&b, text + at, len - at);
-    ar_free(ns);
     *out = ar_buf_take(&b, NULL);
-    if (!*out)
-        return AR_ENOMEM;
-    /* an English note put at the end leaves a trailing space */
-    {
-        size_t n = strlen(*out);
-        while (n && (*out)[n - 1] == ' ')
-            (*out)[--n] = '\0';
+    return *out ? AR_OK : AR_ENOMEM;
+}
+
+enum ar_status reply_add_aspect_notes(const char *text, size_t len, const char *lang, int rating,
+                                      unsigned missing, int max_notes, int max_chars, char **out)
+{
+    size_t chars = reply_utf8_count(text, len);
+    *out = NULL;
+    for (int variant = 0; variant < 2 && missing && max_notes > 0; variant++) {
+        /* the most aspects, up to max_notes, whose note keeps the reply within max_chars */
+        for (int k = max_notes; k >= 1; k--) {
+            struct ar_buf note = {0};
+            char *ns, *joined = NULL;
+            size_t nl;
+            enum ar_status st;
+            note_sentence(&note, missing, k, lang, rating, variant);
+            if (!(ns = ar_buf_take(&note, &nl)))
+                return AR_ENOMEM;
+            if (max_chars > 0 && chars + reply_utf8_count(ns, nl) + 1 > (size_t)max_chars) {
+                ar_free(ns);
+                continue;
+            }
+            st = insert_note(text, len, lang, ns, nl, &joined);
+            ar_free(ns);
+            if (st != AR_OK)
+                return st;
+            if (reply_find_repeat(joined, strlen(joined)) == REPLY_REPEAT_NONE) {
+                *out = joined;
+                return AR_OK;
+            }
+            ar_free(joined); /* the note echoes the reply: the other wording */
+            break;
+        }
     }
-    return AR_OK;
+    *out = ar_strndup(text, len); /* no note fits, or every wording repeats the reply */
+    return *out ? AR_OK : AR_ENOMEM;
 }

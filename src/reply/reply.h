@@ -264,10 +264,13 @@ struct reply_score {
 float reply_candidate_score(const struct reply_profile *p, const char *lang, int rating,
                             unsigned review_aspects, const char *text, size_t len,
                             struct reply_score *out);
-/* text with a short sentence naming each aspect of missing (at most max_notes, in aspect
- * order; none that would take the reply past max_chars code points, 0: no bound), put before
- * the reply's last sentence (its closing), worded for the rating: at 1-2 stars "...方面的问题已经
- * 记下，会尽快跟进处理。", at 4-5 "您提到的...，我们都记下了。" (English alike). *out new (ar_free). */
+/* text with one short sentence naming the aspects of missing (at most max_notes of them, in
+ * aspect order, as many as keep the reply within max_chars code points; 0: no bound), put
+ * before the reply's last sentence (its closing) and worded for the rating: at 1-2 stars
+ * "配送和包装方面的问题已经记下，会尽快跟进处理。", at 4-5 "关于配送和包装，您说的我们都记下了。"
+ * (English alike). A second wording is tried when the first would repeat the reply's own
+ * words (reply_find_repeat); when both would, or no note fits, *out is text unchanged. *out
+ * new (ar_free). */
 enum ar_status reply_add_aspect_notes(const char *text, size_t len, const char *lang, int rating,
                                       unsigned missing, int max_notes, int max_chars, char **out);
 

@@ -241,13 +241,33 @@ static void notes_respect_the_length_bound_and_the_count(void **state)
     char *out = NULL;
     (void)state;
     assert_int_equal(reply_add_aspect_notes(t, strlen(t), "zh", 5, all, 2, 300, &out), AR_OK);
-    /* two notes at most: delivery and packaging, not taste */
+    /* one sentence naming two aspects at most: delivery and packaging, not taste */
     assert_non_null(strstr(out, "配送"));
     assert_non_null(strstr(out, "包装"));
     assert_null(strstr(out, "口味"));
     ar_free(out);
     /* a bound the reply already nearly fills: unchanged */
     assert_int_equal(reply_add_aspect_notes(t, strlen(t), "zh", 5, all, 2, 14, &out), AR_OK);
+    assert_string_equal(out, t);
+    ar_free(out);
+}
+
+static void a_note_that_would_echo_the_reply_takes_the_other_wording(void **state)
+{
+    const char *t = "谢谢您！关于价格，您说的我们都记下了。欢迎再来！";
+    char *out = NULL;
+    (void)state;
+    assert_int_equal(reply_add_aspect_notes(t, strlen(t), "zh", 5, BIT(REPLY_ASPECT_PACKAGING),
+                                            4, 300, &out),
+                     AR_OK);
+    assert_non_null(strstr(out, "包装"));
+    assert_int_equal(rep(out), REPLY_REPEAT_NONE);
+    ar_free(out);
+    /* a reply that repeats already cannot get a note that does not: unchanged */
+    t = "谢谢您对我们包装的认可，谢谢您对我们包装的认可。";
+    assert_int_equal(reply_add_aspect_notes(t, strlen(t), "zh", 5, BIT(REPLY_ASPECT_PRICE), 4,
+                                            300, &out),
+                     AR_OK);
     assert_string_equal(out, t);
     ar_free(out);
 }
@@ -267,6 +287,7 @@ int main(void)
         cmocka_unit_test(an_aspect_the_review_never_raised_costs),
         cmocka_unit_test(notes_go_before_the_closing_and_name_the_aspect),
         cmocka_unit_test(notes_respect_the_length_bound_and_the_count),
+        cmocka_unit_test(a_note_that_would_echo_the_reply_takes_the_other_wording),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
