@@ -613,6 +613,12 @@ static enum reply_action decide_action(const struct reply_profile *p, int rating
 
 #define CANDIDATES_MAX 8
 #define NOTES_MAX 4 /* aspects one note names */
+/* Once the greedy candidate is done, the sampled ones get this share of its time more, then the
+ * ones still generating are stopped and drop out: a sampled reply that rambles to max_tokens
+ * must not make the review wait for it (today's reply is always at hand by then). The round
+ * so stays within about 1.5 times one batched generation. */
+#define EXTRA_WAIT 0.5
+#define EXTRA_WAIT_MIN_S 0.005
 
 struct candidate {
     struct reply_generator *gen;
@@ -623,28 +629,116 @@ struct candidate {
     size_t out_len;
     pthread_t th;
     bool threaded;
+    struct reply_call *sub; /* a sampled candidate's own call (charges go to the caller's) */
+    struct round *round;
+    bool done;              /* under round->mu */
 };
+
+struct round {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct candidate *cands;
+    int n;
+};
+
+static void candidate_main_plain(struct candidate *c)
+{
+    c->st = c->gen->generate(c->gen, &c->gr, &c->out, &c->out_len);
+}
 
 static void *candidate_main(void *arg)
 {
     struct candidate *c = arg;
-    c->st = c->gen->generate(c->gen, &c->gr, &c->out, &c->out_len);
+    candidate_main_plain(c);
+    pthread_mutex_lock(&c->round->mu);
+    c->done = true;
+    pthread_cond_broadcast(&c->round->cv);
+    pthread_mutex_unlock(&c->round->mu);
     return NULL;
 }
 
-/* Runs cands[0..n) concurrently: 1..n-1 on threads, 0 on the caller's (a thread that cannot
- * be made runs its candidate afterwards on the caller's thread). */
-static void run_candidates(struct candidate *cands, int n)
+/* A sampled candidate's call charges the caller's budget (reply_call_charge does not hold its
+ * own lock across the charge function, so there is no lock order to keep). */
+static bool charge_parent(void *user, int64_t n_tokens, bool admission, double *retry_after_s)
 {
+    return reply_call_charge(user, n_tokens, admission, retry_after_s);
+}
+
+/* The caller went away: the sampled candidates stop too (called under the caller's lock; the
+ * sub-calls' locks are only ever taken after it). */
+static void cancel_extras(void *arg)
+{
+    struct round *rd = arg;
+    for (int i = 1; i < rd->n; i++)
+        reply_call_cancel(rd->cands[i].sub);
+}
+
+static bool round_all_done(struct round *rd)
+{
+    for (int i = 1; i < rd->n; i++)
+        if (rd->cands[i].threaded && !rd->cands[i].done)
+            return false;
+    return true;
+}
+
+/* Runs cands[0..n) concurrently: 1..n-1 on threads with calls of their own, 0 on the caller's
+ * thread (a thread that cannot be made runs its candidate afterwards on the caller's). Once 0
+ * is done the others get EXTRA_WAIT of its time to finish, then are stopped. */
+static void run_candidates(struct candidate *cands, int n, struct reply_call *call)
+{
+    struct round rd = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, cands, n};
+    struct reply_call_hook hook = {cancel_extras, &rd, NULL, NULL};
+    bool watched;
+    double t0, wait_s;
+    struct timespec until;
+    if (n == 1) {
+        candidate_main_plain(&cands[0]);
+        return;
+    }
+    for (int i = 1; i < n; i++) {
+        cands[i].round = &rd;
+        if (reply_call_create(charge_parent, call, &cands[i].sub) == AR_OK)
+            cands[i].gr.call = cands[i].sub;
+    }
+    watched = reply_call_watch(call, &hook);
+    if (!watched)
+        cancel_extras(&rd); /* cancelled already */
     for (int i = 1; i < n; i++)
         cands[i].threaded = pthread_create(&cands[i].th, NULL, candidate_main, &cands[i]) == 0;
-    candidate_main(&cands[0]);
+    t0 = ar_time_s();
+    candidate_main_plain(&cands[0]);
+    wait_s = AR_MAX((ar_time_s() - t0) * EXTRA_WAIT, EXTRA_WAIT_MIN_S);
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += (time_t)wait_s;
+    until.tv_nsec += (long)((wait_s - floor(wait_s)) * 1e9);
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&rd.mu);
+    while (!round_all_done(&rd) && pthread_cond_timedwait(&rd.cv, &rd.mu, &until) == 0)
+        ;
+    pthread_mutex_unlock(&rd.mu);
+    for (int i = 1; i < n; i++)
+        if (cands[i].threaded && cands[i].sub)
+            reply_call_cancel(cands[i].sub); /* a finished one ignores it */
     for (int i = 1; i < n; i++) {
         if (cands[i].threaded)
             pthread_join(cands[i].th, NULL);
+        else if (!reply_call_cancelled(cands[i].sub))
+            candidate_main_plain(&cands[i]);
         else
-            candidate_main(&cands[i]);
+            cands[i].st = AR_ECANCELED;
     }
+    if (watched)
+        reply_call_unwatch(call, &hook);
+    for (int i = 1; i < n; i++) {
+        reply_call_destroy(cands[i].sub);
+        cands[i].sub = NULL;
+        cands[i].gr.call = call;
+    }
+    pthread_cond_destroy(&rd.cv);
+    pthread_mutex_destroy(&rd.mu);
 }
 
 /* The outcome of the generation step. */
@@ -694,8 +788,20 @@ static char *checked(struct reply_service *svc, const struct reply_profile *prof
     out_len = tokenizer_strip_think(out, out_len);
     g = reply_guard_check(prof, reply_lang, out, out_len, &fixed);
     ar_free(out);
-    if (g == REPLY_GUARD_OK)
+    if (g == REPLY_GUARD_OK) {
+        /* a clause said twice verbatim (the demo model's habit) is said once: the cut is safe,
+         * unlike a shared phrase, which reply_find_repeat still catches */
+        char *once = NULL, *checked_once = NULL;
+        if (reply_find_repeat(fixed, strlen(fixed)) == REPLY_REPEAT_CLAUSE &&
+            reply_drop_repeated_clauses(fixed, strlen(fixed), &once) == AR_OK &&
+            reply_guard_check(prof, reply_lang, once, strlen(once), &checked_once) ==
+                REPLY_GUARD_OK) {
+            ar_free(fixed);
+            fixed = checked_once;
+        }
+        ar_free(once);
         return fixed;
+    }
     metrics_inc(svc->m.retries[g], 1);
     AR_DEBUG("reply %s/%s: attempt %d rejected (%s)", rv->shop_id, rv->review_id, attempt,
              reply_guard_str(g));
@@ -803,7 +909,7 @@ static void generate(struct reply_service *svc, const struct reply_profile *prof
                 c->st = AR_ECANCELED;
         }
         if (!reply_call_cancelled(call))
-            run_candidates(cands, m);
+            run_candidates(cands, m, call);
         r->attempts += m;
         for (int i = 0; i < m; i++) {
             n_prompt += cands[i].usage.n_prompt;

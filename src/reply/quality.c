@@ -553,3 +553,89 @@ enum ar_status reply_add_aspect_notes(const char *text, size_t len, const char *
     *out = ar_strndup(text, len); /* no note fits, or every wording repeats the reply */
     return *out ? AR_OK : AR_ENOMEM;
 }
+
+/* ---- repair ------------------------------------------------------------------------------- */
+
+#define SEGMENTS_MAX 64
+
+/* One clause of a reply as bytes: text [a, b) (spaces trimmed), then its end marks [b, e). */
+struct segment {
+    size_t a, b, e;
+    bool keep;
+};
+
+static int split_segments(const char *text, size_t len, struct segment *sg)
+{
+    size_t i = 0;
+    int n = 0;
+    while (i < len && n < SEGMENTS_MAX) {
+        uint32_t cp = 0;
+        size_t k;
+        sg[n].a = i;
+        /* the clause: up to an end mark */
+        while (i < len) {
+            k = rp_utf8_next(text + i, len - i, &cp);
+            if (!k)
+                k = 1;
+            else if (is_clause_end(cp))
+                break;
+            i += k;
+        }
+        sg[n].b = i;
+        /* its end marks and the spaces after them */
+        while (i < len) {
+            k = rp_utf8_next(text + i, len - i, &cp);
+            if (!k || !(is_clause_end(cp) || cp == ' '))
+                break;
+            i += k;
+        }
+        sg[n].e = i;
+        sg[n].keep = true;
+        n++;
+    }
+    if (i < len && n > 0)
+        sg[n - 1].e = len; /* more clauses than we split: the rest stays with the last */
+    return n;
+}
+
+static bool same_clause(const char *text, const struct segment *x, const struct segment *y)
+{
+    size_t xa = x->a, xb = x->b, ya = y->a, yb = y->b;
+    while (xa < xb && text[xa] == ' ')
+        xa++;
+    while (xb > xa && text[xb - 1] == ' ')
+        xb--;
+    while (ya < yb && text[ya] == ' ')
+        ya++;
+    while (yb > ya && text[yb - 1] == ' ')
+        yb--;
+    return xb - xa >= 2 && xb - xa == yb - ya && !strncasecmp(text + xa, text + ya, xb - xa);
+}
+
+enum ar_status reply_drop_repeated_clauses(const char *text, size_t len, char **out)
+{
+    struct segment sg[SEGMENTS_MAX];
+    struct ar_buf b = {0};
+    int n = split_segments(text, len, sg), last = -1;
+    for (int j = 1; j < n; j++)
+        for (int i = 0; i < j && sg[j].keep; i++)
+            if (sg[i].keep && same_clause(text, &sg[i], &sg[j]))
+                sg[j].keep = false;
+    for (int i = 0; i < n; i++) {
+        if (sg[i].keep) {
+            ar_buf_put(&b, text + sg[i].a, sg[i].e - sg[i].a);
+            last = i;
+            continue;
+        }
+        /* a dropped clause's end mark replaces the kept one before it ("，" -> "。") */
+        if (last >= 0 && b.s && b.n >= sg[last].e - sg[last].b &&
+            sg[i].e > sg[i].b) {
+            b.n -= sg[last].e - sg[last].b;
+            ar_buf_put(&b, text + sg[i].b, sg[i].e - sg[i].b);
+            sg[last].b = sg[i].b; /* its marks are now these */
+            sg[last].e = sg[i].e;
+        }
+    }
+    *out = ar_buf_take(&b, NULL);
+    return *out ? AR_OK : AR_ENOMEM;
+}

@@ -248,6 +248,12 @@ enum reply_repeat {
 enum reply_repeat reply_find_repeat(const char *text, size_t len);
 const char *reply_repeat_str(enum reply_repeat r); /* "none", "clause", "ngram" */
 
+/* text without the clauses that repeat an earlier clause exactly (as reply_find_repeat compares
+ * them), each dropped clause's end mark taking the place of the one before it:
+ * "谢谢您对我们包装的认可，谢谢您对我们包装的认可。欢迎再来！" -> "谢谢您对我们包装的认可。欢迎再来！".
+ * Shared n-grams are left alone (no safe cut). *out new (ar_free). */
+enum ar_status reply_drop_repeated_clauses(const char *text, size_t len, char **out);
+
 /* A candidate reply judged against the review. */
 struct reply_score {
     float total;         /* higher is better */

@@ -272,6 +272,34 @@ static void a_note_that_would_echo_the_reply_takes_the_other_wording(void **stat
     ar_free(out);
 }
 
+static void repeated_clauses_are_said_once(void **state)
+{
+    char *out = NULL;
+    const char *t = "非常感谢您的支持和好评！谢谢您对我们包装的认可，谢谢您对我们包装的认可。期待您的再次"
+                    "光临~";
+    (void)state;
+    assert_int_equal(reply_drop_repeated_clauses(t, strlen(t), &out), AR_OK);
+    assert_string_equal(out, "非常感谢您的支持和好评！谢谢您对我们包装的认可。期待您的再次光临~");
+    assert_int_equal(rep(out), REPLY_REPEAT_NONE);
+    ar_free(out);
+    /* a repeated run of two clauses */
+    t = "十分抱歉。尺码问题让您费心了，我们可以为您免费换码。尺码问题让您费心了，我们可以为您免费换码。"
+        "深表歉意。";
+    assert_int_equal(reply_drop_repeated_clauses(t, strlen(t), &out), AR_OK);
+    assert_string_equal(out, "十分抱歉。尺码问题让您费心了，我们可以为您免费换码。深表歉意。");
+    ar_free(out);
+    /* English, case and spaces aside */
+    t = "Thanks a lot. thanks a lot! See you.";
+    assert_int_equal(reply_drop_repeated_clauses(t, strlen(t), &out), AR_OK);
+    assert_string_equal(out, "Thanks a lot! See you.");
+    ar_free(out);
+    /* nothing repeated: unchanged */
+    t = "谢谢您的好评，欢迎再来！";
+    assert_int_equal(reply_drop_repeated_clauses(t, strlen(t), &out), AR_OK);
+    assert_string_equal(out, t);
+    ar_free(out);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -288,6 +316,7 @@ int main(void)
         cmocka_unit_test(notes_go_before_the_closing_and_name_the_aspect),
         cmocka_unit_test(notes_respect_the_length_bound_and_the_count),
         cmocka_unit_test(a_note_that_would_echo_the_reply_takes_the_other_wording),
+        cmocka_unit_test(repeated_clauses_are_said_once),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
