@@ -11,7 +11,9 @@
  *   - repeated clause: two identical clauses in a reply (this file's splitter), and the
  *     library's wider clause-or-n-gram check (reply_find_repeat);
  *   - empty replies, fallbacks, and the median / p90 latency of the misses, with its ratio to
- *     the first configuration (today's behaviour: one greedy generation, no notes).
+ *     the first configuration (today's behaviour: one greedy generation, no notes). The
+ *     configurations answer each review in turn (rotating which goes first), so a machine
+ *     shared with other work loads them alike.
  * Usage: build/bench/quality [-m MODEL] [--data FILE] [--limit N] [--every K]
  *        [--configs 1:off,3:off,3:on] [-t THREADS] [--samples FILE] */
 #include <ctype.h>
@@ -223,6 +225,8 @@ static int load(const char *path, int limit, int every, struct review **out)
 
 /* ---- one configuration ---------------------------------------------------------------------- */
 
+#define MAX_CONFIGS 8
+
 struct figures {
     int n, lang_ok, neg, neg_flagged, bearing, all_named, pairs, pairs_named, any_named;
     int picker_bearing, picker_all_named;
@@ -244,120 +248,139 @@ static int popc(unsigned m)
     return n;
 }
 
-static bool run_config(struct reply_generator *gen, const char *config, const struct review *rv,
-                       int n, FILE *samples, struct figures *fg)
+/* One configuration's service (its own store, no reply cache) and what it measured. */
+struct config {
+    const char *name;
+    char dir[64];
+    struct reply_profiles *profiles;
+    struct store *store;
+    struct reply_service *svc;
+    struct figures fg;
+    double *lat;
+    int n_lat;
+};
+
+static bool config_open(struct reply_generator *gen, const char *name, int n, struct config *c)
 {
-    int cands = atoi(config);
-    bool notes = strstr(config, ":on") != NULL;
-    char json[200], dir[] = "/tmp/ar_quality_XXXXXX", db[128];
-    struct reply_profiles *profiles = NULL;
-    struct store *store = NULL;
-    struct reply_service *svc = NULL;
+    int cands = atoi(name);
+    bool notes = strstr(name, ":on") != NULL;
+    char json[200], db[128];
     struct reply_service_params p = reply_service_default_params();
     struct ar_err err = {AR_OK, 0, {0}};
-    double *lat = calloc((size_t)n, sizeof(double));
-    int n_lat = 0;
-    memset(fg, 0, sizeof(*fg));
+    memset(c, 0, sizeof(*c));
+    c->name = name;
+    c->lat = calloc((size_t)n, sizeof(double));
     snprintf(json, sizeof(json), "{\"default\": {\"candidates\": %d, \"aspect_notes\": %s}}",
              cands, notes ? "true" : "false");
-    if (reply_profiles_parse(json, strlen(json), &profiles, &err) != AR_OK) {
-        fprintf(stderr, "quality: config %s: %s\n", config, err.msg);
+    if (reply_profiles_parse(json, strlen(json), &c->profiles, &err) != AR_OK) {
+        fprintf(stderr, "quality: config %s: %s\n", name, err.msg);
         return false;
     }
-    if (!mkdtemp(dir))
+    snprintf(c->dir, sizeof(c->dir), "/tmp/ar_quality_XXXXXX");
+    if (!mkdtemp(c->dir))
         return false;
-    snprintf(db, sizeof(db), "%s/replies.db", dir);
-    if (store_open(db, &store, &err) != AR_OK) {
+    snprintf(db, sizeof(db), "%s/replies.db", c->dir);
+    if (store_open(db, &c->store, &err) != AR_OK) {
         fprintf(stderr, "quality: %s: %s\n", db, err.msg);
         return false;
     }
-    p.profiles = profiles;
-    p.store = store;
+    p.profiles = c->profiles;
+    p.store = c->store;
     p.gen = gen; /* no reply cache: every review is a miss */
-    if (reply_service_create(&p, &svc) != AR_OK)
-        return false;
-    for (int i = 0; i < n; i++) {
-        struct reply_review r;
-        struct reply_result res;
-        memset(&r, 0, sizeof(r));
-        r.shop_id = "bench";
-        r.review_id = rv[i].id;
-        r.text = rv[i].text;
-        r.text_len = strlen(rv[i].text);
-        r.rating = rv[i].rating;
-        r.lang = rv[i].lang;
-        reply_service_answer(svc, &r, ENGINE_PRIO_INTERACTIVE, &res);
-        fg->n++;
-        if (res.err != REPLY_OK) {
-            fg->errors++;
-            reply_result_fini(&res);
-            continue;
-        }
-        {
-            const char *t = res.reply ? res.reply : "";
-            unsigned raised = judge_match(rv[i].text, true), named = judge_match(t, false);
-            unsigned pr = reply_aspects_of_review(rv[i].text, strlen(rv[i].text));
-            unsigned pn = reply_aspects_of_reply(t, strlen(t));
-            bool rep = judge_repeated_clause(t);
-            const char *s = t;
-            while (*s == ' ' || *s == '\n')
-                s++;
-            fg->lang_ok += judge_lang(t, rv[i].lang);
-            if (rv[i].rating <= 2) {
-                fg->neg++;
-                fg->neg_flagged += res.needs_human;
-            }
-            if (raised) {
-                fg->bearing++;
-                fg->all_named += (raised & named) == raised;
-                fg->any_named += (raised & named) != 0;
-                fg->pairs += popc(raised);
-                fg->pairs_named += popc(raised & named);
-            }
-            if (pr) {
-                fg->picker_bearing++;
-                fg->picker_all_named += (pr & pn) == pr;
-            }
-            fg->repeated += rep;
-            fg->repeated_lib += reply_find_repeat(t, strlen(t)) != REPLY_REPEAT_NONE;
-            fg->empty += *s == '\0';
-            fg->fallback += res.source == REPLY_SOURCE_FALLBACK;
-            if (res.source == REPLY_SOURCE_MODEL || res.source == REPLY_SOURCE_FALLBACK)
-                lat[n_lat++] = res.latency_ms;
-            if (samples) {
-                cJSON *o = cJSON_CreateObject();
-                char *line;
-                cJSON_AddStringToObject(o, "config", config);
-                cJSON_AddStringToObject(o, "id", rv[i].id);
-                cJSON_AddNumberToObject(o, "rating", rv[i].rating);
-                cJSON_AddStringToObject(o, "text", rv[i].text);
-                cJSON_AddStringToObject(o, "reply", t);
-                cJSON_AddBoolToObject(o, "needs_human", res.needs_human);
-                cJSON_AddNumberToObject(o, "raised", raised);
-                cJSON_AddNumberToObject(o, "named", named);
-                cJSON_AddBoolToObject(o, "repeated", rep);
-                cJSON_AddNumberToObject(o, "latency_ms", res.latency_ms);
-                line = cJSON_PrintUnformatted(o);
-                fprintf(samples, "%s\n", line);
-                cJSON_free(line);
-                cJSON_Delete(o);
-            }
-        }
+    return reply_service_create(&p, &c->svc) == AR_OK;
+}
+
+static void config_close(struct config *c)
+{
+    char cmd[100];
+    reply_service_destroy(c->svc);
+    store_close(c->store);
+    reply_profiles_destroy(c->profiles);
+    free(c->lat);
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", c->dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "quality: could not remove %s\n", c->dir);
+}
+
+/* Answers review rv under configuration c and judges the reply. */
+static void config_answer(struct config *c, const struct review *rv, FILE *samples)
+{
+    struct figures *fg = &c->fg;
+    struct reply_review r;
+    struct reply_result res;
+    memset(&r, 0, sizeof(r));
+    r.shop_id = "bench";
+    r.review_id = rv->id;
+    r.text = rv->text;
+    r.text_len = strlen(rv->text);
+    r.rating = rv->rating;
+    r.lang = rv->lang;
+    reply_service_answer(c->svc, &r, ENGINE_PRIO_INTERACTIVE, &res);
+    fg->n++;
+    if (res.err != REPLY_OK) {
+        fg->errors++;
         reply_result_fini(&res);
-        if ((i + 1) % 200 == 0)
-            fprintf(stderr, "quality: %s: %d/%d\n", config, i + 1, n);
+        return;
     }
-    qsort(lat, (size_t)n_lat, sizeof(double), cmp_double);
-    fg->p50_ms = n_lat ? lat[n_lat / 2] : 0;
-    fg->p90_ms = n_lat ? lat[(n_lat * 9) / 10] : 0;
-    free(lat);
-    reply_service_destroy(svc);
-    store_close(store);
-    reply_profiles_destroy(profiles);
-    snprintf(json, sizeof(json), "rm -rf %s", dir);
-    if (system(json) != 0)
-        fprintf(stderr, "quality: could not remove %s\n", dir);
-    return true;
+    {
+        const char *t = res.reply ? res.reply : "";
+        unsigned raised = judge_match(rv->text, true), named = judge_match(t, false);
+        unsigned pr = reply_aspects_of_review(rv->text, strlen(rv->text));
+        unsigned pn = reply_aspects_of_reply(t, strlen(t));
+        bool rep = judge_repeated_clause(t);
+        const char *s = t;
+        while (*s == ' ' || *s == '\n')
+            s++;
+        fg->lang_ok += judge_lang(t, rv->lang);
+        if (rv->rating <= 2) {
+            fg->neg++;
+            fg->neg_flagged += res.needs_human;
+        }
+        if (raised) {
+            fg->bearing++;
+            fg->all_named += (raised & named) == raised;
+            fg->any_named += (raised & named) != 0;
+            fg->pairs += popc(raised);
+            fg->pairs_named += popc(raised & named);
+        }
+        if (pr) {
+            fg->picker_bearing++;
+            fg->picker_all_named += (pr & pn) == pr;
+        }
+        fg->repeated += rep;
+        fg->repeated_lib += reply_find_repeat(t, strlen(t)) != REPLY_REPEAT_NONE;
+        fg->held += res.needs_human && rv->rating > 2;
+        fg->empty += *s == '\0';
+        fg->fallback += res.source == REPLY_SOURCE_FALLBACK;
+        if (res.source == REPLY_SOURCE_MODEL || res.source == REPLY_SOURCE_FALLBACK)
+            c->lat[c->n_lat++] = res.latency_ms;
+        if (samples) {
+            cJSON *o = cJSON_CreateObject();
+            char *line;
+            cJSON_AddStringToObject(o, "config", c->name);
+            cJSON_AddStringToObject(o, "id", rv->id);
+            cJSON_AddNumberToObject(o, "rating", rv->rating);
+            cJSON_AddStringToObject(o, "text", rv->text);
+            cJSON_AddStringToObject(o, "reply", t);
+            cJSON_AddBoolToObject(o, "needs_human", res.needs_human);
+            cJSON_AddNumberToObject(o, "raised", raised);
+            cJSON_AddNumberToObject(o, "named", named);
+            cJSON_AddBoolToObject(o, "repeated", rep);
+            cJSON_AddNumberToObject(o, "latency_ms", res.latency_ms);
+            line = cJSON_PrintUnformatted(o);
+            fprintf(samples, "%s\n", line);
+            cJSON_free(line);
+            cJSON_Delete(o);
+        }
+    }
+    reply_result_fini(&res);
+}
+
+static void config_latency(struct config *c)
+{
+    qsort(c->lat, (size_t)c->n_lat, sizeof(double), cmp_double);
+    c->fg.p50_ms = c->n_lat ? c->lat[c->n_lat / 2] : 0;
+    c->fg.p90_ms = c->n_lat ? c->lat[(c->n_lat * 9) / 10] : 0;
 }
 
 static double share(int a, int b)
@@ -381,6 +404,8 @@ int main(int argc, char **argv)
     FILE *samples = NULL;
     char list[256], *save = NULL;
     double base_p50 = 0;
+    struct config cfg[MAX_CONFIGS];
+    int n_cfg = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) {
@@ -430,24 +455,36 @@ int main(int argc, char **argv)
     printf("%-8s %6s %6s %8s %8s %8s %8s %8s %7s %7s %5s %5s %8s %8s %6s\n", "config", "lang",
            "neg", "asp_all", "asp_any", "asp_pair", "picker", "rep_cl", "rep_ng", "empty", "fb",
            "err", "p50_ms", "p90_ms", "x_p50");
+    /* the configurations answer each review in turn, so that they share the machine's load
+     * (latency ratios are paired, not taken minutes apart) */
     snprintf(list, sizeof(list), "%s", configs);
-    for (char *c = strtok_r(list, ",", &save); c; c = strtok_r(NULL, ",", &save)) {
-        struct figures fg;
-        if (!run_config(gen, c, rv, n, samples, &fg))
+    for (char *c = strtok_r(list, ",", &save); c && n_cfg < MAX_CONFIGS; c = strtok_r(NULL, ",", &save))
+        if (!config_open(gen, c, n, &cfg[n_cfg++]))
             return 1;
-        if (base_p50 == 0)
-            base_p50 = fg.p50_ms;
-        printf("%-8s %6.4f %6.4f %8.4f %8.4f %8.4f %8.4f %8d %7d %7d %5d %5d %8.1f %8.1f %6.2f\n",
-               c, share(fg.lang_ok, fg.n - fg.errors), share(fg.neg_flagged, fg.neg),
-               share(fg.all_named, fg.bearing), share(fg.any_named, fg.bearing),
-               share(fg.pairs_named, fg.pairs), share(fg.picker_all_named, fg.picker_bearing),
-               fg.repeated, fg.repeated_lib, fg.empty, fg.fallback, fg.errors, fg.p50_ms,
-               fg.p90_ms, base_p50 > 0 ? fg.p50_ms / base_p50 : 0.0);
-        printf("         (%d answered, %d rated <= 2, %d raise an aspect by the judge, %d by the "
-               "picker)\n",
-               fg.n - fg.errors, fg.neg, fg.bearing, fg.picker_bearing);
-        fflush(stdout);
+    for (int i = 0; i < n; i++) {
+        for (int k = 0; k < n_cfg; k++)
+            config_answer(&cfg[(i + k) % n_cfg], &rv[i], samples); /* rotating first place */
+        if ((i + 1) % 200 == 0)
+            fprintf(stderr, "quality: %d/%d\n", i + 1, n);
     }
+    for (int k = 0; k < n_cfg; k++) {
+        struct figures *fg = &cfg[k].fg;
+        config_latency(&cfg[k]);
+        if (k == 0)
+            base_p50 = fg->p50_ms;
+        printf("%-8s %6.4f %6.4f %8.4f %8.4f %8.4f %8.4f %8d %7d %7d %5d %5d %8.1f %8.1f %6.2f\n",
+               cfg[k].name, share(fg->lang_ok, fg->n - fg->errors), share(fg->neg_flagged, fg->neg),
+               share(fg->all_named, fg->bearing), share(fg->any_named, fg->bearing),
+               share(fg->pairs_named, fg->pairs),
+               share(fg->picker_all_named, fg->picker_bearing), fg->repeated, fg->repeated_lib,
+               fg->empty, fg->fallback, fg->errors, fg->p50_ms, fg->p90_ms,
+               base_p50 > 0 ? fg->p50_ms / base_p50 : 0.0);
+        printf("         (%d answered, %d rated <= 2, %d rated >= 3 held for a person, %d raise an "
+               "aspect by the judge, %d by the picker)\n",
+               fg->n - fg->errors, fg->neg, fg->held, fg->bearing, fg->picker_bearing);
+    }
+    for (int k = 0; k < n_cfg; k++)
+        config_close(&cfg[k]);
     if (samples)
         fclose(samples);
     reply_generator_destroy(gen);

@@ -617,7 +617,7 @@ static enum reply_action decide_action(const struct reply_profile *p, int rating
  * ones still generating are stopped and drop out: a sampled reply that rambles to max_tokens
  * must not make the review wait for it (today's reply is always at hand by then). The round
  * so stays within about 1.5 times one batched generation. */
-#define EXTRA_WAIT 0.5
+#define EXTRA_WAIT 0.25
 #define EXTRA_WAIT_MIN_S 0.005
 
 struct candidate {

@@ -94,7 +94,7 @@ static enum ar_status builtin_default(struct reply_profile *p)
     p->mode = REPLY_MODE_SUGGEST;
     p->auto_min_rating = 4;
     p->hold_needs_human = true;
-    p->candidates = 3;
+    p->candidates = 2; /* 3 measured 2.5x the latency of 1 on a 2-core CPU (docs/benchmarks.md) */
     p->aspect_notes = true;
     p->n_sensitive = (int)AR_ARRAY_LEN(default_sensitive);
     p->sensitive = ar_calloc(AR_ARRAY_LEN(default_sensitive), sizeof(char *));

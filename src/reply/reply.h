@@ -113,7 +113,7 @@ struct reply_profile {
     int auto_min_rating;  /* auto mode: below this rating the reply is only suggested */
     bool hold_needs_human; /* auto mode: a needs_human reply is held (suggested), not sent */
     int candidates;       /* replies generated per review (1..8): the first greedy, the others
-                             sampled, submitted together; the best score is kept (3) */
+                             sampled, submitted together; the best score is kept (2) */
     bool aspect_notes;    /* a review aspect no candidate names gets a short note (true) */
 };
 
@@ -132,7 +132,7 @@ struct reply_profiles;
  * The built-in default: the model card's system prompt verbatim, lang "same", 2..300
  * characters, no banned words, sensitive words 假货 诈骗 过敏 投诉 起诉 报警 律师 fake scam
  * fraud allergic lawyer lawsuit, mode "suggest", auto_min_rating 4, hold_needs_human true,
- * candidates 3, aspect_notes true. */
+ * candidates 2, aspect_notes true. */
 enum ar_status reply_profiles_parse(const char *json, size_t len, struct reply_profiles **out,
                                     struct ar_err *err);
 /* Reads and parses path (AR_EIO when it cannot be read). */
