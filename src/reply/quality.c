@@ -340,16 +340,19 @@ enum reply_repeat reply_find_repeat(const char *text, size_t len)
 {
     static _Thread_local struct clauses c; /* 4 KiB: kept off small worker stacks */
     split_clauses(text, len, &c);
+    /* a clause said twice first: it can be cut (reply_drop_repeated_clauses), a shared
+     * phrase elsewhere in the same reply must not hide it */
     for (int a = 0; a < c.n; a++) {
         int la = clause_len(&c, a);
-        for (int b = a + 1; b < c.n; b++) {
+        for (int b = a + 1; b < c.n; b++)
             if (la >= 2 && la == clause_len(&c, b) &&
                 same_cps(c.cps + c.start[a], c.cps + c.start[b], la))
                 return REPLY_REPEAT_CLAUSE;
+    }
+    for (int a = 0; a < c.n; a++)
+        for (int b = a + 1; b < c.n; b++)
             if (clauses_share_cjk_gram(&c, a, b) || clauses_share_trigram(&c, a, b))
                 return REPLY_REPEAT_NGRAM;
-        }
-    }
     return REPLY_REPEAT_NONE;
 }
 

@@ -106,6 +106,11 @@ static void the_issue_example_is_a_repeated_clause(void **state)
                          "品质量的认可。我们会继续保持，欢迎常来！"),
                      REPLY_REPEAT_CLAUSE);
     assert_int_equal(rep("Thanks a lot. thanks a lot!"), REPLY_REPEAT_CLAUSE);
+    /* a clause said twice is named as such even when a shared phrase comes first (a demo model
+     * reply: "给您带来" in the first and the last clause) */
+    assert_int_equal(rep("非常抱歉给您带来了不好的体验。尺码问题让您费心了，我们可以为您免费换码。尺码问题"
+                         "让您费心了，我们可以为您免费换码。给您带来不便，深表歉意。"),
+                     REPLY_REPEAT_CLAUSE);
     assert_string_equal(reply_repeat_str(REPLY_REPEAT_CLAUSE), "clause");
 }
 
