@@ -11,9 +11,13 @@
  *      review's text is a different review under a used id: REPLY_ECONFLICT
  * *   3. profile of the shop; review language; sentiment; needs_human
  *   4. reply cache (key: normalize.h, includes the shop): a hit never touches the model
- *   5. generate: system prompt of the shop + "评分：N星\n评价：..." user turn; the reply is
- *      checked (empty, repetition loop, language, banned words, length) and regenerated with
- *      another seed up to max_retries times, then replaced by a safe template reply
+ *   5. generate: system prompt of the shop + "评分：N星\n评价：..." user turn; the profile's
+ *      candidates (greedy + sampled, submitted together) are checked (empty, repetition loop,
+ *      language, banned words, length; a clause said twice is said once) and the best
+ *      reply_candidate_score wins (the review's aspects named, tone, no repeated phrase); none
+ *      passing: regenerated with another seed up to max_retries times, then a safe template
+ *      reply. An aspect the winner misses gets a note; a winner that still repeats a phrase
+ *      needs a human (never sent automatically) and is not cached
  *   6. signature, banned words stripped once more, cache put, store put (the stored row wins a
  *      race, so one review always has exactly one reply)
  *
