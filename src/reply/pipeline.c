@@ -3,6 +3,7 @@
  * steps), plus many reviews at once on short-lived threads, the async worker pool and the
  * reply metrics. */
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -605,107 +606,373 @@ static enum reply_action decide_action(const struct reply_profile *p, int rating
     return REPLY_ACTION_SEND;
 }
 
-/* Generates until a reply passes the guardrails; *text is new. Returns the source (MODEL or
- * FALLBACK), or -1 with r->err set when the model cannot be reached, the caller's token
- * budget is spent (REPLY_ELIMITED) or the caller went away (REPLY_ECANCELLED). fresh: a
- * person asked for another reply than the one there is, so every attempt samples
- * (retry_temperature) from a random seed instead of the reproducible first attempt. */
-static int generate(struct reply_service *svc, const struct reply_profile *prof,
-                    const struct reply_review *rv, const char *review_lang,
-                    const char *reply_lang, bool negative, enum engine_priority prio,
-                    struct reply_call *call, bool fresh, struct reply_result *r, char **text)
-{
-    uint64_t seed = svc->p.seed;
+/* ---- candidates ---------------------------------------------------------------------------
+ * A review's first round generates prof->candidates replies at once: candidate 0 as a single
+ * generation always was (greedy, the service's seed), the others sampled with their own seeds.
+ * They are submitted together from their own threads, so the engine batches them and its
+ * prefix cache serves the shared prompt once; the round costs about one generation's latency
+ * plus the batch's extra decode work, not n generations one after another. */
+
+#define CANDIDATES_MAX 8
+#define NOTES_MAX 4 /* aspects one note names */
+/* Once the greedy candidate is done, the sampled ones get this share of its time more, then the
+ * ones still generating are stopped and drop out: a sampled reply that rambles to max_tokens
+ * must not make the review wait for it (today's reply is always at hand by then). The round
+ * so stays within about 1.5 times one batched generation. */
+#define EXTRA_WAIT 0.25
+#define EXTRA_WAIT_MIN_S 0.005
+
+struct candidate {
     struct reply_generator *gen;
     struct reply_gen_request gr;
     struct reply_gen_usage usage;
-    char *user = NULL;
     enum ar_status st;
+    char *out;
+    size_t out_len;
+    pthread_t th;
+    bool threaded;
+    struct reply_call *sub; /* a sampled candidate's own call (charges go to the caller's) */
+    struct round *round;
+    bool done;              /* under round->mu */
+};
+
+struct round {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct candidate *cands;
+    int n;
+};
+
+static void candidate_main_plain(struct candidate *c)
+{
+    c->st = c->gen->generate(c->gen, &c->gr, &c->out, &c->out_len);
+}
+
+static void *candidate_main(void *arg)
+{
+    struct candidate *c = arg;
+    candidate_main_plain(c);
+    pthread_mutex_lock(&c->round->mu);
+    c->done = true;
+    pthread_cond_broadcast(&c->round->cv);
+    pthread_mutex_unlock(&c->round->mu);
+    return NULL;
+}
+
+/* A sampled candidate's call charges the caller's budget (reply_call_charge does not hold its
+ * own lock across the charge function, so there is no lock order to keep). */
+static bool charge_parent(void *user, int64_t n_tokens, bool admission, double *retry_after_s)
+{
+    return reply_call_charge(user, n_tokens, admission, retry_after_s);
+}
+
+/* The caller went away: the sampled candidates stop too (called under the caller's lock; the
+ * sub-calls' locks are only ever taken after it). */
+static void cancel_extras(void *arg)
+{
+    struct round *rd = arg;
+    for (int i = 1; i < rd->n; i++)
+        reply_call_cancel(rd->cands[i].sub);
+}
+
+static bool round_all_done(struct round *rd)
+{
+    for (int i = 1; i < rd->n; i++)
+        if (rd->cands[i].threaded && !rd->cands[i].done)
+            return false;
+    return true;
+}
+
+/* Runs cands[0..n) concurrently: 1..n-1 on threads with calls of their own, 0 on the caller's
+ * thread (a thread that cannot be made runs its candidate afterwards on the caller's). Once 0
+ * is done the others get EXTRA_WAIT of its time to finish, then are stopped. */
+static void run_candidates(struct candidate *cands, int n, struct reply_call *call)
+{
+    struct round rd = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, cands, n};
+    struct reply_call_hook hook = {cancel_extras, &rd, NULL, NULL};
+    bool watched;
+    double t0, wait_s;
+    struct timespec until;
+    if (n == 1) {
+        candidate_main_plain(&cands[0]);
+        return;
+    }
+    for (int i = 1; i < n; i++) {
+        cands[i].round = &rd;
+        if (reply_call_create(charge_parent, call, &cands[i].sub) == AR_OK)
+            cands[i].gr.call = cands[i].sub;
+    }
+    watched = reply_call_watch(call, &hook);
+    if (!watched)
+        cancel_extras(&rd); /* cancelled already */
+    for (int i = 1; i < n; i++)
+        cands[i].threaded = pthread_create(&cands[i].th, NULL, candidate_main, &cands[i]) == 0;
+    t0 = ar_time_s();
+    candidate_main_plain(&cands[0]);
+    wait_s = AR_MAX((ar_time_s() - t0) * EXTRA_WAIT, EXTRA_WAIT_MIN_S);
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += (time_t)wait_s;
+    until.tv_nsec += (long)((wait_s - floor(wait_s)) * 1e9);
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&rd.mu);
+    while (!round_all_done(&rd) && pthread_cond_timedwait(&rd.cv, &rd.mu, &until) == 0)
+        ;
+    pthread_mutex_unlock(&rd.mu);
+    for (int i = 1; i < n; i++)
+        if (cands[i].threaded && cands[i].sub)
+            reply_call_cancel(cands[i].sub); /* a finished one ignores it */
+    for (int i = 1; i < n; i++) {
+        if (cands[i].threaded)
+            pthread_join(cands[i].th, NULL);
+        else if (!reply_call_cancelled(cands[i].sub))
+            candidate_main_plain(&cands[i]);
+        else
+            cands[i].st = AR_ECANCELED;
+    }
+    if (watched)
+        reply_call_unwatch(call, &hook);
+    for (int i = 1; i < n; i++) {
+        reply_call_destroy(cands[i].sub);
+        cands[i].sub = NULL;
+        cands[i].gr.call = call;
+    }
+    pthread_cond_destroy(&rd.cv);
+    pthread_mutex_destroy(&rd.mu);
+}
+
+/* The outcome of the generation step. */
+struct gen_outcome {
+    int source;      /* REPLY_SOURCE_MODEL or REPLY_SOURCE_FALLBACK; -1: r->err is set */
+    char *text;      /* new */
+    bool held;       /* the chosen reply repeats itself: never sent without a person */
+    bool cacheable;  /* a model reply that may be served again from the reply cache */
+};
+
+/* Why an attempt's failure ends the review (-1 with r's error set) or not (0). */
+static int attempt_error(struct reply_result *r, enum ar_status st, const struct reply_gen_usage *u,
+                         bool first)
+{
+    if (st == AR_ECANCELED) {
+        /* never a fallback reply for a caller that left: nothing is stored */
+        set_error(r, REPLY_ECANCELLED, "the client went away; the generation was cancelled");
+        return -1;
+    }
+    if (st == AR_EBUSY && u->limited) {
+        r->retry_after_s = u->retry_after_s;
+        set_error(r, REPLY_ELIMITED, "token rate limit reached; retry after %.0f s",
+                  ceil(u->retry_after_s));
+        return -1;
+    }
+    if (st == AR_EBUSY || (st != AR_OK && first)) {
+        set_error(r,
+                  st == AR_EBUSY    ? REPLY_EBUSY
+                  : st == AR_ERANGE ? REPLY_EINVAL
+                                    : REPLY_EINTERNAL,
+                  "generation failed: %s", st == AR_ERANGE ? "the review does not fit the "
+                  "model's context" : ar_status_str(st));
+        return -1;
+    }
+    return 0;
+}
+
+/* A generated text through the guardrails: the checked reply (new) or NULL, counted in the
+ * rejection metrics. out is consumed. */
+static char *checked(struct reply_service *svc, const struct reply_profile *prof,
+                     const struct reply_review *rv, const char *reply_lang, char *out,
+                     size_t out_len, int attempt)
+{
+    char *fixed = NULL;
+    enum reply_guard g;
+    /* a reasoning model's <think> blocks are never part of a reply */
+    out_len = tokenizer_strip_think(out, out_len);
+    g = reply_guard_check(prof, reply_lang, out, out_len, &fixed);
+    ar_free(out);
+    if (g == REPLY_GUARD_OK) {
+        /* a clause said twice verbatim (the demo model's habit) is said once: the cut is safe,
+         * unlike a shared phrase, which reply_find_repeat still catches */
+        char *once = NULL, *checked_once = NULL;
+        if (reply_find_repeat(fixed, strlen(fixed)) == REPLY_REPEAT_CLAUSE &&
+            reply_drop_repeated_clauses(fixed, strlen(fixed), &once) == AR_OK &&
+            reply_guard_check(prof, reply_lang, once, strlen(once), &checked_once) ==
+                REPLY_GUARD_OK) {
+            ar_free(fixed);
+            fixed = checked_once;
+        }
+        ar_free(once);
+        return fixed;
+    }
+    metrics_inc(svc->m.retries[g], 1);
+    AR_DEBUG("reply %s/%s: attempt %d rejected (%s)", rv->shop_id, rv->review_id, attempt,
+             reply_guard_str(g));
+    return NULL;
+}
+
+/* Of the checked candidates (NULL: rejected), the index with the best score; the first wins a
+ * tie, so the greedy reply stays the answer unless another is better. -1 when none. */
+static int best_candidate(const struct reply_profile *prof, const struct reply_review *rv,
+                          const char *reply_lang, unsigned wanted, char **texts, int n,
+                          struct reply_score *best)
+{
+    int pick = -1;
+    for (int i = 0; i < n; i++) {
+        struct reply_score sc;
+        if (!texts[i])
+            continue;
+        reply_candidate_score(prof, reply_lang, rv->rating, wanted, texts[i], strlen(texts[i]),
+                              &sc);
+        if (pick < 0 || sc.total > best->total) {
+            pick = i;
+            *best = sc;
+        }
+    }
+    return pick;
+}
+
+/* The chosen reply with notes for the aspects it misses (prof->aspect_notes). Consumes text. */
+static char *with_notes(const struct reply_profile *prof, const struct reply_review *rv,
+                        const char *reply_lang, unsigned wanted, const struct reply_score *sc,
+                        char *text)
+{
+    unsigned missing = wanted & ~sc->named;
+    char *noted = NULL;
+    if (!prof->aspect_notes || !missing || sc->repeat != REPLY_REPEAT_NONE)
+        return text;
+    if (reply_add_aspect_notes(text, strlen(text), reply_lang, rv->rating, missing, NOTES_MAX,
+                               prof->max_chars, &noted) != AR_OK)
+        return text; /* out of memory: the reply as generated */
+    if (reply_find_repeat(noted, strlen(noted)) != REPLY_REPEAT_NONE ||
+        reply_find_word(noted, strlen(noted), prof->banned, prof->n_banned) >= 0) {
+        ar_free(noted); /* a note that echoes the reply's own words, or a banned one */
+        return text;
+    }
+    ar_free(text);
+    return noted;
+}
+
+/* Generates candidates, then (when none passes the guardrails) single regenerations with other
+ * seeds up to max_retries times, then the fallback template; of the candidates that pass, the
+ * best score (reply_candidate_score: the review's aspects named, language, repetition, banned
+ * words, length, tone) is the reply. fresh: a person asked for another reply than the one there
+ * is, so every candidate samples (retry_temperature) from a random seed instead of the
+ * reproducible first round. */
+static void generate(struct reply_service *svc, const struct reply_profile *prof,
+                     const struct reply_review *rv, const char *review_lang,
+                     const char *reply_lang, bool negative, enum engine_priority prio,
+                     struct reply_call *call, bool fresh, struct reply_result *r,
+                     struct gen_outcome *o)
+{
+    uint64_t seed = svc->p.seed;
+    struct reply_generator *gen;
+    struct candidate cands[CANDIDATES_MAX];
+    char *texts[CANDIDATES_MAX];
+    struct reply_score best;
+    char *user = NULL;
+    int n = AR_MAX(1, AR_MIN(prof->candidates, CANDIDATES_MAX)), pick;
+    unsigned wanted = reply_aspects_of_review(rv->text, rv->text_len);
+    int64_t n_prompt = 0, n_gen = 0;
+    memset(o, 0, sizeof(*o));
+    o->source = -1;
     pthread_mutex_lock(&svc->mu);
     gen = svc->gen;
     pthread_mutex_unlock(&svc->mu);
     if (!gen) {
         set_error(r, REPLY_EBUSY, "the model is not loaded yet");
-        return -1;
+        return;
     }
     snprintf(r->model, sizeof(r->model), "%s", gen->model_name ? gen->model_name : "");
     if (reply_user_message(rv->text, rv->text_len, rv->rating, review_lang, &user) != AR_OK) {
         set_error(r, REPLY_EINTERNAL, "out of memory");
-        return -1;
+        return;
     }
-    memset(&gr, 0, sizeof(gr));
-    memset(&usage, 0, sizeof(usage));
-    gr.system = prof->system;
-    gr.user = user;
-    gr.max_tokens = svc->p.max_tokens;
-    gr.priority = prio;
-    gr.timeout_s = svc->p.timeout_s;
-    gr.call = call;
-    gr.usage = &usage;
+    memset(cands, 0, sizeof(cands));
+    memset(texts, 0, sizeof(texts));
     if (fresh && getrandom(&seed, sizeof(seed), 0) != (ssize_t)sizeof(seed))
         seed = svc->p.seed ^ (uint64_t)time(NULL);
     for (int attempt = 0; attempt <= svc->p.max_retries; attempt++) {
-        char *out = NULL, *fixed = NULL;
-        size_t out_len = 0;
-        enum reply_guard g;
-        gr.temperature = attempt == 0 && !fresh ? svc->p.temperature : svc->p.retry_temperature;
-        if (fresh && !(gr.temperature > 0))
-            gr.temperature = 0.7f;
-        gr.seed = seed + (uint64_t)attempt;
-        gr.admission = attempt == 0; /* a regeneration finishes what was admitted */
-        usage.limited = false;
-        st = reply_call_cancelled(call) ? AR_ECANCELED : gen->generate(gen, &gr, &out, &out_len);
-        r->attempts++;
-        r->n_prompt_tokens = usage.n_prompt;
-        r->n_gen_tokens = usage.n_gen;
-        if (st != AR_OK && st != AR_ECANCELED && reply_call_cancelled(call))
-            st = AR_ECANCELED; /* whatever stopped it, the caller is gone */
-        if (st == AR_ECANCELED) {
-            /* never a fallback reply for a caller that left: nothing is stored */
-            ar_free(out);
-            ar_free(user);
-            set_error(r, REPLY_ECANCELLED, "the client went away; the generation was cancelled");
-            return -1;
+        int m = attempt == 0 ? n : 1; /* regenerations are single */
+        for (int i = 0; i < m; i++) {
+            struct candidate *c = &cands[i];
+            memset(c, 0, sizeof(*c));
+            c->gen = gen;
+            c->gr.system = prof->system;
+            c->gr.user = user;
+            c->gr.max_tokens = svc->p.max_tokens;
+            c->gr.priority = prio;
+            c->gr.timeout_s = svc->p.timeout_s;
+            c->gr.call = call;
+            c->gr.usage = &c->usage;
+            /* candidate 0 of the first round is the single generation of before (greedy by
+             * default); sampled candidates take seeds no regeneration uses */
+            c->gr.temperature = attempt == 0 && i == 0 && !fresh ? svc->p.temperature
+                                                                 : svc->p.retry_temperature;
+            if (fresh && !(c->gr.temperature > 0))
+                c->gr.temperature = 0.7f;
+            c->gr.seed = i == 0 ? seed + (uint64_t)attempt : seed + 0x10000u + (uint64_t)i;
+            /* every candidate of the first round asks the caller's budget (each one's tokens
+             * are real work); a regeneration finishes what was admitted */
+            c->gr.admission = attempt == 0;
+            if (reply_call_cancelled(call))
+                c->st = AR_ECANCELED;
         }
-        if (st == AR_EBUSY && usage.limited) {
-            ar_free(user);
-            r->retry_after_s = usage.retry_after_s;
-            set_error(r, REPLY_ELIMITED, "token rate limit reached; retry after %.0f s",
-                      ceil(usage.retry_after_s));
-            return -1;
+        if (!reply_call_cancelled(call))
+            run_candidates(cands, m, call);
+        r->attempts += m;
+        for (int i = 0; i < m; i++) {
+            n_prompt += cands[i].usage.n_prompt;
+            n_gen += cands[i].usage.n_gen;
         }
-        if (st == AR_EBUSY || (st != AR_OK && attempt == 0)) {
-            ar_free(user);
-            set_error(r,
-                      st == AR_EBUSY    ? REPLY_EBUSY
-                      : st == AR_ERANGE ? REPLY_EINVAL
-                                        : REPLY_EINTERNAL,
-                      "generation failed: %s", st == AR_ERANGE ? "the review does not fit the "
-                      "model's context" : ar_status_str(st));
-            return -1;
+        r->n_prompt_tokens = n_prompt;
+        r->n_gen_tokens = n_gen;
+        for (int i = 0; i < m; i++) {
+            struct candidate *c = &cands[i];
+            if (c->st != AR_OK && c->st != AR_ECANCELED && reply_call_cancelled(call))
+                c->st = AR_ECANCELED; /* whatever stopped it, the caller is gone */
         }
-        if (st != AR_OK)
+        /* candidate 0 speaks for the round: its failure is the review's, as it always was;
+         * another candidate's failure only drops that candidate */
+        if (cands[0].st != AR_OK && attempt_error(r, cands[0].st, &cands[0].usage,
+                                                  attempt == 0) < 0) {
+            for (int i = 0; i < m; i++)
+                ar_free(cands[i].out);
+            ar_free(user);
+            return;
+        }
+        if (cands[0].st != AR_OK && attempt > 0)
             break; /* a later attempt failed: the fallback answers */
-        /* a reasoning model's <think> blocks are never part of a reply */
-        out_len = tokenizer_strip_think(out, out_len);
-        g = reply_guard_check(prof, reply_lang, out, out_len, &fixed);
-        ar_free(out);
-        if (g == REPLY_GUARD_OK) {
-            ar_free(user);
-            *text = fixed;
-            return REPLY_SOURCE_MODEL;
+        for (int i = 0; i < m; i++) {
+            texts[i] = cands[i].st == AR_OK && cands[i].out
+                           ? checked(svc, prof, rv, reply_lang, cands[i].out, cands[i].out_len,
+                                     attempt)
+                           : (ar_free(cands[i].out), NULL);
+            cands[i].out = NULL;
         }
-        metrics_inc(svc->m.retries[g], 1);
-        AR_DEBUG("reply %s/%s: attempt %d rejected (%s)", rv->shop_id, rv->review_id, attempt,
-                 reply_guard_str(g));
+        pick = best_candidate(prof, rv, reply_lang, wanted, texts, m, &best);
+        if (pick >= 0) {
+            o->text = texts[pick];
+            texts[pick] = NULL;
+            for (int i = 0; i < m; i++)
+                ar_free(texts[i]);
+            ar_free(user);
+            o->held = best.repeat != REPLY_REPEAT_NONE;
+            o->cacheable = !o->held; /* a cache hit would be sent without this check */
+            if (o->held)
+                AR_INFO("reply %s/%s: every candidate repeats itself (%s): held for a person",
+                        rv->shop_id, rv->review_id, reply_repeat_str(best.repeat));
+            o->text = with_notes(prof, rv, reply_lang, wanted, &best, o->text);
+            o->source = REPLY_SOURCE_MODEL;
+            return;
+        }
     }
     ar_free(user);
-    *text = ar_strdup(reply_fallback_text(reply_lang, negative));
-    if (!*text) {
+    o->text = ar_strdup(reply_fallback_text(reply_lang, negative));
+    if (!o->text) {
         set_error(r, REPLY_EINTERNAL, "out of memory");
-        return -1;
+        return;
     }
-    return REPLY_SOURCE_FALLBACK;
+    o->source = REPLY_SOURCE_FALLBACK;
 }
 
 /* Signature, then banned words removed once more (the signature or a template may hold one):
@@ -934,21 +1201,27 @@ static void generate_and_store(struct reply_service *svc, const struct reply_pro
                                struct reply_call *call, const char *key, size_t key_len,
                                enum cache_class cls, struct reply_result *r, bool *stored_out)
 {
-    char *text = NULL;
-    int src;
+    struct gen_outcome o;
     metrics_inc(svc->m.model_calls, 1);
-    src = generate(svc, prof, rv, review_lang, reply_lang, negative, prio, call, false, r, &text);
-    if (src < 0)
+    generate(svc, prof, rv, review_lang, reply_lang, negative, prio, call, false, r, &o);
+    if (o.source < 0)
         return;
-    if (src == REPLY_SOURCE_MODEL && key) {
+    if (o.held) {
+        /* a reply that repeats a clause is a draft for a person, never sent as is */
+        r->needs_human = true; /* counted in the metrics with the others when answered */
+        r->action = decide_action(prof, rv->rating, true);
+        if (r->action == REPLY_ACTION_SEND)
+            r->action = REPLY_ACTION_SUGGEST; /* a shop that does not hold needs_human */
+    }
+    if (o.source == REPLY_SOURCE_MODEL && o.cacheable && key) {
         /* the cache holds the checked reply without the signature; a class inserts only into
          * its own cache, so bulk work never evicts interactive entries */
         if (class_cache(svc, cls)) {
-            (void)cache_put(class_cache(svc, cls), key, key_len, text, strlen(text));
+            (void)cache_put(class_cache(svc, cls), key, key_len, o.text, strlen(o.text));
             note_cache_counters(svc, cls);
         }
     }
-    store_answer(svc, prof, rv, reply_lang, text, src, r, stored_out);
+    store_answer(svc, prof, rv, reply_lang, o.text, o.source, r, stored_out);
 }
 
 /* The path of one review:
@@ -1192,10 +1465,10 @@ void reply_service_regenerate(struct reply_service *svc, const char *shop_id,
     const struct reply_profile *prof;
     const char *review_lang;
     enum store_change_result res = STORE_CHANGE_NOT_FOUND;
-    char *text = NULL, *final;
+    struct gen_outcome o;
+    char *final;
     bool found = false, negative;
     enum ar_status st;
-    int src;
     double t0 = ar_time_s();
     memset(r, 0, sizeof(*r));
     memset(row, 0, sizeof(*row));
@@ -1235,15 +1508,17 @@ void reply_service_regenerate(struct reply_service *svc, const char *shop_id,
     r->needs_human = stored.needs_human;
     r->action = REPLY_ACTION_SUGGEST;
     metrics_inc(svc->m.model_calls, 1);
-    src = generate(svc, prof, &rv, review_lang, r->lang, negative, ENGINE_PRIO_INTERACTIVE,
-                   call, true, r, &text);
-    if (src < 0) {
+    generate(svc, prof, &rv, review_lang, r->lang, negative, ENGINE_PRIO_INTERACTIVE, call, true,
+             r, &o);
+    if (o.source < 0) {
         store_reply_fini(&stored);
         return;
     }
-    r->source = (enum reply_source)src;
-    final = finish_text(prof, text);
-    ar_free(text);
+    r->source = (enum reply_source)o.source;
+    if (o.held)
+        r->needs_human = true; /* every candidate repeats itself: a person sees why */
+    final = finish_text(prof, o.text);
+    ar_free(o.text);
     if (!final) {
         set_error(r, REPLY_EINTERNAL, "out of memory");
         store_reply_fini(&stored);

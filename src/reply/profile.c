@@ -97,6 +97,8 @@ static enum ar_status builtin_default(struct reply_profile *p)
     p->mode = REPLY_MODE_SUGGEST;
     p->auto_min_rating = 4;
     p->hold_needs_human = true;
+    p->candidates = 2; /* 3 measured 2.5x the latency of 1 on a 2-core CPU (docs/benchmarks.md) */
+    p->aspect_notes = true;
     p->n_sensitive = (int)AR_ARRAY_LEN(default_sensitive);
     p->sensitive = ar_calloc(AR_ARRAY_LEN(default_sensitive), sizeof(char *));
     if (!p->shop_id || !p->name || !p->sensitive)
@@ -250,6 +252,12 @@ static enum ar_status apply(struct reply_profile *p, const cJSON *o, const char 
             if (!cJSON_IsBool(v))
                 return ar_err_set(err, AR_EFORMAT, 0, "%s.%s: expected true or false", where, k);
             p->hold_needs_human = cJSON_IsTrue(v);
+        } else if (!strcmp(k, "candidates"))
+            st = set_int(&p->candidates, v, 1, 8, where, k, err);
+        else if (!strcmp(k, "aspect_notes")) {
+            if (!cJSON_IsBool(v))
+                return ar_err_set(err, AR_EFORMAT, 0, "%s.%s: expected true or false", where, k);
+            p->aspect_notes = cJSON_IsTrue(v);
         } else if (!strcmp(k, "banned_words"))
             st = set_words(&p->banned, &p->n_banned, v, where, k, err);
         else if (!strcmp(k, "sensitive_words"))
@@ -552,7 +560,9 @@ cJSON *reply_profile_to_json(const struct reply_profile *p)
          add_opt(j, "signature", p->signature) &&
          cJSON_AddStringToObject(j, "mode", modes[p->mode % 3]) &&
          cJSON_AddNumberToObject(j, "auto_min_rating", p->auto_min_rating) &&
-         cJSON_AddBoolToObject(j, "hold_needs_human", p->hold_needs_human);
+         cJSON_AddBoolToObject(j, "hold_needs_human", p->hold_needs_human) &&
+         cJSON_AddNumberToObject(j, "candidates", p->candidates) &&
+         cJSON_AddBoolToObject(j, "aspect_notes", p->aspect_notes);
     if (!ok) {
         cJSON_Delete(j);
         return NULL;

@@ -11,9 +11,13 @@
  *      review's text is a different review under a used id: REPLY_ECONFLICT
  * *   3. profile of the shop; review language; sentiment; needs_human
  *   4. reply cache (key: normalize.h, includes the shop): a hit never touches the model
- *   5. generate: system prompt of the shop + "评分：N星\n评价：..." user turn; the reply is
- *      checked (empty, repetition loop, language, banned words, length) and regenerated with
- *      another seed up to max_retries times, then replaced by a safe template reply
+ *   5. generate: system prompt of the shop + "评分：N星\n评价：..." user turn; the profile's
+ *      candidates (greedy + sampled, submitted together) are checked (empty, repetition loop,
+ *      language, banned words, length; a clause said twice is said once) and the best
+ *      reply_candidate_score wins (the review's aspects named, tone, no repeated phrase); none
+ *      passing: regenerated with another seed up to max_retries times, then a safe template
+ *      reply. An aspect the winner misses gets a note; a winner that still repeats a phrase
+ *      needs a human (never sent automatically) and is not cached
  *   6. signature, banned words stripped once more, cache put, store put (the stored row wins a
  *      race, so one review always has exactly one reply)
  *
@@ -114,6 +118,9 @@ struct reply_profile {
     enum reply_mode mode;
     int auto_min_rating;  /* auto mode: below this rating the reply is only suggested */
     bool hold_needs_human; /* auto mode: a needs_human reply is held (suggested), not sent */
+    int candidates;       /* replies generated per review (1..8): the first greedy, the others
+                             sampled, submitted together; the best score is kept (2) */
+    bool aspect_notes;    /* a review aspect no candidate names gets a short note (true) */
 };
 
 struct reply_profiles;
@@ -124,12 +131,14 @@ struct reply_profiles;
  * PROFILE: { "name": str, "persona": str, "system_prompt": str (replaces the base prompt),
  *   "lang": "same"|"zh"|"en", "min_chars": int, "max_chars": int, "refund_policy": str,
  *   "banned_words": [str], "sensitive_words": [str], "signature": str,
- *   "mode": "off"|"suggest"|"auto", "auto_min_rating": 1..5, "hold_needs_human": bool }
+ *   "mode": "off"|"suggest"|"auto", "auto_min_rating": 1..5, "hold_needs_human": bool,
+ *   "candidates": 1..8, "aspect_notes": bool }
  * Unknown members, wrong types and out-of-range values are errors (AR_EFORMAT, with the
  * member named in err), so a typo never silently falls back to a default.
  * The built-in default: the model card's system prompt verbatim, lang "same", 2..300
  * characters, no banned words, sensitive words 假货 诈骗 过敏 投诉 起诉 报警 律师 fake scam
- * fraud allergic lawyer lawsuit, mode "suggest", auto_min_rating 4, hold_needs_human true. */
+ * fraud allergic lawyer lawsuit, mode "suggest", auto_min_rating 4, hold_needs_human true,
+ * candidates 2, aspect_notes true. */
 enum ar_status reply_profiles_parse(const char *json, size_t len, struct reply_profiles **out,
                                     struct ar_err *err);
 /* Reads and parses path (AR_EIO when it cannot be read). */
@@ -224,6 +233,72 @@ enum reply_guard reply_guard_check(const struct reply_profile *p, const char *la
                                    const char *text, size_t len, char **fixed);
 /* A safe template reply in lang ("zh"/"en"), apologetic when negative. Static string. */
 const char *reply_fallback_text(const char *lang, bool negative);
+
+/* ---- quality: aspects, repetition, the candidate score (quality.c) ----------------------
+ * The points a review raises and whether a reply answers them, from phrase tables per aspect
+ * (Chinese and English). The pipeline generates several candidates and keeps the best score. */
+
+enum reply_aspect {
+    REPLY_ASPECT_DELIVERY = 0, /* logistics, delivery speed, the courier */
+    REPLY_ASPECT_PACKAGING,
+    REPLY_ASPECT_QUALITY,      /* the product's quality, defects, how well it works */
+    REPLY_ASPECT_SIZE,         /* size and fit */
+    REPLY_ASPECT_TASTE,
+    REPLY_ASPECT_PRICE,
+    REPLY_ASPECT_SERVICE,      /* the shop's or the courier's attitude, after-sales */
+    REPLY_ASPECT_FRESHNESS,
+    REPLY_ASPECT_PORTION,      /* takeaway portion size */
+    REPLY_ASPECT_HYGIENE,      /* a hair, a bug, dirt */
+    REPLY_ASPECT_AUTHENTIC,    /* genuine or fake goods */
+    REPLY_ASPECT_ORDER,        /* missing or wrong items */
+    REPLY_ASPECT_COUNT
+};
+const char *reply_aspect_str(enum reply_aspect a); /* "delivery", ...; "unknown" */
+/* Bit (1u << aspect) for each aspect the review raises / the reply names. Thread-safe. */
+unsigned reply_aspects_of_review(const char *text, size_t len);
+unsigned reply_aspects_of_reply(const char *text, size_t len);
+
+enum reply_repeat {
+    REPLY_REPEAT_NONE = 0,
+    REPLY_REPEAT_CLAUSE, /* two clauses (split at ，。！？、；, . ! ? ; ~ and newlines) are the
+                            same, e.g. "谢谢您对我们包装的认可，谢谢您对我们包装的认可" */
+    REPLY_REPEAT_NGRAM   /* two clauses share a run of 4 CJK characters or 3 English words */
+};
+/* Whether a reply repeats itself across clauses (first 1024 code points). Thread-safe. */
+enum reply_repeat reply_find_repeat(const char *text, size_t len);
+const char *reply_repeat_str(enum reply_repeat r); /* "none", "clause", "ngram" */
+
+/* text without the clauses that repeat an earlier clause exactly (as reply_find_repeat compares
+ * them), each dropped clause's end mark taking the place of the one before it:
+ * "谢谢您对我们包装的认可，谢谢您对我们包装的认可。欢迎再来！" -> "谢谢您对我们包装的认可。欢迎再来！".
+ * Shared n-grams are left alone (no safe cut). *out new (ar_free). */
+enum ar_status reply_drop_repeated_clauses(const char *text, size_t len, char **out);
+
+/* A candidate reply judged against the review. */
+struct reply_score {
+    float total;         /* higher is better */
+    unsigned named;      /* aspects the reply names */
+    int wanted, covered; /* aspects the review raises; of them, named by the reply */
+    int extra;           /* aspects named that the review did not raise */
+    bool lang_ok, banned, length_ok, tone_ok;
+    enum reply_repeat repeat;
+};
+/* Scores text as a reply in lang to a review of this rating raising review_aspects: language
+ * or banned word or length (p's bounds; p may be NULL) wrong: -1000 each; a repeat: -100;
+ * +10 per aspect named, -2 per aspect named that the review did not raise; +3 for a tone that
+ * fits the rating (an apology at 1-2 stars, thanks and no apology at 4-5). out may be NULL. */
+float reply_candidate_score(const struct reply_profile *p, const char *lang, int rating,
+                            unsigned review_aspects, const char *text, size_t len,
+                            struct reply_score *out);
+/* text with one short sentence naming the aspects of missing (at most max_notes of them, in
+ * aspect order, as many as keep the reply within max_chars code points; 0: no bound), put
+ * before the reply's last sentence (its closing) and worded for the rating: at 1-2 stars
+ * "配送和包装方面的问题已经记下，会尽快跟进处理。", at 4-5 "关于配送和包装，您说的我们都记下了。"
+ * (English alike). A second wording is tried when the first would repeat the reply's own
+ * words (reply_find_repeat); when both would, or no note fits, *out is text unchanged. *out
+ * new (ar_free). */
+enum ar_status reply_add_aspect_notes(const char *text, size_t len, const char *lang, int rating,
+                                      unsigned missing, int max_notes, int max_chars, char **out);
 
 /* ---- one request's control: token budget and cancellation -------------------------------
  * A front end makes one reply_call per request (the HTTP server: per HTTP request) and passes

@@ -7,6 +7,17 @@
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <string.h>
+
+#include "reply/reply.h"
+
+/* The built-in profiles with one generation per review (no candidates, no aspect notes): the
+ * tests that count model calls per review or per job line. */
+static inline enum ar_status th_profiles_single(struct reply_profiles **out)
+{
+    static const char json[] = "{\"default\": {\"candidates\": 1, \"aspect_notes\": false}}";
+    return reply_profiles_parse(json, strlen(json), out, NULL);
+}
 
 /* FNV-1a of s. */
 static inline uint32_t th_fnv32(const char *s)

@@ -5,6 +5,7 @@
  * review to a waiting request, a waiting request honours its cancellation, and a restarted
  * instance ends the claims its previous run left. */
 #include "harness/harness.h"
+#include "harness/reply_fakes.h"
 #include "harness/pg.h"
 
 #include <pthread.h>
@@ -93,7 +94,7 @@ static int setup_with(void **state, bool pg)
         }
         snprintf(x->url, sizeof(x->url), "%s", x->db.url);
     }
-    assert_int_equal(reply_profiles_default(&x->profiles), AR_OK);
+    assert_int_equal(th_profiles_single(&x->profiles), AR_OK);
     x->gen.base.generate = counting_generate;
     x->gen.base.model_name = "counting";
     x->gen.delay_ms = 50;

@@ -179,7 +179,7 @@ static void check_results(struct store *st, const char *db, const char *id, int 
     int k = 0;
     assert_int_equal(db_long(db, "SELECT COUNT(*) FROM replies WHERE shop_id = 'q'"), n);
     assert_int_equal(db_long(db, "SELECT COUNT(DISTINCT review_id) FROM replies"), n);
-    assert_int_equal(reply_profiles_default(&ps), AR_OK);
+    assert_int_equal(th_profiles_single(&ps), AR_OK);
     p.profiles = ps;
     p.store = st;
     assert_int_equal(reply_service_create(&p, &svc), AR_OK);
@@ -264,7 +264,7 @@ static int setup(void **state)
     assert_non_null(mkdtemp(x->dir));
     snprintf(x->db, sizeof(x->db), "%s/replies.db", x->dir);
     unique_name(x->qname, sizeof(x->qname));
-    assert_int_equal(reply_profiles_default(&g_profiles), AR_OK);
+    assert_int_equal(th_profiles_single(&g_profiles), AR_OK);
     *state = x;
     return 0;
 }

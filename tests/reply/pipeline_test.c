@@ -34,6 +34,10 @@ struct fake {
     struct reply_generator base;
     atomic_int calls;
     const char *script[4]; /* outputs for calls 0, 1, 2, 3+ (NULL: the default reply) */
+    /* when set[0] is: outputs by candidate (greedy: 0; sampled candidate i: seed 1234 +
+     * 0x10000 + i), whatever order the concurrent calls come in */
+    const char *by_candidate[4];
+    int candidate_delay_ms[4]; /* by candidate: a wait that stops when the call is cancelled */
     int delay_ms;
     float temps[8];
     uint64_t seeds[8];
@@ -68,6 +72,9 @@ static enum ar_status fake_generate(struct reply_generator *g, const struct repl
     int k = atomic_fetch_add(&f->calls, 1);
     char buf[256];
     const char *s = f->script[k < 3 ? k : 3];
+    int cand = r->temperature <= 0.0f ? 0 : (int)((r->seed - 1234u) & 3u);
+    if (f->by_candidate[0])
+        s = f->by_candidate[cand];
     if (k < 8) {
         f->temps[k] = r->temperature;
         f->seeds[k] = r->seed;
@@ -114,6 +121,12 @@ static enum ar_status fake_generate(struct reply_generator *g, const struct repl
         struct timespec ts = {0, (long)f->delay_ms * 1000000L};
         nanosleep(&ts, NULL);
     }
+    for (int ms = 0; ms < f->candidate_delay_ms[cand]; ms++) {
+        struct timespec ts = {0, 1000000L};
+        if (reply_call_cancelled(r->call))
+            return AR_ECANCELED;
+        nanosleep(&ts, NULL);
+    }
     if (!s) {
         /* answers in the language of the user turn, distinct per review */
         if (strncmp(r->user, "评分", strlen("评分")) == 0)
@@ -151,8 +164,14 @@ struct fx {
     struct fake gen;
 };
 
+/* The default profile generates one reply without notes, as before candidates: the tests of
+ * retries count calls in order. The "cand" shops generate three candidates. */
 static const char shops[] =
-    "{\"shops\": {"
+    "{\"default\": {\"candidates\": 1, \"aspect_notes\": false},"
+    " \"shops\": {"
+    " \"cand\": {\"candidates\": 3, \"aspect_notes\": false},"
+    " \"cand-notes\": {\"candidates\": 3, \"aspect_notes\": true},"
+    " \"cand-auto\": {\"candidates\": 3, \"aspect_notes\": false, \"mode\": \"auto\"},"
     " \"ban\": {\"banned_words\": [\"谢谢\"], \"signature\": \"—— 小店谢谢\"},"
     " \"en-only\": {\"lang\": \"en\"},"
     " \"quiet\": {\"mode\": \"off\"},"
@@ -1273,6 +1292,167 @@ static void without_a_bulk_cache_bulk_replies_are_not_cached(void **state)
     assert_true(metric(x, MISSES_B) == 2);
 }
 
+/* ---- candidates ---------------------------------------------------------------------------- */
+
+#define GENERIC_ZH "十分抱歉，这次没有让您满意。感谢您的反馈，我们一定改正。"
+#define ASPECT_ZH "非常抱歉，包装没有保护好商品。再次致歉，希望您再给一次机会。"
+#define REPEAT_ZH "谢谢您对我们包装的认可，谢谢您对我们包装的认可。"
+/* the greedy candidate takes this long, as a model would; the sampled ones, run at the same
+ * time, are waited for a while after it (they are stopped when far slower) */
+#define GREEDY_MS 40
+
+/* Three candidates are generated at once: the greedy one and two sampled with their own seeds;
+ * the one that answers the review's point (the packaging) wins over a generic apology, though
+ * the generic one is the greedy reply. */
+static void a_candidate_naming_the_aspect_beats_a_generic_one(void **state)
+{
+    struct fx *x = *state;
+    struct reply_result r;
+    x->gen.candidate_delay_ms[0] = GREEDY_MS;
+    x->gen.by_candidate[0] = GENERIC_ZH;
+    x->gen.by_candidate[1] = GENERIC_ZH;
+    x->gen.by_candidate[2] = ASPECT_ZH;
+    ask(x, review("cand", "c1", "包装太差，盒子都扁了", 1), &r);
+    assert_int_equal(r.err, REPLY_OK);
+    assert_int_equal(r.source, REPLY_SOURCE_MODEL);
+    assert_string_equal(r.reply, ASPECT_ZH);
+    assert_int_equal(atomic_load(&x->gen.calls), 3);
+    assert_int_equal(r.attempts, 3);
+    /* one greedy, two sampled with distinct seeds */
+    {
+        int greedy = 0;
+        for (int i = 0; i < 3; i++)
+            greedy += x->gen.temps[i] == 0.0f;
+        assert_int_equal(greedy, 1);
+        assert_true(x->gen.seeds[0] != x->gen.seeds[1] && x->gen.seeds[1] != x->gen.seeds[2] &&
+                    x->gen.seeds[0] != x->gen.seeds[2]);
+    }
+    /* every candidate's tokens are charged: three prompts */
+    assert_int_equal(r.n_prompt_tokens, 3 * (int64_t)strlen("评分：1星\n评价：包装太差，盒子都扁了"));
+    reply_result_fini(&r);
+}
+
+/* Candidates that are equally good leave the greedy reply, today's reply, as the answer. */
+static void the_greedy_candidate_wins_a_tie(void **state)
+{
+    struct fx *x = *state;
+    struct reply_result r;
+    x->gen.candidate_delay_ms[0] = GREEDY_MS;
+    x->gen.by_candidate[0] = "十分抱歉，这次没有让您满意。感谢您的反馈。";
+    x->gen.by_candidate[1] = GENERIC_ZH;
+    x->gen.by_candidate[2] = "抱歉给您添麻烦了，我们非常重视您的反馈。";
+    ask(x, review("cand", "c2", "不太满意", 2), &r);
+    assert_string_equal(r.reply, "十分抱歉，这次没有让您满意。感谢您的反馈。");
+    reply_result_fini(&r);
+}
+
+/* A shop in auto mode never sends a reply that repeats itself: a clause said twice verbatim
+ * is said once; a phrase shared by two clauses (no safe cut) loses to any candidate without
+ * one, and when every candidate has one, the chosen reply is held for a person and not cached
+ * (a cache hit would be sent). */
+#define NGRAM_ZH "谢谢您对包装的认可，也谢谢您对配送的认可。"
+static void a_repeated_clause_is_never_sent_automatically(void **state)
+{
+    struct fx *x = *state;
+    struct reply_result r;
+    x->gen.candidate_delay_ms[0] = GREEDY_MS;
+    x->gen.by_candidate[0] = x->gen.by_candidate[1] = x->gen.by_candidate[2] = REPEAT_ZH;
+    ask(x, review("cand-auto", "r0", "包装很好，很结实", 5), &r);
+    assert_int_equal(r.err, REPLY_OK);
+    assert_string_equal(r.reply, "谢谢您对我们包装的认可。");
+    assert_int_equal(r.action, REPLY_ACTION_SEND);
+    reply_result_fini(&r);
+
+    x->gen.by_candidate[0] = NGRAM_ZH;
+    x->gen.by_candidate[1] = NGRAM_ZH;
+    x->gen.by_candidate[2] = "谢谢您的好评，包装我们会继续用心做好！";
+    ask(x, review("cand-auto", "r1", "包装不错，盒子很结实", 5), &r);
+    assert_int_equal(r.err, REPLY_OK);
+    assert_string_equal(r.reply, "谢谢您的好评，包装我们会继续用心做好！");
+    assert_int_equal(r.action, REPLY_ACTION_SEND);
+    assert_false(r.needs_human);
+    reply_result_fini(&r);
+
+    x->gen.by_candidate[2] = NGRAM_ZH;
+    ask(x, review("cand-auto", "r2", "包装精美，送人很合适", 5), &r);
+    assert_int_equal(r.err, REPLY_OK);
+    assert_int_equal(reply_find_repeat(r.reply, strlen(r.reply)), REPLY_REPEAT_NGRAM);
+    assert_int_equal(r.action, REPLY_ACTION_SUGGEST);
+    assert_true(r.needs_human);
+    reply_result_fini(&r);
+    /* the stored answer keeps it held */
+    ask(x, review("cand-auto", "r2", "包装精美，送人很合适", 5), &r);
+    assert_int_equal(r.source, REPLY_SOURCE_STORE);
+    assert_int_equal(r.action, REPLY_ACTION_SUGGEST);
+    reply_result_fini(&r);
+    /* the same text under a new id is generated again, not served from the cache */
+    atomic_store(&x->gen.calls, 0);
+    ask(x, review("cand-auto", "r3", "包装精美，送人很合适", 5), &r);
+    assert_false(r.cached);
+    assert_int_equal(atomic_load(&x->gen.calls), 3);
+    assert_int_equal(r.action, REPLY_ACTION_SUGGEST);
+    reply_result_fini(&r);
+}
+
+/* An aspect no candidate names gets a short note before the closing sentence. */
+static void an_aspect_no_candidate_names_gets_a_note(void **state)
+{
+    struct fx *x = *state;
+    struct reply_result r;
+    x->gen.candidate_delay_ms[0] = GREEDY_MS;
+    x->gen.by_candidate[0] = x->gen.by_candidate[1] = x->gen.by_candidate[2] = GENERIC_ZH;
+    ask(x, review("cand-notes", "n1", "包装太差，盒子都扁了", 1), &r);
+    assert_int_equal(r.err, REPLY_OK);
+    assert_non_null(strstr(r.reply, "包装"));
+    assert_true(reply_aspects_of_reply(r.reply, strlen(r.reply)) &
+                (1u << REPLY_ASPECT_PACKAGING));
+    /* the closing stays last */
+    assert_non_null(strstr(r.reply, "感谢您的反馈，我们一定改正。"));
+    assert_int_equal(reply_find_repeat(r.reply, strlen(r.reply)), REPLY_REPEAT_NONE);
+    reply_result_fini(&r);
+}
+
+/* A sampled candidate that fails (here: the guardrails, an empty output) only drops out. */
+static void a_failed_candidate_drops_out(void **state)
+{
+    struct fx *x = *state;
+    struct reply_result r;
+    x->gen.candidate_delay_ms[0] = GREEDY_MS;
+    x->gen.by_candidate[0] = GENERIC_ZH;
+    x->gen.by_candidate[1] = "";
+    x->gen.by_candidate[2] = "Thank you!";
+    ask(x, review("cand", "f1", "包装太差，盒子都扁了", 1), &r);
+    assert_int_equal(r.source, REPLY_SOURCE_MODEL);
+    assert_string_equal(r.reply, GENERIC_ZH);
+    reply_result_fini(&r);
+}
+
+/* A sampled candidate still generating well after the greedy one is stopped and drops out:
+ * the review does not wait for it, and the caller's call is not cancelled by it. */
+static void a_slow_candidate_is_stopped_and_the_review_does_not_wait(void **state)
+{
+    struct fx *x = *state;
+    struct reply_result r;
+    double t0;
+    x->gen.by_candidate[0] = GENERIC_ZH;
+    x->gen.by_candidate[1] = GENERIC_ZH;
+    x->gen.by_candidate[2] = ASPECT_ZH; /* better, but too late */
+    x->gen.candidate_delay_ms[0] = 50;
+    x->gen.candidate_delay_ms[2] = 5000;
+    t0 = ar_time_s();
+    ask(x, review("cand", "s1", "包装太差，盒子都扁了", 1), &r);
+    assert_true(ar_time_s() - t0 < 2.0);
+    assert_int_equal(r.err, REPLY_OK);
+    assert_string_equal(r.reply, GENERIC_ZH);
+    reply_result_fini(&r);
+    /* a sampled candidate done before the greedy one is still counted */
+    x->gen.candidate_delay_ms[0] = 100;
+    x->gen.candidate_delay_ms[2] = 20;
+    ask(x, review("cand", "s2", "包装太差，盒子都压扁了", 1), &r);
+    assert_string_equal(r.reply, ASPECT_ZH);
+    reply_result_fini(&r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1291,6 +1471,12 @@ int main(void)
         T(reply_modes_decide_the_action),
         T(bad_reviews_are_rejected_before_the_model),
         cmocka_unit_test(json_reviews_are_validated_field_by_field),
+        T(a_candidate_naming_the_aspect_beats_a_generic_one),
+        T(the_greedy_candidate_wins_a_tie),
+        T(a_repeated_clause_is_never_sent_automatically),
+        T(an_aspect_no_candidate_names_gets_a_note),
+        T(a_failed_candidate_drops_out),
+        T(a_slow_candidate_is_stopped_and_the_review_does_not_wait),
         T(duplicate_ids_in_a_batch_get_409_or_the_same_reply),
         T(generations_are_charged_to_the_caller_and_cached_answers_are_free),
         T(cancelled_call_stops_its_generations_and_stores_nothing),

@@ -183,6 +183,23 @@ static void bad_configs_are_rejected_with_the_member_named(void **state)
     expect_bad("{\"shops\": {\"a\": {\"hold_needs_human\": 1}}}", "hold_needs_human");
     expect_bad("{\"shops\": {\"\": {}}}", "shop id");
     expect_bad("{\"default\": {\"persona\": 5}}", "persona");
+    expect_bad("{\"shops\": {\"a\": {\"candidates\": 0}}}", "candidates");
+    expect_bad("{\"shops\": {\"a\": {\"candidates\": 9}}}", "candidates");
+    expect_bad("{\"shops\": {\"a\": {\"candidates\": 2.5}}}", "candidates");
+    expect_bad("{\"shops\": {\"a\": {\"aspect_notes\": \"yes\"}}}", "aspect_notes");
+}
+
+static void candidates_and_notes_are_set_per_shop(void **state)
+{
+    static const char json[] = "{\"default\": {\"candidates\": 4},"
+                               " \"shops\": {\"a\": {\"candidates\": 1, \"aspect_notes\": false}}}";
+    struct reply_profiles *ps = parse_ok(json);
+    (void)state;
+    assert_int_equal(reply_profiles_get(ps, "a")->candidates, 1);
+    assert_false(reply_profiles_get(ps, "a")->aspect_notes);
+    assert_int_equal(reply_profiles_get(ps, "b")->candidates, 4); /* the file's default */
+    assert_true(reply_profiles_get(ps, "b")->aspect_notes);       /* the built-in default */
+    reply_profiles_destroy(ps);
 }
 
 static void missing_file_is_an_io_error(void **state)
@@ -262,6 +279,15 @@ static void one_profile_from_json_matches_the_file_and_round_trips(void **state)
     again = reply_profile_to_json(q);
     assert_true(cJSON_Compare(shown, again, true));
     assert_string_equal(q->system, p->system);
+    /* the candidates' settings travel too (the console shows and saves them) */
+    assert_int_equal(cJSON_GetObjectItem(shown, "candidates")->valueint, p->candidates);
+    cJSON_ReplaceItemInObject(shown, "candidates", cJSON_CreateNumber(5));
+    cJSON_ReplaceItemInObject(shown, "aspect_notes", cJSON_CreateBool(!p->aspect_notes));
+    reply_profile_destroy(q);
+    q = NULL;
+    assert_int_equal(reply_profile_from_json(ps, "tea-house", shown, &q, &err), AR_OK);
+    assert_int_equal(q->candidates, 5);
+    assert_int_equal(q->aspect_notes, !p->aspect_notes);
     /* the default's max_chars (200, from the file) where the object says nothing */
     reply_profile_destroy(q);
     q = NULL;
@@ -292,6 +318,7 @@ int main(void)
         cmocka_unit_test(persona_and_policy_are_appended_only_when_set),
         cmocka_unit_test(system_prompt_member_replaces_the_base),
         cmocka_unit_test(bad_configs_are_rejected_with_the_member_named),
+        cmocka_unit_test(candidates_and_notes_are_set_per_shop),
         cmocka_unit_test(missing_file_is_an_io_error),
         cmocka_unit_test(load_reads_a_file),
         cmocka_unit_test(parse_survives_every_allocation_failure),

@@ -144,7 +144,9 @@ static int setup(void **state)
     assert_non_null(mkdtemp(x->dir));
     snprintf(x->db, sizeof(x->db), "%s/replies.db", x->dir);
     assert_int_equal(store_open(x->db, &x->store, NULL), AR_OK);
-    assert_int_equal(reply_profiles_default(&x->profiles), AR_OK);
+    /* one generation per review: these tests count model calls and budget refusals per
+     * request (candidates are tested in tests/reply/pipeline_test.c) */
+    assert_int_equal(th_profiles_single(&x->profiles), AR_OK);
     cp.max_bytes = 1 << 20;
     assert_int_equal(cache_memory_create(&cp, &x->cache), AR_OK);
     assert_int_equal(metrics_registry_create(&x->metrics), AR_OK);
