@@ -1130,15 +1130,16 @@ static void q6_K_gemm_best(int n, int nr, int nc, const void *w, size_t w_row, c
 #endif
 
 /* ---- attention over one KV head --------------------------------------------------------------
- * Each key (value) row is loaded and converted once and used for every query head of the
- * group. Head sizes that are not a multiple of 16 take the plain loops. */
+ * Many query rows (prefill gives the forward pass R rows x the group's heads) against chunks of
+ * 16 key / value rows. An F16 chunk is converted to floats once per call and then serves every
+ * query row. Scores come in tiles of QN query rows x 16 / QN key rows: 16 accumulators, summed
+ * across their lanes together by one transposing tree (sum16) instead of one horizontal
+ * reduction per score. Values go in tiles of 4 query rows x 64 columns held in registers over
+ * the chunk's rows. Head sizes that are not a multiple of 16 (or above ATT_MAX_HD) take plain
+ * loops. */
 
-AR_INLINE __m512 kv_load16(const uint8_t *row, int c, bool f16)
-{
-    if (f16)
-        return _mm512_cvtph_ps(_mm256_loadu_si256(cv256(row + 32 * c)));
-    return _mm512_loadu_ps((const void *)(row + 64 * c));
-}
+#define ATT_CHUNK 16
+#define ATT_MAX_HD 256
 
 AR_INLINE float kv_elem(const uint8_t *row, int i, bool f16)
 {
@@ -1152,19 +1153,72 @@ AR_INLINE float kv_elem(const uint8_t *row, int i, bool f16)
     return f;
 }
 
-AR_INLINE void scores_nv(const int NV, int nq, int nt, const float *q, const uint8_t *k,
-                         size_t kv_stride, bool f16, float scale, float *s, size_t s_stride)
+/* n rows of hd F16 elements, `stride` bytes apart, as floats into dst (n, hd) */
+static void kv_chunk_f32(int hd, int n, const uint8_t *src, size_t stride, float *dst)
 {
-    for (int t = 0; t < nt; t++) {
-        const uint8_t *kr = k + (size_t)t * kv_stride;
-        __m512 kv[16];
-        _Pragma("GCC unroll 16") for (int c = 0; c < NV; c++) kv[c] = kv_load16(kr, c, f16);
-        for (int h = 0; h < nq; h++) {
-            const float *qh = q + (size_t)h * (size_t)(16 * NV);
-            __m512 a = _mm512_mul_ps(kv[0], _mm512_loadu_ps(qh));
-            _Pragma("GCC unroll 16") for (int c = 1; c < NV; c++) a =
-                _mm512_fmadd_ps(kv[c], _mm512_loadu_ps(qh + 16 * c), a);
-            s[(size_t)h * s_stride + (size_t)t] = _mm512_reduce_add_ps(a) * scale;
+    for (int t = 0; t < n; t++)
+        for (int i = 0; i < hd; i += 16)
+            _mm512_storeu_ps(dst + (size_t)t * (size_t)hd + i,
+                             _mm512_cvtph_ps(_mm256_loadu_si256(
+                                 cv256(src + (size_t)t * stride + 2 * (size_t)i))));
+}
+
+/* Lane j of the result = the sum of a[j]'s 16 lanes. */
+AR_INLINE __m512 sum16(const __m512 a[16])
+{
+    __m512 b[8], c[4], d[2];
+    /* per 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3] of each pair */
+    _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) b[i] =
+        _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]),
+                      _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+    /* per 128-bit lane: the partial sums of a[4i .. 4i+3] in that lane */
+    _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++)
+    {
+        __m512d x = _mm512_castps_pd(b[2 * i]), y = _mm512_castps_pd(b[2 * i + 1]);
+        c[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
+                             _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+    }
+    /* [c0 lanes 0+1, c0 lanes 2+3, c1 lanes 0+1, c1 lanes 2+3] (128-bit lanes) */
+    _Pragma("GCC unroll 2") for (int i = 0; i < 2; i++) d[i] =
+        _mm512_add_ps(_mm512_shuffle_f32x4(c[2 * i], c[2 * i + 1], 0x88),
+                      _mm512_shuffle_f32x4(c[2 * i], c[2 * i + 1], 0xdd));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(d[0], d[1], 0x88),
+                         _mm512_shuffle_f32x4(d[0], d[1], 0xdd));
+}
+
+/* Scores of QN query rows (q, hd floats apart) against the n float key rows k (stride bytes
+ * apart, n <= 16): s[qi * s_stride + j] = scale * dot. Tiles of KN = 16 / QN keys; a short
+ * last tile repeats the last key and stores only the real ones. */
+AR_INLINE void scores_rows(const int QN, int hd, int n, const float *q, const uint8_t *k,
+                           size_t stride, float scale, float *s, size_t s_stride)
+{
+    const int KN = 16 / QN;
+    for (int j0 = 0; j0 < n; j0 += KN) {
+        const float *kr[16];
+        __m512 acc[16], e;
+        int valid = AR_MIN(KN, n - j0);
+        _Pragma("GCC unroll 16") for (int j = 0; j < KN; j++) kr[j] =
+            (const float *)(const void *)(k + (size_t)(j0 + AR_MIN(j, valid - 1)) * stride);
+        _Pragma("GCC unroll 16") for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
+        for (int c = 0; c < hd; c += 16) {
+            __m512 kv[16];
+            _Pragma("GCC unroll 16") for (int j = 0; j < KN; j++) kv[j] = _mm512_loadu_ps(kr[j] + c);
+            _Pragma("GCC unroll 4") for (int qi = 0; qi < QN; qi++)
+            {
+                __m512 qv = _mm512_loadu_ps(q + (size_t)qi * (size_t)hd + c);
+                _Pragma("GCC unroll 16") for (int j = 0; j < KN; j++) acc[qi * KN + j] =
+                    _mm512_fmadd_ps(qv, kv[j], acc[qi * KN + j]);
+            }
+        }
+        e = _mm512_mul_ps(sum16(acc), _mm512_set1_ps(scale));
+        if (QN == 1 && valid == 16) {
+            _mm512_storeu_ps(s + j0, e);
+        } else {
+            float tmp[16] __attribute__((aligned(64)));
+            _mm512_store_ps(tmp, e);
+            _Pragma("GCC unroll 4") for (int qi = 0; qi < QN; qi++)
+                memcpy(s + (size_t)qi * s_stride + (size_t)j0, tmp + qi * KN,
+                       (size_t)valid * sizeof(float));
         }
     }
 }
@@ -1173,13 +1227,8 @@ static void attn_scores(int hd, int nq, int nt, const float *q, const void *k, s
                         enum ar_type kt, float scale, float *s, size_t s_stride)
 {
     bool f16 = kt == AR_TYPE_F16;
-    if (hd == 64) {
-        scores_nv(4, nq, nt, q, k, kv_stride, f16, scale, s, s_stride);
-    } else if (hd == 128) {
-        scores_nv(8, nq, nt, q, k, kv_stride, f16, scale, s, s_stride);
-    } else if (hd == 256) { /* Gemma 3 */
-        scores_nv(16, nq, nt, q, k, kv_stride, f16, scale, s, s_stride);
-    } else {
+    float kbuf[ATT_CHUNK * ATT_MAX_HD] __attribute__((aligned(64)));
+    if (hd % 16 != 0 || hd > ATT_MAX_HD) {
         for (int h = 0; h < nq; h++) {
             for (int t = 0; t < nt; t++) {
                 const uint8_t *kr = (const uint8_t *)k + (size_t)t * kv_stride;
@@ -1189,60 +1238,105 @@ static void attn_scores(int hd, int nq, int nt, const float *q, const void *k, s
                 s[(size_t)h * s_stride + (size_t)t] = d * scale;
             }
         }
+        return;
+    }
+    for (int t0 = 0; t0 < nt; t0 += ATT_CHUNK) {
+        int n = AR_MIN(ATT_CHUNK, nt - t0), h = 0;
+        const uint8_t *kc = (const uint8_t *)k + (size_t)t0 * kv_stride;
+        size_t stride = kv_stride;
+        float *st = s + t0;
+        if (f16) {
+            kv_chunk_f32(hd, n, kc, kv_stride, kbuf);
+            kc = (const uint8_t *)kbuf;
+            stride = (size_t)hd * sizeof(float);
+        }
+        for (; h + 4 <= nq; h += 4)
+            scores_rows(4, hd, n, q + (size_t)h * (size_t)hd, kc, stride, scale,
+                        st + (size_t)h * s_stride, s_stride);
+        if (h + 2 <= nq) {
+            scores_rows(2, hd, n, q + (size_t)h * (size_t)hd, kc, stride, scale,
+                        st + (size_t)h * s_stride, s_stride);
+            h += 2;
+        }
+        if (h < nq)
+            scores_rows(1, hd, n, q + (size_t)h * (size_t)hd, kc, stride, scale,
+                        st + (size_t)h * s_stride, s_stride);
     }
 }
 
-/* HN heads at once: their output rows stay in registers over all nt value rows. */
-AR_INLINE void values_nv(const int NV, const int HN, int nt, const float *s, size_t s_stride,
-                         const uint8_t *v, size_t kv_stride, bool f16, float *out)
+/* out rows of HN query heads (hd floats apart), columns [0, 16 * CV), += the n float value
+ * rows v (stride bytes apart) weighted by s (s_stride apart per head), rows in order. */
+AR_INLINE void values_tile(const int HN, const int CV, int hd, int n, const float *s,
+                           size_t s_stride, const uint8_t *v, size_t stride, float *out)
 {
-    __m512 acc[4][16];
+    __m512 acc[4][4];
     _Pragma("GCC unroll 4") for (int h = 0; h < HN; h++)
-        _Pragma("GCC unroll 16") for (int c = 0; c < NV; c++) acc[h][c] =
-            _mm512_loadu_ps(out + (size_t)h * (size_t)(16 * NV) + 16 * c);
-    for (int t = 0; t < nt; t++) {
-        const uint8_t *vr = v + (size_t)t * kv_stride;
-        __m512 vv[16];
-        _Pragma("GCC unroll 16") for (int c = 0; c < NV; c++) vv[c] = kv_load16(vr, c, f16);
+        _Pragma("GCC unroll 4") for (int c = 0; c < CV; c++) acc[h][c] =
+            _mm512_loadu_ps(out + (size_t)h * (size_t)hd + 16 * c);
+    for (int t = 0; t < n; t++) {
+        const float *vr = (const float *)(const void *)(v + (size_t)t * stride);
+        __m512 vv[4];
+        _Pragma("GCC unroll 4") for (int c = 0; c < CV; c++) vv[c] = _mm512_loadu_ps(vr + 16 * c);
         _Pragma("GCC unroll 4") for (int h = 0; h < HN; h++)
         {
             __m512 a = _mm512_set1_ps(s[(size_t)h * s_stride + (size_t)t]);
-            _Pragma("GCC unroll 16") for (int c = 0; c < NV; c++) acc[h][c] =
+            _Pragma("GCC unroll 4") for (int c = 0; c < CV; c++) acc[h][c] =
                 _mm512_fmadd_ps(a, vv[c], acc[h][c]);
         }
     }
     _Pragma("GCC unroll 4") for (int h = 0; h < HN; h++)
-        _Pragma("GCC unroll 16") for (int c = 0; c < NV; c++)
-            _mm512_storeu_ps(out + (size_t)h * (size_t)(16 * NV) + 16 * c, acc[h][c]);
+        _Pragma("GCC unroll 4") for (int c = 0; c < CV; c++)
+            _mm512_storeu_ps(out + (size_t)h * (size_t)hd + 16 * c, acc[h][c]);
+}
+
+/* values_tile over all hd columns: slabs of 64, then of 16 */
+AR_INLINE void values_rows(const int HN, int hd, int n, const float *s, size_t s_stride,
+                           const uint8_t *v, size_t stride, float *out)
+{
+    int c = 0;
+    for (; c + 64 <= hd; c += 64)
+        values_tile(HN, 4, hd, n, s, s_stride, v + (size_t)c * sizeof(float), stride, out + c);
+    for (; c < hd; c += 16)
+        values_tile(HN, 1, hd, n, s, s_stride, v + (size_t)c * sizeof(float), stride, out + c);
 }
 
 static void attn_values(int hd, int nq, int nt, const float *s, size_t s_stride, const void *v,
                         size_t kv_stride, enum ar_type kt, float *out)
 {
     bool f16 = kt == AR_TYPE_F16;
-    int h = 0;
-    if (hd == 64) {
-        for (; h + 4 <= nq; h += 4)
-            values_nv(4, 4, nt, s + (size_t)h * s_stride, s_stride, v, kv_stride, f16, out + h * hd);
-        for (; h < nq; h++)
-            values_nv(4, 1, nt, s + (size_t)h * s_stride, s_stride, v, kv_stride, f16, out + h * hd);
-    } else if (hd == 128) {
-        for (; h + 2 <= nq; h += 2)
-            values_nv(8, 2, nt, s + (size_t)h * s_stride, s_stride, v, kv_stride, f16, out + h * hd);
-        for (; h < nq; h++)
-            values_nv(8, 1, nt, s + (size_t)h * s_stride, s_stride, v, kv_stride, f16, out + h * hd);
-    } else if (hd == 256) { /* Gemma 3 */
-        for (; h < nq; h++)
-            values_nv(16, 1, nt, s + (size_t)h * s_stride, s_stride, v, kv_stride, f16,
-                      out + h * hd);
-    }
-    for (; h < nq; h++) {
-        for (int t = 0; t < nt; t++) {
-            const uint8_t *vr = (const uint8_t *)v + (size_t)t * kv_stride;
-            float a = s[(size_t)h * s_stride + (size_t)t];
-            for (int i = 0; i < hd; i++)
-                out[(size_t)h * (size_t)hd + (size_t)i] += a * kv_elem(vr, i, f16);
+    float vbuf[ATT_CHUNK * ATT_MAX_HD] __attribute__((aligned(64)));
+    if (hd % 16 != 0 || hd > ATT_MAX_HD) {
+        for (int h = 0; h < nq; h++) {
+            for (int t = 0; t < nt; t++) {
+                const uint8_t *vr = (const uint8_t *)v + (size_t)t * kv_stride;
+                float a = s[(size_t)h * s_stride + (size_t)t];
+                for (int i = 0; i < hd; i++)
+                    out[(size_t)h * (size_t)hd + (size_t)i] += a * kv_elem(vr, i, f16);
+            }
         }
+        return;
+    }
+    for (int t0 = 0; t0 < nt; t0 += ATT_CHUNK) {
+        int n = AR_MIN(ATT_CHUNK, nt - t0), h = 0;
+        const uint8_t *vc = (const uint8_t *)v + (size_t)t0 * kv_stride;
+        size_t stride = kv_stride;
+        const float *st = s + t0;
+        if (f16) {
+            kv_chunk_f32(hd, n, vc, kv_stride, vbuf);
+            vc = (const uint8_t *)vbuf;
+            stride = (size_t)hd * sizeof(float);
+        }
+        for (; h + 4 <= nq; h += 4)
+            values_rows(4, hd, n, st + (size_t)h * s_stride, s_stride, vc, stride,
+                        out + (size_t)h * (size_t)hd);
+        if (h + 2 <= nq) {
+            values_rows(2, hd, n, st + (size_t)h * s_stride, s_stride, vc, stride,
+                        out + (size_t)h * (size_t)hd);
+            h += 2;
+        }
+        if (h < nq)
+            values_rows(1, hd, n, st + (size_t)h * s_stride, s_stride, vc, stride,
+                        out + (size_t)h * (size_t)hd);
     }
 }
 
