@@ -1163,27 +1163,33 @@ static void kv_chunk_f32(int hd, int n, const uint8_t *src, size_t stride, float
                                  cv256(src + (size_t)t * stride + 2 * (size_t)i))));
 }
 
-/* Lane j of the result = the sum of a[j]'s 16 lanes. */
+/* Lane j of the result = the sum of a[j]'s 16 lanes, added in the order of the AVX2 dot_f32's
+ * two 8-lane accumulators and hsum_ps: ((l + l+8) + (l+4 + l+12)) paired the same way down to
+ * one, so a score equals dot_f32's bit for bit (the reference pass computes its scores with
+ * dot_f32). Each step halves the lanes of every accumulator and packs two accumulators into
+ * one register; taking them in transposed order (4k + i as 4i + k) leaves sum j in lane j. */
 AR_INLINE __m512 sum16(const __m512 a[16])
 {
-    __m512 b[8], c[4], d[2];
-    /* per 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3] of each pair */
-    _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) b[i] =
-        _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]),
-                      _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
-    /* per 128-bit lane: the partial sums of a[4i .. 4i+3] in that lane */
-    _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++)
+    __m512 p[8], q[4], r[2];
+    /* lanes l + l+8 (256-bit halves) of two accumulators: the first's in lanes 0-7 */
+    _Pragma("GCC unroll 8") for (int m = 0; m < 8; m++)
     {
-        __m512d x = _mm512_castps_pd(b[2 * i]), y = _mm512_castps_pd(b[2 * i + 1]);
-        c[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
+        __m512 x = a[(2 * m) % 4 * 4 + (2 * m) / 4], y = a[(2 * m + 1) % 4 * 4 + (2 * m + 1) / 4];
+        p[m] = _mm512_add_ps(_mm512_shuffle_f32x4(x, y, 0x44), _mm512_shuffle_f32x4(x, y, 0xee));
+    }
+    /* + lanes 4 apart (128-bit halves of each half): one accumulator per 128-bit lane */
+    _Pragma("GCC unroll 4") for (int n = 0; n < 4; n++) q[n] =
+        _mm512_add_ps(_mm512_shuffle_f32x4(p[2 * n], p[2 * n + 1], 0x88),
+                      _mm512_shuffle_f32x4(p[2 * n], p[2 * n + 1], 0xdd));
+    /* + lanes 2 apart: two accumulators per 128-bit lane */
+    _Pragma("GCC unroll 2") for (int o = 0; o < 2; o++)
+    {
+        __m512d x = _mm512_castps_pd(q[2 * o]), y = _mm512_castps_pd(q[2 * o + 1]);
+        r[o] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
                              _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
     }
-    /* [c0 lanes 0+1, c0 lanes 2+3, c1 lanes 0+1, c1 lanes 2+3] (128-bit lanes) */
-    _Pragma("GCC unroll 2") for (int i = 0; i < 2; i++) d[i] =
-        _mm512_add_ps(_mm512_shuffle_f32x4(c[2 * i], c[2 * i + 1], 0x88),
-                      _mm512_shuffle_f32x4(c[2 * i], c[2 * i + 1], 0xdd));
-    return _mm512_add_ps(_mm512_shuffle_f32x4(d[0], d[1], 0x88),
-                         _mm512_shuffle_f32x4(d[0], d[1], 0xdd));
+    /* + neighbours: four accumulators per 128-bit lane, lane 4k + i = a[4i + k] (transposed) */
+    return _mm512_add_ps(_mm512_shuffle_ps(r[0], r[1], 0x88), _mm512_shuffle_ps(r[0], r[1], 0xdd));
 }
 
 /* Scores of QN query rows (q, hd floats apart) against the n float key rows k (stride bytes

@@ -645,6 +645,17 @@ static void attention_case(const struct kernel_ops *vs, int hd, int nq, int nt, 
             close_or_fail(sc[(size_t)h * s_stride + (size_t)t], (float)(want * 0.125),
                           1e-6 * terms + 1e-7, vs->name, "attn_scores", hd, h * 1000 + t);
         }
+        /* the reference pass scores with the table's own dot product: equal to it, bit for
+         * bit, where the head size is a multiple of 16 (see kernels.h) */
+        for (int t = 0; hd % 16 == 0 && t < nt; t++) {
+            const void *kr = k + (size_t)t * stride;
+            float want = (f16 ? vs->dot_f16_f32(hd, kr, q + h * hd) : vs->dot_f32(hd, kr, q + h * hd)) *
+                         0.125f;
+            if (memcmp(&want, &sc[(size_t)h * s_stride + (size_t)t], sizeof(want)))
+                fail_msg("%s attn_scores hd %d nq %d nt %d [%d, %d]: %.9g, its dot product %.9g",
+                         vs->name, hd, nq, nt, h, t, (double)sc[(size_t)h * s_stride + (size_t)t],
+                         (double)want);
+        }
         /* nothing past the nt scores of a row */
         for (size_t t = (size_t)nt; t < s_stride; t++)
             if (!isnan(sc[(size_t)h * s_stride + t]))
@@ -654,6 +665,23 @@ static void attention_case(const struct kernel_ops *vs, int hd, int nq, int nt, 
     for (int i = 0; i < nq * hd; i++)
         out[i] = 0.5f;
     vs->attn_values(hd, nq, nt, sc, s_stride, vv, stride, kt, out);
+    /* and sums values with its own axpy, rows in order */
+    for (int h = 0; hd % 16 == 0 && h < nq; h++) {
+        float want[256];
+        for (int i = 0; i < hd; i++)
+            want[i] = 0.5f;
+        for (int t = 0; t < nt; t++) {
+            const void *vr = vv + (size_t)t * stride;
+            float a = sc[(size_t)h * s_stride + (size_t)t];
+            if (f16)
+                vs->axpy_f16(hd, a, vr, want);
+            else
+                vs->axpy_f32(hd, a, vr, want);
+        }
+        if (memcmp(want, out + h * hd, sizeof(float) * (size_t)hd))
+            fail_msg("%s attn_values hd %d nq %d nt %d row %d: not its axpy's sums", vs->name, hd,
+                     nq, nt, h);
+    }
     for (int h = 0; h < nq; h++) {
         for (int i = 0; i < hd; i++) {
             double want = 0.5, terms = 0.5;
