@@ -1130,13 +1130,13 @@ static void q6_K_gemm_best(int n, int nr, int nc, const void *w, size_t w_row, c
 #endif
 
 /* ---- attention over one KV head --------------------------------------------------------------
- * Many query rows (prefill gives the forward pass R rows x the group's heads) against chunks of
- * 16 key / value rows. An F16 chunk is converted to floats once per call and then serves every
- * query row. Scores come in tiles of QN query rows x 16 / QN key rows: 16 accumulators, summed
- * across their lanes together by one transposing tree (sum16) instead of one horizontal
- * reduction per score. Values go in tiles of 4 query rows x 64 columns held in registers over
- * the chunk's rows. Head sizes that are not a multiple of 16 (or above ATT_MAX_HD) take plain
- * loops. */
+ * Many query rows (prefill gives the forward pass R rows x the group's heads) go against chunks
+ * of 16 key / value rows, each chunk converted from F16 to floats once per call and then
+ * serving every query row from L1; a few (decode: one row's heads) convert where they load.
+ * Scores come in tiles of QN query rows x 16 / QN key rows: 16 accumulators, summed across their
+ * lanes together by one transposing tree (sum16) instead of one horizontal reduction per score.
+ * Values go in tiles of up to 4 query rows x 64 columns held in registers over the rows. Head
+ * sizes that are not a multiple of 16 (or above ATT_MAX_HD) take plain loops. */
 
 #define ATT_CHUNK 16
 #define ATT_MAX_HD 256
@@ -1192,23 +1192,33 @@ AR_INLINE __m512 sum16(const __m512 a[16])
     return _mm512_add_ps(_mm512_shuffle_ps(r[0], r[1], 0x88), _mm512_shuffle_ps(r[0], r[1], 0xdd));
 }
 
-/* Scores of QN query rows (q, hd floats apart) against the n float key rows k (stride bytes
- * apart, n <= 16): s[qi * s_stride + j] = scale * dot. Tiles of KN = 16 / QN keys; a short
- * last tile repeats the last key and stores only the real ones. */
-AR_INLINE void scores_rows(const int QN, int hd, int n, const float *q, const uint8_t *k,
-                           size_t stride, float scale, float *s, size_t s_stride)
+/* Element columns [c, c + 16) of a key / value row as floats: converted from F16 in registers
+ * or loaded. */
+AR_INLINE __m512 kv_load16(const uint8_t *row, int c, bool f16)
+{
+    if (f16)
+        return _mm512_cvtph_ps(_mm256_loadu_si256(cv256(row + 2 * (size_t)c)));
+    return _mm512_loadu_ps((const void *)(row + 4 * (size_t)c));
+}
+
+/* Scores of QN query rows (q, hd floats apart) against the n key rows k (stride bytes apart,
+ * F16 or floats): s[qi * s_stride + j] = scale * dot. Tiles of KN = 16 / QN keys; a short last
+ * tile repeats the last key and stores only the real ones. */
+AR_INLINE void scores_rows(const int QN, const bool F16, int hd, int n, const float *q,
+                           const uint8_t *k, size_t stride, float scale, float *s,
+                           size_t s_stride)
 {
     const int KN = 16 / QN;
     for (int j0 = 0; j0 < n; j0 += KN) {
-        const float *kr[16];
+        const uint8_t *kr[16];
         __m512 acc[16], e;
         int valid = AR_MIN(KN, n - j0);
         _Pragma("GCC unroll 16") for (int j = 0; j < KN; j++) kr[j] =
-            (const float *)(const void *)(k + (size_t)(j0 + AR_MIN(j, valid - 1)) * stride);
+            k + (size_t)(j0 + AR_MIN(j, valid - 1)) * stride;
         _Pragma("GCC unroll 16") for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
         for (int c = 0; c < hd; c += 16) {
             __m512 kv[16];
-            _Pragma("GCC unroll 16") for (int j = 0; j < KN; j++) kv[j] = _mm512_loadu_ps(kr[j] + c);
+            _Pragma("GCC unroll 16") for (int j = 0; j < KN; j++) kv[j] = kv_load16(kr[j], c, F16);
             _Pragma("GCC unroll 4") for (int qi = 0; qi < QN; qi++)
             {
                 __m512 qv = _mm512_loadu_ps(q + (size_t)qi * (size_t)hd + c);
@@ -1229,6 +1239,29 @@ AR_INLINE void scores_rows(const int QN, int hd, int n, const float *q, const ui
     }
 }
 
+/* scores_rows over all nq query rows: groups of 4, then 2, then 1 */
+AR_INLINE void scores_all(const bool F16, int hd, int nq, int n, const float *q, const uint8_t *k,
+                          size_t stride, float scale, float *s, size_t s_stride)
+{
+    int h = 0;
+    for (; h + 4 <= nq; h += 4)
+        scores_rows(4, F16, hd, n, q + (size_t)h * (size_t)hd, k, stride, scale,
+                    s + (size_t)h * s_stride, s_stride);
+    if (h + 2 <= nq) {
+        scores_rows(2, F16, hd, n, q + (size_t)h * (size_t)hd, k, stride, scale,
+                    s + (size_t)h * s_stride, s_stride);
+        h += 2;
+    }
+    if (h < nq)
+        scores_rows(1, F16, hd, n, q + (size_t)h * (size_t)hd, k, stride, scale,
+                    s + (size_t)h * s_stride, s_stride);
+}
+
+/* Up to this many query rows (decode: one row's heads per KV head) F16 rows are converted in
+ * registers where they are used: a key is then converted at most three times (groups of 4, 2,
+ * 1), which costs less than storing and reloading a float copy (512-bit stores are slow). */
+#define ATT_DIRECT_Q 8
+
 static void attn_scores(int hd, int nq, int nt, const float *q, const void *k, size_t kv_stride,
                         enum ar_type kt, float scale, float *s, size_t s_stride)
 {
@@ -1246,43 +1279,38 @@ static void attn_scores(int hd, int nq, int nt, const float *q, const void *k, s
         }
         return;
     }
+    /* chunks of 16 keys: each chunk serves every query row from L1 (F16: as a float copy) */
     for (int t0 = 0; t0 < nt; t0 += ATT_CHUNK) {
-        int n = AR_MIN(ATT_CHUNK, nt - t0), h = 0;
+        int n = AR_MIN(ATT_CHUNK, nt - t0);
         const uint8_t *kc = (const uint8_t *)k + (size_t)t0 * kv_stride;
-        size_t stride = kv_stride;
-        float *st = s + t0;
-        if (f16) {
+        if (!f16) {
+            scores_all(false, hd, nq, n, q, kc, kv_stride, scale, s + t0, s_stride);
+        } else if (nq <= ATT_DIRECT_Q) {
+            scores_all(true, hd, nq, n, q, kc, kv_stride, scale, s + t0, s_stride);
+        } else {
             kv_chunk_f32(hd, n, kc, kv_stride, kbuf);
-            kc = (const uint8_t *)kbuf;
-            stride = (size_t)hd * sizeof(float);
+            scores_all(false, hd, nq, n, q, (const uint8_t *)kbuf, (size_t)hd * sizeof(float),
+                       scale, s + t0, s_stride);
         }
-        for (; h + 4 <= nq; h += 4)
-            scores_rows(4, hd, n, q + (size_t)h * (size_t)hd, kc, stride, scale,
-                        st + (size_t)h * s_stride, s_stride);
-        if (h + 2 <= nq) {
-            scores_rows(2, hd, n, q + (size_t)h * (size_t)hd, kc, stride, scale,
-                        st + (size_t)h * s_stride, s_stride);
-            h += 2;
-        }
-        if (h < nq)
-            scores_rows(1, hd, n, q + (size_t)h * (size_t)hd, kc, stride, scale,
-                        st + (size_t)h * s_stride, s_stride);
     }
 }
 
-/* out rows of HN query heads (hd floats apart), columns [0, 16 * CV), += the n float value
- * rows v (stride bytes apart) weighted by s (s_stride apart per head), rows in order. */
-AR_INLINE void values_tile(const int HN, const int CV, int hd, int n, const float *s,
-                           size_t s_stride, const uint8_t *v, size_t stride, float *out)
+/* out rows of HN query heads (hd floats apart), columns [c0, c0 + 16 * CV), += the n value
+ * rows v (stride bytes apart, F16 or floats) weighted by s (s_stride apart per head), rows in
+ * order. */
+AR_INLINE void values_tile(const int HN, const int CV, const bool F16, int hd, int n,
+                           const float *s, size_t s_stride, const uint8_t *v, size_t stride,
+                           int c0, float *out)
 {
     __m512 acc[4][4];
     _Pragma("GCC unroll 4") for (int h = 0; h < HN; h++)
         _Pragma("GCC unroll 4") for (int c = 0; c < CV; c++) acc[h][c] =
-            _mm512_loadu_ps(out + (size_t)h * (size_t)hd + 16 * c);
+            _mm512_loadu_ps(out + (size_t)h * (size_t)hd + c0 + 16 * c);
     for (int t = 0; t < n; t++) {
-        const float *vr = (const float *)(const void *)(v + (size_t)t * stride);
+        const uint8_t *vr = v + (size_t)t * stride;
         __m512 vv[4];
-        _Pragma("GCC unroll 4") for (int c = 0; c < CV; c++) vv[c] = _mm512_loadu_ps(vr + 16 * c);
+        _Pragma("GCC unroll 4") for (int c = 0; c < CV; c++) vv[c] =
+            kv_load16(vr, c0 + 16 * c, F16);
         _Pragma("GCC unroll 4") for (int h = 0; h < HN; h++)
         {
             __m512 a = _mm512_set1_ps(s[(size_t)h * s_stride + (size_t)t]);
@@ -1292,18 +1320,36 @@ AR_INLINE void values_tile(const int HN, const int CV, int hd, int n, const floa
     }
     _Pragma("GCC unroll 4") for (int h = 0; h < HN; h++)
         _Pragma("GCC unroll 4") for (int c = 0; c < CV; c++)
-            _mm512_storeu_ps(out + (size_t)h * (size_t)hd + 16 * c, acc[h][c]);
+            _mm512_storeu_ps(out + (size_t)h * (size_t)hd + c0 + 16 * c, acc[h][c]);
 }
 
-/* values_tile over all hd columns: slabs of 64, then of 16 */
-AR_INLINE void values_rows(const int HN, int hd, int n, const float *s, size_t s_stride,
-                           const uint8_t *v, size_t stride, float *out)
+/* values_tile over all hd columns (slabs of 64, then of 16) and all nq heads (groups of 4, 2,
+ * 1) */
+AR_INLINE void values_all(const bool F16, int hd, int nq, int n, const float *s, size_t s_stride,
+                          const uint8_t *v, size_t stride, float *out)
 {
-    int c = 0;
-    for (; c + 64 <= hd; c += 64)
-        values_tile(HN, 4, hd, n, s, s_stride, v + (size_t)c * sizeof(float), stride, out + c);
-    for (; c < hd; c += 16)
-        values_tile(HN, 1, hd, n, s, s_stride, v + (size_t)c * sizeof(float), stride, out + c);
+    for (int h = 0; h < nq;) {
+        int hn = nq - h >= 4 ? 4 : nq - h >= 2 ? 2 : 1, c = 0;
+        const float *sh = s + (size_t)h * s_stride;
+        float *oh = out + (size_t)h * (size_t)hd;
+        for (; c + 64 <= hd; c += 64) {
+            if (hn == 4)
+                values_tile(4, 4, F16, hd, n, sh, s_stride, v, stride, c, oh);
+            else if (hn == 2)
+                values_tile(2, 4, F16, hd, n, sh, s_stride, v, stride, c, oh);
+            else
+                values_tile(1, 4, F16, hd, n, sh, s_stride, v, stride, c, oh);
+        }
+        for (; c < hd; c += 16) {
+            if (hn == 4)
+                values_tile(4, 1, F16, hd, n, sh, s_stride, v, stride, c, oh);
+            else if (hn == 2)
+                values_tile(2, 1, F16, hd, n, sh, s_stride, v, stride, c, oh);
+            else
+                values_tile(1, 1, F16, hd, n, sh, s_stride, v, stride, c, oh);
+        }
+        h += hn;
+    }
 }
 
 static void attn_values(int hd, int nq, int nt, const float *s, size_t s_stride, const void *v,
@@ -1322,27 +1368,25 @@ static void attn_values(int hd, int nq, int nt, const float *s, size_t s_stride,
         }
         return;
     }
+    /* few heads: their outputs stay in registers over all nt rows */
+    if (nq <= ATT_DIRECT_Q) {
+        if (f16)
+            values_all(true, hd, nq, nt, s, s_stride, v, kv_stride, out);
+        else
+            values_all(false, hd, nq, nt, s, s_stride, v, kv_stride, out);
+        return;
+    }
+    /* many: chunks of 16 rows, each serving every head from L1 (F16: as a float copy) */
     for (int t0 = 0; t0 < nt; t0 += ATT_CHUNK) {
-        int n = AR_MIN(ATT_CHUNK, nt - t0), h = 0;
+        int n = AR_MIN(ATT_CHUNK, nt - t0);
         const uint8_t *vc = (const uint8_t *)v + (size_t)t0 * kv_stride;
-        size_t stride = kv_stride;
-        const float *st = s + t0;
         if (f16) {
             kv_chunk_f32(hd, n, vc, kv_stride, vbuf);
-            vc = (const uint8_t *)vbuf;
-            stride = (size_t)hd * sizeof(float);
+            values_all(false, hd, nq, n, s + t0, s_stride, (const uint8_t *)vbuf,
+                       (size_t)hd * sizeof(float), out);
+        } else {
+            values_all(false, hd, nq, n, s + t0, s_stride, vc, kv_stride, out);
         }
-        for (; h + 4 <= nq; h += 4)
-            values_rows(4, hd, n, st + (size_t)h * s_stride, s_stride, vc, stride,
-                        out + (size_t)h * (size_t)hd);
-        if (h + 2 <= nq) {
-            values_rows(2, hd, n, st + (size_t)h * s_stride, s_stride, vc, stride,
-                        out + (size_t)h * (size_t)hd);
-            h += 2;
-        }
-        if (h < nq)
-            values_rows(1, hd, n, st + (size_t)h * s_stride, s_stride, vc, stride,
-                        out + (size_t)h * (size_t)hd);
     }
 }
 
