@@ -1257,9 +1257,30 @@ AR_INLINE void scores_all(const bool F16, int hd, int nq, int n, const float *q,
                     s + (size_t)h * s_stride, s_stride);
 }
 
+/* Few query rows (decode), head size 16 * NV: per key row, its vectors converted once into
+ * registers, then one dot product per query row, each summed by _mm512_reduce_add_ps (which
+ * adds in sum16's order: the AVX2 dot_f32's) */
+AR_INLINE void scores_few(const int NV, int nq, int nt, const float *q, const uint8_t *k,
+                          size_t kv_stride, bool f16, float scale, float *s, size_t s_stride)
+{
+    for (int t = 0; t < nt; t++) {
+        const uint8_t *kr = k + (size_t)t * kv_stride;
+        __m512 kv[16];
+        _Pragma("GCC unroll 16") for (int c = 0; c < NV; c++) kv[c] = kv_load16(kr, 16 * c, f16);
+        for (int h = 0; h < nq; h++) {
+            const float *qh = q + (size_t)h * (size_t)(16 * NV);
+            __m512 a = _mm512_mul_ps(kv[0], _mm512_loadu_ps(qh));
+            _Pragma("GCC unroll 16") for (int c = 1; c < NV; c++) a =
+                _mm512_fmadd_ps(kv[c], _mm512_loadu_ps(qh + 16 * c), a);
+            s[(size_t)h * s_stride + (size_t)t] = _mm512_reduce_add_ps(a) * scale;
+        }
+    }
+}
+
 /* Up to this many query rows (decode: one row's heads per KV head) F16 rows are converted in
- * registers where they are used: a key is then converted at most three times (groups of 4, 2,
- * 1), which costs less than storing and reloading a float copy (512-bit stores are slow). */
+ * registers where they are used (a row at most three times: groups of 4, 2, 1), which costs
+ * less than storing and reloading a float copy (512-bit stores are slow), and value sums stay in
+ * registers over all rows. */
 #define ATT_DIRECT_Q 8
 
 static void attn_scores(int hd, int nq, int nt, const float *q, const void *k, size_t kv_stride,
@@ -1277,6 +1298,17 @@ static void attn_scores(int hd, int nq, int nt, const float *q, const void *k, s
                 s[(size_t)h * s_stride + (size_t)t] = d * scale;
             }
         }
+        return;
+    }
+    /* decode's common head sizes: faster per key row (measured on qwen3's, gemma3's and
+     * qwen2's shapes at 2048 positions) */
+    if (nq <= ATT_DIRECT_Q && (hd == 64 || hd == 128 || hd == 256)) {
+        if (hd == 64)
+            scores_few(4, nq, nt, q, k, kv_stride, f16, scale, s, s_stride);
+        else if (hd == 128)
+            scores_few(8, nq, nt, q, k, kv_stride, f16, scale, s, s_stride);
+        else
+            scores_few(16, nq, nt, q, k, kv_stride, f16, scale, s, s_stride);
         return;
     }
     /* chunks of 16 keys: each chunk serves every query row from L1 (F16: as a float copy) */
