@@ -1130,15 +1130,16 @@ static void q6_K_gemm_best(int n, int nr, int nc, const void *w, size_t w_row, c
 #endif
 
 /* ---- attention over one KV head --------------------------------------------------------------
- * Each key (value) row is loaded and converted once and used for every query head of the
- * group. Head sizes that are not a multiple of 16 take the plain loops. */
+ * Many query rows (prefill gives the forward pass R rows x the group's heads) go against chunks
+ * of 16 key / value rows, each chunk converted from F16 to floats once per call and then
+ * serving every query row from L1; a few (decode: one row's heads) convert where they load.
+ * Scores come in tiles of QN query rows x 16 / QN key rows: 16 accumulators, summed across their
+ * lanes together by one transposing tree (sum16) instead of one horizontal reduction per score.
+ * Values go in tiles of up to 4 query rows x 64 columns held in registers over the rows. Head
+ * sizes that are not a multiple of 16 (or above ATT_MAX_HD) take plain loops. */
 
-AR_INLINE __m512 kv_load16(const uint8_t *row, int c, bool f16)
-{
-    if (f16)
-        return _mm512_cvtph_ps(_mm256_loadu_si256(cv256(row + 32 * c)));
-    return _mm512_loadu_ps((const void *)(row + 64 * c));
-}
+#define ATT_CHUNK 16
+#define ATT_MAX_HD 256
 
 AR_INLINE float kv_elem(const uint8_t *row, int i, bool f16)
 {
@@ -1152,13 +1153,120 @@ AR_INLINE float kv_elem(const uint8_t *row, int i, bool f16)
     return f;
 }
 
-AR_INLINE void scores_nv(const int NV, int nq, int nt, const float *q, const uint8_t *k,
-                         size_t kv_stride, bool f16, float scale, float *s, size_t s_stride)
+/* n rows of hd F16 elements, `stride` bytes apart, as floats into dst (n, hd) */
+static void kv_chunk_f32(int hd, int n, const uint8_t *src, size_t stride, float *dst)
+{
+    for (int t = 0; t < n; t++)
+        for (int i = 0; i < hd; i += 16)
+            _mm512_storeu_ps(dst + (size_t)t * (size_t)hd + i,
+                             _mm512_cvtph_ps(_mm256_loadu_si256(
+                                 cv256(src + (size_t)t * stride + 2 * (size_t)i))));
+}
+
+/* Lane j of the result = the sum of a[j]'s 16 lanes, added in the order of the AVX2 dot_f32's
+ * two 8-lane accumulators and hsum_ps: ((l + l+8) + (l+4 + l+12)) paired the same way down to
+ * one, so a score equals dot_f32's bit for bit (the reference pass computes its scores with
+ * dot_f32). Each step halves the lanes of every accumulator and packs two accumulators into
+ * one register; taking them in transposed order (4k + i as 4i + k) leaves sum j in lane j. */
+AR_INLINE __m512 sum16(const __m512 a[16])
+{
+    __m512 p[8], q[4], r[2];
+    /* lanes l + l+8 (256-bit halves) of two accumulators: the first's in lanes 0-7 */
+    _Pragma("GCC unroll 8") for (int m = 0; m < 8; m++)
+    {
+        __m512 x = a[(2 * m) % 4 * 4 + (2 * m) / 4], y = a[(2 * m + 1) % 4 * 4 + (2 * m + 1) / 4];
+        p[m] = _mm512_add_ps(_mm512_shuffle_f32x4(x, y, 0x44), _mm512_shuffle_f32x4(x, y, 0xee));
+    }
+    /* + lanes 4 apart (128-bit halves of each half): one accumulator per 128-bit lane */
+    _Pragma("GCC unroll 4") for (int n = 0; n < 4; n++) q[n] =
+        _mm512_add_ps(_mm512_shuffle_f32x4(p[2 * n], p[2 * n + 1], 0x88),
+                      _mm512_shuffle_f32x4(p[2 * n], p[2 * n + 1], 0xdd));
+    /* + lanes 2 apart: two accumulators per 128-bit lane */
+    _Pragma("GCC unroll 2") for (int o = 0; o < 2; o++)
+    {
+        __m512d x = _mm512_castps_pd(q[2 * o]), y = _mm512_castps_pd(q[2 * o + 1]);
+        r[o] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
+                             _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+    }
+    /* + neighbours: four accumulators per 128-bit lane, lane 4k + i = a[4i + k] (transposed) */
+    return _mm512_add_ps(_mm512_shuffle_ps(r[0], r[1], 0x88), _mm512_shuffle_ps(r[0], r[1], 0xdd));
+}
+
+/* Element columns [c, c + 16) of a key / value row as floats: converted from F16 in registers
+ * or loaded. */
+AR_INLINE __m512 kv_load16(const uint8_t *row, int c, bool f16)
+{
+    if (f16)
+        return _mm512_cvtph_ps(_mm256_loadu_si256(cv256(row + 2 * (size_t)c)));
+    return _mm512_loadu_ps((const void *)(row + 4 * (size_t)c));
+}
+
+/* Scores of QN query rows (q, hd floats apart) against the n key rows k (stride bytes apart,
+ * F16 or floats): s[qi * s_stride + j] = scale * dot. Tiles of KN = 16 / QN keys; a short last
+ * tile repeats the last key and stores only the real ones. */
+AR_INLINE void scores_rows(const int QN, const bool F16, int hd, int n, const float *q,
+                           const uint8_t *k, size_t stride, float scale, float *s,
+                           size_t s_stride)
+{
+    const int KN = 16 / QN;
+    for (int j0 = 0; j0 < n; j0 += KN) {
+        const uint8_t *kr[16];
+        __m512 acc[16], e;
+        int valid = AR_MIN(KN, n - j0);
+        _Pragma("GCC unroll 16") for (int j = 0; j < KN; j++) kr[j] =
+            k + (size_t)(j0 + AR_MIN(j, valid - 1)) * stride;
+        _Pragma("GCC unroll 16") for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
+        for (int c = 0; c < hd; c += 16) {
+            __m512 kv[16];
+            _Pragma("GCC unroll 16") for (int j = 0; j < KN; j++) kv[j] = kv_load16(kr[j], c, F16);
+            _Pragma("GCC unroll 4") for (int qi = 0; qi < QN; qi++)
+            {
+                __m512 qv = _mm512_loadu_ps(q + (size_t)qi * (size_t)hd + c);
+                _Pragma("GCC unroll 16") for (int j = 0; j < KN; j++) acc[qi * KN + j] =
+                    _mm512_fmadd_ps(qv, kv[j], acc[qi * KN + j]);
+            }
+        }
+        e = _mm512_mul_ps(sum16(acc), _mm512_set1_ps(scale));
+        if (QN == 1 && valid == 16) {
+            _mm512_storeu_ps(s + j0, e);
+        } else {
+            float tmp[16] __attribute__((aligned(64)));
+            _mm512_store_ps(tmp, e);
+            _Pragma("GCC unroll 4") for (int qi = 0; qi < QN; qi++)
+                memcpy(s + (size_t)qi * s_stride + (size_t)j0, tmp + qi * KN,
+                       (size_t)valid * sizeof(float));
+        }
+    }
+}
+
+/* scores_rows over all nq query rows: groups of 4, then 2, then 1 */
+AR_INLINE void scores_all(const bool F16, int hd, int nq, int n, const float *q, const uint8_t *k,
+                          size_t stride, float scale, float *s, size_t s_stride)
+{
+    int h = 0;
+    for (; h + 4 <= nq; h += 4)
+        scores_rows(4, F16, hd, n, q + (size_t)h * (size_t)hd, k, stride, scale,
+                    s + (size_t)h * s_stride, s_stride);
+    if (h + 2 <= nq) {
+        scores_rows(2, F16, hd, n, q + (size_t)h * (size_t)hd, k, stride, scale,
+                    s + (size_t)h * s_stride, s_stride);
+        h += 2;
+    }
+    if (h < nq)
+        scores_rows(1, F16, hd, n, q + (size_t)h * (size_t)hd, k, stride, scale,
+                    s + (size_t)h * s_stride, s_stride);
+}
+
+/* Few query rows (decode), head size 16 * NV: per key row, its vectors converted once into
+ * registers, then one dot product per query row, each summed by _mm512_reduce_add_ps (which
+ * adds in sum16's order: the AVX2 dot_f32's) */
+AR_INLINE void scores_few(const int NV, int nq, int nt, const float *q, const uint8_t *k,
+                          size_t kv_stride, bool f16, float scale, float *s, size_t s_stride)
 {
     for (int t = 0; t < nt; t++) {
         const uint8_t *kr = k + (size_t)t * kv_stride;
         __m512 kv[16];
-        _Pragma("GCC unroll 16") for (int c = 0; c < NV; c++) kv[c] = kv_load16(kr, c, f16);
+        _Pragma("GCC unroll 16") for (int c = 0; c < NV; c++) kv[c] = kv_load16(kr, 16 * c, f16);
         for (int h = 0; h < nq; h++) {
             const float *qh = q + (size_t)h * (size_t)(16 * NV);
             __m512 a = _mm512_mul_ps(kv[0], _mm512_loadu_ps(qh));
@@ -1169,17 +1277,18 @@ AR_INLINE void scores_nv(const int NV, int nq, int nt, const float *q, const uin
     }
 }
 
+/* Up to this many query rows (decode: one row's heads per KV head) F16 rows are converted in
+ * registers where they are used (a row at most three times: groups of 4, 2, 1), which costs
+ * less than storing and reloading a float copy (512-bit stores are slow), and value sums stay in
+ * registers over all rows. */
+#define ATT_DIRECT_Q 8
+
 static void attn_scores(int hd, int nq, int nt, const float *q, const void *k, size_t kv_stride,
                         enum ar_type kt, float scale, float *s, size_t s_stride)
 {
     bool f16 = kt == AR_TYPE_F16;
-    if (hd == 64) {
-        scores_nv(4, nq, nt, q, k, kv_stride, f16, scale, s, s_stride);
-    } else if (hd == 128) {
-        scores_nv(8, nq, nt, q, k, kv_stride, f16, scale, s, s_stride);
-    } else if (hd == 256) { /* Gemma 3 */
-        scores_nv(16, nq, nt, q, k, kv_stride, f16, scale, s, s_stride);
-    } else {
+    float kbuf[ATT_CHUNK * ATT_MAX_HD] __attribute__((aligned(64)));
+    if (hd % 16 != 0 || hd > ATT_MAX_HD) {
         for (int h = 0; h < nq; h++) {
             for (int t = 0; t < nt; t++) {
                 const uint8_t *kr = (const uint8_t *)k + (size_t)t * kv_stride;
@@ -1189,59 +1298,126 @@ static void attn_scores(int hd, int nq, int nt, const float *q, const void *k, s
                 s[(size_t)h * s_stride + (size_t)t] = d * scale;
             }
         }
+        return;
+    }
+    /* decode's common head sizes: faster per key row (measured on qwen3's, gemma3's and
+     * qwen2's shapes at 2048 positions) */
+    if (nq <= ATT_DIRECT_Q && (hd == 64 || hd == 128 || hd == 256)) {
+        if (hd == 64)
+            scores_few(4, nq, nt, q, k, kv_stride, f16, scale, s, s_stride);
+        else if (hd == 128)
+            scores_few(8, nq, nt, q, k, kv_stride, f16, scale, s, s_stride);
+        else
+            scores_few(16, nq, nt, q, k, kv_stride, f16, scale, s, s_stride);
+        return;
+    }
+    /* chunks of 16 keys: each chunk serves every query row from L1 (F16: as a float copy) */
+    for (int t0 = 0; t0 < nt; t0 += ATT_CHUNK) {
+        int n = AR_MIN(ATT_CHUNK, nt - t0);
+        const uint8_t *kc = (const uint8_t *)k + (size_t)t0 * kv_stride;
+        if (!f16) {
+            scores_all(false, hd, nq, n, q, kc, kv_stride, scale, s + t0, s_stride);
+        } else if (nq <= ATT_DIRECT_Q) {
+            scores_all(true, hd, nq, n, q, kc, kv_stride, scale, s + t0, s_stride);
+        } else {
+            kv_chunk_f32(hd, n, kc, kv_stride, kbuf);
+            scores_all(false, hd, nq, n, q, (const uint8_t *)kbuf, (size_t)hd * sizeof(float),
+                       scale, s + t0, s_stride);
+        }
     }
 }
 
-/* HN heads at once: their output rows stay in registers over all nt value rows. */
-AR_INLINE void values_nv(const int NV, const int HN, int nt, const float *s, size_t s_stride,
-                         const uint8_t *v, size_t kv_stride, bool f16, float *out)
+/* out rows of HN query heads (hd floats apart), columns [c0, c0 + 16 * CV), += the n value
+ * rows v (stride bytes apart, F16 or floats) weighted by s (s_stride apart per head), rows in
+ * order. */
+AR_INLINE void values_tile(const int HN, const int CV, const bool F16, int hd, int n,
+                           const float *s, size_t s_stride, const uint8_t *v, size_t stride,
+                           int c0, float *out)
 {
-    __m512 acc[4][16];
+    __m512 acc[4][4];
     _Pragma("GCC unroll 4") for (int h = 0; h < HN; h++)
-        _Pragma("GCC unroll 16") for (int c = 0; c < NV; c++) acc[h][c] =
-            _mm512_loadu_ps(out + (size_t)h * (size_t)(16 * NV) + 16 * c);
-    for (int t = 0; t < nt; t++) {
-        const uint8_t *vr = v + (size_t)t * kv_stride;
-        __m512 vv[16];
-        _Pragma("GCC unroll 16") for (int c = 0; c < NV; c++) vv[c] = kv_load16(vr, c, f16);
+        _Pragma("GCC unroll 4") for (int c = 0; c < CV; c++) acc[h][c] =
+            _mm512_loadu_ps(out + (size_t)h * (size_t)hd + c0 + 16 * c);
+    for (int t = 0; t < n; t++) {
+        const uint8_t *vr = v + (size_t)t * stride;
+        __m512 vv[4];
+        _Pragma("GCC unroll 4") for (int c = 0; c < CV; c++) vv[c] =
+            kv_load16(vr, c0 + 16 * c, F16);
         _Pragma("GCC unroll 4") for (int h = 0; h < HN; h++)
         {
             __m512 a = _mm512_set1_ps(s[(size_t)h * s_stride + (size_t)t]);
-            _Pragma("GCC unroll 16") for (int c = 0; c < NV; c++) acc[h][c] =
+            _Pragma("GCC unroll 4") for (int c = 0; c < CV; c++) acc[h][c] =
                 _mm512_fmadd_ps(a, vv[c], acc[h][c]);
         }
     }
     _Pragma("GCC unroll 4") for (int h = 0; h < HN; h++)
-        _Pragma("GCC unroll 16") for (int c = 0; c < NV; c++)
-            _mm512_storeu_ps(out + (size_t)h * (size_t)(16 * NV) + 16 * c, acc[h][c]);
+        _Pragma("GCC unroll 4") for (int c = 0; c < CV; c++)
+            _mm512_storeu_ps(out + (size_t)h * (size_t)hd + c0 + 16 * c, acc[h][c]);
+}
+
+/* values_tile over all hd columns (slabs of 64, then of 16) and all nq heads (groups of 4, 2,
+ * 1) */
+AR_INLINE void values_all(const bool F16, int hd, int nq, int n, const float *s, size_t s_stride,
+                          const uint8_t *v, size_t stride, float *out)
+{
+    for (int h = 0; h < nq;) {
+        int hn = nq - h >= 4 ? 4 : nq - h >= 2 ? 2 : 1, c = 0;
+        const float *sh = s + (size_t)h * s_stride;
+        float *oh = out + (size_t)h * (size_t)hd;
+        for (; c + 64 <= hd; c += 64) {
+            if (hn == 4)
+                values_tile(4, 4, F16, hd, n, sh, s_stride, v, stride, c, oh);
+            else if (hn == 2)
+                values_tile(2, 4, F16, hd, n, sh, s_stride, v, stride, c, oh);
+            else
+                values_tile(1, 4, F16, hd, n, sh, s_stride, v, stride, c, oh);
+        }
+        for (; c < hd; c += 16) {
+            if (hn == 4)
+                values_tile(4, 1, F16, hd, n, sh, s_stride, v, stride, c, oh);
+            else if (hn == 2)
+                values_tile(2, 1, F16, hd, n, sh, s_stride, v, stride, c, oh);
+            else
+                values_tile(1, 1, F16, hd, n, sh, s_stride, v, stride, c, oh);
+        }
+        h += hn;
+    }
 }
 
 static void attn_values(int hd, int nq, int nt, const float *s, size_t s_stride, const void *v,
                         size_t kv_stride, enum ar_type kt, float *out)
 {
     bool f16 = kt == AR_TYPE_F16;
-    int h = 0;
-    if (hd == 64) {
-        for (; h + 4 <= nq; h += 4)
-            values_nv(4, 4, nt, s + (size_t)h * s_stride, s_stride, v, kv_stride, f16, out + h * hd);
-        for (; h < nq; h++)
-            values_nv(4, 1, nt, s + (size_t)h * s_stride, s_stride, v, kv_stride, f16, out + h * hd);
-    } else if (hd == 128) {
-        for (; h + 2 <= nq; h += 2)
-            values_nv(8, 2, nt, s + (size_t)h * s_stride, s_stride, v, kv_stride, f16, out + h * hd);
-        for (; h < nq; h++)
-            values_nv(8, 1, nt, s + (size_t)h * s_stride, s_stride, v, kv_stride, f16, out + h * hd);
-    } else if (hd == 256) { /* Gemma 3 */
-        for (; h < nq; h++)
-            values_nv(16, 1, nt, s + (size_t)h * s_stride, s_stride, v, kv_stride, f16,
-                      out + h * hd);
+    float vbuf[ATT_CHUNK * ATT_MAX_HD] __attribute__((aligned(64)));
+    if (hd % 16 != 0 || hd > ATT_MAX_HD) {
+        for (int h = 0; h < nq; h++) {
+            for (int t = 0; t < nt; t++) {
+                const uint8_t *vr = (const uint8_t *)v + (size_t)t * kv_stride;
+                float a = s[(size_t)h * s_stride + (size_t)t];
+                for (int i = 0; i < hd; i++)
+                    out[(size_t)h * (size_t)hd + (size_t)i] += a * kv_elem(vr, i, f16);
+            }
+        }
+        return;
     }
-    for (; h < nq; h++) {
-        for (int t = 0; t < nt; t++) {
-            const uint8_t *vr = (const uint8_t *)v + (size_t)t * kv_stride;
-            float a = s[(size_t)h * s_stride + (size_t)t];
-            for (int i = 0; i < hd; i++)
-                out[(size_t)h * (size_t)hd + (size_t)i] += a * kv_elem(vr, i, f16);
+    /* few heads: their outputs stay in registers over all nt rows */
+    if (nq <= ATT_DIRECT_Q) {
+        if (f16)
+            values_all(true, hd, nq, nt, s, s_stride, v, kv_stride, out);
+        else
+            values_all(false, hd, nq, nt, s, s_stride, v, kv_stride, out);
+        return;
+    }
+    /* many: chunks of 16 rows, each serving every head from L1 (F16: as a float copy) */
+    for (int t0 = 0; t0 < nt; t0 += ATT_CHUNK) {
+        int n = AR_MIN(ATT_CHUNK, nt - t0);
+        const uint8_t *vc = (const uint8_t *)v + (size_t)t0 * kv_stride;
+        if (f16) {
+            kv_chunk_f32(hd, n, vc, kv_stride, vbuf);
+            values_all(false, hd, nq, n, s + t0, s_stride, (const uint8_t *)vbuf,
+                       (size_t)hd * sizeof(float), out);
+        } else {
+            values_all(false, hd, nq, n, s + t0, s_stride, vc, kv_stride, out);
         }
     }
 }

@@ -58,7 +58,10 @@ struct kernel_ops {
      * one KV head, over nt key/value rows of hd elements of type kt (F32 or F16), rows
      * kv_stride bytes apart:
      *   attn_scores: s[h * s_stride + t] = scale * dot(q row h, k row t)
-     *   attn_values: out[h * hd + i] += s[h * s_stride + t] * v row t [i], t in order */
+     *   attn_values: out[h * hd + i] += s[h * s_stride + t] * v row t [i], t in order
+     * Where hd is a multiple of 16 a score is exactly the table's dot_f32 (dot_f16_f32) times
+     * scale and the sums exactly its axpy_f32 (axpy_f16) row by row, whatever nq: the
+     * reference pass, which uses those, then agrees with the fast pass bit for bit. */
     void (*attn_scores)(int hd, int nq, int nt, const float *q, const void *k, size_t kv_stride,
                         enum ar_type kt, float scale, float *s, size_t s_stride);
     void (*attn_values)(int hd, int nq, int nt, const float *s, size_t s_stride, const void *v,

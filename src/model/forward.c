@@ -66,8 +66,14 @@ struct model_ctx {
                      * (global, local), set per pass */
     uint8_t *act;   /* owned, act_row bytes per row: input rows in a vec_dot type */
     size_t act_row; /* max bytes of one converted input row over all matrices */
-    float *scores;  /* owned, (nth * heads per KV head, score_cap) */
+    float *scores;  /* owned, (nth * attn_tile_rows, score_cap) */
     int64_t score_cap;
+    /* prefill attention (see attn_rows_item): blocks of rows sharing one pass over K/V */
+    int attn_rows;      /* rows per block at most */
+    float *attn_tile;   /* owned, (nth, 2 * attn_tile_rows * head_dim): gathered queries,
+                         * then outputs */
+    int32_t *attn_blk;  /* owned, (n_batch_max + 1): first row of each block of the pass */
+    int n_attn_blk;
     int32_t *out_rows; /* owned, (n_batch_max): batch row of each logits row */
     /* mixture of experts (see run_moe) */
     /* A "pair" is (row, slot): row r's slot-th chosen expert; pairs are sorted by expert so
@@ -150,7 +156,19 @@ struct ph_done {
 enum { PH_QKV, PH_ATTN, PH_WO, PH_GU, PH_DOWN, PH_PER_LAYER };
 #define PH_HEAD (-1) /* the tail before phase 0: embedding, layer 0's attention norm */
 
+/* Prefill attention tiles hold at most this many query vectors (rows x heads per KV head), and
+ * at most ATTN_MAX_ROWS rows. */
+#define ATTN_TILE_Q 64
+#define ATTN_MAX_ROWS 16
+
 /* ---- allocation ---------------------------------------------------------------------- */
+
+/* Score rows (query vectors) of one thread's attention tile: attn_rows rows x the heads per
+ * KV head. */
+static int attn_tile_rows(const struct model_ctx *c)
+{
+    return c->attn_rows * (c->m->hp.n_heads / c->m->hp.n_kv_heads);
+}
 
 static enum ar_status alloc_rows(float **p, int n_rows, int64_t width)
 {
@@ -205,6 +223,8 @@ enum ar_status model_ctx_create(const struct model *m, int n_batch_max, struct a
     }
     /* grown on demand by ensure_scores; a huge context_length must not cost memory up front */
     c->score_cap = AR_MAX(AR_MIN(hp->n_ctx_train, 4096), 16);
+    c->attn_rows = AR_MIN(AR_MIN(ATTN_MAX_ROWS, n_batch_max),
+                          AR_MAX(1, ATTN_TILE_Q / (hp->n_heads / hp->n_kv_heads)));
 
     if (alloc_rows(&c->x, n_batch_max, hp->n_embd) || alloc_rows(&c->xn, n_batch_max, hp->n_embd) ||
         alloc_rows(&c->proj, n_batch_max, hp->n_embd) || alloc_rows(&c->q, n_batch_max, n_q) ||
@@ -212,7 +232,10 @@ enum ar_status model_ctx_create(const struct model *m, int n_batch_max, struct a
         alloc_rows(&c->att, n_batch_max, n_q) || alloc_rows(&c->gate, n_batch_max, hp->n_ff) ||
         alloc_rows(&c->up, n_batch_max, hp->n_ff) || alloc_rows(&c->hid, n_batch_max, hp->n_ff) ||
         alloc_rows(&c->rope, n_batch_max, (int64_t)m->n_rope * hp->rope_dim) ||
-        alloc_rows(&c->scores, c->nth * (hp->n_heads / hp->n_kv_heads), c->score_cap))
+        alloc_rows(&c->scores, c->nth * attn_tile_rows(c), c->score_cap) ||
+        alloc_rows(&c->attn_tile, c->nth * 2 * attn_tile_rows(c), hp->head_dim))
+        goto fail;
+    if (!(c->attn_blk = ar_malloc((size_t)(n_batch_max + 1) * sizeof(*c->attn_blk))))
         goto fail;
     if (ar_mul_overflow_u64((uint64_t)n_batch_max, AR_MAX(c->act_row, 1), &bytes) ||
         bytes > SIZE_MAX || !(c->act = ar_malloc_aligned((size_t)bytes)))
@@ -286,6 +309,8 @@ void model_ctx_destroy(struct model_ctx *c)
     ar_free_aligned(c->rope);
     ar_free_aligned(c->act);
     ar_free_aligned(c->scores);
+    ar_free_aligned(c->attn_tile);
+    ar_free(c->attn_blk);
     ar_free(c->out_rows);
     ar_free(c->mm_units);
     ar_free(c->mm_call);
@@ -316,7 +341,7 @@ static enum ar_status ensure_scores(struct model_ctx *c, int64_t n)
         return AR_OK;
     while (cap < n)
         cap *= 2;
-    if (alloc_rows(&s, c->nth * (c->m->hp.n_heads / c->m->hp.n_kv_heads), cap) != AR_OK)
+    if (alloc_rows(&s, c->nth * attn_tile_rows(c), cap) != AR_OK)
         return AR_ENOMEM;
     ar_free_aligned(c->scores);
     c->scores = s;
@@ -456,7 +481,7 @@ static void attn_item(struct model_ctx *c, int ith, int64_t it)
     size_t row_size = kv_row_size(c->kv), es = c->kv_elem, cap = (size_t)c->score_cap;
     enum ar_type kt = es == 4 ? AR_TYPE_F32 : AR_TYPE_F16;
     float scale = (float)(1.0 / sqrt((double)hd));
-    float *scores = c->scores + (size_t)ith * (size_t)group * cap;
+    float *scores = c->scores + (size_t)ith * (size_t)attn_tile_rows(c) * cap;
     int64_t r = it / hp->n_kv_heads;
     int kvh = (int)(it % hp->n_kv_heads);
     const float *q = c->q + r * n_q + (int64_t)kvh * group * hd;
@@ -490,17 +515,109 @@ static void attn_item(struct model_ctx *c, int ith, int64_t it)
     }
 }
 
+/* Splits the batch's rows into attention blocks (c->attn_blk): runs of consecutive rows of
+ * one sequence at consecutive positions (prefill), at most attn_rows each; every other row is
+ * a block of its own. Positions between a block's first row's first visible one and its last
+ * row are each visible to some row of the block, so all of them hold written K/V. */
+static void plan_attn_blocks(struct model_ctx *c)
+{
+    const struct model_batch *b = c->b;
+    int n = 0;
+    for (int r = 0; r < b->n_tokens; r++)
+        if (r == 0 || r - c->attn_blk[n - 1] >= c->attn_rows || b->seq[r] != b->seq[r - 1] ||
+            b->pos[r] != b->pos[r - 1] + 1)
+            c->attn_blk[n++] = r;
+    c->attn_blk[n] = b->n_tokens;
+    c->n_attn_blk = n;
+}
+
+/* Attention of the nr rows r0.. of one block (see plan_attn_blocks) for KV head kvh, in one
+ * pass over their K/V blocks: their query vectors (nr x group) gathered into one tile, so each
+ * key and value row is loaded and converted once for all of them. Each row's scores are
+ * softmaxed over its own visible positions and zero at the block's others (which adds
+ * nothing to its output). */
+static void attn_rows_item(struct model_ctx *c, int ith, int64_t r0, int nr, int kvh)
+{
+    const struct model_hparams *hp = &c->m->hp;
+    const struct kernel_ops *ops = c->ops;
+    int hd = hp->head_dim, n_q = hp->n_heads * hd;
+    int group = hp->n_heads / hp->n_kv_heads, nv = nr * group;
+    int bt = kv_params(c->kv)->block_tokens;
+    size_t row_size = kv_row_size(c->kv), es = c->kv_elem, cap = (size_t)c->score_cap;
+    size_t tile = (size_t)attn_tile_rows(c) * (size_t)hd, head_bytes = (size_t)group * hd * 4;
+    enum ar_type kt = es == 4 ? AR_TYPE_F32 : AR_TYPE_F16;
+    float scale = (float)(1.0 / sqrt((double)hd));
+    float *scores = c->scores + (size_t)ith * (size_t)attn_tile_rows(c) * cap;
+    float *qt = c->attn_tile + (size_t)ith * 2 * tile, *ot = qt + tile;
+    /* the layer's block table (a sliding layer's: the local pool's) */
+    const int32_t *tab = kv_seq_table(c->kv, c->seqs[c->b->seq[r0]], c->layer);
+    size_t head_off = (size_t)kvh * (size_t)hd * es;
+    int swa = c->m->layers[c->layer].swa_window;
+    /* positions [lo, hi) are visible to some row of the block */
+    int32_t lo = swa > 0 && c->b->pos[r0] + 1 > swa ? c->b->pos[r0] + 1 - swa : 0;
+    int32_t hi = c->b->pos[r0 + nr - 1] + 1;
+
+    for (int i = 0; i < nr; i++)
+        memcpy(qt + (size_t)i * group * hd, c->q + (r0 + i) * n_q + (int64_t)kvh * group * hd,
+               head_bytes);
+    for (int32_t t0 = lo; t0 < hi;) {
+        int32_t bi = t0 / bt, in = t0 % bt, nt = AR_MIN(bt - in, hi - t0);
+        const uint8_t *kb = (const uint8_t *)kv_k_block(c->kv, c->layer, tab[bi]);
+        ops->attn_scores(hd, nv, nt, qt, kb + (size_t)in * row_size + head_off, row_size, kt,
+                         scale, scores + t0, cap);
+        t0 += nt;
+    }
+    for (int i = 0; i < nr; i++) {
+        int32_t n_pos = c->b->pos[r0 + i] + 1;
+        int32_t first = swa > 0 && n_pos > swa ? n_pos - swa : 0;
+        for (int h = 0; h < group; h++) {
+            float *sr = scores + (size_t)(i * group + h) * cap;
+            memset(sr + lo, 0, (size_t)(first - lo) * sizeof(float));
+            ops->softmax(n_pos - first, sr + first);
+            memset(sr + n_pos, 0, (size_t)(hi - n_pos) * sizeof(float));
+        }
+    }
+    memset(ot, 0, (size_t)nr * head_bytes);
+    for (int32_t t0 = lo; t0 < hi;) {
+        int32_t bi = t0 / bt, in = t0 % bt, nt = AR_MIN(bt - in, hi - t0);
+        const uint8_t *vb = (const uint8_t *)kv_v_block(c->kv, c->layer, tab[bi]);
+        ops->attn_values(hd, nv, nt, scores + t0, cap, vb + (size_t)in * row_size + head_off,
+                         row_size, kt, ot);
+        t0 += nt;
+    }
+    for (int i = 0; i < nr; i++)
+        memcpy(c->att + (r0 + i) * n_q + (int64_t)kvh * group * hd, ot + (size_t)i * group * hd,
+               head_bytes);
+}
+
 /* att[r, head h] = softmax(q·K^T * scale) V over positions 0..pos[r] of row r's sequence;
- * query head h reads KV head h / (n_heads / n_kv_heads). Work items are (row, KV head): the
- * query heads of a group share each key and value row loaded. */
+ * query head h reads KV head h / (n_heads / n_kv_heads). Units are (block of rows, KV head)
+ * (see plan_attn_blocks; a block is one decode row or a prefill run): the query heads of a
+ * group, and the rows of a prefill block, share each key and value row loaded. Both schedules
+ * run these units. */
+static void attn_unit(struct model_ctx *c, int ith, int64_t it)
+{
+    int n_kv = c->m->hp.n_kv_heads;
+    int32_t r0 = c->attn_blk[it / n_kv], nr = c->attn_blk[it / n_kv + 1] - r0;
+    if (nr == 1) /* decode: one row */
+        attn_item(c, ith, (int64_t)r0 * n_kv + it % n_kv);
+    else
+        attn_rows_item(c, ith, r0, nr, (int)(it % n_kv));
+}
+
+static int64_t attn_units(const struct model_ctx *c)
+{
+    return (int64_t)c->n_attn_blk * c->m->hp.n_kv_heads;
+}
+
 static void stage_attn(void *arg, int ith, int nth)
 {
     struct model_ctx *c = arg;
-    int64_t i0, i1, n_items = (int64_t)c->n_rows * c->m->hp.n_kv_heads;
+    int64_t i0, i1, n_items = attn_units(c);
     (void)nth;
     while (claim(c, n_items, AR_MAX(1, n_items / (8 * c->nth)), &i0, &i1))
         for (int64_t it = i0; it < i1; it++)
-            attn_item(c, ith, it);
+            attn_unit(c, ith, it);
 }
 
 /* ---- matmul stage -------------------------------------------------------------------- */
@@ -1050,7 +1167,7 @@ static int64_t ph_items(const struct model_ctx *c, int p, struct mm_item *it, in
         int64_t rows = ph_unit_rows(it[k].w);
         units[k + 1] = units[k] + (it[k].w->n_out + rows - 1) / rows;
     }
-    return *n_mm ? units[*n_mm] : (int64_t)c->n_rows * c->m->hp.n_kv_heads;
+    return *n_mm ? units[*n_mm] : attn_units(c);
 }
 
 /* Opens phase p (its items split into segments); the opener then publishes ph_cur = p. */
@@ -1101,7 +1218,7 @@ static void stage_pass(void *arg, int ith, int nth)
                 }
             } else {
                 for (int64_t u = u0; u < u1; u++)
-                    attn_item(c, ith, u);
+                    attn_unit(c, ith, u);
             }
             if (atomic_fetch_add_explicit(&c->ph_done[p].done, u1 - u0, memory_order_acq_rel) +
                     (u1 - u0) ==
@@ -1208,6 +1325,7 @@ enum ar_status model_forward(struct model_ctx *c, struct kv_cache *kv, struct kv
     for (int r = 0, j = 0; r < n; r++)
         if (b->logits ? b->logits[r] != 0 : r == n - 1)
             c->out_rows[j++] = r;
+    plan_attn_blocks(c);
 
     if (n <= SMALL_ROWS && c->ph_ok)
         pass_phases(c);

@@ -606,89 +606,130 @@ static void f32_ops_match_reference(void **state)
     }
 }
 
-/* Attention over one KV head: scores and value sums against plain double-precision loops over
- * the same rows, for F32 and F16 rows, common and odd head sizes, 1 to 7 query heads. */
+/* One attention case for variant vs: scores and value sums of nq query rows over nt key/value
+ * rows of head size hd against plain double-precision loops over the same rows. */
+static void attention_case(const struct kernel_ops *vs, int hd, int nq, int nt, bool f16,
+                           uint64_t seed)
+{
+    enum ar_type kt = f16 ? AR_TYPE_F16 : AR_TYPE_F32;
+    size_t es = f16 ? 2 : 4, stride = (size_t)hd * es * 3 + 8, s_stride = (size_t)nt + 5;
+    struct th_rng r = {seed};
+    float *q = malloc(sizeof(float) * (size_t)(nq * hd));
+    float *kf = malloc(sizeof(float) * (size_t)(nt * hd));
+    float *vf = malloc(sizeof(float) * (size_t)(nt * hd));
+    uint8_t *k = calloc((size_t)nt, stride), *vv = calloc((size_t)nt, stride);
+    float *sc = malloc(sizeof(float) * s_stride * (size_t)nq);
+    float *out = malloc(sizeof(float) * (size_t)(nq * hd));
+    assert_true(q && kf && vf && k && vv && sc && out);
+    fill_f32(&r, q, nq * hd, 1.0f);
+    for (int t = 0; t < nt; t++) {
+        for (int i = 0; i < hd; i++) {
+            float a = th_rng_f32(&r), b = th_rng_f32(&r);
+            if (f16) {
+                ar_f16 ha = ar_f32_to_f16(a), hb = ar_f32_to_f16(b);
+                kf[t * hd + i] = ar_f16_to_f32(ha);
+                vf[t * hd + i] = ar_f16_to_f32(hb);
+                memcpy(k + (size_t)t * stride + 2 * (size_t)i, &ha, 2);
+                memcpy(vv + (size_t)t * stride + 2 * (size_t)i, &hb, 2);
+            } else {
+                kf[t * hd + i] = a;
+                vf[t * hd + i] = b;
+                memcpy(k + (size_t)t * stride + 4 * (size_t)i, &a, 4);
+                memcpy(vv + (size_t)t * stride + 4 * (size_t)i, &b, 4);
+            }
+        }
+    }
+    /* a score the kernel does not write would keep this */
+    for (size_t i = 0; i < s_stride * (size_t)nq; i++)
+        sc[i] = NAN;
+    vs->attn_scores(hd, nq, nt, q, k, stride, kt, 0.125f, sc, s_stride);
+    for (int h = 0; h < nq; h++) {
+        for (int t = 0; t < nt; t++) {
+            double want = 0, terms = 0;
+            for (int i = 0; i < hd; i++) {
+                want += (double)q[h * hd + i] * (double)kf[t * hd + i];
+                terms += fabs((double)q[h * hd + i] * (double)kf[t * hd + i]);
+            }
+            close_or_fail(sc[(size_t)h * s_stride + (size_t)t], (float)(want * 0.125),
+                          1e-6 * terms + 1e-7, vs->name, "attn_scores", hd, h * 1000 + t);
+        }
+        /* the reference pass scores with the table's own dot product: equal to it, bit for
+         * bit, where the head size is a multiple of 16 (see kernels.h) */
+        for (int t = 0; hd % 16 == 0 && t < nt; t++) {
+            const void *kr = k + (size_t)t * stride;
+            float want = (f16 ? vs->dot_f16_f32(hd, kr, q + h * hd) : vs->dot_f32(hd, kr, q + h * hd)) *
+                         0.125f;
+            if (memcmp(&want, &sc[(size_t)h * s_stride + (size_t)t], sizeof(want)))
+                fail_msg("%s attn_scores hd %d nq %d nt %d [%d, %d]: %.9g, its dot product %.9g",
+                         vs->name, hd, nq, nt, h, t, (double)sc[(size_t)h * s_stride + (size_t)t],
+                         (double)want);
+        }
+        /* nothing past the nt scores of a row */
+        for (size_t t = (size_t)nt; t < s_stride; t++)
+            if (!isnan(sc[(size_t)h * s_stride + t]))
+                fail_msg("%s attn_scores hd %d nq %d nt %d: wrote past row %d", vs->name, hd, nq,
+                         nt, h);
+    }
+    for (int i = 0; i < nq * hd; i++)
+        out[i] = 0.5f;
+    vs->attn_values(hd, nq, nt, sc, s_stride, vv, stride, kt, out);
+    /* and sums values with its own axpy, rows in order */
+    for (int h = 0; hd % 16 == 0 && h < nq; h++) {
+        float want[256];
+        for (int i = 0; i < hd; i++)
+            want[i] = 0.5f;
+        for (int t = 0; t < nt; t++) {
+            const void *vr = vv + (size_t)t * stride;
+            float a = sc[(size_t)h * s_stride + (size_t)t];
+            if (f16)
+                vs->axpy_f16(hd, a, vr, want);
+            else
+                vs->axpy_f32(hd, a, vr, want);
+        }
+        if (memcmp(want, out + h * hd, sizeof(float) * (size_t)hd))
+            fail_msg("%s attn_values hd %d nq %d nt %d row %d: not its axpy's sums", vs->name, hd,
+                     nq, nt, h);
+    }
+    for (int h = 0; h < nq; h++) {
+        for (int i = 0; i < hd; i++) {
+            double want = 0.5, terms = 0.5;
+            for (int t = 0; t < nt; t++) {
+                double p = (double)sc[(size_t)h * s_stride + (size_t)t] * (double)vf[t * hd + i];
+                want += p;
+                terms += fabs(p);
+            }
+            close_or_fail(out[h * hd + i], (float)want, 1e-6 * terms, vs->name, "attn_values", hd,
+                          h * 1000 + i);
+        }
+    }
+    free(q);
+    free(kf);
+    free(vf);
+    free(k);
+    free(vv);
+    free(sc);
+    free(out);
+}
+
+/* Attention over one KV head for F32 and F16 rows, common and odd head sizes (80: a multiple
+ * of 16 but not of 64), 1 to 40 query rows (the forward pass's prefill tiles: rows x heads per
+ * KV head) and 1 to 70 key rows (partial and several chunks of 16). */
 static void attention_ops_match_plain_loops(void **state)
 {
-    static const int hds[] = {64, 128, 256, 24};
-    static const int nqs[] = {1, 4, 7};
+    static const int hds[] = {64, 128, 256, 80, 24};
+    static const int nqs[] = {1, 2, 3, 4, 5, 7, 8, 16, 33, 40};
+    static const int nts[] = {1, 3, 13, 16, 17, 70};
     const struct kernel_ops *vs[MAX_VARIANTS + 1];
     int nv = simd_variants(vs), checked = 0;
     (void)state;
     vs[nv++] = kernels_ref();
-    for (int v = 0; v < nv; v++) {
-        for (int hi = 0; hi < COUNT(hds); hi++) {
-            for (int qi = 0; qi < COUNT(nqs); qi++) {
-                for (int f16 = 0; f16 < 2; f16++) {
-                    int hd = hds[hi], nq = nqs[qi], nt = 13;
-                    enum ar_type kt = f16 ? AR_TYPE_F16 : AR_TYPE_F32;
-                    size_t es = f16 ? 2 : 4, stride = (size_t)hd * es * 3 + 8, s_stride = 17;
-                    struct th_rng r = {0xa77e0u + (uint64_t)(hi * 100 + qi * 10 + f16)};
-                    float *q = malloc(sizeof(float) * (size_t)(nq * hd));
-                    float *kf = malloc(sizeof(float) * (size_t)(nt * hd));
-                    float *vf = malloc(sizeof(float) * (size_t)(nt * hd));
-                    uint8_t *k = calloc((size_t)nt, stride), *vv = calloc((size_t)nt, stride);
-                    float *sc = malloc(sizeof(float) * s_stride * (size_t)nq);
-                    float *out = malloc(sizeof(float) * (size_t)(nq * hd));
-                    assert_true(q && kf && vf && k && vv && sc && out);
-                    fill_f32(&r, q, nq * hd, 1.0f);
-                    for (int t = 0; t < nt; t++) {
-                        for (int i = 0; i < hd; i++) {
-                            float a = th_rng_f32(&r), b = th_rng_f32(&r);
-                            if (f16) {
-                                ar_f16 ha = ar_f32_to_f16(a), hb = ar_f32_to_f16(b);
-                                kf[t * hd + i] = ar_f16_to_f32(ha);
-                                vf[t * hd + i] = ar_f16_to_f32(hb);
-                                memcpy(k + (size_t)t * stride + 2 * (size_t)i, &ha, 2);
-                                memcpy(vv + (size_t)t * stride + 2 * (size_t)i, &hb, 2);
-                            } else {
-                                kf[t * hd + i] = a;
-                                vf[t * hd + i] = b;
-                                memcpy(k + (size_t)t * stride + 4 * (size_t)i, &a, 4);
-                                memcpy(vv + (size_t)t * stride + 4 * (size_t)i, &b, 4);
-                            }
-                        }
-                    }
-                    vs[v]->attn_scores(hd, nq, nt, q, k, stride, kt, 0.125f, sc, s_stride);
-                    for (int h = 0; h < nq; h++) {
-                        for (int t = 0; t < nt; t++) {
-                            double want = 0, terms = 0;
-                            for (int i = 0; i < hd; i++) {
-                                want += (double)q[h * hd + i] * (double)kf[t * hd + i];
-                                terms += fabs((double)q[h * hd + i] * (double)kf[t * hd + i]);
-                            }
-                            close_or_fail(sc[(size_t)h * s_stride + (size_t)t], (float)(want * 0.125),
-                                          1e-6 * terms + 1e-7, vs[v]->name, "attn_scores", hd, t);
-                        }
-                    }
-                    for (int i = 0; i < nq * hd; i++)
-                        out[i] = 0.5f;
-                    vs[v]->attn_values(hd, nq, nt, sc, s_stride, vv, stride, kt, out);
-                    for (int h = 0; h < nq; h++) {
-                        for (int i = 0; i < hd; i++) {
-                            double want = 0.5, terms = 0.5;
-                            for (int t = 0; t < nt; t++) {
-                                double p = (double)sc[(size_t)h * s_stride + (size_t)t] *
-                                           (double)vf[t * hd + i];
-                                want += p;
-                                terms += fabs(p);
-                            }
-                            close_or_fail(out[h * hd + i], (float)want, 1e-6 * terms, vs[v]->name,
-                                          "attn_values", hd, i);
-                        }
-                    }
-                    checked++;
-                    free(q);
-                    free(kf);
-                    free(vf);
-                    free(k);
-                    free(vv);
-                    free(sc);
-                    free(out);
-                }
-            }
-        }
-    }
+    for (int v = 0; v < nv; v++)
+        for (int hi = 0; hi < COUNT(hds); hi++)
+            for (int qi = 0; qi < COUNT(nqs); qi++)
+                for (int ti = 0; ti < COUNT(nts); ti++)
+                    for (int f16 = 0; f16 < 2; f16++, checked++)
+                        attention_case(vs[v], hds[hi], nqs[qi], nts[ti], f16,
+                                       0xa77e0u + (uint64_t)(hi * 1000 + qi * 100 + ti * 10 + f16));
     print_message("attention ops: %d cases over %d variant(s) with ref\n", checked, nv);
 }
 

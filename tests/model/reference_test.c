@@ -283,6 +283,70 @@ static void two_sequences_match(const struct fx *x, struct model *m, const int32
     free(want);
 }
 
+/* Two sequences' prompts in one batch as runs of rows: a's first a1 tokens, b's first b1, then
+ * the rest of a, then the rest of b (n tokens each), on 2 threads with K/V blocks of 5. The
+ * prefill attention takes runs of one sequence's consecutive positions in blocks of rows;
+ * here each sequence's rows come in two runs that are not next to each other in the batch,
+ * and with a1 == b1 a's second run continues the positions of b's first (only the change of
+ * sequence ends the block). Every row within bound of its own sequence's
+ * reference (ref_a, ref_b: n x n_vocab). */
+static void sequence_runs_match(const struct fx *x, struct model *m, const int32_t *ta,
+                                const int32_t *tb, int n, int a1, int b1, const float *ref_a,
+                                const float *ref_b, double bound)
+{
+    int n_vocab = model_hparams(m)->n_vocab, rows = 2 * n, r = 0;
+    struct ar_pool *pool = NULL;
+    struct model_ctx *ctx;
+    struct kv_params kp;
+    struct kv_cache *kv = NULL;
+    struct kv_seq sa, sb;
+    struct kv_seq *seqs[2] = {&sa, &sb};
+    float *got = malloc(sizeof(float) * (size_t)rows * (size_t)n_vocab);
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)rows), *pos = malloc(sizeof(int32_t) * (size_t)rows);
+    int32_t *seq = malloc(sizeof(int32_t) * (size_t)rows);
+    uint8_t *want = malloc((size_t)rows);
+    const int runs[4][3] = {{0, 0, a1}, {1, 0, b1}, {0, a1, n}, {1, b1, n}}; /* seq, from, to */
+    double d = 0;
+    assert_true(got && tok && pos && seq && want);
+    assert_int_equal(ar_pool_create(2, &pool), AR_OK);
+    assert_int_equal(model_ctx_create(m, rows, pool, &ctx), AR_OK);
+    model_kv_params(m, 5, 2 * ((n + 4) / 5), AR_TYPE_F32, &kp);
+    assert_int_equal(kv_create(&kp, &kv), AR_OK);
+    kv_seq_init(&sa);
+    kv_seq_init(&sb);
+    assert_int_equal(kv_seq_reserve(kv, &sa, n), AR_OK);
+    assert_int_equal(kv_seq_reserve(kv, &sb, n), AR_OK);
+    for (int k = 0; k < 4; k++) {
+        for (int i = runs[k][1]; i < runs[k][2]; i++, r++) {
+            tok[r] = (runs[k][0] ? tb : ta)[i];
+            pos[r] = i;
+            seq[r] = runs[k][0];
+            want[r] = 1;
+        }
+    }
+    assert_int_equal(r, rows);
+    struct model_batch b = {.n_tokens = rows, .tokens = tok, .pos = pos, .seq = seq,
+                            .logits = want, .n_seqs = 2};
+    assert_int_equal(model_forward(ctx, kv, seqs, &b, got), AR_OK);
+    for (r = 0; r < rows; r++)
+        d = fmax(d, max_abs_diff(got + (size_t)r * n_vocab,
+                                 (seq[r] ? ref_b : ref_a) + (size_t)pos[r] * n_vocab,
+                                 (size_t)n_vocab));
+    if (!(d <= bound))
+        fail_msg("%s/%s: two sequences in runs of rows vs reference: %g > %g", x->folder,
+                 x->name, d, bound);
+    kv_seq_fini(kv, &sa);
+    kv_seq_fini(kv, &sb);
+    kv_destroy(kv);
+    model_ctx_destroy(ctx);
+    ar_pool_destroy(pool);
+    free(got);
+    free(tok);
+    free(pos);
+    free(seq);
+    free(want);
+}
+
 static void every_model_fast_pass_follows_the_reference(void **state)
 {
     static struct fx fx[MAX_MODELS];
@@ -321,6 +385,7 @@ static void every_model_fast_pass_follows_the_reference(void **state)
                 rev[i] = toks[n2 - 1 - i];
             assert_int_equal(model_forward_reference(m, rev, n2, ref_b), AR_OK);
             two_sequences_match(&fx[k], m, toks, rev, n2, 5, ref, ref_b, FAST_VS_REF_MAX);
+            sequence_runs_match(&fx[k], m, toks, rev, n2, 21, 21, ref, ref_b, FAST_VS_REF_MAX);
             free(rev);
             free(ref_b);
         }
