@@ -10,7 +10,7 @@
 #   sh bench/families.sh summary FILE
 # prints the table of docs/benchmarks.md from that output: medians over the rounds, and each
 # family's prefill GFLOP/s and decode efficiency as ratios to the qwen2 row of the same type and
-# thread count.
+# thread count, taken within each round and then their median.
 # With OLD_BIN=path/to/older/autoreply it instead runs that binary and this one alternately,
 # ROUNDS times (default 5), on the qwen2 model: the fast pass's speed before and after a change.
 set -e
@@ -44,26 +44,40 @@ if [ "${1:-}" = summary ]; then
         arch[k] = field($0, "arch"); type[k] = field($0, "type")
         mib[k] = field($0, "weight_bytes") / 1048576; mib_all[k] = field($0, "weight_bytes_all") / 1048576
         add(k SUBSEP "pp", field($0, "tokens_per_s")); add(k SUBSEP "gf", field($0, "gflops_per_s"))
+        rd = field($0, "round"); gf_r[k, rd] = field($0, "gflops_per_s"); rounds[k, rd] = 1
     }
     /"test":"tg/ {
         k = field($0, "model") SUBSEP field($0, "threads")
         add(k SUBSEP "tg", field($0, "tokens_per_s")); add(k SUBSEP "eff", field($0, "efficiency"))
         add(k SUBSEP "bw", field($0, "bandwidth_gbs"))
+        eff_r[k, field($0, "round")] = field($0, "efficiency")
     }
     END {
+        # the ratios to qwen2 are taken within each round (the same stretch of machine load),
+        # then their median over the rounds
         for (i = 1; i <= n_rows; i++) {
             k = order[i]; split(k, p, SUBSEP)
-            if (arch[k] == "qwen2") { base_gf[type[k], p[2]] = median(k SUBSEP "gf"); base_eff[type[k], p[2]] = median(k SUBSEP "eff") }
+            if (arch[k] == "qwen2") base[type[k], p[2]] = k
+        }
+        for (i = 1; i <= n_rows; i++) {
+            k = order[i]; split(k, p, SUBSEP)
+            b = base[type[k], p[2]]
+            if (b == "") continue
+            for (kr in rounds) {
+                split(kr, q, SUBSEP)
+                if (q[1] SUBSEP q[2] != k || !((b, q[3]) in rounds)) continue
+                if (gf_r[b, q[3]] > 0) add(k SUBSEP "rgf", gf_r[k, q[3]] / gf_r[b, q[3]])
+                if (eff_r[b, q[3]] > 0) add(k SUBSEP "reff", eff_r[k, q[3]] / eff_r[b, q[3]])
+            }
         }
         print "| model | type | threads | MiB/token | rounds | pp512 tok/s | prefill GFLOP/s | vs qwen2 | tg tok/s | bandwidth GB/s | decode efficiency | vs qwen2 |"
         print "|---|---|---|---|---|---|---|---|---|---|---|---|"
         for (i = 1; i <= n_rows; i++) {
             k = order[i]; split(k, p, SUBSEP)
             gf = median(k SUBSEP "gf"); eff = median(k SUBSEP "eff")
-            bg = base_gf[type[k], p[2]]; be = base_eff[type[k], p[2]]
             m = mib[k] != mib_all[k] ? sprintf("%.0f of %.0f", mib[k], mib_all[k]) : sprintf("%.0f", mib[k])
-            rg = bg > 0 ? sprintf("%.2f", gf / bg) : "-"
-            re = be > 0 ? sprintf("%.2f", eff / be) : "-"
+            rg = cnt[k SUBSEP "rgf"] ? sprintf("%.2f", median(k SUBSEP "rgf")) : "-"
+            re = cnt[k SUBSEP "reff"] ? sprintf("%.2f", median(k SUBSEP "reff")) : "-"
             printf("| %s (%s) | %s | %s | %s | %d | %.0f | %.0f | %s | %.1f | %.1f | %.3f | %s |\n",
                 p[1], arch[k], type[k], p[2], m, cnt[k SUBSEP "pp"], median(k SUBSEP "pp"), gf,
                 rg, median(k SUBSEP "tg"), median(k SUBSEP "bw"), eff, re)
