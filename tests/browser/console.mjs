@@ -141,7 +141,9 @@ try {
   await page.screenshot({ path: path.join(out, "console-jobs.png") });
   // a job long enough (2000 lines) to be cancelled from the page while it runs
   let long = "";
-  for (let i = 0; i < 2000; i++) long += JSON.stringify({ shop_id: shop, id: "long-" + i, text: "第" + i + "次买了，味道不错", rating: 4 }) + "\n";
+  // (another shop: its pending replies, newer than the review below, must not push that one off
+  // the inbox's first page)
+  for (let i = 0; i < 2000; i++) long += JSON.stringify({ shop_id: shop + "-bulk", id: "long-" + i, text: "第" + i + "次买了，味道不错", rating: 4 }) + "\n";
   const lj = await apiJson("POST", "/v1/jobs", long, "application/x-ndjson");
   check(lj.status === 202, "a long job accepted (" + lj.status + ")");
   await page.click("#tab-inbox");
@@ -158,6 +160,14 @@ try {
   // ---- inbox ------------------------------------------------------------------------------
   await page.goto(base + "/console#inbox");
   if (workflow) {
+    // the shop filter: only this shop's pending reviews
+    await page.fill("#f-shop", shop);
+    await page.click("#inbox-filters button[type=submit]");
+    await page.waitForFunction((s) => {
+      const cards = document.querySelectorAll("#inbox-list li.card");
+      return cards.length > 0 && [...cards].every((c) => c.textContent.includes(s + " /"));
+    }, shop, { timeout: 10000 });
+    check(true, "inbox: the shop filter shows only " + shop);
     const card = page.locator("#inbox-list li.card", { hasText: reviewId });
     await card.waitFor({ timeout: 10000 });
     check(true, "inbox: the pending review shows");

@@ -428,7 +428,7 @@ static void approve_and_reject_at_once_one_wins(void **state)
 #define N_LIST 26
 
 struct listed_review {
-    char shop[8], id[8];
+    char shop[8], id[16]; /* "L" and any int */
     int rating;
     enum reply_sentiment label;
     bool sent;
