@@ -1424,8 +1424,43 @@ static void attn_values(int hd, int nq, int nt, const float *s, size_t s_stride,
 
 /* ---- the table ------------------------------------------------------------------------------ */
 
+/* ---- int8 peak loop (kernels.h int8_peak): the instruction the Q8_0 kernels multiply with,
+ * on 64 bytes, into KERNELS_PEAK_CHAINS independent accumulators: vpdpbusd with VNNI, else
+ * vpmaddubsw + vpmaddwd + vpaddd. Without VNNI the empty asm makes the compiler treat a as new
+ * at every step, so that it cannot compute the (loop-invariant) products only once. */
+static uint64_t int8_peak(int64_t n, const uint8_t *a, const int8_t *b, uint32_t *out)
+{
+    const __m512i av = _mm512_loadu_si512(a), bv = _mm512_loadu_si512(b);
+    __m512i acc[KERNELS_PEAK_CHAINS];
+    for (int c = 0; c < KERNELS_PEAK_CHAINS; c++)
+        acc[c] = _mm512_setzero_si512();
+    for (int64_t r = 0; r < n; r++) {
+        _Pragma("GCC unroll 12") for (int c = 0; c < KERNELS_PEAK_CHAINS; c++)
+        {
+#ifdef __AVX512VNNI__
+            acc[c] = _mm512_dpbusd_epi32(acc[c], av, bv);
+#else
+            __m512i u = av;
+            __asm__ volatile("" : "+v"(u));
+            acc[c] = _mm512_add_epi32(
+                acc[c], _mm512_madd_epi16(_mm512_maddubs_epi16(u, bv), _mm512_set1_epi16(1)));
+#endif
+        }
+    }
+    for (int c = 1; c < KERNELS_PEAK_CHAINS; c++)
+        acc[0] = _mm512_add_epi32(acc[0], acc[c]);
+    _mm512_storeu_si512(out, acc[0]);
+    return (uint64_t)n * KERNELS_PEAK_CHAINS * 64;
+}
+
 void kernels_fill_avx512(struct kernel_ops *ops)
 {
+    ops->int8_peak = int8_peak;
+#ifdef __AVX512VNNI__
+    ops->int8_peak_insn = "vpdpbusd zmm";
+#else
+    ops->int8_peak_insn = "vpmaddubsw+vpmaddwd zmm";
+#endif
     ops->vec_dot[AR_TYPE_Q8_0] = q8_0_vec_dot;
     ops->vec_dot[AR_TYPE_Q4_0] = q4_0_vec_dot;
     ops->vec_dot[AR_TYPE_Q4_1] = q4_1_vec_dot;
