@@ -113,7 +113,7 @@ static enum ar_status run(struct cli_runner *r, const int32_t *tokens, int n, bo
 {
     enum ar_status st;
     struct kv_seq *seqs[1] = {&r->seq};
-    struct model_batch b;
+    struct model_batch b = {.n_seqs = 1};
     size_t rows = all ? (size_t)n : 1;
     if (n <= 0)
         return ar_err_set(err, AR_EINVAL, 0, "empty prompt");

@@ -725,8 +725,40 @@ static void attn_values(int hd, int nq, int nt, const float *s, size_t s_stride,
 
 /* ---- the table ------------------------------------------------------------------------------ */
 
+/* ---- int8 peak loop (kernels.h int8_peak): the Q8_0 kernels' dot_u8s8, vpmaddubsw + vpmaddwd
+ * + vpaddd on 32 bytes. Each round does KERNELS_PEAK_CHAINS steps over both 32-byte halves;
+ * the steps go round 4 accumulator pairs (vpaddd's one-cycle latency needs no more). The empty
+ * asm makes the compiler treat a as new at every step, so that it cannot compute the (loop-
+ * invariant) products once and only add them up. */
+static uint64_t int8_peak(int64_t n, const uint8_t *a, const int8_t *b, uint32_t *out)
+{
+    const __m256i a0 = _mm256_loadu_si256((const __m256i *)a);
+    const __m256i a1 = _mm256_loadu_si256((const __m256i *)(a + 32));
+    const __m256i b0 = _mm256_loadu_si256((const __m256i *)b);
+    const __m256i b1 = _mm256_loadu_si256((const __m256i *)(b + 32));
+    __m256i lo[4], hi[4];
+    for (int k = 0; k < 4; k++)
+        lo[k] = hi[k] = _mm256_setzero_si256();
+    for (int64_t r = 0; r < n; r++) {
+        _Pragma("GCC unroll 12") for (int c = 0; c < KERNELS_PEAK_CHAINS; c++)
+        {
+            __m256i u0 = a0, u1 = a1;
+            __asm__ volatile("" : "+x"(u0), "+x"(u1));
+            lo[c % 4] = _mm256_add_epi32(lo[c % 4], dot_u8s8(u0, b0));
+            hi[c % 4] = _mm256_add_epi32(hi[c % 4], dot_u8s8(u1, b1));
+        }
+    }
+    __m256i slo = _mm256_add_epi32(_mm256_add_epi32(lo[0], lo[1]), _mm256_add_epi32(lo[2], lo[3]));
+    __m256i shi = _mm256_add_epi32(_mm256_add_epi32(hi[0], hi[1]), _mm256_add_epi32(hi[2], hi[3]));
+    _mm256_storeu_si256((__m256i *)out, slo);
+    _mm256_storeu_si256((__m256i *)(out + 8), shi);
+    return (uint64_t)n * KERNELS_PEAK_CHAINS * 64;
+}
+
 void kernels_fill_avx2(struct kernel_ops *ops)
 {
+    ops->int8_peak = int8_peak;
+    ops->int8_peak_insn = "vpmaddubsw+vpmaddwd ymm";
     ops->from_float[AR_TYPE_F16] = f16_from_float;
     ops->from_float[AR_TYPE_BF16] = bf16_from_float;
     ops->from_float[AR_TYPE_Q8_0] = q8_0_from_float;

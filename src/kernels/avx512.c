@@ -1424,8 +1424,63 @@ static void attn_values(int hd, int nq, int nt, const float *s, size_t s_stride,
 
 /* ---- the table ------------------------------------------------------------------------------ */
 
+/* ---- int8 peak loop (kernels.h int8_peak): the instruction the Q8_0 kernels multiply with,
+ * on 64 bytes, into KERNELS_PEAK_CHAINS independent accumulators: vpdpbusd with VNNI, else
+ * vpmaddubsw + vpmaddwd + vpaddd. Without VNNI the empty asm makes the compiler treat a as new
+ * at every step, so that it cannot compute the (loop-invariant) products only once. */
+#ifdef __AVX512VNNI__
+#define PEAK_STEP(acc) acc = _mm512_dpbusd_epi32(acc, av, bv)
+#else
+#define PEAK_STEP(acc)                                                                             \
+    do {                                                                                           \
+        __m512i u = av;                                                                            \
+        __asm__ volatile("" : "+v"(u));                                                            \
+        acc = _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, bv), ones));        \
+    } while (0)
+#endif
+static uint64_t int8_peak(int64_t n, const uint8_t *a, const int8_t *b, uint32_t *out)
+{
+    const __m512i av = _mm512_loadu_si512(a), bv = _mm512_loadu_si512(b);
+    const __m512i ones = _mm512_set1_epi16(1);
+    /* named accumulators, not an array: GCC then keeps each in one register */
+    __m512i c0 = _mm512_setzero_si512(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0,
+            c7 = c0, c8 = c0, c9 = c0, c10 = c0, c11 = c0;
+    _Static_assert(KERNELS_PEAK_CHAINS == 12, "one accumulator per chain");
+    (void)ones;
+    /* hide that they all start at zero: GCC would merge the 12 identical chains into one */
+    __asm__ volatile(""
+                     : "+v"(c0), "+v"(c1), "+v"(c2), "+v"(c3), "+v"(c4), "+v"(c5), "+v"(c6),
+                       "+v"(c7), "+v"(c8), "+v"(c9), "+v"(c10), "+v"(c11));
+    for (int64_t r = 0; r < n; r++) {
+        PEAK_STEP(c0);
+        PEAK_STEP(c1);
+        PEAK_STEP(c2);
+        PEAK_STEP(c3);
+        PEAK_STEP(c4);
+        PEAK_STEP(c5);
+        PEAK_STEP(c6);
+        PEAK_STEP(c7);
+        PEAK_STEP(c8);
+        PEAK_STEP(c9);
+        PEAK_STEP(c10);
+        PEAK_STEP(c11);
+    }
+    c0 = _mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(c0, c1), _mm512_add_epi32(c2, c3)),
+                          _mm512_add_epi32(_mm512_add_epi32(c4, c5), _mm512_add_epi32(c6, c7)));
+    c0 = _mm512_add_epi32(c0, _mm512_add_epi32(_mm512_add_epi32(c8, c9), _mm512_add_epi32(c10, c11)));
+    _mm512_storeu_si512(out, c0);
+    return (uint64_t)n * KERNELS_PEAK_CHAINS * 64;
+}
+#undef PEAK_STEP
+
 void kernels_fill_avx512(struct kernel_ops *ops)
 {
+    ops->int8_peak = int8_peak;
+#ifdef __AVX512VNNI__
+    ops->int8_peak_insn = "vpdpbusd zmm";
+#else
+    ops->int8_peak_insn = "vpmaddubsw+vpmaddwd zmm";
+#endif
     ops->vec_dot[AR_TYPE_Q8_0] = q8_0_vec_dot;
     ops->vec_dot[AR_TYPE_Q4_0] = q4_0_vec_dot;
     ops->vec_dot[AR_TYPE_Q4_1] = q4_1_vec_dot;

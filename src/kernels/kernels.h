@@ -66,7 +66,30 @@ struct kernel_ops {
                         enum ar_type kt, float scale, float *s, size_t s_stride);
     void (*attn_values)(int hd, int nq, int nt, const float *s, size_t s_stride, const void *v,
                         size_t kv_stride, enum ar_type kt, float *out);
+
+    /* The int8 multiply-accumulate loop `bench` times for the machine's int8 peak, built from
+     * the instruction this variant's Q8_0 kernels multiply with (int8_peak_insn, e.g.
+     * "vpdpbusd zmm"): n rounds, each adding KERNELS_PEAK_CHAINS times, per int32 lane
+     * l < 16, the 4 products a[4l + j] * b[4l + j] (j < 4) into independent accumulators;
+     * out[l] gets lane l's total modulo 2^32. a: 64 bytes in 0..127, b: 64 bytes in -64..63
+     * (so no int16 sum saturates where the instruction has one). Returns the multiply-
+     * accumulates done: n x KERNELS_PEAK_CHAINS x 64. */
+    uint64_t (*int8_peak)(int64_t n, const uint8_t *a, const int8_t *b, uint32_t *out);
+    const char *int8_peak_insn;
+
+    /* Which variant supplied each per-type entry ("ref", "avx2", ...), recorded by select.c
+     * while it fills a table from the best variant down, so that `bench` can say what runs.
+     * gemm_loop[t]: gemm[t] is the generic tile loop over vec_dot[t] of variant gemm_by[t]
+     * (a variant with a vec_dot of its own and no gemm). NULL where the entry is NULL. */
+    const char *gemm_by[AR_TYPE_COUNT];
+    const char *vec_dot_by[AR_TYPE_COUNT];
+    bool gemm_loop[AR_TYPE_COUNT];
+    const char *int8_peak_by;
 };
+
+/* Accumulator chains per round of int8_peak: enough independent chains to cover the latency of
+ * vpdpbusd (4-5 cycles) at two per cycle. */
+#define KERNELS_PEAK_CHAINS 12
 
 /* The reference table (every entry set). */
 const struct kernel_ops *kernels_ref(void);

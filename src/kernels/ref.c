@@ -591,9 +591,29 @@ static void attn_values(int hd, int nq, int nt, const float *s, size_t s_stride,
 
 /* ---- the table ------------------------------------------------------------------------------ */
 
+/* The int8 peak loop's arithmetic written out (see kernels.h): each round adds every lane's
+ * 4 products KERNELS_PEAK_CHAINS times, in unsigned arithmetic so that the wrap is defined. */
+static uint64_t int8_peak(int64_t n, const uint8_t *a, const int8_t *b, uint32_t *out)
+{
+    uint32_t acc[KERNELS_PEAK_CHAINS][16] = {{0}};
+    for (int64_t r = 0; r < n; r++)
+        for (int c = 0; c < KERNELS_PEAK_CHAINS; c++)
+            for (int l = 0; l < 16; l++)
+                for (int j = 0; j < 4; j++)
+                    acc[c][l] += (uint32_t)((int32_t)a[4 * l + j] * (int32_t)b[4 * l + j]);
+    for (int l = 0; l < 16; l++) {
+        out[l] = 0;
+        for (int c = 0; c < KERNELS_PEAK_CHAINS; c++)
+            out[l] += acc[c][l];
+    }
+    return (uint64_t)n * KERNELS_PEAK_CHAINS * 64;
+}
+
 void kernels_fill_ref(struct kernel_ops *ops)
 {
     ops->name = "ref";
+    ops->int8_peak = int8_peak;
+    ops->int8_peak_insn = "scalar C";
 
     ops->to_float[AR_TYPE_F32] = f32_to_float;
     ops->to_float[AR_TYPE_F16] = f16_to_float;

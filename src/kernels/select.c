@@ -92,6 +92,11 @@ static void build_tables(void)
     const char *env = getenv("AR_KERNELS");
 
     kernels_fill_ref(&tables[V_REF]);
+    for (int t = 0; t < AR_TYPE_COUNT; t++) {
+        tables[V_REF].gemm_by[t] = tables[V_REF].gemm[t] ? variant_names[V_REF] : NULL;
+        tables[V_REF].vec_dot_by[t] = tables[V_REF].vec_dot[t] ? variant_names[V_REF] : NULL;
+    }
+    tables[V_REF].int8_peak_by = variant_names[V_REF];
     table_ok[V_REF] = true;
     for (int v = V_AVX2; v < V_COUNT; v++) {
         const struct kernel_ops *lower = &tables[v - 1];
@@ -105,13 +110,30 @@ static void build_tables(void)
                 tables[v].to_float[t] = lower->to_float[t];
             if (!tables[v].from_float[t])
                 tables[v].from_float[t] = lower->from_float[t];
-            if (!tables[v].vec_dot[t])
+            /* record who supplied vec_dot and gemm: this variant, or the lower table's
+             * supplier; a gemm wrapper belongs to this variant as a loop over its vec_dot */
+            tables[v].vec_dot_by[t] = variant_names[v];
+            if (!tables[v].vec_dot[t]) {
                 tables[v].vec_dot[t] = lower->vec_dot[t];
+                tables[v].vec_dot_by[t] = lower->vec_dot_by[t];
+            }
+            tables[v].gemm_by[t] = variant_names[v];
             if (!tables[v].gemm[t]) {
                 tables[v].gemm[t] = lower->gemm[t];
-                if (tables[v].vec_dot[t] != lower->vec_dot[t] && gemm_wrappers[v][t])
+                tables[v].gemm_by[t] = lower->gemm_by[t];
+                tables[v].gemm_loop[t] = lower->gemm_loop[t];
+                if (tables[v].vec_dot[t] != lower->vec_dot[t] && gemm_wrappers[v][t]) {
                     tables[v].gemm[t] = gemm_wrappers[v][t];
+                    tables[v].gemm_by[t] = variant_names[v];
+                    tables[v].gemm_loop[t] = true;
+                }
             }
+        }
+        tables[v].int8_peak_by = variant_names[v];
+        if (!tables[v].int8_peak) {
+            tables[v].int8_peak = lower->int8_peak;
+            tables[v].int8_peak_insn = lower->int8_peak_insn;
+            tables[v].int8_peak_by = lower->int8_peak_by;
         }
 #define FALL_BACK(f)                                                                               \
     if (!tables[v].f)                                                                              \

@@ -664,6 +664,15 @@ double model_prefill_flops(const struct model *m, int64_t n_tokens)
     return f;
 }
 
+double model_prefill_matrix_flops(const struct model *m, int64_t n_tokens)
+{
+    const struct model_hparams *hp = &m->hp;
+    double f = 2.0 * (double)hp->n_embd * (double)hp->n_vocab;
+    for (int l = 0; l < hp->n_layers; l++)
+        f += 2.0 * (double)n_tokens * (double)layer_macs(&m->layers[l], hp->n_expert_used);
+    return f;
+}
+
 uint64_t model_active_weight_bytes(const struct model *m)
 {
     return m->active_weight_bytes;

@@ -82,6 +82,10 @@ uint64_t model_active_weight_bytes(const struct model *m);
  * every row through every layer's matrices (a mixture: the used experts), causal attention
  * over the positions each row sees (its window on sliding layers), logits of the last row. */
 double model_prefill_flops(const struct model *m, int64_t n_tokens);
+/* The matrix part of model_prefill_flops: every row through every layer's matrices and the
+ * last row's logits, without attention (the work the int8 gemm kernels do for quantized
+ * weights). */
+double model_prefill_matrix_flops(const struct model *m, int64_t n_tokens);
 /* Whether layer il attends over a sliding window (hp->swa_window positions) only. */
 bool model_layer_is_swa(const struct model_hparams *hp, int il);
 /* KV geometry for this model with n_blocks blocks of block_tokens tokens of type type, its

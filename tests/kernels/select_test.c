@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "kernels/kernels.h"
+#include "kernels/kernels_internal.h"
 
 /* Child exit codes */
 enum { CHILD_OK = 0, CHILD_WRONG_TABLE = 3, CHILD_NO_WARNING = 4 };
@@ -102,6 +103,124 @@ static void default_choice_is_the_best_the_cpu_supports(void **state)
     assert_int_equal(run_child("", best, false), CHILD_OK);
 }
 
+/* ---- which variant supplied each entry --------------------------------------------------- */
+
+static const char *const order[] = {"ref", "avx2", "avx512", "avx512_vnni"};
+static void (*const fills[])(struct kernel_ops *) = {kernels_fill_ref, kernels_fill_avx2,
+                                                     kernels_fill_avx512,
+                                                     kernels_fill_avx512_vnni};
+
+static int variant_index(const char *name)
+{
+    for (int i = 0; name && i < (int)AR_ARRAY_LEN(order); i++)
+        if (strcmp(name, order[i]) == 0)
+            return i;
+    return -1;
+}
+
+/* Checks a completed table against what each variant's own ISA file fills (a zeroed table
+ * through its fill function): the variant recorded for an entry supplied exactly the function
+ * in the table, and no variant between it and the table's own filled that entry (the best one
+ * wins). Returns false on the first mismatch. */
+static bool by_matches_own_tables(const struct kernel_ops *k, const struct kernel_ops *own,
+                                  int *checked)
+{
+    int vi = variant_index(k->name);
+    if (vi < 0)
+        return false;
+    for (int t = 0; t < AR_TYPE_COUNT; t++) {
+        int by = variant_index(k->vec_dot_by[t]);
+        if (!k->vec_dot[t] != !k->vec_dot_by[t])
+            return false;
+        if (k->vec_dot[t]) {
+            if (by < 0 || by > vi || own[by].vec_dot[t] != k->vec_dot[t])
+                return false;
+            for (int h = by + 1; h <= vi; h++)
+                if (own[h].vec_dot[t])
+                    return false;
+            (*checked)++;
+        }
+        by = variant_index(k->gemm_by[t]);
+        if (!k->gemm[t] != !k->gemm_by[t])
+            return false;
+        if (!k->gemm[t])
+            continue;
+        if (by < 0 || by > vi)
+            return false;
+        if (k->gemm_loop[t]) {
+            /* the generic loop over that variant's own vec_dot, which had no gemm */
+            if (own[by].gemm[t] || !own[by].vec_dot[t])
+                return false;
+            for (int h = 0; h <= vi; h++)
+                if (own[h].gemm[t] == k->gemm[t])
+                    return false;
+        } else if (own[by].gemm[t] != k->gemm[t]) {
+            return false;
+        }
+        for (int h = by + 1; h <= vi; h++)
+            if (own[h].gemm[t])
+                return false;
+        (*checked)++;
+    }
+    int by = variant_index(k->int8_peak_by);
+    if (by < 0 || by > vi || own[by].int8_peak != k->int8_peak || !k->int8_peak_insn)
+        return false;
+    for (int h = by + 1; h <= vi; h++)
+        if (own[h].int8_peak)
+            return false;
+    return true;
+}
+
+static void each_entry_records_the_variant_whose_function_it_holds(void **state)
+{
+    pid_t pid;
+    int status;
+    (void)state;
+    pid = fork();
+    if (pid == 0) {
+        struct kernel_ops own[AR_ARRAY_LEN(order)];
+        const struct kernel_ops *vs[8];
+        int n = kernels_variants(vs, 8), checked = 0;
+        memset(own, 0, sizeof(own));
+        for (size_t i = 0; i < AR_ARRAY_LEN(order); i++)
+            fills[i](&own[i]);
+        for (int i = 0; i < n; i++)
+            if (!by_matches_own_tables(vs[i], own, &checked))
+                _exit(CHILD_WRONG_TABLE);
+        _exit(checked > 0 ? CHILD_OK : CHILD_WRONG_TABLE);
+    }
+    assert_true(pid > 0);
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), CHILD_OK);
+}
+
+static void ar_kernels_ref_records_ref_for_every_entry(void **state)
+{
+    pid_t pid;
+    int status;
+    (void)state;
+    pid = fork();
+    if (pid == 0) {
+        const struct kernel_ops *k;
+        setenv("AR_KERNELS", "ref", 1);
+        k = kernels_get();
+        for (int t = 0; t < AR_TYPE_COUNT; t++) {
+            if ((k->gemm[t] && strcmp(k->gemm_by[t], "ref") != 0) || k->gemm_loop[t])
+                _exit(CHILD_WRONG_TABLE);
+            if (k->vec_dot[t] && strcmp(k->vec_dot_by[t], "ref") != 0)
+                _exit(CHILD_WRONG_TABLE);
+        }
+        if (!k->gemm[AR_TYPE_Q8_0] || strcmp(k->int8_peak_by, "ref") != 0)
+            _exit(CHILD_WRONG_TABLE);
+        _exit(CHILD_OK);
+    }
+    assert_true(pid > 0);
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), CHILD_OK);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -109,6 +228,8 @@ int main(void)
         cmocka_unit_test(unknown_ar_kernels_name_warns_and_uses_ref),
         cmocka_unit_test(ar_kernels_names_each_variant_or_falls_back),
         cmocka_unit_test(default_choice_is_the_best_the_cpu_supports),
+        cmocka_unit_test(each_entry_records_the_variant_whose_function_it_holds),
+        cmocka_unit_test(ar_kernels_ref_records_ref_for_every_entry),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

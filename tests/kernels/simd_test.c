@@ -748,10 +748,47 @@ static void variants_are_listed_best_first_and_reported(void **state)
     print_message("kernel variants on this CPU:%s (all but ref are tested)\n", line);
 }
 
+/* int8_peak of every variant, ref included, against the closed form: each of 16 lanes gets
+ * n x KERNELS_PEAK_CHAINS x its 4-byte dot product, modulo 2^32 (n = 20000 wraps it); the
+ * extreme inputs 127 x -64 would saturate an int16 pair sum if the ranges were wrong. */
+static void int8_peak_loop_computes_the_stated_sum(void **state)
+{
+    const struct kernel_ops *vs[MAX_VARIANTS];
+    int nv = kernels_variants(vs, MAX_VARIANTS);
+    static const int64_t rounds[] = {0, 1, 2, 5, 37, 20000};
+    struct th_rng r = {0x1234567u};
+    uint8_t a[64];
+    int8_t b[64];
+    (void)state;
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < 64; i++) {
+            a[i] = pass ? 127 : (uint8_t)(th_rng_u64(&r) % 128);
+            b[i] = pass ? -64 : (int8_t)((int)(th_rng_u64(&r) % 128) - 64);
+        }
+        for (int v = 0; v < nv; v++) {
+            for (int k = 0; k < COUNT(rounds); k++) {
+                uint32_t out[16];
+                uint64_t macs = vs[v]->int8_peak(rounds[k], a, b, out);
+                assert_true(macs == (uint64_t)rounds[k] * KERNELS_PEAK_CHAINS * 64);
+                for (int l = 0; l < 16; l++) {
+                    int64_t d = 0;
+                    for (int j = 0; j < 4; j++)
+                        d += (int64_t)a[4 * l + j] * b[4 * l + j];
+                    uint32_t want = (uint32_t)(d * rounds[k] * KERNELS_PEAK_CHAINS);
+                    if (out[l] != want)
+                        fail_msg("%s int8_peak n=%lld lane %d: %u, want %u", vs[v]->name,
+                                 (long long)rounds[k], l, out[l], want);
+                }
+            }
+        }
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(variants_are_listed_best_first_and_reported),
+        cmocka_unit_test(int8_peak_loop_computes_the_stated_sum),
         cmocka_unit_test(vec_dot_matches_reference_for_every_weight_type),
         cmocka_unit_test(gemm_matches_reference_dot_at_every_tile_edge),
         cmocka_unit_test(gemm_matches_reference_dot_on_batch_shapes),

@@ -711,7 +711,7 @@ static void hyperparameters_and_weight_bytes_follow_the_file(void **state)
     }
 }
 
-/* model_prefill_flops against a count from the file's tensor shapes: each layer tensor of two
+/* model_prefill_flops (and its matrix part) against a count from the file's tensor shapes: each layer tensor of two
  * or more dimensions is a matrix every row goes through (a 3-D expert tensor: n_expert_used of
  * its matrices), causal attention over 1..n positions (a sliding layer: at most its window),
  * and the last row's logits. The gemma3 fixture has a window of 64 on layer 0, so 100 rows
@@ -735,6 +735,8 @@ static void prefill_flops_follow_the_tensor_shapes(void **state)
                     (t->ne[2] > 1 ? (double)hp->n_expert_used : 1.0);
         }
         want = 2.0 * (double)n * macs + 2.0 * (double)hp->n_embd * (double)hp->n_vocab;
+        /* the matrix part alone: no attention */
+        assert_true(fabs(model_prefill_matrix_flops(m, n) - want) <= 1e-9 * want);
         for (int l = 0; l < hp->n_layers; l++) {
             int64_t w = model_layer_is_swa(hp, l) ? hp->swa_window : n;
             double seen = 0;

@@ -1,0 +1,157 @@
+/* bench_test.c - `autoreply bench --json` on a tiny fixture model: the kernel chosen per tensor
+ * type, the int8 peak and prefill's fraction of it, and batched decode ratios are printed with
+ * sane values (positive, fractions in (0, 1.5), the matrix part of prefill no more than the
+ * whole), and bad lists fail with one line. Speeds themselves are not checked: the machine is
+ * shared. */
+#include "harness/harness.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+
+#include "harness/process.h"
+
+#define COUNT(a) (sizeof(a) / sizeof((a)[0]))
+#define MODEL "fixtures/models/tiny-qwen2-q4_k_m.gguf"
+
+static const char *const variants[] = {"ref", "avx2", "avx512", "avx512_vnni"};
+
+static bool is_variant(const cJSON *s)
+{
+    for (size_t i = 0; cJSON_IsString(s) && i < COUNT(variants); i++)
+        if (strcmp(s->valuestring, variants[i]) == 0)
+            return true;
+    return false;
+}
+
+static double num(const cJSON *o, const char *key)
+{
+    const cJSON *v = cJSON_GetObjectItem(o, key);
+    if (!cJSON_IsNumber(v))
+        fail_msg("no number \"%s\"", key);
+    return v->valuedouble;
+}
+
+/* Every line of out parsed as a JSON object; returns the count. */
+static int parse_lines(char *out, cJSON **lines, int max)
+{
+    int n = 0;
+    for (char *p = out, *end; *p; p = end + 1) {
+        assert_non_null(end = strchr(p, '\n'));
+        *end = '\0';
+        assert_true(n < max);
+        lines[n] = cJSON_Parse(p);
+        if (!cJSON_IsObject(lines[n]))
+            fail_msg("not a JSON object: %s", p);
+        n++;
+    }
+    return n;
+}
+
+/* Runs bench on MODEL with kernels forced to `kernels` (NULL: the default choice) and checks
+ * the new fields; `want` is the variant every per-type entry must name (NULL: any). */
+static void check_bench_json(const char *kernels, const char *want)
+{
+    char model[512];
+    cJSON *lines[64];
+    struct th_run r;
+    int n, peaks = 0, pps = 0, batches = 0, by_type = 0;
+    th_shared_path(model, sizeof(model), MODEL);
+    r = th_sh_run("%s%s %s bench -m %s -t 1,2 -p 16,32 -n 4 -r 1 --bw-mib 64 -b 2 --json",
+                  kernels ? "AR_KERNELS=" : "", kernels ? kernels : "", th_bin_path(), model);
+    if (r.status != 0)
+        fail_msg("bench failed (%d): %s", r.status, r.err);
+    n = parse_lines(r.out, lines, 64);
+    for (int i = 0; i < n; i++) {
+        const cJSON *j = lines[i], *kt = cJSON_GetObjectItem(j, "kernels_by_type");
+        const cJSON *test = cJSON_GetObjectItem(j, "test");
+        if (kt) {
+            /* the fixture's matrices are Q4_K and Q6_K (Q4_K_M) */
+            const cJSON *e;
+            assert_non_null(cJSON_GetObjectItem(kt, "q4_K"));
+            cJSON_ArrayForEach(e, kt)
+            {
+                const cJSON *g = cJSON_GetObjectItem(e, "gemm"),
+                            *d = cJSON_GetObjectItem(e, "vec_dot");
+                assert_true(is_variant(g) && is_variant(d));
+                assert_true(cJSON_IsBool(cJSON_GetObjectItem(e, "gemm_loop")));
+                if (want) {
+                    assert_string_equal(g->valuestring, want);
+                    assert_string_equal(d->valuestring, want);
+                }
+            }
+            assert_true(is_variant(cJSON_GetObjectItem(j, "int8_peak_kernels")));
+            by_type++;
+            continue;
+        }
+        if (!cJSON_IsString(test))
+            continue;
+        if (strcmp(test->valuestring, "int8_peak") == 0) {
+            assert_true(num(j, "int8_peak_gops") > 0);
+            peaks++;
+        } else if (test->valuestring[0] == 'p' && test->valuestring[1] == 'p') {
+            double f = num(j, "int8_fraction"), i8 = num(j, "int8_gops");
+            if (!(f > 0 && f < 1.5))
+                fail_msg("%s: int8_fraction %g", test->valuestring, f);
+            /* the matrix part of the FLOPs is at most all of them (printed to 0.1) */
+            assert_true(i8 > 0 && i8 <= num(j, "gflops_per_s") + 0.1);
+            assert_true(fabs(f - i8 / num(j, "int8_peak_gops")) < 1e-3 * (1 + f));
+            pps++;
+        } else if (strcmp(test->valuestring, "batch") == 0) {
+            int b = (int)num(j, "batch");
+            double ratio = num(j, "ratio_vs_b1"), ms = num(j, "step_ms");
+            assert_true(ms > 0 && ratio > 0);
+            assert_true(b == 1 || b == 2);
+            if (b == 1)
+                assert_true(fabs(ratio - 1.0) < 1e-9);
+            /* tokens per second of the step: B rows in step_ms (both printed rounded) */
+            assert_true(fabs(num(j, "tokens_per_s") - b / (ms / 1e3)) <
+                        0.01 * num(j, "tokens_per_s") + 1);
+            batches++;
+        }
+    }
+    assert_int_equal(by_type, 1);
+    assert_int_equal(peaks, 2);   /* per thread count */
+    assert_int_equal(pps, 4);     /* 2 prompt lengths x 2 thread counts */
+    assert_int_equal(batches, 4); /* B = 1 (put first) and 2, per thread count */
+    for (int i = 0; i < n; i++)
+        cJSON_Delete(lines[i]);
+    th_run_free(&r);
+}
+
+static void bench_json_prints_kernels_peak_fraction_and_batch_ratios(void **state)
+{
+    (void)state;
+    check_bench_json(NULL, NULL);
+}
+
+static void bench_json_names_ref_everywhere_under_ar_kernels_ref(void **state)
+{
+    (void)state;
+    check_bench_json("ref", "ref");
+}
+
+static void bench_rejects_bad_lists_with_one_line(void **state)
+{
+    static char *bad[][2] = {{"-b", "0"}, {"-b", "1,x"}, {"-p", ","}, {"-t", "1,2,3,4,5,6,7,8,9"}};
+    (void)state;
+    for (size_t i = 0; i < COUNT(bad); i++) {
+        struct th_run r = th_run_exec(
+            th_bin_path(),
+            (char *const[]){"autoreply", "bench", "-m", "x.gguf", bad[i][0], bad[i][1], NULL}, NULL,
+            false);
+        if (r.status != 2 || !strstr(r.err, bad[i][0]) ||
+            strchr(r.err, '\n') != r.err + strlen(r.err) - 1)
+            fail_msg("bench %s %s: status %d, stderr: %s", bad[i][0], bad[i][1], r.status, r.err);
+        th_run_free(&r);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(bench_json_prints_kernels_peak_fraction_and_batch_ratios),
+        cmocka_unit_test(bench_json_names_ref_everywhere_under_ar_kernels_ref),
+        cmocka_unit_test(bench_rejects_bad_lists_with_one_line),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
