@@ -5,6 +5,8 @@
 #   make fuzz       libFuzzer targets (clang), run briefly over their corpus
 #   make bench      benchmark programs under bench/
 #   make deps       install the Debian packages the build needs (root)
+#   make install    libautoreply.a, libautoreply.so, autoreply.h and autoreply.pc under
+#                   $(DESTDIR)$(PREFIX) (PREFIX=/usr/local); make uninstall removes them
 
 CC       ?= cc
 BUILD    ?= build
@@ -27,7 +29,7 @@ FLAGS_avx512      := -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx51
 FLAGS_avx512_vnni := $(FLAGS_avx512) -mavx512vnni
 
 # Modules in layer order (ARCHITECTURE.md) and what each may use.
-MODULES := base gguf kernels kv tokenizer sampler model metrics store cache queue engine reply server
+MODULES := base gguf kernels kv tokenizer sampler model metrics store cache queue engine reply server api
 # tests/cli/ drive bin/autoreply as a user would, tests/deploy/ the deploy/ scripts and nginx,
 # tests/fleet/ a whole fleet on the real servers; they link only base.
 TEST_ONLY_MODULES := cli deploy fleet
@@ -45,6 +47,7 @@ DEPS_queue     := base
 DEPS_engine    := model tokenizer sampler gguf kernels kv base
 DEPS_reply     := engine store cache queue metrics model tokenizer sampler gguf kernels kv base
 DEPS_server    := reply engine store cache queue metrics model tokenizer sampler gguf kernels kv base
+DEPS_api       := reply engine store cache queue metrics model tokenizer sampler gguf kernels kv base
 DEPS_cli       := base
 DEPS_deploy    := base
 DEPS_fleet     := base
@@ -63,12 +66,17 @@ LIB_ALL := $(BUILD)/libautoreply.a
 # Sanitizer and fuzz builds keep their binary in their own folder, never over bin/autoreply.
 BIN     := $(if $(filter build,$(BUILD)),bin/autoreply,$(BUILD)/bin/autoreply)
 
-.PHONY: all test asan tsan fuzz fuzz-run bench deps clean format check-fixtures
+.PHONY: all test asan tsan fuzz fuzz-run bench deps clean format check-fixtures install uninstall
 all: $(BIN)
+
+# Library objects are position-independent with hidden visibility: the same objects make
+# libautoreply.a and libautoreply.so, and the .so exports only what include/autoreply.h marks
+# AR_API (hidden symbols still link statically, and calls between them stay direct).
+LIB_CFLAGS := -fPIC -fvisibility=hidden
 
 $(BUILD)/obj/%.o: src/%.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) $(FLAGS_$(basename $(notdir $<))) -MMD -MP -c $< -o $@
+	$(CC) $(CFLAGS_ALL) $(LIB_CFLAGS) $(FLAGS_$(basename $(notdir $<))) -MMD -MP -c $< -o $@
 
 $(BUILD)/gen/console_assets.c: $(CONSOLE_FILES) tools/embed-console.sh
 	@mkdir -p $(dir $@)
@@ -76,7 +84,7 @@ $(BUILD)/gen/console_assets.c: $(CONSOLE_FILES) tools/embed-console.sh
 
 $(BUILD)/obj/gen/console_assets.o: $(BUILD)/gen/console_assets.c src/server/console_assets.h
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) -c $< -o $@
+	$(CC) $(CFLAGS_ALL) $(LIB_CFLAGS) -c $< -o $@
 
 define module_lib
 $(call lib_of,$(1)): $(call objs_of,$(1))
@@ -90,6 +98,21 @@ $(LIB_ALL): $(foreach m,$(MODULES),$(call objs_of,$(m)))
 	@mkdir -p $(dir $@)
 	@rm -f $@
 	ar rcs $@ $^
+
+# The shared library: soname libautoreply.so.$(SO_MAJOR), the version from autoreply.h.
+VERSION  := $(shell sed -n 's/^\#define AR_VERSION "\(.*\)"/\1/p' include/autoreply.h)
+SO_MAJOR := $(firstword $(subst ., ,$(VERSION)))
+SO_NAME  := libautoreply.so.$(SO_MAJOR)
+SO_REAL  := libautoreply.so.$(VERSION)
+LIB_SO   := $(BUILD)/$(SO_REAL)
+# every symbol resolved at link time (not for sanitizer builds: their runtime comes with the
+# program)
+SO_LDFLAGS := -shared -Wl,-soname,$(SO_NAME) $(if $(SAN),,-Wl,--no-undefined)
+$(LIB_SO): $(foreach m,$(MODULES),$(call objs_of,$(m)))
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) $(SO_LDFLAGS) -o $@ $^ $(LDLIBS_ALL)
+	ln -sf $(SO_REAL) $(BUILD)/$(SO_NAME)
+	ln -sf $(SO_NAME) $(BUILD)/libautoreply.so
 
 $(BIN): $(call objs_of,cli) $(LIB_ALL)
 	@mkdir -p $(dir $@)
@@ -115,7 +138,8 @@ $(BUILD)/fuzz/%_replay: fuzz/%.c fuzz/replay_main.c $(LIB_ALL)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -Wno-missing-prototypes -o $@ $< fuzz/replay_main.c $(LIB_ALL) $(LDLIBS_ALL)
 
-tests: $(TEST_BINS) $(FUZZ_REPLAY) $(BIN)
+# the shared library too: tests/cli/install_test installs it
+tests: $(TEST_BINS) $(FUZZ_REPLAY) $(BIN) $(LIB_SO)
 
 test: tests
 	@BUILD=$(BUILD) AR_BIN=./$(BIN) sh tests/run.sh
@@ -175,6 +199,35 @@ check-fixtures: $(BIN)
 
 deps:
 	sh tools/install-deps.sh
+
+# ---- install ------------------------------------------------------------------------------
+# autoreply.pc: linking the static library needs the Debian libraries behind PKGS, libm and
+# pthreads (Libs.private, which `pkg-config --static` adds; as plain -l flags rather than
+# Requires.private, so that their own private libraries are not asked for); the shared one
+# carries its dependencies itself.
+PREFIX     ?= /usr/local
+LIBDIR     ?= $(PREFIX)/lib
+INCLUDEDIR ?= $(PREFIX)/include
+PCDIR      ?= $(LIBDIR)/pkgconfig
+install: $(LIB_ALL) $(LIB_SO)
+	install -d $(DESTDIR)$(LIBDIR) $(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(PCDIR)
+	install -m 644 $(LIB_ALL) $(DESTDIR)$(LIBDIR)/libautoreply.a
+	install -m 755 $(LIB_SO) $(DESTDIR)$(LIBDIR)/$(SO_REAL)
+	ln -sf $(SO_REAL) $(DESTDIR)$(LIBDIR)/$(SO_NAME)
+	ln -sf $(SO_NAME) $(DESTDIR)$(LIBDIR)/libautoreply.so
+	install -m 644 include/autoreply.h $(DESTDIR)$(INCLUDEDIR)/autoreply.h
+	printf '%s\n' 'prefix=$(PREFIX)' 'libdir=$(LIBDIR)' 'includedir=$(INCLUDEDIR)' '' \
+	    'Name: autoreply' \
+	    'Description: LLM inference engine and review-reply service for GGUF models' \
+	    'Version: $(VERSION)' \
+	    'Cflags: -I$${includedir}' 'Libs: -L$${libdir} -lautoreply' \
+	    'Libs.private: $(strip $(PKG_LIBS)) -lm -pthread' >$(DESTDIR)$(PCDIR)/autoreply.pc
+	chmod 644 $(DESTDIR)$(PCDIR)/autoreply.pc
+
+uninstall:
+	rm -f $(DESTDIR)$(LIBDIR)/libautoreply.a $(DESTDIR)$(LIBDIR)/$(SO_REAL) \
+	    $(DESTDIR)$(LIBDIR)/$(SO_NAME) $(DESTDIR)$(LIBDIR)/libautoreply.so \
+	    $(DESTDIR)$(INCLUDEDIR)/autoreply.h $(DESTDIR)$(PCDIR)/autoreply.pc
 
 format:
 	clang-format -i $$(find src tests fuzz bench include -name '*.[ch]')
