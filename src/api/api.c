@@ -1,6 +1,7 @@
 /* api.c - the public API's models and tokens (include/autoreply.h): an ar_model is the
  * model module's weights plus the tokenizer read from the same file; the token calls are
  * the tokenizer's, with the caller's buffers and NULL checks a library boundary needs. */
+#include <stdio.h>
 #include <string.h>
 
 #include "api_internal.h"
@@ -20,6 +21,25 @@ enum ar_status api_params(void *dst, const void *src, size_t size, const char *w
     memcpy((char *)dst + sizeof(size_t), (const char *)src + sizeof(size_t),
            (n < size ? n : size) - sizeof(size_t));
     return AR_OK;
+}
+
+void api_err_begin(struct ar_err *err)
+{
+    if (err) {
+        err->code = AR_OK;
+        err->offset = 0;
+        err->msg[0] = '\0';
+    }
+}
+
+enum ar_status api_err_end(struct ar_err *err, enum ar_status st)
+{
+    if (err && st != AR_OK) {
+        err->code = st;
+        if (!err->msg[0])
+            snprintf(err->msg, sizeof(err->msg), "%s", ar_status_str(st));
+    }
+    return st;
 }
 
 const char *ar_version(void)
@@ -82,6 +102,7 @@ enum ar_status ar_model_load(const char *path, const struct ar_model_params *par
         st = ar_err_set(err, AR_ENOMEM, 0, "out of memory");
         goto fail;
     }
+    api_err_begin(err);
     if ((st = model_load(path, &m->model, err)) != AR_OK)
         goto fail;
     if ((st = tokenizer_load(model_gguf(m->model), &m->tok, err)) != AR_OK)
@@ -90,7 +111,7 @@ enum ar_status ar_model_load(const char *path, const struct ar_model_params *par
     return AR_OK;
 fail:
     ar_model_free(m);
-    return st;
+    return api_err_end(err, st);
 }
 
 void ar_model_free(struct ar_model *m)

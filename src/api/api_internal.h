@@ -27,4 +27,9 @@ struct ar_engine {
 enum ar_status api_params(void *dst, const void *src, size_t size, const char *what,
                           struct ar_err *err);
 
+/* For calls into modules that may fail without a message: api_err_begin clears *err (may be
+ * NULL), api_err_end gives a failure that left no message the status's own text. Returns st. */
+void api_err_begin(struct ar_err *err);
+enum ar_status api_err_end(struct ar_err *err, enum ar_status st);
+
 #endif

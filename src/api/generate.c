@@ -92,9 +92,10 @@ enum ar_status ar_engine_create(struct ar_model *m, const struct ar_engine_param
     if (!e)
         return ar_err_set(err, AR_ENOMEM, 0, "out of memory");
     e->m = m;
+    api_err_begin(err);
     if ((st = engine_create(m->model, m->tok, &ep, &e->e, err)) != AR_OK) {
         ar_free(e);
-        return st;
+        return api_err_end(err, st);
     }
     *out = e;
     return AR_OK;

@@ -56,6 +56,7 @@ enum ar_status ar_reply_service_create(struct ar_engine *e, const struct ar_repl
     s = ar_calloc(1, sizeof(*s));
     if (!s)
         return ar_err_set(err, AR_ENOMEM, 0, "out of memory");
+    api_err_begin(err);
     s->shop_id = ar_strdup(p.shop_id && *p.shop_id ? p.shop_id : API_DEFAULT_SHOP);
     if (!s->shop_id) {
         st = ar_err_set(err, AR_ENOMEM, 0, "out of memory");
@@ -99,7 +100,7 @@ enum ar_status ar_reply_service_create(struct ar_engine *e, const struct ar_repl
     return AR_OK;
 fail:
     ar_reply_service_free(s);
-    return st;
+    return api_err_end(err, st);
 }
 
 void ar_reply_service_free(struct ar_reply_service *s)

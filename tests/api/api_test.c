@@ -8,6 +8,7 @@
 #include <stdbool.h>
 
 #include "autoreply.h"
+#include "base/base.h" /* ar_alloc_fail_after: fault injection, not part of the API */
 
 #define TINY "fixtures/models/tiny-llama-f32.gguf"
 #define DEMO "models/autoreply-demo-q8_0.gguf"
@@ -644,6 +645,78 @@ static void reply_service_refuses_a_bad_shops_file(void **state)
     ar_engine_free(e);
 }
 
+/* Each constructor with its Nth allocation failing, for every N until it succeeds: an error
+ * (out of memory, with a message), the handle left NULL, nothing leaked (ASan's leak check). */
+static void constructors_fail_cleanly_on_every_allocation(void **state)
+{
+    char path[PATH_LEN];
+    struct ar_engine *e = tiny_engine(1);
+    th_shared_path(path, sizeof(path), TINY);
+    (void)state;
+    for (uint64_t n = 1;; n++) {
+        struct ar_model *m = (struct ar_model *)&n;
+        struct ar_err err = {0};
+        enum ar_status st;
+        ar_alloc_fail_after(n);
+        st = ar_model_load(path, NULL, &m, &err);
+        ar_alloc_fail_after(0);
+        if (st == AR_OK) {
+            ar_model_free(m);
+            assert_true(n > 1);
+            break;
+        }
+        assert_int_equal(st, AR_ENOMEM);
+        assert_null(m);
+        assert_true(strlen(err.msg) > 0);
+    }
+    for (uint64_t n = 1;; n++) {
+        struct ar_engine *x = (struct ar_engine *)&n;
+        struct ar_err err = {0};
+        enum ar_status st;
+        ar_alloc_fail_after(n);
+        st = ar_engine_create(tiny, NULL, &x, &err);
+        ar_alloc_fail_after(0);
+        if (st == AR_OK) {
+            ar_engine_free(x);
+            break;
+        }
+        assert_int_equal(st, AR_ENOMEM);
+        assert_null(x);
+        assert_true(strlen(err.msg) > 0);
+    }
+    for (uint64_t n = 1;; n++) {
+        struct ar_reply_service *s = (struct ar_reply_service *)&n;
+        struct ar_err err = {0};
+        enum ar_status st;
+        ar_alloc_fail_after(n);
+        st = ar_reply_service_create(e, NULL, &s, &err);
+        ar_alloc_fail_after(0);
+        if (st == AR_OK) {
+            ar_reply_service_free(s);
+            break;
+        }
+        assert_int_not_equal(st, AR_OK);
+        assert_null(s);
+        assert_true(strlen(err.msg) > 0);
+    }
+    for (uint64_t n = 1;; n++) {
+        struct ar_detokenizer *d = NULL;
+        int32_t ids[64];
+        int64_t k = 0;
+        enum ar_status st, st2;
+        ar_alloc_fail_after(n);
+        st = ar_detokenizer_create(tiny, true, &d, NULL);
+        st2 = ar_tokenize(tiny, "物流很快，包装完好", strlen("物流很快，包装完好"), true, false, ids,
+                          64, &k, NULL);
+        ar_alloc_fail_after(0);
+        ar_detokenizer_free(d);
+        if (st == AR_OK && st2 == AR_OK)
+            break;
+        assert_true(st == AR_ENOMEM || st2 == AR_ENOMEM);
+    }
+    ar_engine_free(e);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -659,6 +732,7 @@ int main(void)
         cmocka_unit_test(concurrent_requests_from_two_threads_match_requests_alone),
         cmocka_unit_test(reply_service_answers_reviews_once_per_id),
         cmocka_unit_test(reply_service_refuses_a_bad_shops_file),
+        cmocka_unit_test(constructors_fail_cleanly_on_every_allocation),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
