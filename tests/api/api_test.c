@@ -418,6 +418,44 @@ static void generate_returns_the_streamed_text(void **state)
     ar_engine_free(e);
 }
 
+/* A stop string taken from the middle of a greedy generation ends the same generation there:
+ * the text is what came before it, and the finish says stop. */
+static void stop_strings_end_generation_before_them(void **state)
+{
+    struct ar_engine *e = tiny_engine(2);
+    struct ar_request_params p = ar_request_params_default();
+    struct ar_result res;
+    struct ar_err err = {0};
+    char *full = NULL, *cut = NULL, stop[8];
+    const char *stops[1] = {stop};
+    size_t at = 0;
+    (void)state;
+    p.temperature = 0;
+    p.max_tokens = 40;
+    p.ignore_eos = true;
+    assert_int_equal(ar_engine_generate(e, "The tea", &p, &full, &res, &err), AR_OK);
+    assert_int_equal(res.finish, AR_FINISH_LENGTH);
+    /* the first printable ASCII pair after the first few bytes: a whole-character stop */
+    for (size_t i = 4; i + 1 < strlen(full) && !at; i++)
+        if (full[i] > ' ' && full[i] < 127 && full[i + 1] > ' ' && full[i + 1] < 127)
+            at = i;
+    if (!at)
+        fail_msg("no ASCII pair in the tiny model's text: %s", full);
+    /* the pair's first occurrence is where generation must stop */
+    memcpy(stop, full + at, 2);
+    stop[2] = '\0';
+    at = (size_t)(strstr(full, stop) - full);
+    p.stop = stops;
+    p.n_stop = 1;
+    assert_int_equal(ar_engine_generate(e, "The tea", &p, &cut, &res, &err), AR_OK);
+    assert_int_equal(res.finish, AR_FINISH_STOP);
+    assert_int_equal(strlen(cut), at);
+    assert_memory_equal(cut, full, at);
+    ar_string_free(full);
+    ar_string_free(cut);
+    ar_engine_free(e);
+}
+
 static void bad_requests_are_refused_with_a_message(void **state)
 {
     struct ar_engine *e = tiny_engine(2);
@@ -726,6 +764,7 @@ int main(void)
         cmocka_unit_test(tokenize_and_detokenize_round_trip_on_fixtures),
         cmocka_unit_test(streamed_text_adds_up_to_the_final_text_and_tokens_match_the_reference),
         cmocka_unit_test(generate_returns_the_streamed_text),
+        cmocka_unit_test(stop_strings_end_generation_before_them),
         cmocka_unit_test(bad_requests_are_refused_with_a_message),
         cmocka_unit_test(shorter_params_structs_keep_defaults_for_later_fields),
         cmocka_unit_test(cancel_stops_a_running_request),
