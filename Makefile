@@ -149,8 +149,9 @@ asan:
 	    SAN="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" test
 
 # ThreadSanitizer over the tests that exercise threads: pool, engine, server, metrics, store,
-# in-process reply cache.
+# in-process reply cache, the public API (two threads, callbacks, cancellation).
 TSAN_TESTS := base/base_test engine/engine_test server/server_test server/sessions_test \
+              api/api_test \
               server/workflow_test \
               metrics/metrics_test \
               store/store_test reply/fleet_test cache/cache_test
