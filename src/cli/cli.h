@@ -63,4 +63,11 @@ bool cli_parse_f64(const char *flag, const char *s, double lo, double hi, double
 /* Returns argv[*i + 1] and advances *i, or prints "<flag> needs a value" and returns NULL. */
 const char *cli_value(int argc, char **argv, int *i);
 
+/* A command's options from its table (base/opts.h): true when the command goes on (its
+ * positional arguments from argv[*first_arg]); else false with *exit_code 0 after --help
+ * (printed on stdout) or 2 after printing the error. */
+struct ar_opts;
+bool cli_parse_opts(const struct ar_opts *spec, int argc, char **argv, int *first_arg,
+                    int *exit_code);
+
 #endif

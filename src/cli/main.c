@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "autoreply.h"
+#include "base/opts.h"
 #include "cli.h"
 
 void cli_error(const char *fmt, ...)
@@ -66,6 +67,24 @@ const char *cli_value(int argc, char **argv, int *i)
     return argv[*i];
 }
 
+bool cli_parse_opts(const struct ar_opts *spec, int argc, char **argv, int *first_arg,
+                    int *exit_code)
+{
+    struct ar_err err = {0};
+    switch (ar_opts_parse(spec, argc, argv, first_arg, stdout, &err)) {
+    case AR_OPTS_OK:
+        return true;
+    case AR_OPTS_HELP:
+        *exit_code = 0;
+        return false;
+    case AR_OPTS_BAD:
+        break;
+    }
+    cli_error("%s", err.msg);
+    *exit_code = 2;
+    return false;
+}
+
 struct command {
     const char *name;
     int (*fn)(int argc, char **argv);
@@ -80,7 +99,8 @@ static const struct command commands[] = {
     {"tokenize", cmd_tokenize, "show the token ids and pieces of a text"},
     {"inspect", cmd_inspect, "print a GGUF model's metadata and tensors"},
     {"quantize", cmd_quantize, "convert an F32/F16/BF16 model to Q8_0, Q4_0, Q4_K, Q6_K, Q4_K_M"},
-    {"gen-model", cmd_gen_model, "write a random-weight model of a given shape (tests, benchmarks)"},
+    {"gen-model", cmd_gen_model,
+     "write a random-weight model of a given shape (tests, benchmarks)"},
     {"bench", cmd_bench, "measure prefill and decode speed against memory bandwidth"},
     {"check-fixtures", cmd_check_fixtures, "check the engine against llama.cpp reference fixtures"},
 };
