@@ -26,7 +26,7 @@ struct opt_read {
 
 static bool takes_value(enum ar_opt_kind k)
 {
-    return k != AR_OPT_SECTION && k != AR_OPT_SET && k != AR_OPT_CLEAR;
+    return k != AR_OPT_SECTION && k != AR_OPT_SET && k != AR_OPT_CLEAR && k != AR_OPT_ACTION;
 }
 
 /* "--name", else "-x": how errors and setters name an option. */
@@ -186,6 +186,7 @@ static bool store(const struct ar_opts *spec, const struct opt_read *r, struct a
         *(const char **)o->target = r->value;
         break;
     case AR_OPT_CALL:
+    case AR_OPT_ACTION:
         flag_name(o, flag, sizeof(flag));
         if (!o->set(spec->ctx, flag, r->value, err)) {
             if (!err || !err->msg[0])

@@ -22,10 +22,12 @@ enum ar_opt_kind {
     AR_OPT_DOUBLE,  /* double (finite) */
     AR_OPT_STRING,  /* const char *, borrowed from argv */
     AR_OPT_CALL,    /* the value (a string) goes to set(), which checks and stores it */
+    AR_OPT_ACTION,  /* no value: set() is called with value NULL (flags that do more) */
 };
 
-/* The setter of an AR_OPT_CALL entry: flag is the option's name as --help shows it
- * ("--cache-mb"). False after filling err (one line naming the flag) for a bad value. */
+/* The setter of an AR_OPT_CALL or AR_OPT_ACTION entry: flag is the option's name as --help
+ * shows it ("--cache-mb"). False after filling err (one line naming the flag) for a bad
+ * value. */
 typedef bool (*ar_opt_set_fn)(void *ctx, const char *flag, const char *value, struct ar_err *err);
 
 struct ar_opt {
@@ -61,8 +63,9 @@ enum ar_opts_result {
  * VALUE" or "--name=VALUE", short ones as "-x VALUE" or "-xVALUE"; positional arguments may
  * come between options (argv is reordered to put them last) or after "--". Each value is
  * checked first; the targets are written only when the whole line is good (in the order
- * given; a later value of the same option wins). -h and --help are built in. Uses getopt's
- * globals: not thread-safe. */
+ * given; a later value of the same option wins), the setters called in that order too (so a
+ * setter's refusal comes after the options before it were stored). -h and --help are built
+ * in. Uses getopt's globals: not thread-safe. */
 enum ar_opts_result ar_opts_parse(const struct ar_opts *spec, int argc, char **argv, int *first_arg,
                                   FILE *help_out, struct ar_err *err);
 

@@ -33,6 +33,16 @@ static bool set_mode(void *ctx, const char *flag, const char *value, struct ar_e
     return true;
 }
 
+static bool set_fast(void *ctx, const char *flag, const char *value, struct ar_err *err)
+{
+    struct vals *v = ctx;
+    (void)err;
+    assert_null(value);
+    snprintf(v->called, sizeof(v->called), "%s", flag);
+    v->n_called++;
+    return true;
+}
+
 static struct vals V;
 
 static const struct ar_opt TABLE[] = {
@@ -47,6 +57,7 @@ static const struct ar_opt TABLE[] = {
     {"verbose", 'v', AR_OPT_SET, &V.verbose, 0, 0, NULL, "say more", NULL, NULL},
     {"no-cache", 0, AR_OPT_CLEAR, &V.cache, 0, 0, NULL, "no cache", NULL, NULL},
     {"mode", 0, AR_OPT_CALL, NULL, 0, 0, "M", "fast or slow", "", set_mode},
+    {"fast", 0, AR_OPT_ACTION, NULL, 0, 0, NULL, "the same as --mode fast", NULL, set_fast},
 };
 
 static const struct ar_opts SPEC = {
@@ -117,6 +128,10 @@ static void every_kind_is_stored(void **state)
     assert_false(V.cache);
     assert_string_equal(V.called, "--mode=fast");
     assert_int_equal(first, 17); /* no positional argument: argc */
+    /* setters run in the order given: the action after --mode is the last call */
+    assert_int_equal(parse(argv, &first, &err, "--mode", "slow", "--fast", NULL), AR_OPTS_OK);
+    assert_string_equal(V.called, "--fast");
+    assert_int_equal(V.n_called, 2);
 }
 
 static void positional_argument_and_later_value_wins(void **state)
@@ -200,6 +215,7 @@ static void missing_values_and_unknown_options(void **state)
     check_refused("demo: unknown option '--colour'", NULL, "--colour=red", NULL);
     check_refused("demo: unknown option '-x'", NULL, "-x", NULL);
     check_refused("--verbose takes no value", NULL, "--verbose=1", NULL);
+    check_refused("--fast takes no value", NULL, "--fast=yes", NULL);
     check_refused("demo: unexpected argument 'b'", NULL, "a", "b");
 }
 
