@@ -1,10 +1,7 @@
 /* main.c - the `autoreply` command: dispatches to subcommands. The only place (with the other
  * cli/ files) that prints usage or exits. */
-#include <errno.h>
-#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "autoreply.h"
@@ -19,52 +16,6 @@ void cli_error(const char *fmt, ...)
     vfprintf(stderr, fmt, ap);
     va_end(ap);
     fputc('\n', stderr);
-}
-
-bool cli_parse_i64(const char *flag, const char *s, int64_t lo, int64_t hi, int64_t *out)
-{
-    char *end;
-    long long v;
-    errno = 0;
-    v = strtoll(s, &end, 10);
-    if (errno || end == s || *end) {
-        cli_error("%s: '%s' is not an integer", flag, s);
-        return false;
-    }
-    if (v < lo || v > hi) {
-        cli_error("%s: %lld is out of range [%lld, %lld]", flag, v, (long long)lo, (long long)hi);
-        return false;
-    }
-    *out = v;
-    return true;
-}
-
-bool cli_parse_f64(const char *flag, const char *s, double lo, double hi, double *out)
-{
-    char *end;
-    double v;
-    errno = 0;
-    v = strtod(s, &end);
-    if (errno || end == s || *end || isnan(v)) {
-        cli_error("%s: '%s' is not a number", flag, s);
-        return false;
-    }
-    if (v < lo || v > hi) {
-        cli_error("%s: %g is out of range [%g, %g]", flag, v, lo, hi);
-        return false;
-    }
-    *out = v;
-    return true;
-}
-
-const char *cli_value(int argc, char **argv, int *i)
-{
-    if (*i + 1 >= argc) {
-        cli_error("%s needs a value", argv[*i]);
-        return NULL;
-    }
-    *i += 1;
-    return argv[*i];
 }
 
 bool cli_parse_opts(const struct ar_opts *spec, int argc, char **argv, int *first_arg,
