@@ -13,7 +13,7 @@
 #include "base/opts.h"
 
 #define HELP_COL 24   /* the help text's column */
-#define CODE_HELP 1   /* getopt_long's answer for --help */
+#define CODE_HELP 2   /* getopt_long's answer for --help (1 is a positional argument) */
 #define CODE_BASE 256 /* ... and for the table's entry i: CODE_BASE + i (above every char) */
 
 /* One option as read: its entry and its checked value. */
@@ -204,18 +204,23 @@ enum ar_opts_result ar_opts_parse(const struct ar_opts *spec, int argc, char **a
                                   FILE *help_out, struct ar_err *err)
 {
     struct option *longs = ar_calloc(spec->n_opts + 2, sizeof(*longs));
-    char *shorts = ar_malloc(2 * spec->n_opts + 4);
+    char *shorts = ar_malloc(2 * spec->n_opts + 5);
     struct opt_read *reads = ar_calloc((size_t)(argc > 0 ? argc : 1), sizeof(*reads));
+    char **pos = ar_calloc((size_t)(argc > 0 ? argc : 1), sizeof(*pos));
     enum ar_opts_result res = AR_OPTS_BAD;
     size_t n_long = 0, n_short = 0, n_reads = 0;
+    int n_pos = 0;
     bool help = false;
     int c;
     *first_arg = argc;
-    if (!longs || !shorts || !reads) {
+    if (!longs || !shorts || !reads || !pos) {
         ar_err_set(err, AR_ENOMEM, 0, "%s: out of memory", spec->cmd);
         goto done;
     }
-    shorts[n_short++] = ':'; /* a missing value answers ':', an unknown option '?' */
+    /* '-': positional arguments answer 1 in their place (whatever POSIXLY_CORRECT says), ':':
+     * a missing value answers ':', an unknown option '?' */
+    shorts[n_short++] = '-';
+    shorts[n_short++] = ':';
     shorts[n_short++] = 'h';
     for (size_t i = 0; i < spec->n_opts; i++) {
         const struct ar_opt *o = &spec->opts[i];
@@ -245,29 +250,38 @@ enum ar_opts_result ar_opts_parse(const struct ar_opts *spec, int argc, char **a
             help = true;
             continue;
         }
+        if (c == 1) {
+            pos[n_pos++] = optarg;
+            continue;
+        }
         if (!(o = entry_of(spec, c)) || !read_value(o, optarg, &reads[n_reads], err))
             goto done;
         n_reads++;
     }
+    while (optind < argc) /* after "--" */
+        pos[n_pos++] = argv[optind++];
     if (help) {
         ar_opts_help(spec, help_out);
         res = AR_OPTS_HELP;
         goto done;
     }
-    if (spec->max_args >= 0 && argc - optind > spec->max_args) {
+    if (spec->max_args >= 0 && n_pos > spec->max_args) {
         ar_err_set(err, AR_EINVAL, 0, "%s: unexpected argument '%s' (autoreply %s --help)",
-                   spec->cmd, argv[optind + spec->max_args], spec->cmd);
+                   spec->cmd, pos[spec->max_args], spec->cmd);
         goto done;
     }
     for (size_t i = 0; i < n_reads; i++)
         if (!store(spec, &reads[i], err))
             goto done;
-    *first_arg = optind;
+    for (int i = 0; i < n_pos; i++) /* the positional arguments last, in their order */
+        argv[argc - n_pos + i] = pos[i];
+    *first_arg = argc - n_pos;
     res = AR_OPTS_OK;
 done:
     ar_free(longs);
     ar_free(shorts);
     ar_free(reads);
+    ar_free(pos);
     return res;
 }
 

@@ -61,7 +61,8 @@ enum ar_opts_result {
 
 /* Parses argv[1..argc) (argv[0] is the command's name) against spec: long options as "--name
  * VALUE" or "--name=VALUE", short ones as "-x VALUE" or "-xVALUE"; positional arguments may
- * come between options (argv is reordered to put them last) or after "--". Each value is
+ * come between options or after "--" (on success argv holds them last, in their order, from
+ * argv[*first_arg]; the options' entries before them are overwritten). Each value is
  * checked first; the targets are written only when the whole line is good (in the order
  * given; a later value of the same option wins), the setters called in that order too (so a
  * setter's refusal comes after the options before it were stored). -h and --help are built

@@ -155,6 +155,33 @@ static void positional_argument_and_later_value_wins(void **state)
     assert_true(V.seed == -1);
 }
 
+/* Positional arguments keep their order and are found between options even when
+ * POSIXLY_CORRECT asks getopt to stop at the first one. */
+static void positional_arguments_keep_their_order(void **state)
+{
+    char *argv[16];
+    struct ar_err err = {0};
+    struct ar_opts spec = SPEC;
+    int first = -1, argc = 0;
+    static char w[][16] = {"demo", "a", "--port", "1", "b", "-v", "c", "--", "-d"};
+    (void)state;
+    spec.max_args = -1;
+    for (size_t i = 0; i < AR_ARRAY_LEN(w); i++)
+        argv[argc++] = w[i];
+    argv[argc] = NULL;
+    setenv("POSIXLY_CORRECT", "1", 1);
+    reset();
+    assert_int_equal(ar_opts_parse(&spec, argc, argv, &first, stdout, &err), AR_OPTS_OK);
+    unsetenv("POSIXLY_CORRECT");
+    assert_int_equal(V.port, 1);
+    assert_true(V.verbose);
+    assert_int_equal(first, argc - 4);
+    assert_string_equal(argv[first], "a");
+    assert_string_equal(argv[first + 1], "b");
+    assert_string_equal(argv[first + 2], "c");
+    assert_string_equal(argv[first + 3], "-d");
+}
+
 /* A refused line: the result, the message's parts, and no target written (the earlier, good
  * --port 7 included). */
 static void check_refused(const char *want1, const char *want2, const char *w1, const char *w2)
@@ -294,6 +321,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(every_kind_is_stored),
         cmocka_unit_test(positional_argument_and_later_value_wins),
+        cmocka_unit_test(positional_arguments_keep_their_order),
         cmocka_unit_test(bad_numbers_name_the_flag),
         cmocka_unit_test(setter_refusal_names_the_flag),
         cmocka_unit_test(missing_values_and_unknown_options),
