@@ -1,4 +1,4 @@
-/* cli.h - shared by the `autoreply` subcommands: argument parsing helpers and the
+/* cli.h - shared by the `autoreply` subcommands: option parsing (over base/opts.h) and the
  * subcommand entry points. Only cli/ prints usage or exits. */
 #ifndef AR_CLI_H
 #define AR_CLI_H
@@ -56,11 +56,11 @@ void cli_reply_detach(struct cli_reply *cr);
 /* Prints "autoreply: <msg>" on stderr (one line). */
 void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
-/* Strict number parsing for flags: whole string, in range; on failure print an error naming
- * the flag and return false. */
-bool cli_parse_i64(const char *flag, const char *s, int64_t lo, int64_t hi, int64_t *out);
-bool cli_parse_f64(const char *flag, const char *s, double lo, double hi, double *out);
-/* Returns argv[*i + 1] and advances *i, or prints "<flag> needs a value" and returns NULL. */
-const char *cli_value(int argc, char **argv, int *i);
+/* A command's options from its table (base/opts.h): true when the command goes on (its
+ * positional arguments from argv[*first_arg]); else false with *exit_code 0 after --help
+ * (printed on stdout) or 2 after printing the error. */
+struct ar_opts;
+bool cli_parse_opts(const struct ar_opts *spec, int argc, char **argv, int *first_arg,
+                    int *exit_code);
 
 #endif

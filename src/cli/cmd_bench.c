@@ -13,10 +13,11 @@
 #include <string.h>
 
 #include "base/base.h"
+#include "base/cpu.h"
+#include "base/opts.h"
 #include "base/pool.h"
 #include "cli.h"
 #include "cli_internal.h"
-#include "base/cpu.h"
 #include "gguf/gguf.h"
 #include "kernels/kernels.h"
 #include "kv/kv.h"
@@ -87,7 +88,8 @@ static double median(double *v, int n)
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-/* ---- int8 multiply-accumulate peak ------------------------------------------------------------ */
+/* ---- int8 multiply-accumulate peak ------------------------------------------------------------
+ */
 
 struct peak_job {
     const struct kernel_ops *k;
@@ -300,8 +302,8 @@ static enum ar_status bench_batch(const struct model *m, struct ar_pool *pool, c
         kv_seq_init(&seqs[s]);
         ptrs[s] = &seqs[s];
     }
-    model_kv_params(m, BATCH_BLOCK, (int64_t)bmax * ((n_tok + BATCH_BLOCK - 1) / BATCH_BLOCK), AR_TYPE_F16,
-                    &kp);
+    model_kv_params(m, BATCH_BLOCK, (int64_t)bmax * ((n_tok + BATCH_BLOCK - 1) / BATCH_BLOCK),
+                    AR_TYPE_F16, &kp);
     if (kp.swa_layers) /* a local pool as large as the global one: nothing to slide */
         kp.n_local_blocks = kp.n_blocks;
     if ((st = kv_create(&kp, &kv)) != AR_OK) {
@@ -373,21 +375,21 @@ out:
 
 /* Parses "a,b,c" into at most max integers in [lo, hi]; false (after the error) otherwise. */
 static bool parse_list(const char *flag, const char *v, int64_t lo, int64_t hi, int64_t *out,
-                       int max, int *n)
+                       int max, int *n, struct ar_err *err)
 {
     char *list = strdup(v), *tok, *save = NULL;
     *n = 0;
     if (!list) {
-        cli_error("%s: out of memory", flag);
+        ar_err_set(err, AR_ENOMEM, 0, "%s: out of memory", flag);
         return false;
     }
     for (tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
         if (*n == max) {
-            cli_error("%s: at most %d values", flag, max);
+            ar_err_set(err, AR_EINVAL, 0, "%s: at most %d values", flag, max);
             free(list);
             return false;
         }
-        if (!cli_parse_i64(flag, tok, lo, hi, &out[*n])) {
+        if (!ar_opts_parse_i64(flag, tok, lo, hi, &out[*n], err)) {
             free(list);
             return false;
         }
@@ -395,7 +397,7 @@ static bool parse_list(const char *flag, const char *v, int64_t lo, int64_t hi, 
     }
     free(list);
     if (!*n)
-        cli_error("%s: empty list", flag);
+        ar_err_set(err, AR_EINVAL, 0, "%s: empty list", flag);
     return *n > 0;
 }
 
@@ -403,79 +405,100 @@ static bool parse_list(const char *flag, const char *v, int64_t lo, int64_t hi, 
 
 #define MAX_LIST 8
 
+#define STR_(x) #x
+#define STR(x) STR_(x)
+
+/* The lists bench's options fill. */
+struct bench_lists {
+    int64_t threads[MAX_LIST], prompts[MAX_LIST], batch[MAX_LIST + 1];
+    int n_threads, n_prompts, n_batch;
+};
+
+static bool set_threads(void *ctx, const char *flag, const char *v, struct ar_err *err)
+{
+    struct bench_lists *l = ctx;
+    return parse_list(flag, v, 1, 256, l->threads, MAX_LIST, &l->n_threads, err);
+}
+
+static bool set_prompts(void *ctx, const char *flag, const char *v, struct ar_err *err)
+{
+    struct bench_lists *l = ctx;
+    return parse_list(flag, v, 1, 65536, l->prompts, MAX_LIST, &l->n_prompts, err);
+}
+
+static bool set_batch(void *ctx, const char *flag, const char *v, struct ar_err *err)
+{
+    struct bench_lists *l = ctx;
+    /* room for a 1 put in front: the ratios are to one sequence */
+    return parse_list(flag, v, 1, 256, l->batch + 1, MAX_LIST, &l->n_batch, err);
+}
+
 int cmd_bench(int argc, char **argv)
 {
     const char *path = NULL;
-    int64_t threads[MAX_LIST] = {1, 2}, prompts[MAX_LIST] = {512}, batch_list[MAX_LIST + 1];
-    int n_thread_sets = 2, n_prompts = 1, n_batch = 0;
+    struct bench_lists l = {.threads = {1, 2}, .prompts = {512}, .n_threads = 2, .n_prompts = 1};
+    int64_t *threads = l.threads, *prompts = l.prompts, *batch_list = l.batch;
     int64_t n_gen = 128, reps = 2, bw_mib = 1024;
     bool json = false;
-    int rc = 1;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v;
-        if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
-            if (!(path = cli_value(argc, argv, &i)))
-                return 2;
-        } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
-            if (!(v = cli_value(argc, argv, &i)) ||
-                !parse_list("-t", v, 1, 256, threads, MAX_LIST, &n_thread_sets))
-                return 2;
-        } else if (!strcmp(a, "-p")) {
-            if (!(v = cli_value(argc, argv, &i)) ||
-                !parse_list("-p", v, 1, 65536, prompts, MAX_LIST, &n_prompts))
-                return 2;
-        } else if (!strcmp(a, "-b") || !strcmp(a, "--batch")) {
-            /* room for a 1 put in front: the ratios are to one sequence */
-            if (!(v = cli_value(argc, argv, &i)) ||
-                !parse_list("-b", v, 1, 256, batch_list + 1, MAX_LIST, &n_batch))
-                return 2;
-        } else if (!strcmp(a, "-n")) {
-            if (!(v = cli_value(argc, argv, &i)) || !cli_parse_i64("-n", v, 1, 65536, &n_gen))
-                return 2;
-        } else if (!strcmp(a, "-r") || !strcmp(a, "--reps")) {
-            if (!(v = cli_value(argc, argv, &i)) || !cli_parse_i64("-r", v, 1, 100, &reps))
-                return 2;
-        } else if (!strcmp(a, "--bw-mib")) {
-            if (!(v = cli_value(argc, argv, &i)) ||
-                !cli_parse_i64("--bw-mib", v, 64, 65536, &bw_mib))
-                return 2;
-        } else if (!strcmp(a, "--json")) {
-            json = true;
-        } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            printf("usage: autoreply bench -m MODEL [-t 1,2] [-p 512[,2048]] [-n 128] [-r REPS]\n"
-                   "                       [-b 1,4,16,64] [--bw-mib 1024] [--json]\n"
-                   "First the CPU, its features and the kernel variant; after loading, per tensor\n"
-                   "type of the model's matrices the variant whose gemm and vec_dot run\n"
-                   "(kernels_by_type), and the instruction the int8 peak loop times.\n"
-                   "Per thread count: int8_peak_gops, the int8 multiply-accumulate peak of those\n"
-                   "threads (a multiply-add is 2 ops) from a short timed loop of independent\n"
-                   "accumulator chains of the instruction the Q8_0 kernels use (vpdpbusd zmm\n"
-                   "with AVX-512 VNNI, vpmaddubsw+vpmaddwd otherwise), best of 3 runs of 20 ms,\n"
-                   "measured before the repetitions and after each one's prefills: the best.\n"
-                   "Then REPS times (default 2): a ppN prefill per -p value, then N decode steps\n"
-                   "(tgN), then the memory read bandwidth (best of 3 reads of a --bw-mib buffer\n"
-                   "by that many threads), measured right after each decode so both see the same\n"
-                   "machine load. tokens_per_s: the best repetition; bandwidth_gbs: the median\n"
-                   "of the repetitions' bandwidths; efficiency (decode): the median over\n"
-                   "repetitions of tok/s x weight bytes per token / that repetition's bandwidth\n"
-                   "(a mixture of experts: the used experts' bytes, weight_bytes; the file's\n"
-                   "matrices: weight_bytes_all);\n"
-                   "tokens_per_s_median: the median decode speed; gflops_per_s (prefill): the\n"
-                   "pass's floating-point operations (model_prefill_flops: matrices, causal\n"
-                   "attention, the last row's logits) per second at the best repetition;\n"
-                   "int8_gops (prefill): the matrix part alone (the work of the int8 kernels) per\n"
-                   "second; int8_fraction: int8_gops / int8_peak_gops.\n"
-                   "-b: batched decode, once per thread count: B sequences with a %d-token prompt\n"
-                   "each, then steps of one row per sequence at one position in one forward pass;\n"
-                   "step_ms: the median of %d steps; ratio_vs_b1: step_ms / step_ms at B=1\n"
-                   "(B=1 is measured first whether listed or not).\n",
-                   BATCH_PROMPT, BATCH_STEPS);
-            return 0;
-        } else {
-            cli_error("bench: unknown option '%s'", a);
-            return 2;
-        }
-    }
+    int rc = 1, first_arg;
+    const struct ar_opt opts[] = {
+        {"model", 'm', AR_OPT_STRING, &path, 0, 0, "FILE", "GGUF model (required)", NULL, NULL},
+        /* model-loading options (--tokenizer-pre NAME, ...) go here, beside --model */
+        {"threads", 't', AR_OPT_CALL, NULL, 0, 0, "N[,N]", "thread counts, each measured", "1,2",
+         set_threads},
+        {NULL, 'p', AR_OPT_CALL, NULL, 0, 0, "N[,N]", "prompt lengths of the prefills", "512",
+         set_prompts},
+        {NULL, 'n', AR_OPT_I64, &n_gen, 1, 65536, "N", "decode steps", NULL, NULL},
+        {"reps", 'r', AR_OPT_I64, &reps, 1, 100, "REPS", "repetitions", NULL, NULL},
+        {"batch", 'b', AR_OPT_CALL, NULL, 0, 0, "B[,B]", "batched decode sizes (see below)", "off",
+         set_batch},
+        {"bw-mib", 0, AR_OPT_I64, &bw_mib, 64, 65536, "MIB", "bandwidth buffer size", NULL, NULL},
+        {"json", 0, AR_OPT_SET, &json, 0, 0, NULL, "one JSON object instead of a table", NULL,
+         NULL},
+    };
+    const struct ar_opts spec = {
+        .cmd = "bench",
+        .usage = "bench -m MODEL [-t 1,2] [-p 512[,2048]] [-n 128] [-r REPS] [-b 1,4,16,64] "
+                 "[options]",
+        .about =
+            "First the CPU, its features and the kernel variant; after loading, per tensor\n"
+            "type of the model's matrices the variant whose gemm and vec_dot run\n"
+            "(kernels_by_type), and the instruction the int8 peak loop times.\n"
+            "Per thread count: int8_peak_gops, the int8 multiply-accumulate peak of those\n"
+            "threads (a multiply-add is 2 ops) from a short timed loop of independent\n"
+            "accumulator chains of the instruction the Q8_0 kernels use (vpdpbusd zmm\n"
+            "with AVX-512 VNNI, vpmaddubsw+vpmaddwd otherwise), best of 3 runs of 20 ms,\n"
+            "measured before the repetitions and after each one's prefills: the best.\n"
+            "Then REPS times (default 2): a ppN prefill per -p value, then N decode steps\n"
+            "(tgN), then the memory read bandwidth (best of 3 reads of a --bw-mib buffer\n"
+            "by that many threads), measured right after each decode so both see the same\n"
+            "machine load. tokens_per_s: the best repetition; bandwidth_gbs: the median\n"
+            "of the repetitions' bandwidths; efficiency (decode): the median over\n"
+            "repetitions of tok/s x weight bytes per token / that repetition's bandwidth\n"
+            "(a mixture of experts: the used experts' bytes, weight_bytes; the file's\n"
+            "matrices: weight_bytes_all);\n"
+            "tokens_per_s_median: the median decode speed; gflops_per_s (prefill): the\n"
+            "pass's floating-point operations (model_prefill_flops: matrices, causal\n"
+            "attention, the last row's logits) per second at the best repetition;\n"
+            "int8_gops (prefill): the matrix part alone (the work of the int8 kernels) per\n"
+            "second; int8_fraction: int8_gops / int8_peak_gops.\n"
+            /* clang-format off */
+            "-b: batched decode, once per thread count: B sequences with a "
+            STR(BATCH_PROMPT) "-token prompt\n"
+            "each, then steps of one row per sequence at one position in one forward pass;\n"
+            "step_ms: the median of " STR(BATCH_STEPS) " steps; ratio_vs_b1: step_ms / step_ms "
+            "at B=1\n"
+            "(B=1 is measured first whether listed or not).",
+        /* clang-format on */
+        .opts = opts,
+        .n_opts = AR_ARRAY_LEN(opts),
+        .max_args = 0,
+        .ctx = &l};
+
+    if (!cli_parse_opts(&spec, argc, argv, &first_arg, &rc))
+        return rc;
+    rc = 1;
+    int n_thread_sets = l.n_threads, n_prompts = l.n_prompts, n_batch = l.n_batch;
     if (!path) {
         cli_error("bench: -m MODEL is required");
         return 2;
@@ -507,9 +530,8 @@ int cmd_bench(int argc, char **argv)
         const struct model *m = cli_runner_model(r);
         const struct model_hparams *hp = model_hparams(m);
         uint32_t ft = 0;
-        const char *type = gguf_get_u32(model_gguf(m), "general.file_type", &ft)
-                               ? file_type_name(ft)
-                               : "other";
+        const char *type =
+            gguf_get_u32(model_gguf(m), "general.file_type", &ft) ? file_type_name(ft) : "other";
         /* what one decode step reads: all matrices, of a mixture only the used experts */
         uint64_t wbytes = model_active_weight_bytes(m), wbytes_all = model_weight_bytes(m);
         int32_t *toks = ar_malloc(sizeof(int32_t) * (size_t)p_max);
@@ -518,7 +540,8 @@ int cmd_bench(int argc, char **argv)
         double pp_best[MAX_LIST] = {0}, tg_best = 0, peak = 0, step_s[MAX_LIST + 1];
         /* per repetition: decode tok/s, the bandwidth measured right after it, efficiency */
         double *tg_rep = ar_malloc(sizeof(double) * 3 * (size_t)reps);
-        double *bw_rep = tg_rep ? tg_rep + reps : NULL, *eff_rep = tg_rep ? tg_rep + 2 * reps : NULL;
+        double *bw_rep = tg_rep ? tg_rep + reps : NULL,
+               *eff_rep = tg_rep ? tg_rep + 2 * reps : NULL;
         struct bw_job bwj;
         if (!toks || !tg_rep || ar_pool_create(nt, &pool) != AR_OK ||
             !bw_init(&bwj, (size_t)bw_mib << 20)) {
@@ -580,7 +603,8 @@ int cmd_bench(int argc, char **argv)
             for (int pi = 0; pi < n_prompts; pi++) {
                 double pps = pp_best[pi], np = (double)prompts[pi];
                 double i8 = model_prefill_matrix_flops(m, prompts[pi]) * pps / np / 1e9;
-                printf("{\"model\":\"%s\",\"arch\":\"%s\",\"type\":\"%s\",\"threads\":%d,\"test\":\"pp%" PRId64
+                printf("{\"model\":\"%s\",\"arch\":\"%s\",\"type\":\"%s\",\"threads\":%d,\"test\":"
+                       "\"pp%" PRId64
                        "\",\"tokens_per_s\":%.3f,\"bandwidth_gbs\":%.3f,\"efficiency\":null,"
                        "\"speedup_vs_decode\":%.3f,\"gflops_per_s\":%.1f,\"int8_gops\":%.3f,"
                        "\"int8_peak_gops\":%.3f,\"int8_fraction\":%.4f,\"weight_bytes\":%" PRIu64
@@ -590,12 +614,13 @@ int cmd_bench(int argc, char **argv)
                        pps / tg_best, model_prefill_flops(m, prompts[pi]) * pps / np / 1e9, i8,
                        peak, peak > 0 ? i8 / peak : 0.0, wbytes, wbytes_all, rss_load_kb, rss_kb);
             }
-            printf("{\"model\":\"%s\",\"arch\":\"%s\",\"type\":\"%s\",\"threads\":%d,\"test\":\"tg%" PRId64
+            printf("{\"model\":\"%s\",\"arch\":\"%s\",\"type\":\"%s\",\"threads\":%d,\"test\":"
+                   "\"tg%" PRId64
                    "\",\"tokens_per_s\":%.3f,\"bandwidth_gbs\":%.3f,\"efficiency\":%.4f,"
                    "\"tokens_per_s_median\":%.3f,\"reps\":%" PRId64 ",\"weight_bytes\":%" PRIu64
                    ",\"weight_bytes_all\":%" PRIu64 ",\"rss_after_run_kib\":%ld}\n",
-                   base_name(path), model_arch_name(hp->arch), type, nt, n_gen, tg_best, bw, eff, tg_med, reps, wbytes,
-                   wbytes_all, rss_kb);
+                   base_name(path), model_arch_name(hp->arch), type, nt, n_gen, tg_best, bw, eff,
+                   tg_med, reps, wbytes, wbytes_all, rss_kb);
             for (int i = 0; i < nb; i++)
                 printf("{\"model\":\"%s\",\"arch\":\"%s\",\"type\":\"%s\",\"threads\":%d,"
                        "\"test\":\"batch\",\"batch\":%d,\"step_ms\":%.3f,\"ratio_vs_b1\":%.3f,"
@@ -619,9 +644,10 @@ int cmd_bench(int argc, char **argv)
                        peak > 0 ? i8 / peak : 0.0);
             }
             printf("  tg%-5" PRId64 " %10.2f tok/s   (median %.2f)\n", n_gen, tg_best, tg_med);
-            printf("  memory read bandwidth %.2f GB/s; decode efficiency %.3f (medians over %" PRId64
-                   " repetitions)\n",
-                   bw, eff, reps);
+            printf(
+                "  memory read bandwidth %.2f GB/s; decode efficiency %.3f (medians over %" PRId64
+                " repetitions)\n",
+                bw, eff, reps);
             for (int i = 0; i < nb; i++)
                 printf("  batch %-3d %8.2f ms/step (%.2fx one sequence, %.1f tok/s)\n", batch[i],
                        step_s[i] * 1e3, step_s[i] / step_s[0], (double)batch[i] / step_s[i]);

@@ -15,6 +15,7 @@
 #include <cjson/cJSON.h>
 
 #include "base/base.h"
+#include "base/opts.h"
 #include "cli.h"
 #include "cli_internal.h"
 #include "gguf/gguf.h"
@@ -156,8 +157,8 @@ static int check_dequant(const char *dir, int *n_fail)
             {
                 float ref = (float)cJSON_GetNumberValue(v);
                 /* exact comparison, -0.0 included (the JSON keeps the sign) */
-                if (ar_f32_bits(ref) != ar_f32_bits(out[k]) && !(ref == 0 && out[k] == 0 &&
-                                                                 signbit(ref) == signbit(out[k])))
+                if (ar_f32_bits(ref) != ar_f32_bits(out[k]) &&
+                    !(ref == 0 && out[k] == 0 && signbit(ref) == signbit(out[k])))
                     bad++;
                 k++;
             }
@@ -312,7 +313,7 @@ static void check_model_logits(const char *dir, const char *name, cJSON *tols, i
     const char *arch, *type;
     struct diff d_np = {0}, d_cpp = {0};
     int greedy_decided = 0, greedy_agree = 0;
-    char per_case[128] = ""; /* decided steps of each case, "28 27 21 25" */
+    char per_case[128] = "";                /* decided steps of each case, "28 27 21 25" */
     bool fail = false, prompt_fail = false; /* prompt_fail: a case could not be run at all */
     snprintf(path, sizeof(path), "%s/logits_numpy/%s", dir, name);
     ref_np = cli_read_json(path);
@@ -332,8 +333,8 @@ static void check_model_logits(const char *dir, const char *name, cJSON *tols, i
         (*n_fail)++;
         goto done;
     }
-    double tol_max = fmax(1e-3, 2 * cJSON_GetNumberValue(
-                                        cJSON_GetObjectItem(tol, "max_abs_vs_numpy_same_file")));
+    double tol_max = fmax(
+        1e-3, 2 * cJSON_GetNumberValue(cJSON_GetObjectItem(tol, "max_abs_vs_numpy_same_file")));
     double tol_rms =
         2 * cJSON_GetNumberValue(cJSON_GetObjectItem(tol, "rms_vs_numpy_same_file")) + 1e-3;
     snprintf(path, sizeof(path), "%s/models/%s", dir,
@@ -555,21 +556,19 @@ int cmd_check_fixtures(int argc, char **argv)
     const char *dir = NULL;
     int64_t n_threads = 1;
     int n_fail = 0, n_checked = 0;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "-t") || !strcmp(argv[i], "--threads")) {
-            const char *v = cli_value(argc, argv, &i);
-            if (!v || !cli_parse_i64("-t", v, 1, 256, &n_threads))
-                return 2;
-        } else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            printf("usage: autoreply check-fixtures DIR [-t N]\n");
-            return 0;
-        } else if (!dir && argv[i][0] != '-') {
-            dir = argv[i];
-        } else {
-            cli_error("check-fixtures: unknown option '%s'", argv[i]);
-            return 2;
-        }
-    }
+    int rc, first_arg;
+    const struct ar_opt opts[] = {
+        {"threads", 't', AR_OPT_I64, &n_threads, 1, 256, "N", "threads", NULL, NULL},
+    };
+    const struct ar_opts spec = {.cmd = "check-fixtures",
+                                 .usage = "check-fixtures DIR [-t N]",
+                                 .opts = opts,
+                                 .n_opts = AR_ARRAY_LEN(opts),
+                                 .max_args = 1};
+    if (!cli_parse_opts(&spec, argc, argv, &first_arg, &rc))
+        return rc;
+    if (first_arg < argc)
+        dir = argv[first_arg];
     if (!dir) {
         cli_error("check-fixtures: DIR is required");
         return 2;

@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "base/base.h"
+#include "base/opts.h"
 #include "cli.h"
 #include "cli_internal.h"
 #include "model/model.h"
@@ -51,10 +52,13 @@ static bool parse_ids(const char *s, int32_t **ids, int *n)
 int cmd_generate(int argc, char **argv)
 {
     const char *path = NULL, *prompt = NULL, *system = NULL;
-    bool chat = false, ids_mode = false, ignore_eos = false, seed_set = false, kv_f32 = false;
-    int64_t n_predict = 128, n_threads = 2, n_ctx = 0, top_k, seed = 0, last_n;
-    double temp, top_p, min_p, rep;
+    bool chat = false, ids_mode = false, ignore_eos = false, kv_f32 = false;
+    int64_t n_predict = 128, seed = -1; /* -1: from the clock */
+    int n_threads = 2, n_ctx = 0, first_arg;
     struct sampler_params sp = sampler_default_params();
+    double temp = (double)sp.temperature, top_p = (double)sp.top_p, min_p = (double)sp.min_p,
+           rep = (double)sp.repeat_penalty;
+    int top_k = sp.top_k, last_n = sp.repeat_last_n;
     struct cli_runner *r = NULL;
     struct tokenizer *tok = NULL;
     struct sampler *smp = NULL;
@@ -64,77 +68,54 @@ int cmd_generate(int argc, char **argv)
     char *formatted = NULL;
     struct tokenizer_stream ts;
     bool stream_init = false;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v;
-        if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
-            if (!(path = cli_value(argc, argv, &i)))
-                return 2;
-        } else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) {
-            if (!(prompt = cli_value(argc, argv, &i)))
-                return 2;
-        } else if (!strcmp(a, "--system")) {
-            if (!(system = cli_value(argc, argv, &i)))
-                return 2;
-        } else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) {
-            if (!(v = cli_value(argc, argv, &i)) || !cli_parse_i64(a, v, 1, 1 << 20, &n_predict))
-                return 2;
-        } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
-            if (!(v = cli_value(argc, argv, &i)) || !cli_parse_i64(a, v, 1, 256, &n_threads))
-                return 2;
-        } else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) {
-            if (!(v = cli_value(argc, argv, &i)) || !cli_parse_i64(a, v, 16, 1 << 20, &n_ctx))
-                return 2;
-        } else if (!strcmp(a, "--temp")) {
-            if (!(v = cli_value(argc, argv, &i)) || !cli_parse_f64(a, v, 0, 100, &temp))
-                return 2;
-            sp.temperature = (float)temp;
-        } else if (!strcmp(a, "--top-k")) {
-            if (!(v = cli_value(argc, argv, &i)) || !cli_parse_i64(a, v, 0, 1 << 24, &top_k))
-                return 2;
-            sp.top_k = (int32_t)top_k;
-        } else if (!strcmp(a, "--top-p")) {
-            if (!(v = cli_value(argc, argv, &i)) || !cli_parse_f64(a, v, 0, 1, &top_p))
-                return 2;
-            sp.top_p = (float)top_p;
-        } else if (!strcmp(a, "--min-p")) {
-            if (!(v = cli_value(argc, argv, &i)) || !cli_parse_f64(a, v, 0, 1, &min_p))
-                return 2;
-            sp.min_p = (float)min_p;
-        } else if (!strcmp(a, "--repeat-penalty")) {
-            if (!(v = cli_value(argc, argv, &i)) || !cli_parse_f64(a, v, 0.01, 100, &rep))
-                return 2;
-            sp.repeat_penalty = (float)rep;
-        } else if (!strcmp(a, "--repeat-last-n")) {
-            if (!(v = cli_value(argc, argv, &i)) || !cli_parse_i64(a, v, 0, 1 << 20, &last_n))
-                return 2;
-            sp.repeat_last_n = (int32_t)last_n;
-        } else if (!strcmp(a, "--seed") || !strcmp(a, "-s")) {
-            if (!(v = cli_value(argc, argv, &i)) || !cli_parse_i64(a, v, 0, INT64_MAX, &seed))
-                return 2;
-            seed_set = true;
-        } else if (!strcmp(a, "--chat")) {
-            chat = true;
-        } else if (!strcmp(a, "--ids")) {
-            ids_mode = true;
-        } else if (!strcmp(a, "--ignore-eos")) {
-            ignore_eos = true;
-        } else if (!strcmp(a, "--kv-f32")) {
-            kv_f32 = true;
-        } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            printf("usage: autoreply generate -m MODEL -p PROMPT [-n N] [--temp T] [--seed S] "
-                   "[-t N]\n"
-                   "       [--chat] [--system TEXT] [--ids] [--top-k K] [--top-p P] [--min-p P]\n"
-                   "       [--repeat-penalty R] [--repeat-last-n N] [-c CTX] [--ignore-eos] "
-                   "[--kv-f32]\n"
-                   "  --chat   apply the model's chat template to -p as a user message\n"
-                   "  --ids    -p is a list of token ids; the output is ids too when the model\n"
-                   "           has no vocabulary\n");
-            return 0;
-        } else {
-            cli_error("generate: unknown option '%s'", a);
-            return 2;
-        }
-    }
+    const struct ar_opt opts[] = {
+        {"model", 'm', AR_OPT_STRING, &path, 0, 0, "FILE", "GGUF model (required)", NULL, NULL},
+        /* model-loading options (--tokenizer-pre NAME, ...) go here, beside --model */
+        {"prompt", 'p', AR_OPT_STRING, &prompt, 0, 0, "TEXT", "the prompt (required)", NULL, NULL},
+        {"system", 0, AR_OPT_STRING, &system, 0, 0, "TEXT", "system message with --chat", NULL,
+         NULL},
+        {"chat", 0, AR_OPT_SET, &chat, 0, 0, NULL,
+         "apply the model's chat template to -p as a user message", NULL, NULL},
+        {"ids", 0, AR_OPT_SET, &ids_mode, 0, 0, NULL,
+         "-p is a list of token ids; the output is ids too when the model\n"
+         "has no vocabulary",
+         NULL, NULL},
+        {"n-predict", 'n', AR_OPT_I64, &n_predict, 1, 1 << 20, "N", "tokens to generate", NULL,
+         NULL},
+        {"threads", 't', AR_OPT_INT, &n_threads, 1, 256, "N", "model threads", NULL, NULL},
+        {"ctx-size", 'c', AR_OPT_INT, &n_ctx, 16, 1 << 20, "CTX", "context size in tokens",
+         "the model's", NULL},
+        {"temp", 0, AR_OPT_DOUBLE, &temp, 0, 100, "T", "temperature; 0: greedy", NULL, NULL},
+        {"top-k", 0, AR_OPT_INT, &top_k, 0, 1 << 24, "K", "keep the K best tokens; 0: off", NULL,
+         NULL},
+        {"top-p", 0, AR_OPT_DOUBLE, &top_p, 0, 1, "P", "nucleus sampling; 1: off", NULL, NULL},
+        {"min-p", 0, AR_OPT_DOUBLE, &min_p, 0, 1, "P", "drop tokens below P times the best; 0: off",
+         NULL, NULL},
+        {"repeat-penalty", 0, AR_OPT_DOUBLE, &rep, 0.01, 100, "R", "repetition penalty; 1: off",
+         NULL, NULL},
+        {"repeat-last-n", 0, AR_OPT_INT, &last_n, 0, 1 << 20, "N",
+         "tokens the penalty looks back at", NULL, NULL},
+        {"seed", 's', AR_OPT_I64, &seed, 0, 0x1p63, "S", "sampling seed", "from the clock", NULL},
+        {"ignore-eos", 0, AR_OPT_SET, &ignore_eos, 0, 0, NULL, "go on past end-of-text", NULL,
+         NULL},
+        {"kv-f32", 0, AR_OPT_SET, &kv_f32, 0, 0, NULL, "keep the KV cache in F32 rather than F16",
+         NULL, NULL},
+    };
+    const struct ar_opts spec = {.cmd = "generate",
+                                 .usage = "generate -m MODEL -p PROMPT [options]",
+                                 .opts = opts,
+                                 .n_opts = AR_ARRAY_LEN(opts),
+                                 .max_args = 0};
+
+    if (!cli_parse_opts(&spec, argc, argv, &first_arg, &rc))
+        return rc;
+    rc = 1;
+    sp.temperature = (float)temp;
+    sp.top_k = (int32_t)top_k;
+    sp.top_p = (float)top_p;
+    sp.min_p = (float)min_p;
+    sp.repeat_penalty = (float)rep;
+    sp.repeat_last_n = (int32_t)last_n;
     if (!path || !prompt) {
         cli_error("generate: -m MODEL and -p PROMPT are required");
         return 2;
@@ -143,9 +124,9 @@ int cmd_generate(int argc, char **argv)
         cli_error("generate: --chat and --ids cannot be combined");
         return 2;
     }
-    sp.seed = seed_set ? (uint64_t)seed : (uint64_t)time(NULL) ^ ((uint64_t)clock() << 20);
-    if (cli_runner_open(path, (int)n_threads, kv_f32 ? AR_TYPE_F32 : AR_TYPE_F16, (int)n_ctx, &r,
-                        &err) != AR_OK) {
+    sp.seed = seed >= 0 ? (uint64_t)seed : (uint64_t)time(NULL) ^ ((uint64_t)clock() << 20);
+    if (cli_runner_open(path, n_threads, kv_f32 ? AR_TYPE_F32 : AR_TYPE_F16, n_ctx, &r, &err) !=
+        AR_OK) {
         cli_error("%s: %s", path, err.msg);
         return 1;
     }

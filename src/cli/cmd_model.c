@@ -9,6 +9,7 @@
 #include <strings.h>
 
 #include "base/base.h"
+#include "base/opts.h"
 #include "base/pool.h"
 #include "base/types.h"
 #include "cli.h"
@@ -77,19 +78,24 @@ int cmd_inspect(int argc, char **argv)
     struct gguf_file *f;
     struct ar_err err = {0};
     uint64_t n_params = 0, n_bytes = 0;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "-m") || !strcmp(argv[i], "--model")) {
-            if (!(path = cli_value(argc, argv, &i)))
-                return 2;
-        } else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            printf("usage: autoreply inspect -m MODEL.gguf\n");
-            return 0;
-        } else if (!path && argv[i][0] != '-') {
-            path = argv[i];
-        } else {
-            cli_error("inspect: unknown option '%s'", argv[i]);
+    int rc, first_arg;
+    const struct ar_opt opts[] = {
+        {"model", 'm', AR_OPT_STRING, &path, 0, 0, "MODEL.gguf", "the model (or the one argument)",
+         "", NULL},
+    };
+    const struct ar_opts spec = {.cmd = "inspect",
+                                 .usage = "inspect -m MODEL.gguf",
+                                 .opts = opts,
+                                 .n_opts = AR_ARRAY_LEN(opts),
+                                 .max_args = 1};
+    if (!cli_parse_opts(&spec, argc, argv, &first_arg, &rc))
+        return rc;
+    if (first_arg < argc) {
+        if (path) {
+            cli_error("inspect: one model: -m %s or %s", path, argv[first_arg]);
             return 2;
         }
+        path = argv[first_arg];
     }
     if (!path) {
         cli_error("inspect: -m MODEL is required");
@@ -152,8 +158,8 @@ struct ftype_name {
 };
 
 static const struct ftype_name ftype_names[] = {
-    {"f32", FTYPE_F32},     {"f16", FTYPE_F16},       {"bf16", FTYPE_BF16},
-    {"q8_0", FTYPE_Q8_0},   {"q4_0", FTYPE_Q4_0},     {"q4_k", FTYPE_Q4_K},
+    {"f32", FTYPE_F32},       {"f16", FTYPE_F16},       {"bf16", FTYPE_BF16},
+    {"q8_0", FTYPE_Q8_0},     {"q4_0", FTYPE_Q4_0},     {"q4_k", FTYPE_Q4_K},
     {"q4_k_m", FTYPE_Q4_K_M}, {"q5_k_m", FTYPE_Q5_K_M}, {"q6_k", FTYPE_Q6_K},
 };
 
@@ -258,7 +264,7 @@ struct quant_job {
     uint8_t *dst;
     int64_t rows, row_len;
     size_t src_row, dst_row;
-    float stddev;  /* random rows: N(mean, stddev^2) */
+    float stddev; /* random rows: N(mean, stddev^2) */
     float mean;
     uint64_t seed;
     float *scratch; /* (nth, row_len) */
@@ -356,29 +362,26 @@ int cmd_quantize(int argc, char **argv)
     int64_t n_tensors;
     int n_layers = 0, n_expert = 0;
     bool has_output;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "-t") || !strcmp(argv[i], "--threads")) {
-            const char *v = cli_value(argc, argv, &i);
-            if (!v || !cli_parse_i64("-t", v, 1, 256, &n_threads))
-                return 2;
-        } else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            printf("usage: autoreply quantize IN.gguf OUT.gguf TYPE [-t N]\n"
-                   "TYPE: f32 f16 bf16 q8_0 q4_0 q4_k q4_k_m q5_k_m q6_k\n");
-            return 0;
-        } else if (argv[i][0] == '-' && argv[i][1]) {
-            cli_error("quantize: unknown option '%s'", argv[i]);
-            return 2;
-        } else if (!in) {
-            in = argv[i];
-        } else if (!out) {
-            out = argv[i];
-        } else if (!type) {
-            type = argv[i];
-        } else {
-            cli_error("quantize: too many arguments");
-            return 2;
-        }
+    int first_arg;
+    const struct ar_opt opts[] = {
+        {"threads", 't', AR_OPT_I64, &n_threads, 1, 256, "N", "threads", NULL, NULL},
+    };
+    const struct ar_opts spec = {.cmd = "quantize",
+                                 .usage = "quantize IN.gguf OUT.gguf TYPE [-t N]",
+                                 .about = "TYPE: f32 f16 bf16 q8_0 q4_0 q4_k q4_k_m q5_k_m q6_k",
+                                 .opts = opts,
+                                 .n_opts = AR_ARRAY_LEN(opts),
+                                 .max_args = -1};
+    if (!cli_parse_opts(&spec, argc, argv, &first_arg, &rc))
+        return rc;
+    rc = 1;
+    if (argc - first_arg > 3) {
+        cli_error("quantize: too many arguments");
+        return 2;
     }
+    in = first_arg < argc ? argv[first_arg] : NULL;
+    out = first_arg + 1 < argc ? argv[first_arg + 1] : NULL;
+    type = first_arg + 2 < argc ? argv[first_arg + 2] : NULL;
     if (!in || !out || !type) {
         cli_error("quantize: usage: autoreply quantize IN.gguf OUT.gguf TYPE");
         return 2;
@@ -544,20 +547,20 @@ done:
  * (src/model/arch.c) so that a test loading these files checks one against the other. */
 struct gen_family {
     const char *name;
-    bool qkv_bias;        /* q/k/v biases (in attn_qkv.bias when fused) */
-    bool fused_qkv;       /* attn_qkv: q rows, then k rows, then v rows */
-    bool fused_gate_up;   /* ffn_up: the gate rows, then the up rows; no ffn_gate */
-    bool qk_norm;         /* attn_q_norm, attn_k_norm (head_dim) */
-    bool post_norms;      /* post_attention_norm, post_ffw_norm */
-    bool moe;             /* ffn_gate_inp (F32) and 3-D ffn_{gate,up,down}_exps */
-    bool swa;             /* sliding window, its pattern and rope base; linear scaling */
-    bool rope_factors;    /* rope_factors_short/long, attn_factor, original_context_length */
-    bool tied;            /* default: no output.weight */
-    bool head_dim_keys;   /* attention.key_length / value_length always written */
-    bool rope_dim_key;    /* rope.dimension_count written */
-    int rope_pct;         /* rotated share of each head, percent */
-    float eps, base;      /* rms epsilon, rope base */
-    float embd_sd;        /* token_embd's spread */
+    bool qkv_bias;      /* q/k/v biases (in attn_qkv.bias when fused) */
+    bool fused_qkv;     /* attn_qkv: q rows, then k rows, then v rows */
+    bool fused_gate_up; /* ffn_up: the gate rows, then the up rows; no ffn_gate */
+    bool qk_norm;       /* attn_q_norm, attn_k_norm (head_dim) */
+    bool post_norms;    /* post_attention_norm, post_ffw_norm */
+    bool moe;           /* ffn_gate_inp (F32) and 3-D ffn_{gate,up,down}_exps */
+    bool swa;           /* sliding window, its pattern and rope base; linear scaling */
+    bool rope_factors;  /* rope_factors_short/long, attn_factor, original_context_length */
+    bool tied;          /* default: no output.weight */
+    bool head_dim_keys; /* attention.key_length / value_length always written */
+    bool rope_dim_key;  /* rope.dimension_count written */
+    int rope_pct;       /* rotated share of each head, percent */
+    float eps, base;    /* rms epsilon, rope base */
+    float embd_sd;      /* token_embd's spread */
 };
 
 /* clang-format off */
@@ -711,8 +714,8 @@ struct gen_list {
     int n, cap;
 };
 
-static void gen_add(struct gen_list *l, const char *name, int64_t rows, int64_t cols,
-                    int64_t n_mat, float mean, float sd, bool vec)
+static void gen_add(struct gen_list *l, const char *name, int64_t rows, int64_t cols, int64_t n_mat,
+                    float mean, float sd, bool vec)
 {
     struct gen_spec *s = &l->s[l->n++];
     snprintf(s->name, sizeof(s->name), "%s", name);
@@ -800,93 +803,96 @@ static bool gen_tensors(struct gen_list *l, const struct gen_opts *o, const stru
     return true;
 }
 
-static void gen_usage(void)
+/* --tied, --untied: the choice made (the later wins), else the family's. */
+struct gen_tie {
+    struct gen_opts *o;
+    bool set;
+};
+
+static bool set_tied(void *ctx, const char *flag, const char *value, struct ar_err *err)
 {
-    printf("usage: autoreply gen-model --arch ARCH --n-embd N --n-layer N --n-head N "
-           "--n-head-kv N --n-ff N --n-vocab N [--head-dim N] [--rope-dim N] [--n-ctx N]\n"
-           "       [--n-expert N --n-expert-used N --n-ff-exp N] [--swa-window N] "
-           "[--swa-pattern N] [--rope-scale F] [--n-ctx-orig N]\n"
-           "       [--type f32|f16|bf16|q8_0|q4_0|q4_k|q4_k_m|q6_k] [--tied|--untied] "
-           "[--seed S] [-t N] [--no-vocab] -o FILE\n"
-           "ARCH: llama qwen2 qwen3 qwen3moe glm4 chatglm gemma3 phi3, each in the tensor layout\n"
-           "and metadata of llama.cpp's converter. Unset values take the family's default:\n"
-           "head-dim n_embd/n_head; rope-dim the head (glm4, chatglm half, phi3 three quarters);\n"
-           "qwen3moe 8 experts, 2 used, n-ff-exp = n-ff; gemma3 window 512, pattern 6,\n"
-           "rope-scale 8 (1: none); phi3 n-ctx 131072, n-ctx-orig 4096; tied for qwen2, qwen3,\n"
-           "gemma3, phi3. A synthetic vocabulary (byte tokens, <|im_start|>, <|im_end|>,\n"
-           "pieces) is written unless --no-vocab, so the model can be served and given text.\n");
+    struct gen_tie *tie = ctx;
+    (void)value;
+    (void)err;
+    tie->o->tied = !strcmp(flag, "--tied");
+    tie->set = true;
+    return true;
 }
 
 /* Parses the flags into o; returns -1 to go on, else the exit code. */
 static int gen_parse(int argc, char **argv, struct gen_opts *o, bool *tied_set, bool *vocab)
 {
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v;
-        struct {
-            const char *flag;
-            int64_t *dst;
-            int64_t lo, hi;
-        } nums[] = {
-            {"--n-embd", &o->n_embd, 32, 65536},   {"--n-layer", &o->n_layer, 1, 256},
-            {"--n-head", &o->n_head, 1, 1024},     {"--n-head-kv", &o->n_head_kv, 1, 1024},
-            {"--n-ff", &o->n_ff, 32, 262144},      {"--n-vocab", &o->n_vocab, 2, 1048576},
-            {"--n-ctx", &o->n_ctx, 16, 1 << 24},   {"--seed", &o->seed, 0, INT64_MAX},
-            {"-t", &o->threads, 1, 256},           {"--head-dim", &o->head_dim, 2, 4096},
-            {"--rope-dim", &o->rope_dim, 2, 4096}, {"--n-expert", &o->n_expert, 1, 1024},
-            {"--n-expert-used", &o->n_expert_used, 1, 1024},
-            {"--n-ff-exp", &o->n_ff_exp, 32, 262144},
-            {"--swa-window", &o->swa_window, 1, 1 << 24},
-            {"--swa-pattern", &o->swa_pattern, 1, 256},
-            {"--n-ctx-orig", &o->n_ctx_orig, 16, 1 << 24},
-        };
-        bool matched = false;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            gen_usage();
-            return 0;
-        }
-        for (size_t k = 0; k < AR_ARRAY_LEN(nums); k++) {
-            if (!strcmp(a, nums[k].flag)) {
-                if (!(v = cli_value(argc, argv, &i)) ||
-                    !cli_parse_i64(a, v, nums[k].lo, nums[k].hi, nums[k].dst))
-                    return 2;
-                matched = true;
-            }
-        }
-        if (matched)
-            continue;
-        if (!strcmp(a, "--arch")) {
-            if (!(o->arch = cli_value(argc, argv, &i)))
-                return 2;
-        } else if (!strcmp(a, "--type")) {
-            if (!(o->type = cli_value(argc, argv, &i)))
-                return 2;
-        } else if (!strcmp(a, "--rope-scale")) {
-            if (!(v = cli_value(argc, argv, &i)) ||
-                !cli_parse_f64(a, v, 1.0, 1024.0, &o->rope_scale))
-                return 2;
-        } else if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
-            if (!(o->out = cli_value(argc, argv, &i)))
-                return 2;
-        } else if (!strcmp(a, "--no-vocab")) {
-            *vocab = false;
-        } else if (!strcmp(a, "--tied")) {
-            o->tied = true;
-            *tied_set = true;
-        } else if (!strcmp(a, "--untied")) {
-            o->tied = false;
-            *tied_set = true;
-        } else {
-            cli_error("gen-model: unknown option '%s'", a);
-            return 2;
-        }
-    }
+    struct gen_tie tie = {o, false};
+    int rc, first_arg;
+    const struct ar_opt opts[] = {
+        {"arch", 0, AR_OPT_STRING, &o->arch, 0, 0, "ARCH",
+         "llama qwen2 qwen3 qwen3moe glm4 chatglm gemma3 phi3", NULL, NULL},
+        {"type", 0, AR_OPT_STRING, &o->type, 0, 0, "TYPE",
+         "f32 f16 bf16 q8_0 q4_0 q4_k q4_k_m q6_k", NULL, NULL},
+        {"output", 'o', AR_OPT_STRING, &o->out, 0, 0, "FILE", "the model file (required)", NULL,
+         NULL},
+        {"n-embd", 0, AR_OPT_I64, &o->n_embd, 32, 65536, "N", "embedding width", NULL, NULL},
+        {"n-layer", 0, AR_OPT_I64, &o->n_layer, 1, 256, "N", "layers", NULL, NULL},
+        {"n-head", 0, AR_OPT_I64, &o->n_head, 1, 1024, "N", "attention heads", NULL, NULL},
+        {"n-head-kv", 0, AR_OPT_I64, &o->n_head_kv, 1, 1024, "N", "KV heads", NULL, NULL},
+        {"n-ff", 0, AR_OPT_I64, &o->n_ff, 32, 262144, "N", "feed-forward width", NULL, NULL},
+        {"n-vocab", 0, AR_OPT_I64, &o->n_vocab, 2, 1048576, "N", "vocabulary size", NULL, NULL},
+        {"n-ctx", 0, AR_OPT_I64, &o->n_ctx, 16, 1 << 24, "N", "context length", "family's", NULL},
+        {"head-dim", 0, AR_OPT_I64, &o->head_dim, 2, 4096, "N", "head width", "family's", NULL},
+        {"rope-dim", 0, AR_OPT_I64, &o->rope_dim, 2, 4096, "N", "rotated dimensions per head",
+         "family's", NULL},
+        {"n-expert", 0, AR_OPT_I64, &o->n_expert, 1, 1024, "N", "experts (qwen3moe)", "family's",
+         NULL},
+        {"n-expert-used", 0, AR_OPT_I64, &o->n_expert_used, 1, 1024, "N", "experts per token",
+         "family's", NULL},
+        {"n-ff-exp", 0, AR_OPT_I64, &o->n_ff_exp, 32, 262144, "N", "an expert's feed-forward width",
+         "family's", NULL},
+        {"swa-window", 0, AR_OPT_I64, &o->swa_window, 1, 1 << 24, "N", "sliding-window size",
+         "family's", NULL},
+        {"swa-pattern", 0, AR_OPT_I64, &o->swa_pattern, 1, 256, "N", "every N-th layer is global",
+         "family's", NULL},
+        {"rope-scale", 0, AR_OPT_DOUBLE, &o->rope_scale, 1.0, 1024.0, "F",
+         "linear rope scaling of the global layers", "family's", NULL},
+        {"n-ctx-orig", 0, AR_OPT_I64, &o->n_ctx_orig, 16, 1 << 24, "N",
+         "the context trained before rope scaling", "family's", NULL},
+        {"tied", 0, AR_OPT_ACTION, NULL, 0, 0, NULL, "output matrix shared with the embedding",
+         "family's", set_tied},
+        {"untied", 0, AR_OPT_ACTION, NULL, 0, 0, NULL, "an output matrix of its own", "", set_tied},
+        {"seed", 0, AR_OPT_I64, &o->seed, 0, 0x1p63, "S", "random seed of the weights", NULL, NULL},
+        {"threads", 't', AR_OPT_I64, &o->threads, 1, 256, "N", "threads", NULL, NULL},
+        {"no-vocab", 0, AR_OPT_CLEAR, vocab, 0, 0, NULL, "no vocabulary", NULL, NULL},
+    };
+    const struct ar_opts spec = {
+        .cmd = "gen-model",
+        .usage = "gen-model --arch ARCH --n-embd N ... -o FILE",
+        .about = "Each ARCH in the tensor layout and metadata of llama.cpp's converter. Unset\n"
+                 "values take the family's default: head-dim n_embd/n_head; rope-dim the head\n"
+                 "(glm4, chatglm half, phi3 three quarters); qwen3moe 8 experts, 2 used, n-ff-exp\n"
+                 "= n-ff; gemma3 window 512, pattern 6, rope-scale 8 (1: none); phi3 n-ctx\n"
+                 "131072, n-ctx-orig 4096; tied for qwen2, qwen3, gemma3, phi3. A synthetic\n"
+                 "vocabulary (byte tokens, <|im_start|>, <|im_end|>, pieces) is written unless\n"
+                 "--no-vocab, so the model can be served and given text.",
+        .opts = opts,
+        .n_opts = AR_ARRAY_LEN(opts),
+        .max_args = 0,
+        .ctx = &tie};
+    if (!cli_parse_opts(&spec, argc, argv, &first_arg, &rc))
+        return rc;
+    *tied_set = tie.set;
     return -1;
 }
 
 int cmd_gen_model(int argc, char **argv)
 {
-    struct gen_opts o = {.arch = "qwen2", .type = "f32", .n_embd = 256, .n_layer = 2,
-                         .n_head = 4, .n_head_kv = 2, .n_ff = 768, .n_vocab = 1024, .seed = 1,
+    struct gen_opts o = {.arch = "qwen2",
+                         .type = "f32",
+                         .n_embd = 256,
+                         .n_layer = 2,
+                         .n_head = 4,
+                         .n_head_kv = 2,
+                         .n_ff = 768,
+                         .n_vocab = 1024,
+                         .seed = 1,
                          .threads = 2};
     bool tied_set = false, vocab = true;
     const struct gen_family *fam;
@@ -923,8 +929,7 @@ int cmd_gen_model(int argc, char **argv)
     if (!tied_set)
         o.tied = fam->tied;
     if (ar_pool_create((int)o.threads, &pool) != AR_OK || gguf_writer_create(&w) != AR_OK ||
-        !gen_tensors(&specs, &o, fam) ||
-        !(bufs = ar_calloc((size_t)specs.n, sizeof(*bufs)))) {
+        !gen_tensors(&specs, &o, fam) || !(bufs = ar_calloc((size_t)specs.n, sizeof(*bufs)))) {
         cli_error("gen-model: out of memory");
         goto done;
     }
@@ -935,17 +940,17 @@ int cmd_gen_model(int argc, char **argv)
     }
     for (int i = 0; i < specs.n; i++) {
         const struct gen_spec *s = &specs.s[i];
-        bool is_output = !strcmp(s->name, "output.weight") ||
-                         (o.tied && !strcmp(s->name, "token_embd.weight"));
+        bool is_output =
+            !strcmp(s->name, "output.weight") || (o.tied && !strcmp(s->name, "token_embd.weight"));
         enum ar_type t = s->vec || s->keep_f32 ? AR_TYPE_F32
                                                : tensor_type_for(ft, s->name, s->cols, is_output,
                                                                  (int)o.n_layer, (int)o.n_expert);
         int64_t ne[3] = {s->cols, s->rows, s->n_mat};
         int n_dims = s->vec ? 1 : s->n_mat > 1 ? 3 : 2;
         uint64_t size = 0;
-        uint8_t *buf = convert_tensor(pool, AR_TYPE_F32, NULL, t, s->rows * s->n_mat, s->cols,
-                                      s->mean, s->sd, (uint64_t)o.seed * 1000003u + (uint64_t)i,
-                                      &size);
+        uint8_t *buf =
+            convert_tensor(pool, AR_TYPE_F32, NULL, t, s->rows * s->n_mat, s->cols, s->mean, s->sd,
+                           (uint64_t)o.seed * 1000003u + (uint64_t)i, &size);
         if (!buf) {
             cli_error("gen-model: cannot make %s as %s", s->name, ar_type_name(t));
             goto done;

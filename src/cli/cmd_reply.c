@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "base/base.h"
+#include "base/opts.h"
 #include "cli.h"
 #include "cli_internal.h"
 #include "engine/engine.h"
@@ -50,7 +51,7 @@ struct product_opts {
     const char *model;
     const char *shops;
     const char *data_dir;
-    const char *shop; /* the review's shop (reply), or that of lines without shop_id (batch) */
+    const char *shop;      /* the review's shop (reply), or that of lines without shop_id (batch) */
     const char *store_url; /* postgres://... or a SQLite file; NULL: <data_dir>/replies.db */
     int threads;
 };
@@ -179,44 +180,28 @@ static void product_close(struct product *p)
     reply_profiles_destroy(p->profiles);
 }
 
-static const char common_help[] =
-    "  -m, --model FILE   GGUF model (default: <exe dir>/../models/" CLI_DEFAULT_MODEL
-    ", then ./models/)\n"
-    "  --shops FILE       shop profiles (JSON; see src/reply/reply.h); default: built-in\n"
-    "  --data-dir DIR     where replies.db lives (" DEFAULT_DATA_DIR ")\n"
-    "  -t, --threads N    model threads (2)\n";
+#define MAX_OPTS 16
 
-enum common_flag { COMMON_NOT_OURS, COMMON_TAKEN, COMMON_BAD, COMMON_HELP };
-
-/* The flags reply and batch share: -m, --shops, --data-dir, -t, --shop (whose help each
- * command words itself, in own_help) and -h, which prints usage (one line), the shared flags
- * and own_help. COMMON_TAKEN advances *i past the flag's value; COMMON_BAD: a value missing or
- * out of range (reported). */
-static enum common_flag common_flag(int argc, char **argv, int *i, struct product_opts *o,
-                                    const char *usage, const char *own_help)
+/* A command's table (opts, MAX_OPTS entries): the options reply and batch share, then own's
+ * n_own; returns the count. --shop is worded by each command. */
+static size_t product_opts_table(struct product_opts *o, const struct ar_opt *own, size_t n_own,
+                                 struct ar_opt opts[MAX_OPTS])
 {
-    const char *a = argv[*i];
-    int64_t v;
-    if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-        printf("%s%s%s", usage, common_help, own_help);
-        return COMMON_HELP;
-    }
-    if (!strcmp(a, "-m") || !strcmp(a, "--model"))
-        return (o->model = cli_value(argc, argv, i)) ? COMMON_TAKEN : COMMON_BAD;
-    if (!strcmp(a, "--shops"))
-        return (o->shops = cli_value(argc, argv, i)) ? COMMON_TAKEN : COMMON_BAD;
-    if (!strcmp(a, "--data-dir"))
-        return (o->data_dir = cli_value(argc, argv, i)) ? COMMON_TAKEN : COMMON_BAD;
-    if (!strcmp(a, "--shop"))
-        return (o->shop = cli_value(argc, argv, i)) ? COMMON_TAKEN : COMMON_BAD;
-    if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
-        const char *s = cli_value(argc, argv, i);
-        if (!s || !cli_parse_i64(a, s, 1, 256, &v))
-            return COMMON_BAD;
-        o->threads = (int)v;
-        return COMMON_TAKEN;
-    }
-    return COMMON_NOT_OURS;
+    const struct ar_opt common[] = {
+        {"model", 'm', AR_OPT_STRING, &o->model, 0, 0, "FILE", "GGUF model",
+         "<exe dir>/../models/" CLI_DEFAULT_MODEL ", then ./models/", NULL},
+        /* model-loading options (--tokenizer-pre NAME, ...) go here, beside --model */
+        {"shops", 0, AR_OPT_STRING, &o->shops, 0, 0, "FILE",
+         "shop profiles (JSON; see src/reply/reply.h)", "built in", NULL},
+        {"data-dir", 0, AR_OPT_STRING, &o->data_dir, 0, 0, "DIR", "where replies.db lives", NULL,
+         NULL},
+        {"threads", 't', AR_OPT_INT, &o->threads, 1, 256, "N", "model threads", NULL, NULL},
+    };
+    size_t n = AR_MIN(AR_ARRAY_LEN(common), (size_t)MAX_OPTS);
+    memcpy(opts, common, n * sizeof(*opts));
+    n_own = AR_MIN(n_own, MAX_OPTS - n);
+    memcpy(opts + n, own, n_own * sizeof(*opts));
+    return n + n_own;
 }
 
 /* ---- autoreply reply ------------------------------------------------------------------------ */
@@ -240,42 +225,34 @@ int cmd_reply(int argc, char **argv)
     struct reply_review rv;
     struct reply_result res;
     int rc = 1;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        enum common_flag c = common_flag(
-            argc, argv, &i, &o,
-            "usage: autoreply reply TEXT --rating N [--shop ID] [--review-id ID] "
-            "[--lang zh|en] [--json]\n",
-            "  --shop ID          shop (profile) the review belongs to (" DEFAULT_SHOP ")\n"
-            "  --review-id ID     the review's id (default: a hash of text and rating); "
-            "asking again returns the stored reply\n"
-            "  --json             print the whole answer as JSON\n");
-        if (c == COMMON_TAKEN)
-            continue;
-        if (c != COMMON_NOT_OURS)
-            return c == COMMON_HELP ? 0 : 2;
-        if (!strcmp(a, "--rating") || !strcmp(a, "-r")) {
-            const char *s = cli_value(argc, argv, &i);
-            if (!s || !cli_parse_i64(a, s, 1, 5, &rating))
-                return 2;
-        } else if (!strcmp(a, "--review-id")) {
-            if (!(review_id = cli_value(argc, argv, &i)))
-                return 2;
-        } else if (!strcmp(a, "--lang")) {
-            if (!(lang = cli_value(argc, argv, &i)))
-                return 2;
-        } else if (!strcmp(a, "--json")) {
-            json = true;
-        } else if (a[0] == '-' && a[1]) {
-            cli_error("reply: unknown option '%s' (autoreply reply --help)", a);
-            return 2;
-        } else if (!text) {
-            text = a;
-        } else {
-            cli_error("reply: one review text at a time (quote it)");
-            return 2;
-        }
+    struct ar_opt opts[MAX_OPTS];
+    const struct ar_opt own[] = {
+        {"shop", 0, AR_OPT_STRING, &o.shop, 0, 0, "ID", "shop (profile) the review belongs to",
+         NULL, NULL},
+        {"rating", 'r', AR_OPT_I64, &rating, 1, 5, "N", "the review's rating, 1 to 5 (required)",
+         "", NULL},
+        {"review-id", 0, AR_OPT_STRING, &review_id, 0, 0, "ID",
+         "the review's id; asking again returns the stored reply", "a hash of text and rating",
+         NULL},
+        {"lang", 0, AR_OPT_STRING, &lang, 0, 0, "zh|en", "the review's language", "guessed",
+         NULL},
+        {"json", 0, AR_OPT_SET, &json, 0, 0, NULL, "print the whole answer as JSON", NULL, NULL},
+    };
+    const struct ar_opts spec = {.cmd = "reply",
+                                 .usage = "reply TEXT --rating N [options]",
+                                 .opts = opts,
+                                 .n_opts = product_opts_table(&o, own, AR_ARRAY_LEN(own), opts),
+                                 .max_args = -1};
+    int first_arg;
+    if (!cli_parse_opts(&spec, argc, argv, &first_arg, &rc))
+        return rc;
+    rc = 1;
+    if (argc - first_arg > 1) {
+        cli_error("reply: one review text at a time (quote it)");
+        return 2;
     }
+    if (first_arg < argc)
+        text = argv[first_arg];
     if (!text || rating == 0) {
         cli_error("reply: usage: autoreply reply TEXT --rating N (1-5)");
         return 2;
@@ -385,7 +362,10 @@ static void batch_show(struct batch_run *b, bool final)
         /* \r and erase to the end of the line: the bar is redrawn in place */
         fprintf(stderr, "\r\033[K[%.*s%*s] %lld/%lld%s%s%s %s %s", fill, hashes, WIDTH - fill, "",
                 (long long)b->fin, (long long)b->total, errs, rate[0] ? "  " : "", rate,
-                final ? "in" : eta[0] ? "ETA" : "", final ? took : eta);
+                final    ? "in"
+                : eta[0] ? "ETA"
+                         : "",
+                final ? took : eta);
         b->bar_shown = !final;
         if (final)
             fputc('\n', stderr);
@@ -393,9 +373,8 @@ static void batch_show(struct batch_run *b, bool final)
         fprintf(stderr, "batch: %lld/%lld done%s%s%s, took %s\n", (long long)b->fin,
                 (long long)b->total, errs, rate[0] ? ", " : "", rate, took);
     } else {
-        fprintf(stderr, "batch: %lld/%lld done%s%s%s%s%s\n", (long long)b->fin,
-                (long long)b->total, errs, rate[0] ? ", " : "", rate, eta[0] ? ", ETA " : "",
-                eta);
+        fprintf(stderr, "batch: %lld/%lld done%s%s%s%s%s\n", (long long)b->fin, (long long)b->total,
+                errs, rate[0] ? ", " : "", rate, eta[0] ? ", ETA " : "", eta);
     }
     fflush(stderr);
 }
@@ -404,7 +383,7 @@ static void batch_show(struct batch_run *b, bool final)
  * what is in the file is what the store has, and a rerun rewrites it from the store. */
 static void batch_write(struct batch_run *b, const char *json)
 {
-    struct iovec iov[2] = {{(void *)(uintptr_t)json, strlen(json)}, {(void *)(uintptr_t)"\n", 1}};
+    struct iovec iov[2] = {{(void *)(uintptr_t)json, strlen(json)}, {(void *)(uintptr_t) "\n", 1}};
     size_t want = iov[0].iov_len + 1;
     ssize_t n;
     if (b->write_errno)
@@ -565,41 +544,41 @@ int cmd_batch(int argc, char **argv)
     enum ar_status st;
     memset(&b, 0, sizeof(b));
     b.fd = -1;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        enum common_flag c = common_flag(
-            argc, argv, &i, &o,
-            "usage: autoreply batch REVIEWS.jsonl [-o REPLIES.jsonl] [--shop ID] [--quiet]\n",
-            "  -o FILE            results, one JSON line per input line, each written as soon\n"
-            "                     as it is answered (default: stdout)\n"
-            "  --shop ID          shop of lines without shop_id (" DEFAULT_SHOP ")\n"
-            "  -q, --quiet        no progress on stderr (a bar on a terminal, else a line every\n"
-            "                     few seconds) and no per-line notes\n"
-            "Each line: {\"review_id\" (or \"id\"), \"text\", \"rating\", \"shop_id\"?, "
-            "\"product\"?, \"lang\"?};\n"
-            "a bad line gets {\"line\": N, \"error\": \"...\"} in the results. An interrupted "
-            "batch resumes\n"
-            "where it stopped when run again on the same unchanged file (the results are "
-            "rewritten whole).\n");
-        if (c == COMMON_TAKEN)
-            continue;
-        if (c != COMMON_NOT_OURS)
-            return c == COMMON_HELP ? 0 : 2;
-        if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
-            if (!(output = cli_value(argc, argv, &i)))
-                return 2;
-        } else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) {
-            quiet = true;
-        } else if (a[0] == '-' && a[1]) {
-            cli_error("batch: unknown option '%s' (autoreply batch --help)", a);
-            return 2;
-        } else if (!input) {
-            input = a;
-        } else {
-            cli_error("batch: one input file");
-            return 2;
-        }
+    struct ar_opt opts[MAX_OPTS];
+    const struct ar_opt own[] = {
+        {"shop", 0, AR_OPT_STRING, &o.shop, 0, 0, "ID", "shop of lines without shop_id", NULL,
+         NULL},
+        {"output", 'o', AR_OPT_STRING, &output, 0, 0, "FILE",
+         "results, one JSON line per input line, each written as soon\n"
+         "as it is answered",
+         "stdout", NULL},
+        {"quiet", 'q', AR_OPT_SET, &quiet, 0, 0, NULL,
+         "no progress on stderr (a bar on a terminal, else a line every\n"
+         "few seconds) and no per-line notes",
+         NULL, NULL},
+    };
+    const struct ar_opts spec = {
+        .cmd = "batch",
+        .usage = "batch REVIEWS.jsonl [-o REPLIES.jsonl] [options]",
+        .about = "Each line: {\"review_id\" (or \"id\"), \"text\", \"rating\", \"shop_id\"?, "
+                 "\"product\"?, \"lang\"?};\n"
+                 "a bad line gets {\"line\": N, \"error\": \"...\"} in the results. An "
+                 "interrupted batch resumes\n"
+                 "where it stopped when run again on the same unchanged file (the results are "
+                 "rewritten whole).",
+        .opts = opts,
+        .n_opts = product_opts_table(&o, own, AR_ARRAY_LEN(own), opts),
+        .max_args = -1};
+    int first_arg;
+    if (!cli_parse_opts(&spec, argc, argv, &first_arg, &rc))
+        return rc;
+    rc = 1;
+    if (argc - first_arg > 1) {
+        cli_error("batch: one input file");
+        return 2;
     }
+    if (first_arg < argc)
+        input = argv[first_arg];
     if (!input) {
         cli_error("batch: usage: autoreply batch REVIEWS.jsonl [-o REPLIES.jsonl]");
         return 2;
@@ -728,8 +707,7 @@ int cli_reply_attach(struct server *srv, const struct cli_reply_opts *opts, stru
             goto fail;
         }
     }
-    if (opts->cache_url &&
-        server_add_health_check(srv, "redis", redis_health, cr) != AR_OK) {
+    if (opts->cache_url && server_add_health_check(srv, "redis", redis_health, cr) != AR_OK) {
         cli_error("serve: out of memory");
         goto fail;
     }
@@ -756,7 +734,7 @@ int cli_reply_attach(struct server *srv, const struct cli_reply_opts *opts, stru
     sp.queue = cr->queue;
     sp.job_slots = opts->job_slots; /* bulk lines held at once: the engine's batch */
     sp.metrics = server_metrics(srv);
-    sp.n_workers = 32; /* mostly waiting on the engine */
+    sp.n_workers = 32;                       /* mostly waiting on the engine */
     sp.instance = server_instance_name(srv); /* the owner of this instance's claims */
     if (reply_service_create(&sp, &cr->p.svc) != AR_OK) {
         cli_error("serve: cannot start the reply service");

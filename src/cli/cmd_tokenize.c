@@ -7,6 +7,7 @@
 #include <cjson/cJSON.h>
 
 #include "base/base.h"
+#include "base/opts.h"
 #include "cli.h"
 #include "cli_internal.h"
 #include "gguf/gguf.h"
@@ -47,28 +48,29 @@ int cmd_tokenize(int argc, char **argv)
     struct ar_err err = {0};
     int32_t *ids = NULL;
     int64_t n = 0;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "-m") || !strcmp(argv[i], "--model")) {
-            if (!(path = cli_value(argc, argv, &i)))
-                return 2;
-        } else if (!strcmp(argv[i], "--ids")) {
-            ids_only = true;
-        } else if (!strcmp(argv[i], "--raw")) {
-            raw = true;
-        } else if (!strcmp(argv[i], "-p") || !strcmp(argv[i], "--prompt")) {
-            if (!(text = cli_value(argc, argv, &i)))
-                return 2;
-        } else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            printf("usage: autoreply tokenize -m MODEL [--ids] [--raw] TEXT\n"
-                   "  --ids  print only the ids\n"
-                   "  --raw  no BOS/EOS, special-token text spelled out as plain text\n");
-            return 0;
-        } else if (!text && (argv[i][0] != '-' || !argv[i][1])) {
-            text = argv[i];
-        } else {
-            cli_error("tokenize: unknown option '%s'", argv[i]);
+    int rc, first_arg;
+    const struct ar_opt opts[] = {
+        {"model", 'm', AR_OPT_STRING, &path, 0, 0, "MODEL", "GGUF model (required)", NULL, NULL},
+        /* model-loading options (--tokenizer-pre NAME, ...) go here, beside --model */
+        {"prompt", 'p', AR_OPT_STRING, &text, 0, 0, "TEXT", "the text (or the one argument)", NULL,
+         NULL},
+        {"ids", 0, AR_OPT_SET, &ids_only, 0, 0, NULL, "print only the ids", NULL, NULL},
+        {"raw", 0, AR_OPT_SET, &raw, 0, 0, NULL,
+         "no BOS/EOS, special-token text spelled out as plain text", NULL, NULL},
+    };
+    const struct ar_opts spec = {.cmd = "tokenize",
+                                 .usage = "tokenize -m MODEL [--ids] [--raw] TEXT",
+                                 .opts = opts,
+                                 .n_opts = AR_ARRAY_LEN(opts),
+                                 .max_args = 1};
+    if (!cli_parse_opts(&spec, argc, argv, &first_arg, &rc))
+        return rc;
+    if (first_arg < argc) {
+        if (text) {
+            cli_error("tokenize: one text: -p or an argument");
             return 2;
         }
+        text = argv[first_arg];
     }
     if (!path || !text) {
         cli_error("tokenize: usage: autoreply tokenize -m MODEL [--ids] TEXT");

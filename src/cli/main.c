@@ -1,13 +1,11 @@
 /* main.c - the `autoreply` command: dispatches to subcommands. The only place (with the other
  * cli/ files) that prints usage or exits. */
-#include <errno.h>
-#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "autoreply.h"
+#include "base/opts.h"
 #include "cli.h"
 
 void cli_error(const char *fmt, ...)
@@ -20,50 +18,22 @@ void cli_error(const char *fmt, ...)
     fputc('\n', stderr);
 }
 
-bool cli_parse_i64(const char *flag, const char *s, int64_t lo, int64_t hi, int64_t *out)
+bool cli_parse_opts(const struct ar_opts *spec, int argc, char **argv, int *first_arg,
+                    int *exit_code)
 {
-    char *end;
-    long long v;
-    errno = 0;
-    v = strtoll(s, &end, 10);
-    if (errno || end == s || *end) {
-        cli_error("%s: '%s' is not an integer", flag, s);
+    struct ar_err err = {0};
+    switch (ar_opts_parse(spec, argc, argv, first_arg, stdout, &err)) {
+    case AR_OPTS_OK:
+        return true;
+    case AR_OPTS_HELP:
+        *exit_code = 0;
         return false;
+    case AR_OPTS_BAD:
+        break;
     }
-    if (v < lo || v > hi) {
-        cli_error("%s: %lld is out of range [%lld, %lld]", flag, v, (long long)lo, (long long)hi);
-        return false;
-    }
-    *out = v;
-    return true;
-}
-
-bool cli_parse_f64(const char *flag, const char *s, double lo, double hi, double *out)
-{
-    char *end;
-    double v;
-    errno = 0;
-    v = strtod(s, &end);
-    if (errno || end == s || *end || isnan(v)) {
-        cli_error("%s: '%s' is not a number", flag, s);
-        return false;
-    }
-    if (v < lo || v > hi) {
-        cli_error("%s: %g is out of range [%g, %g]", flag, v, lo, hi);
-        return false;
-    }
-    *out = v;
-    return true;
-}
-
-const char *cli_value(int argc, char **argv, int *i)
-{
-    if (*i + 1 >= argc) {
-        cli_error("%s needs a value", argv[*i]);
-        return NULL;
-    }
-    *i += 1;
-    return argv[*i];
+    cli_error("%s", err.msg);
+    *exit_code = 2;
+    return false;
 }
 
 struct command {
@@ -80,7 +50,8 @@ static const struct command commands[] = {
     {"tokenize", cmd_tokenize, "show the token ids and pieces of a text"},
     {"inspect", cmd_inspect, "print a GGUF model's metadata and tensors"},
     {"quantize", cmd_quantize, "convert an F32/F16/BF16 model to Q8_0, Q4_0, Q4_K, Q6_K, Q4_K_M"},
-    {"gen-model", cmd_gen_model, "write a random-weight model of a given shape (tests, benchmarks)"},
+    {"gen-model", cmd_gen_model,
+     "write a random-weight model of a given shape (tests, benchmarks)"},
     {"bench", cmd_bench, "measure prefill and decode speed against memory bandwidth"},
     {"check-fixtures", cmd_check_fixtures, "check the engine against llama.cpp reference fixtures"},
 };

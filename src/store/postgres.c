@@ -3,7 +3,8 @@
  * with prepared statements (each prepared on first use per connection); every wait bounded by
  * a deadline on the client's side beside the server's statement timeout; a broken connection
  * replaced by a new one, with a growing pause between failed attempts (AR_EUNAVAIL at once
- * meanwhile). Arguments arrive checked (store.c); every value is bound, never spliced. */
+ * meanwhile). Arguments arrive checked (store_replies.c, store_jobs.c); every value is bound,
+ * never spliced. */
 #include "store_internal.h"
 
 #include <errno.h>

@@ -1,7 +1,7 @@
 /* sqlite.c - the SQLite store: schema and migrations, prepared statements, replies with
  * insert-once semantics and claims, bulk jobs whose lines are finished one transaction at a
  * time, and the background checkpointer. Every statement is prepared once at open and every
- * value is bound, never spliced. Arguments arrive checked (store.c). */
+ * value is bound, never spliced. Arguments arrive checked (store_replies.c, store_jobs.c). */
 #include "store_internal.h"
 
 #include <math.h>

@@ -1,7 +1,8 @@
 /* store_internal.h - shared by the files of src/store/: the operations every backend
- * implements (sqlite.c, postgres.c) behind the public functions of store.c, and the helpers
- * they share. store.c checks every argument before it calls an operation, so a backend sees
- * only valid ids, lines, statuses and non-NULL outputs. */
+ * implements (sqlite.c, postgres.c) behind the public functions of store_replies.c and
+ * store_jobs.c, and the helpers they share (store.c). The public functions check every argument
+ * before they call an operation, so a backend sees only valid ids, lines, statuses and non-NULL
+ * outputs. */
 #ifndef AR_STORE_INTERNAL_H
 #define AR_STORE_INTERNAL_H
 
@@ -17,7 +18,7 @@ struct store_ops {
                                 struct store_reply *out, bool *found, struct ar_err *err);
     /* Inserts r (created: its time, never 0) unless the key exists, and ends any claim on the
      * key, in one transaction. *existed says which; only when it existed and out is not NULL
-     * is out filled with the existing row (store.c copies r for a new row). */
+     * is out filled with the existing row (store_replies.c copies r for a new row). */
     enum ar_status (*reply_put)(struct store *st, const struct store_reply *r, int64_t created,
                                 struct store_reply *out, bool *existed, struct ar_err *err);
     enum ar_status (*reply_claim)(struct store *st, const char *shop_id, const char *review_id,
@@ -43,7 +44,7 @@ struct store_ops {
                                int64_t *updated_s, bool *found, struct ar_err *err);
     enum ar_status (*shops_list)(struct store *st, store_shop_fn fn, void *user,
                                  struct ar_err *err);
-    /* job_id: a fresh id from store.c; spec's strings not NULL; bytes: the lines' input */
+    /* job_id: a fresh id from store_jobs.c; spec's strings not NULL; bytes: the lines' input */
     enum ar_status (*job_create)(struct store *st, const char *job_id,
                                  const struct store_job_spec *spec, int64_t bytes,
                                  const struct store_item_in *items, size_t n, struct ar_err *err);
@@ -122,5 +123,11 @@ enum ar_status store_item_copy(struct store_item *it, int64_t line, enum store_i
                                const char *input, const char *result);
 
 int64_t store_now_s(void); /* unix seconds */
+
+/* Argument checks of the public functions: a shop or review id (1 to STORE_ID_MAX bytes), a job
+ * id (STORE_JOB_ID_LEN lowercase hex digits); store_bad_arg sets err to AR_EINVAL "store: what". */
+bool store_id_ok(const char *id);
+bool store_job_id_ok(const char *id);
+enum ar_status store_bad_arg(struct ar_err *err, const char *what);
 
 #endif
