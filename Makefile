@@ -28,10 +28,13 @@ FLAGS_avx2        := -mavx2 -mfma -mf16c
 FLAGS_avx512      := -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512dq
 FLAGS_avx512_vnni := $(FLAGS_avx512) -mavx512vnni
 
-# Modules in layer order (ARCHITECTURE.md) and what each may use.
+# Modules in layer order (ARCHITECTURE.md) and what each may use: DEPS_<module> is what the
+# files of src/<module>/ may include (tools/check-includes.sh, docs/architecture.md "Who may use
+# whom") and what tests/<module>/ link.
 MODULES := base gguf kernels kv tokenizer sampler model metrics store cache queue engine reply server api
 # tests/cli/ drive bin/autoreply as a user would, tests/deploy/ the deploy/ scripts and nginx,
-# tests/fleet/ a whole fleet on the real servers; they link only base.
+# tests/fleet/ a whole fleet on the real servers; they link only base (TEST_DEPS_cli: src/cli/,
+# the program, uses every module).
 TEST_ONLY_MODULES := cli deploy fleet
 DEPS_base      :=
 DEPS_gguf      := base
@@ -48,7 +51,8 @@ DEPS_engine    := model tokenizer sampler gguf kernels kv base
 DEPS_reply     := engine store cache queue metrics model tokenizer sampler gguf kernels kv base
 DEPS_server    := reply engine store cache queue metrics model tokenizer sampler gguf kernels kv base
 DEPS_api       := reply engine store cache queue metrics model tokenizer sampler gguf kernels kv base
-DEPS_cli       := base
+DEPS_cli       := server reply engine store cache queue metrics model tokenizer sampler gguf kernels kv base
+TEST_DEPS_cli  := base
 DEPS_deploy    := base
 DEPS_fleet     := base
 
@@ -60,13 +64,14 @@ objs_of = $(patsubst src/%.c,$(BUILD)/obj/%.o,$(call srcs_of,$(1))) $(GEN_OBJS_$
 CONSOLE_FILES := $(sort $(wildcard web/console/*))
 GEN_OBJS_server := $(BUILD)/obj/gen/console_assets.o
 lib_of  = $(BUILD)/lib/libar_$(1).a
-libs_for = $(foreach m,$(1) $(DEPS_$(1)),$(call lib_of,$(m)))
+libs_for = $(foreach m,$(1) $(if $(TEST_DEPS_$(1)),$(TEST_DEPS_$(1)),$(DEPS_$(1))),$(call lib_of,$(m)))
 
 LIB_ALL := $(BUILD)/libautoreply.a
 # Sanitizer and fuzz builds keep their binary in their own folder, never over bin/autoreply.
 BIN     := $(if $(filter build,$(BUILD)),bin/autoreply,$(BUILD)/bin/autoreply)
 
-.PHONY: all test asan tsan fuzz fuzz-run bench deps clean format check-fixtures install uninstall
+.PHONY: all test asan tsan fuzz fuzz-run bench deps clean format check-fixtures install uninstall \
+        print-deps check-includes
 all: $(BIN)
 
 # Library objects are position-independent with hidden visibility: the same objects make
@@ -197,6 +202,16 @@ bench: $(BENCH_BINS) $(BIN)
 check-fixtures: $(BIN)
 	$(BIN) check-fixtures ../shared/fixtures
 	$(BIN) check-fixtures ../shared/fixtures-arch
+
+# One line per folder of src/: "module: what it may use", or "module?" when it has no DEPS line.
+SRC_DIRS := $(sort $(patsubst src/%/,%,$(wildcard src/*/)))
+print-deps:
+	@$(foreach m,$(SRC_DIRS),echo '$(m)$(if $(filter undefined,$(origin DEPS_$(m))),?,: $(DEPS_$(m)))';)
+
+# The include graph against DEPS_<module> and docs/architecture.md (tests/base/includes_test.c
+# runs it too).
+check-includes:
+	@sh tools/check-includes.sh
 
 deps:
 	sh tools/install-deps.sh

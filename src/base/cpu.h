@@ -5,6 +5,10 @@
 
 #include <stdbool.h>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
 struct cpu_features {
     bool sse42, avx, avx2, fma, f16c;
     bool avx512f, avx512bw, avx512vl, avx512dq, avx512vnni, avx512bf16;
@@ -16,5 +20,14 @@ struct cpu_features {
 const struct cpu_features *cpu_features_get(void);
 /* One line such as "avx2 fma f16c avx512f avx512bw avx512vl avx512vnni" into buf. */
 void cpu_features_str(const struct cpu_features *cpu, char *buf, int size);
+
+/* One step of a spin-wait loop: PAUSE on x86 (saves power, frees the sibling hyper-thread, and
+ * avoids the memory-order flush when the awaited store lands); nothing elsewhere. */
+static inline void ar_cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    _mm_pause();
+#endif
+}
 
 #endif

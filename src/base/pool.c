@@ -6,12 +6,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define CPU_RELAX() _mm_pause()
-#else
-#define CPU_RELAX() ((void)0)
-#endif
+#include "cpu.h"
 
 /* About 20-50 us of spinning: long enough to bridge two consecutive ops of one forward
  * pass, short enough not to matter to other processes when the pool is idle. */
@@ -72,7 +67,7 @@ static void *worker_main(void *arg)
     for (;;) {
         uint64_t g = atomic_load_explicit(&p->gen, memory_order_acquire);
         for (int i = 0; g == seen && i < POOL_SPIN; i++) {
-            CPU_RELAX();
+            ar_cpu_relax();
             g = atomic_load_explicit(&p->gen, memory_order_acquire);
         }
         if (g == seen) {
@@ -172,7 +167,7 @@ void ar_pool_run(struct ar_pool *p, ar_pool_fn fn, void *ctx)
     pthread_mutex_unlock(&p->mu);
     fn(ctx, 0, p->n);
     for (int i = 0; atomic_load_explicit(&p->pending, memory_order_acquire) && i < POOL_SPIN; i++)
-        CPU_RELAX();
+        ar_cpu_relax();
     if (atomic_load_explicit(&p->pending, memory_order_acquire)) {
         pthread_mutex_lock(&p->mu);
         while (atomic_load(&p->pending))
@@ -201,7 +196,7 @@ void ar_pool_run_shared(struct ar_pool *p, ar_pool_fn fn, void *ctx)
     /* close the job: from now on no worker enters; wait for those inside */
     left = atomic_fetch_or_explicit(&p->join, JOIN_CLOSED, memory_order_acq_rel) & JOIN_COUNT;
     for (int i = 0; left && i < POOL_SPIN; i++) {
-        CPU_RELAX();
+        ar_cpu_relax();
         left = atomic_load_explicit(&p->join, memory_order_acquire) & JOIN_COUNT;
     }
     if (left) {

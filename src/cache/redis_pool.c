@@ -14,6 +14,8 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "base/deadline.h"
+
 /* ---- URL ---------------------------------------------------------------------------------- */
 
 /* Copies s[0..n) into dst (size bytes); false when it does not fit. */
@@ -492,17 +494,7 @@ static void *prober_main(void *arg)
         {
             /* until the next try (down), or until woken (up: went down, or stopping) */
             double until = pool->down ? AR_MAX(pool->next_try, now + 0.01) : now + 60.0;
-            struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            {
-                double d = until - now;
-                ts.tv_sec += (time_t)d;
-                ts.tv_nsec += (long)((d - (double)(time_t)d) * 1e9);
-                if (ts.tv_nsec >= 1000000000L) {
-                    ts.tv_sec++;
-                    ts.tv_nsec -= 1000000000L;
-                }
-            }
+            struct timespec ts = ar_deadline_in(CLOCK_REALTIME, until - now);
             pthread_cond_timedwait(&pool->wake, &pool->mu, &ts);
         }
     }

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "base/base.h"
+#include "base/hash.h"
 #include "base/opts.h"
 #include "cli.h"
 #include "cli_internal.h"
@@ -206,13 +207,10 @@ static size_t product_opts_table(struct product_opts *o, const struct ar_opt *ow
 
 /* ---- autoreply reply ------------------------------------------------------------------------ */
 
-static uint64_t fnv64(const void *data, size_t n, uint64_t h)
-{
-    const unsigned char *p = data;
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ p[i]) * 1099511628211ull;
-    return h;
-}
+/* Seed of the FNV-1a keys below (review ids "cli-...", batch job files). Not FNV's offset
+ * basis (a digit short of 14695981039346656037), kept so that ids and job files made by
+ * earlier versions keep their names: a rerun finds its job and its stored replies. */
+#define CLI_KEY_SEED 1469598103934665603ull
 
 int cmd_reply(int argc, char **argv)
 {
@@ -258,8 +256,8 @@ int cmd_reply(int argc, char **argv)
         return 2;
     }
     if (!review_id) {
-        uint64_t h = fnv64(text, strlen(text), 1469598103934665603ull);
-        h = fnv64(&rating, sizeof(rating), h);
+        uint64_t h = ar_fnv1a64(CLI_KEY_SEED, text, strlen(text));
+        h = ar_fnv1a64(h, &rating, sizeof(rating));
         snprintf(id_buf, sizeof(id_buf), "cli-%016llx", (unsigned long long)h);
         review_id = id_buf;
     }
@@ -587,10 +585,10 @@ int cmd_batch(int argc, char **argv)
         cli_error("batch: %s: %s", input, strerror(errno));
         return 1;
     }
-    key = fnv64(real, strlen(real), 1469598103934665603ull);
-    key = fnv64(&sb.st_size, sizeof(sb.st_size), key);
-    key = fnv64(&sb.st_mtim, sizeof(sb.st_mtim), key);
-    key = fnv64(o.shop, strlen(o.shop), key);
+    key = ar_fnv1a64(CLI_KEY_SEED, real, strlen(real));
+    key = ar_fnv1a64(key, &sb.st_size, sizeof(sb.st_size));
+    key = ar_fnv1a64(key, &sb.st_mtim, sizeof(sb.st_mtim));
+    key = ar_fnv1a64(key, o.shop, strlen(o.shop));
     snprintf(map_path, sizeof(map_path), "%s/batch-%016llx.job", o.data_dir,
              (unsigned long long)key);
     if (!product_open(&o, &p))

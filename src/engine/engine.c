@@ -23,6 +23,8 @@
 #include <pthread.h>
 #include <time.h>
 
+#include "base/deadline.h"
+
 /* ---- requests ---------------------------------------------------------------------------- */
 
 struct req {
@@ -679,13 +681,7 @@ static void *scheduler_main(void *arg)
         if (e->n_run == 0) {
             /* nothing could start (cannot happen with a consistent KV size): do not spin */
             if (e->q[0].n + e->q[1].n > 0 && !e->stop) {
-                struct timespec ts;
-                clock_gettime(CLOCK_REALTIME, &ts);
-                ts.tv_nsec += 10 * 1000 * 1000;
-                if (ts.tv_nsec >= 1000000000L) {
-                    ts.tv_sec++;
-                    ts.tv_nsec -= 1000000000L;
-                }
+                struct timespec ts = ar_deadline_in(CLOCK_REALTIME, 0.01);
                 pthread_cond_timedwait(&e->cv, &e->mu, &ts);
             }
             continue;

@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/hash.h"
 #include "gguf_internal.h"
 
 /* Smallest encodings, used to bound counts before anything is allocated. */
@@ -130,12 +131,7 @@ static enum ar_status cur_name(struct cursor *c, struct gguf_str *s, const char 
 
 static uint64_t name_hash(const char *s, size_t len)
 {
-    uint64_t h = 1469598103934665603ull; /* FNV-1a */
-    for (size_t i = 0; i < len; i++) {
-        h ^= (uint8_t)s[i];
-        h *= 1099511628211ull;
-    }
-    return h;
+    return ar_fnv1a64(AR_FNV64_BASIS, s, len);
 }
 
 static enum ar_status index_init(struct name_index *ix, uint64_t n)

@@ -8,6 +8,8 @@
 
 #include <assert.h>
 
+#include "base/hash.h"
+
 struct pc_entry {
     uint64_t key;      /* kv_prefix_hash(parent's key, tokens) */
     uint64_t parent;   /* parent entry's handle, 0: first block of a prompt */
@@ -38,17 +40,16 @@ struct kv_prefix {
  * finalizer so that nearby inputs spread over all buckets. */
 static uint64_t prefix_hash_fnv(uint64_t parent_key, const int32_t *tokens, int n)
 {
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (int i = 0; i < 8; i++) {
-        h ^= (parent_key >> (8 * i)) & 0xff;
-        h *= 0x100000001b3ull;
-    }
+    uint8_t b[8];
+    uint64_t h;
+    for (int i = 0; i < 8; i++)
+        b[i] = (uint8_t)(parent_key >> (8 * i));
+    h = ar_fnv1a64(AR_FNV64_BASIS, b, 8);
     for (int j = 0; j < n; j++) {
         uint32_t t = (uint32_t)tokens[j];
-        for (int i = 0; i < 4; i++) {
-            h ^= (t >> (8 * i)) & 0xff;
-            h *= 0x100000001b3ull;
-        }
+        for (int i = 0; i < 4; i++)
+            b[i] = (uint8_t)(t >> (8 * i));
+        h = ar_fnv1a64(h, b, 4);
     }
     h ^= h >> 33;
     h *= 0xff51afd7ed558ccdull;

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 
 #include "base/base.h"
+#include "base/hash.h"
 #include "metrics_internal.h"
 
 /* the edges of earlier releases (so queries on le="0.25" or "2.5" keep working) plus 0.3 and 3 */
@@ -140,12 +141,11 @@ fail:
 
 static uint32_t hash_values(const struct metrics_family *f, const char *const *values)
 {
-    uint32_t h = 2166136261u; /* FNV-1a over the values, each followed by a 0xff byte */
+    uint32_t h = AR_FNV32_BASIS; /* FNV-1a over the values, each followed by a 0xff byte */
     for (size_t i = 0; i < f->n_labels; i++) {
-        const unsigned char *p = (const unsigned char *)(values[i] ? values[i] : "");
-        for (; *p; p++)
-            h = (h ^ *p) * 16777619u;
-        h = (h ^ 0xffu) * 16777619u;
+        const char *v = values[i] ? values[i] : "";
+        h = ar_fnv1a32(h, v, strlen(v));
+        h = ar_fnv1a32(h, "\xff", 1);
     }
     return h;
 }

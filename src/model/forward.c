@@ -13,13 +13,7 @@
 #include <sched.h>
 #include <stdatomic.h>
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define CPU_RELAX() _mm_pause()
-#else
-#define CPU_RELAX() ((void)0)
-#endif
-
+#include "../base/cpu.h"
 #include "../kernels/kernels.h"
 
 /* Weight rows per thread split unit; weight rows and batch rows per gemm call (a call's
@@ -1232,7 +1226,7 @@ static void stage_pass(void *arg, int ith, int nth)
         /* nothing left to claim: the thread with the last item opens the next phase */
         for (int spins = 0; atomic_load_explicit(&c->ph_cur, memory_order_acquire) == p; spins++) {
             if (spins < 4096)
-                CPU_RELAX();
+                ar_cpu_relax();
             else
                 sched_yield();
         }

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/deadline.h"
 #include "queue.h"
 
 struct mem_msg {
@@ -93,16 +94,7 @@ static enum ar_status mem_get(struct queue *q, double timeout_s, struct queue_ms
 {
     struct mem_queue *m = mq_of(q);
     struct mem_msg *x;
-    struct timespec dl;
-    clock_gettime(CLOCK_MONOTONIC, &dl);
-    if (timeout_s > 1e6)
-        timeout_s = 1e6;
-    dl.tv_sec += (time_t)timeout_s;
-    dl.tv_nsec += (long)((timeout_s - (double)(time_t)timeout_s) * 1e9);
-    if (dl.tv_nsec >= 1000000000L) {
-        dl.tv_sec++;
-        dl.tv_nsec -= 1000000000L;
-    }
+    struct timespec dl = ar_deadline_in(CLOCK_MONOTONIC, AR_MIN(timeout_s, 1e6));
     pthread_mutex_lock(&m->mu);
     while (!can_deliver(m))
         if (pthread_cond_timedwait(&m->cv, &m->mu, &dl) != 0)

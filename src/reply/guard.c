@@ -15,19 +15,6 @@ bool rp_is_cjk(uint32_t cp)
            (cp >= 0xf900 && cp <= 0xfaff) || (cp >= 0x20000 && cp <= 0x2fa1f);
 }
 
-bool reply_utf8_valid(const char *s, size_t len)
-{
-    size_t i = 0;
-    uint32_t cp;
-    while (i < len) {
-        size_t k = rp_utf8_next(s + i, len - i, &cp);
-        if (!k)
-            return false;
-        i += k;
-    }
-    return true;
-}
-
 size_t reply_utf8_count(const char *s, size_t len)
 {
     size_t n = 0;
@@ -227,7 +214,7 @@ static size_t decode_all(const char *s, size_t len, uint32_t *cps, size_t cap)
     size_t i = 0, n = 0;
     while (i < len && n < cap) {
         uint32_t cp;
-        size_t k = rp_utf8_next(s + i, len - i, &cp);
+        size_t k = ar_utf8_decode(s + i, len - i, &cp);
         if (!k) {
             i++;
             continue;
@@ -337,7 +324,7 @@ bool reply_lang_ok(const char *text, size_t len, const char *lang)
     size_t i = 0, n_cjk = 0, n_latin = 0;
     while (i < len) {
         uint32_t cp;
-        size_t k = rp_utf8_next(text + i, len - i, &cp);
+        size_t k = ar_utf8_decode(text + i, len - i, &cp);
         if (!k) {
             i++;
             continue;
@@ -371,7 +358,7 @@ size_t reply_cut_sentence(const char *text, size_t len, int max_chars)
     int chars = 0;
     while (i < len && chars < max_chars) {
         uint32_t cp;
-        size_t k = rp_utf8_next(text + i, len - i, &cp);
+        size_t k = ar_utf8_decode(text + i, len - i, &cp);
         if (!k)
             return best;
         i += k;
@@ -382,7 +369,7 @@ size_t reply_cut_sentence(const char *text, size_t len, int max_chars)
             int c2 = chars;
             while (j < len && c2 < max_chars) {
                 uint32_t nx;
-                size_t k2 = rp_utf8_next(text + j, len - j, &nx);
+                size_t k2 = ar_utf8_decode(text + j, len - j, &nx);
                 if (!k2 || !(is_sentence_end(nx) || is_closer(nx)))
                     break;
                 j += k2;

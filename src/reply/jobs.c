@@ -9,6 +9,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/deadline.h"
 #include "reply_internal.h"
 
 #define JOB_CHUNK 16
@@ -851,15 +852,7 @@ static void runner_wait(struct rp_runner *r, double s)
     struct timespec ts;
     if (s <= 0)
         return;
-    if (s > 3600)
-        s = 3600;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    ts.tv_sec += (time_t)s;
-    ts.tv_nsec += (long)((s - (double)(time_t)s) * 1e9);
-    if (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000L;
-    }
+    ts = ar_deadline_in(CLOCK_MONOTONIC, AR_MIN(s, 3600));
     pthread_cond_timedwait(&r->cv, &r->mu, &ts);
 }
 

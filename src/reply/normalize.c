@@ -6,74 +6,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-/* ---- UTF-8 -------------------------------------------------------------------------- */
-
-size_t rp_utf8_next(const char *str, size_t n, uint32_t *cp)
-{
-    const unsigned char *s = (const unsigned char *)str;
-    unsigned char b = s[0];
-    unsigned char lo = 0x80, hi = 0xbf;
-    size_t len;
-    uint32_t v;
-    if (b < 0x80) {
-        *cp = b;
-        return 1;
-    }
-    if (b >= 0xc2 && b <= 0xdf) {
-        len = 2;
-        v = b & 0x1f;
-    } else if (b >= 0xe0 && b <= 0xef) {
-        len = 3;
-        v = b & 0x0f;
-        if (b == 0xe0)
-            lo = 0xa0; /* no overlong forms */
-        else if (b == 0xed)
-            hi = 0x9f; /* no surrogates */
-    } else if (b >= 0xf0 && b <= 0xf4) {
-        len = 4;
-        v = b & 0x07;
-        if (b == 0xf0)
-            lo = 0x90; /* no overlong forms */
-        else if (b == 0xf4)
-            hi = 0x8f; /* nothing above U+10FFFF */
-    } else {
-        return 0;
-    }
-    if (n < len)
-        return 0;
-    for (size_t i = 1; i < len; i++) {
-        unsigned char c = s[i];
-        if (i == 1 ? (c < lo || c > hi) : (c < 0x80 || c > 0xbf))
-            return 0;
-        v = (v << 6) | (c & 0x3f);
-    }
-    *cp = v;
-    return len;
-}
-
-static size_t utf8_encode(uint32_t cp, char *out)
-{
-    if (cp < 0x80) {
-        out[0] = (char)cp;
-        return 1;
-    }
-    if (cp < 0x800) {
-        out[0] = (char)(0xc0 | (cp >> 6));
-        out[1] = (char)(0x80 | (cp & 0x3f));
-        return 2;
-    }
-    if (cp < 0x10000) {
-        out[0] = (char)(0xe0 | (cp >> 12));
-        out[1] = (char)(0x80 | ((cp >> 6) & 0x3f));
-        out[2] = (char)(0x80 | (cp & 0x3f));
-        return 3;
-    }
-    out[0] = (char)(0xf0 | (cp >> 18));
-    out[1] = (char)(0x80 | ((cp >> 12) & 0x3f));
-    out[2] = (char)(0x80 | ((cp >> 6) & 0x3f));
-    out[3] = (char)(0x80 | (cp & 0x3f));
-    return 4;
-}
+#include "base/utf8.h"
 
 /* ---- character classes -------------------------------------------------------------- */
 
@@ -184,7 +117,7 @@ static size_t decode_and_map(const unsigned char *s, size_t len, uint32_t *cps)
     size_t n = 0, i = 0;
     while (i < len) {
         uint32_t cp;
-        size_t k = rp_utf8_next((const char *)s + i, len - i, &cp);
+        size_t k = ar_utf8_decode((const char *)s + i, len - i, &cp);
         if (k == 0) {
             i++; /* invalid byte: dropped */
             continue;
@@ -283,7 +216,7 @@ enum ar_status reply_normalize(const char *text, size_t len, char **out, size_t 
     n = strip_filler(cps, n);
     /* every mapping keeps or shrinks the encoded size, so len bytes are enough */
     for (size_t i = 0; i < n; i++)
-        o += utf8_encode(cps[i], buf + o);
+        o += ar_utf8_encode(cps[i], buf + o);
     buf[o] = '\0';
     ar_free(cps);
     *out = buf;
@@ -300,7 +233,7 @@ const char *reply_guess_lang(const char *text, size_t len)
     size_t i = 0;
     while (s && i < len) {
         uint32_t cp;
-        size_t k = rp_utf8_next((const char *)s + i, len - i, &cp);
+        size_t k = ar_utf8_decode((const char *)s + i, len - i, &cp);
         if (k == 0) {
             i++;
             continue;

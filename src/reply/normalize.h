@@ -33,12 +33,6 @@
 
 #include "../base/base.h"
 
-/* Decodes one well-formed UTF-8 sequence at s[0..n) (n >= 1) into *cp and returns its length,
- * or returns 0 when the bytes there are not a well-formed sequence (Unicode table 3-7: no
- * overlong forms, no surrogates, nothing above U+10FFFF, no truncated sequence). The one
- * UTF-8 decoder of src/reply/. */
-size_t rp_utf8_next(const char *s, size_t n, uint32_t *cp);
-
 /* Normalizes len bytes of text (need not be NUL-terminated; NULL is allowed when len is
  * 0). *out is a new NUL-terminated string of *out_len bytes, never longer than len; the
  * caller owns it (ar_free). */

@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/deadline.h"
 #include "normalize.h"
 #include "reply_internal.h"
 
@@ -254,12 +255,7 @@ static void *renewer_main(void *arg)
     double period = svc->p.claim_lease_s / 3;
     pthread_mutex_lock(&svc->claims_mu);
     while (!svc->renewer_stop) {
-        struct timespec ts;
-        double until;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        until = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9 + period;
-        ts.tv_sec = (time_t)until;
-        ts.tv_nsec = (long)((until - (double)ts.tv_sec) * 1e9);
+        struct timespec ts = ar_deadline_in(CLOCK_REALTIME, period);
         pthread_cond_timedwait(&svc->claims_cv, &svc->claims_mu, &ts);
         if (svc->renewer_stop)
             break;
@@ -404,7 +400,7 @@ void reply_service_set_generator(struct reply_service *svc, struct reply_generat
 static bool id_ok(const char *s)
 {
     size_t n = s ? strlen(s) : 0;
-    return n > 0 && n <= STORE_ID_MAX && !memchr(s, 0x1f, n) && reply_utf8_valid(s, n);
+    return n > 0 && n <= STORE_ID_MAX && !memchr(s, 0x1f, n) && ar_utf8_valid(s, n);
 }
 
 /* Checks rv; on a problem writes msg and returns false. */
@@ -427,7 +423,7 @@ static bool review_ok(const struct reply_review *rv, char *msg, size_t msg_size)
                  REPLY_TEXT_MAX);
         return false;
     }
-    if (!reply_utf8_valid(rv->text, rv->text_len) || memchr(rv->text, 0, rv->text_len)) {
+    if (!ar_utf8_valid(rv->text, rv->text_len) || memchr(rv->text, 0, rv->text_len)) {
         snprintf(msg, msg_size, "text is not valid UTF-8");
         return false;
     }
@@ -447,7 +443,7 @@ static bool review_ok(const struct reply_review *rv, char *msg, size_t msg_size)
         return false;
     }
     if (rv->product && (strlen(rv->product) > REPLY_PRODUCT_MAX ||
-                        !reply_utf8_valid(rv->product, strlen(rv->product)))) {
+                        !ar_utf8_valid(rv->product, strlen(rv->product)))) {
         snprintf(msg, msg_size, "product must be at most %d bytes of UTF-8", REPLY_PRODUCT_MAX);
         return false;
     }
@@ -710,13 +706,7 @@ static void run_candidates(struct candidate *cands, int n, struct reply_call *ca
     t0 = ar_time_s();
     candidate_main_plain(&cands[0]);
     wait_s = AR_MAX((ar_time_s() - t0) * EXTRA_WAIT, EXTRA_WAIT_MIN_S);
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += (time_t)wait_s;
-    until.tv_nsec += (long)((wait_s - floor(wait_s)) * 1e9);
-    if (until.tv_nsec >= 1000000000L) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000L;
-    }
+    until = ar_deadline_in(CLOCK_REALTIME, wait_s);
     pthread_mutex_lock(&rd.mu);
     while (!round_all_done(&rd) && pthread_cond_timedwait(&rd.cv, &rd.mu, &until) == 0)
         ;

@@ -142,7 +142,7 @@ static enum ar_status set_str(char **dst, const cJSON *v, const char *where, con
 {
     if (!cJSON_IsString(v))
         return ar_err_set(err, AR_EFORMAT, 0, "%s.%s: expected a string", where, key);
-    if (!reply_utf8_valid(v->valuestring, strlen(v->valuestring)))
+    if (!ar_utf8_valid(v->valuestring, strlen(v->valuestring)))
         return ar_err_set(err, AR_EFORMAT, 0, "%s.%s: invalid UTF-8", where, key);
     ar_free(*dst);
     *dst = ar_strdup(v->valuestring);
@@ -179,7 +179,7 @@ static enum ar_status set_words(char ***dst, int *n_dst, const cJSON *v, const c
     cJSON_ArrayForEach(it, v)
     {
         if (!cJSON_IsString(it) || !*it->valuestring ||
-            !reply_utf8_valid(it->valuestring, strlen(it->valuestring))) {
+            !ar_utf8_valid(it->valuestring, strlen(it->valuestring))) {
             words_free(w, n);
             return ar_err_set(err, AR_EFORMAT, 0,
                               "%s.%s: every word must be a non-empty UTF-8 string", where, key);
@@ -356,7 +356,7 @@ enum ar_status reply_profiles_parse(const char *json, size_t len, struct reply_p
             size_t id_len = strlen(v->string);
             snprintf(where, sizeof(where), "shops.%s", v->string);
             if (id_len == 0 || id_len > STORE_ID_MAX || memchr(v->string, 0x1f, id_len) ||
-                !reply_utf8_valid(v->string, id_len)) {
+                !ar_utf8_valid(v->string, id_len)) {
                 st = ar_err_set(err, AR_EFORMAT, 0, "shops: bad shop id \"%.64s\"", v->string);
                 goto fail;
             }
@@ -481,7 +481,7 @@ enum ar_status reply_profile_from_json(const struct reply_profiles *ps, const ch
     size_t id_len = shop_id ? strlen(shop_id) : 0;
     *out = NULL;
     if (!ps || id_len == 0 || id_len > STORE_ID_MAX || memchr(shop_id, 0x1f, id_len) ||
-        !reply_utf8_valid(shop_id, id_len))
+        !ar_utf8_valid(shop_id, id_len))
         return ar_err_set(err, AR_EINVAL, 0, "shop_id must be 1..%d bytes of UTF-8", STORE_ID_MAX);
     if (!cJSON_IsObject(o))
         return ar_err_set(err, AR_EFORMAT, 0, "shop: expected an object");

@@ -234,7 +234,7 @@ static void split_clauses(const char *text, size_t len, struct clauses *c)
     c->n = 0;
     while (i < len && n_cp < CPS_MAX) {
         uint32_t cp;
-        size_t k = rp_utf8_next(text + i, len - i, &cp);
+        size_t k = ar_utf8_decode(text + i, len - i, &cp);
         if (!k) {
             i++;
             continue;
@@ -486,7 +486,7 @@ static size_t last_sentence_start(const char *text, size_t len)
     bool after_end = false;
     while (i < len) {
         uint32_t cp;
-        size_t k = rp_utf8_next(text + i, len - i, &cp);
+        size_t k = ar_utf8_decode(text + i, len - i, &cp);
         if (!k) {
             i++;
             continue;
@@ -577,7 +577,7 @@ static int split_segments(const char *text, size_t len, struct segment *sg)
         sg[n].a = i;
         /* the clause: up to an end mark */
         while (i < len) {
-            k = rp_utf8_next(text + i, len - i, &cp);
+            k = ar_utf8_decode(text + i, len - i, &cp);
             if (!k)
                 k = 1;
             else if (is_clause_end(cp))
@@ -587,7 +587,7 @@ static int split_segments(const char *text, size_t len, struct segment *sg)
         sg[n].b = i;
         /* its end marks and the spaces after them */
         while (i < len) {
-            k = rp_utf8_next(text + i, len - i, &cp);
+            k = ar_utf8_decode(text + i, len - i, &cp);
             if (!k || !(is_clause_end(cp) || cp == ' '))
                 break;
             i += k;

@@ -207,7 +207,6 @@ enum reply_guard {
 };
 const char *reply_guard_str(enum reply_guard g); /* "ok", "empty", ... */
 
-bool reply_utf8_valid(const char *s, size_t len);
 size_t reply_utf8_count(const char *s, size_t len); /* code points (valid UTF-8) */
 
 /* Index of the first banned word found in text (ASCII case-insensitive), or -1. */

@@ -9,7 +9,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "normalize.h" /* rp_utf8_next */
+#include "base/utf8.h"
+#include "normalize.h"
 #include "reply.h"
 
 bool rp_is_cjk(uint32_t cp);

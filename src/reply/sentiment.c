@@ -118,7 +118,7 @@ static float zh_score(const char *s, size_t len)
     float score = 0;
     while (i < len && n < ZH_MAX_CPS) {
         uint32_t cp;
-        size_t k = rp_utf8_next(s + i, len - i, &cp);
+        size_t k = ar_utf8_decode(s + i, len - i, &cp);
         offs[n++] = i;
         i += k ? k : 1;
     }

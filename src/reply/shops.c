@@ -321,7 +321,7 @@ bool reply_check_edit(const struct reply_profile *p, const char *text, char *why
         snprintf(why, n, "reply must not be empty");
         return false;
     }
-    if (len > REPLY_TEXT_MAX || !reply_utf8_valid(text, len)) {
+    if (len > REPLY_TEXT_MAX || !ar_utf8_valid(text, len)) {
         snprintf(why, n, "reply must be at most %d bytes of UTF-8", REPLY_TEXT_MAX);
         return false;
     }

@@ -9,89 +9,17 @@
 
 #include "server/server_internal.h"
 
-/* ---- UTF-8 --------------------------------------------------------------------------------- */
-
-/* Length of the well-formed sequence at s[0..len), or 0 if it is not one. */
-static size_t utf8_seq(const unsigned char *s, size_t len)
-{
-    unsigned c = s[0];
-    if (c < 0x80)
-        return 1;
-    if (c >= 0xc2 && c <= 0xdf)
-        return len >= 2 && (s[1] & 0xc0) == 0x80 ? 2 : 0;
-    if (c >= 0xe0 && c <= 0xef) {
-        if (len < 3 || (s[1] & 0xc0) != 0x80 || (s[2] & 0xc0) != 0x80)
-            return 0;
-        if (c == 0xe0 && s[1] < 0xa0) /* overlong */
-            return 0;
-        if (c == 0xed && s[1] >= 0xa0) /* surrogates */
-            return 0;
-        return 3;
-    }
-    if (c >= 0xf0 && c <= 0xf4) {
-        if (len < 4 || (s[1] & 0xc0) != 0x80 || (s[2] & 0xc0) != 0x80 || (s[3] & 0xc0) != 0x80)
-            return 0;
-        if (c == 0xf0 && s[1] < 0x90) /* overlong */
-            return 0;
-        if (c == 0xf4 && s[1] >= 0x90) /* > U+10FFFF */
-            return 0;
-        return 4;
-    }
-    return 0;
-}
-
-bool codec_utf8_valid(const char *s, size_t len)
-{
-    const unsigned char *p = (const unsigned char *)s;
-    size_t i = 0;
-    while (i < len) {
-        size_t n = utf8_seq(p + i, len - i);
-        if (!n)
-            return false;
-        i += n;
-    }
-    return true;
-}
-
-char *codec_utf8_sanitize(const char *s, size_t len, size_t *out_len)
-{
-    const unsigned char *p = (const unsigned char *)s;
-    char *out;
-    size_t i = 0, o = 0;
-    if (len > (SIZE_MAX - 1) / 3)
-        return NULL;
-    out = ar_malloc(len * 3 + 1); /* each bad byte becomes 3 bytes */
-    if (!out)
-        return NULL;
-    while (i < len) {
-        size_t n = utf8_seq(p + i, len - i);
-        if (n) {
-            memcpy(out + o, p + i, n);
-            o += n;
-            i += n;
-        } else {
-            memcpy(out + o, "\xef\xbf\xbd", 3);
-            o += 3;
-            i++;
-        }
-    }
-    out[o] = '\0';
-    if (out_len)
-        *out_len = o;
-    return out;
-}
-
 /* ---- checks shared by both formats ------------------------------------------------------ */
 
 static enum ar_status check_tree(const cJSON *j, int depth, struct ar_err *err)
 {
     if ((cJSON_IsArray(j) || cJSON_IsObject(j)) && depth > CODEC_MAX_DEPTH)
         return ar_err_set(err, AR_EFORMAT, 0, "nesting deeper than %d", CODEC_MAX_DEPTH);
-    if (j->string && !codec_utf8_valid(j->string, strlen(j->string)))
+    if (j->string && !ar_utf8_valid(j->string, strlen(j->string)))
         return ar_err_set(err, AR_EFORMAT, 0, "invalid UTF-8 in a key");
     if (cJSON_IsNumber(j) && !isfinite(j->valuedouble))
         return ar_err_set(err, AR_EFORMAT, 0, "a number is out of range");
-    if (cJSON_IsString(j) && !codec_utf8_valid(j->valuestring, strlen(j->valuestring)))
+    if (cJSON_IsString(j) && !ar_utf8_valid(j->valuestring, strlen(j->valuestring)))
         return ar_err_set(err, AR_EFORMAT, 0, "invalid UTF-8 in a string");
     if (cJSON_IsArray(j) || cJSON_IsObject(j)) {
         for (const cJSON *c = j->child; c; c = c->next) {
@@ -152,7 +80,7 @@ static enum ar_status mp_str(struct mp_reader *r, uint64_t n, bool is_key, char 
         return ar_err_set(r->err, AR_EFORMAT, (uint64_t)(r->p - r->start),
                           "msgpack: \"%.64s\" contains a NUL character", r->key);
     }
-    if (!codec_utf8_valid((const char *)r->p, n))
+    if (!ar_utf8_valid((const char *)r->p, n))
         return mp_fail(r, "invalid UTF-8 in a string");
     s = ar_strndup((const char *)r->p, n);
     if (!s)

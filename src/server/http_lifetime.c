@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/deadline.h"
 #include "server/http_internal.h"
 
 #define WATCHDOG_PERIOD_S 0.1
@@ -145,14 +146,8 @@ static void *watchdog_main(void *arg)
     while (s->wd_run) {
         struct server_req *gone[64];
         int n_gone = 0;
-        struct timespec ts;
+        struct timespec ts = ar_deadline_in(CLOCK_REALTIME, WATCHDOG_PERIOD_S);
         double now;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += (long)(WATCHDOG_PERIOD_S * 1e9);
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
         pthread_cond_timedwait(&s->conn_cv, &s->conn_mu, &ts);
         if (!s->wd_run)
             break;
@@ -443,13 +438,7 @@ static void wait_idle(struct server *s, double deadline)
         double left = deadline - ar_time_s();
         if (left <= 0)
             break;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        left = AR_MIN(left, 0.05);
-        ts.tv_nsec += (long)(left * 1e9);
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
+        ts = ar_deadline_in(CLOCK_REALTIME, AR_MIN(left, 0.05));
         pthread_cond_timedwait(&s->conn_cv, &s->conn_mu, &ts);
     }
 }

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "base/hash.h"
 #include "server/server_internal.h"
 
 /* ---- API keys ------------------------------------------------------------------------------ */
@@ -208,10 +209,8 @@ static void sweep(struct srv_limiter *l, double now)
 /* The client's entry, created full; NULL when out of memory or the table is full. */
 static struct client *find(struct srv_limiter *l, const char *name, double now)
 {
-    uint32_t h = 2166136261u;
+    uint32_t h = ar_fnv1a32(AR_FNV32_BASIS, name, strlen(name));
     struct client *c;
-    for (const char *p = name; *p; p++)
-        h = (h ^ (unsigned char)*p) * 16777619u;
     for (c = l->slots[h % LIMITER_SLOTS]; c; c = c->next)
         if (!strcmp(c->name, name)) {
             refill(c, now);

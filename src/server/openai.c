@@ -40,13 +40,13 @@ static void reply_oai_error(struct server_req *req, const struct oai_error *e)
 /* Adds a string that may hold invalid UTF-8 (token pieces): replaced bytes become U+FFFD. */
 static void add_text(cJSON *o, const char *name, const char *s, size_t len)
 {
-    if (codec_utf8_valid(s, len) && !memchr(s, 0, len)) {
+    if (ar_utf8_valid(s, len) && !memchr(s, 0, len)) {
         char *z = ar_strndup(s, len);
         if (z)
             cJSON_AddStringToObject(o, name, z);
         ar_free(z);
     } else {
-        char *z = codec_utf8_sanitize(s, len, NULL);
+        char *z = ar_utf8_sanitize(s, len, NULL);
         if (z)
             cJSON_AddStringToObject(o, name, z);
         ar_free(z);
@@ -591,7 +591,7 @@ static void h_tokenize(struct server_req *req, void *user)
             break;
         cJSON_AddItemToArray(arr, t);
         cJSON_AddNumberToObject(t, "id", ids[i]);
-        if (p && codec_utf8_valid(p, len) && !memchr(p, 0, len)) {
+        if (p && ar_utf8_valid(p, len) && !memchr(p, 0, len)) {
             add_text(t, "piece", p, len);
         } else { /* a partial character: its bytes */
             cJSON *b = cJSON_AddArrayToObject(t, "piece");

@@ -12,6 +12,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "base/utf8.h"
 #include "server.h"
 
 /* ---- codec.c: bodies ⇄ cJSON ------------------------------------------------------------- */
@@ -19,12 +20,6 @@
 #define CODEC_MAX_DEPTH 32
 
 enum codec_format { CODEC_JSON, CODEC_MSGPACK };
-
-/* True when s[0..len) is well-formed UTF-8 (no overlongs, surrogates or > U+10FFFF). */
-bool codec_utf8_valid(const char *s, size_t len);
-/* Copies s[0..len) replacing each invalid byte with U+FFFD; new NUL-terminated string
- * (ar_free), NULL when out of memory. */
-char *codec_utf8_sanitize(const char *s, size_t len, size_t *out_len);
 
 /* Parses a body into a new tree (cJSON_Delete). JSON: any JSON text; MessagePack: exactly one
  * object, string map keys only, no ext types, bin read as a string, nesting <= 32. Every

@@ -561,8 +561,8 @@ static void turn_done(void *user, const struct engine_result *res)
     /* the document keeps what a chat completion answers: the text without think blocks */
     if ((content = ar_strndup(res->text ? res->text : "", res->text_len)))
         content_len = tokenizer_strip_think(content, res->text_len);
-    if (content && !codec_utf8_valid(content, content_len)) {
-        char *z = codec_utf8_sanitize(content, content_len, &content_len);
+    if (content && !ar_utf8_valid(content, content_len)) {
+        char *z = ar_utf8_sanitize(content, content_len, &content_len);
         ar_free(content);
         content = z;
     }

@@ -5,6 +5,7 @@
  * replaced by a new one, with a growing pause between failed attempts (AR_EUNAVAIL at once
  * meanwhile). Arguments arrive checked (store_replies.c, store_jobs.c); every value is bound,
  * never spliced. */
+#include "base/deadline.h"
 #include "store_internal.h"
 
 #include <errno.h>
@@ -634,13 +635,7 @@ static enum ar_status pool_get(struct pg_store *ps, struct pg_conn **out, struct
                                   "postgres: all %d connections stayed busy",
                                   STORE_PG_POOL_MAX);
             }
-            clock_gettime(CLOCK_REALTIME, &until);
-            until.tv_sec += (time_t)left;
-            until.tv_nsec += (long)((left - (double)(time_t)left) * 1e9);
-            if (until.tv_nsec >= 1000000000L) {
-                until.tv_sec++;
-                until.tv_nsec -= 1000000000L;
-            }
+            until = ar_deadline_in(CLOCK_REALTIME, left);
             pthread_cond_timedwait(&ps->cv, &ps->mu, &until);
         }
     }

@@ -2,6 +2,7 @@
  * insert-once semantics and claims, bulk jobs whose lines are finished one transaction at a
  * time, and the background checkpointer. Every statement is prepared once at open and every
  * value is bound, never spliced. Arguments arrive checked (store_replies.c, store_jobs.c). */
+#include "base/deadline.h"
 #include "store_internal.h"
 
 #include <math.h>
@@ -492,13 +493,7 @@ static void *checkpointer_main(void *arg)
         struct timespec until;
         int n_log = -1, n_ckpt = -1, rc;
         bool idle;
-        clock_gettime(CLOCK_REALTIME, &until);
-        until.tv_sec += STORE_CKPT_PERIOD_MS / 1000;
-        until.tv_nsec += (long)(STORE_CKPT_PERIOD_MS % 1000) * 1000000L;
-        if (until.tv_nsec >= 1000000000L) {
-            until.tv_sec++;
-            until.tv_nsec -= 1000000000L;
-        }
+        until = ar_deadline_in(CLOCK_REALTIME, STORE_CKPT_PERIOD_MS / 1000.0);
         while (!st->ck_stop && !st->ck_due &&
                pthread_cond_timedwait(&st->ck_cv, &st->ck_mu, &until) == 0)
             ;

@@ -93,31 +93,6 @@ static enum ar_status stream_reserve(struct tokenizer_stream *st, size_t need)
     return AR_OK;
 }
 
-/* Length of the UTF-8 sequence led by c and the allowed range of its second byte (which
- * excludes overlong forms, surrogates and code points above U+10FFFF); 0 if c cannot lead. */
-static int utf8_lead(uint8_t c, uint8_t *lo, uint8_t *hi)
-{
-    *lo = 0x80;
-    *hi = 0xbf;
-    if (c >= 0xc2 && c <= 0xdf)
-        return 2;
-    if (c >= 0xe0 && c <= 0xef) {
-        if (c == 0xe0)
-            *lo = 0xa0;
-        if (c == 0xed)
-            *hi = 0x9f;
-        return 3;
-    }
-    if (c >= 0xf0 && c <= 0xf4) {
-        if (c == 0xf0)
-            *lo = 0x90;
-        if (c == 0xf4)
-            *hi = 0x8f;
-        return 4;
-    }
-    return 0;
-}
-
 static const char replacement[3] = {'\xef', '\xbf', '\xbd'}; /* U+FFFD */
 
 enum ar_status tokenizer_stream_push(const struct tokenizer *tok, struct tokenizer_stream *st,
@@ -148,23 +123,17 @@ enum ar_status tokenizer_stream_push(const struct tokenizer *tok, struct tokeniz
     in = (const uint8_t *)st->buf + 3 * n;
     st->n_hold = 0;
     while (i < n) {
-        uint8_t lo, hi;
-        int k, need;
+        size_t need;
         if (in[i] < 0x80) {
             st->buf[o++] = (char)in[i++];
             continue;
         }
-        need = utf8_lead(in[i], &lo, &hi);
-        for (k = 1; k < need && i + (size_t)k < n; k++) {
-            uint8_t c = in[i + (size_t)k];
-            if (c < (k == 1 ? lo : 0x80) || c > (k == 1 ? hi : 0xbf))
-                break;
-        }
-        if (need && k == need) { /* complete character */
-            memmove(st->buf + o, in + i, (size_t)need);
-            o += (size_t)need;
-            i += (size_t)need;
-        } else if (need && i + (size_t)k == n) { /* valid so far, cut by the end: hold it */
+        need = ar_utf8_decode((const char *)in + i, n - i, NULL);
+        if (need) { /* complete character */
+            memmove(st->buf + o, in + i, need);
+            o += need;
+            i += need;
+        } else if (ar_utf8_incomplete((const char *)in + i, n - i)) { /* cut by the end: hold */
             st->n_hold = (uint8_t)(n - i);
             memcpy(st->hold, in + i, st->n_hold);
             break;

@@ -146,7 +146,7 @@ static enum ar_status split_chars(struct work *w, size_t m, int32_t *n_syms)
     if (st != AR_OK)
         return st;
     for (size_t off = 0; off < m;) {
-        size_t l = AR_MIN(tok_utf8_len((uint8_t)w->buf[off]), m - off);
+        size_t l = AR_MIN(ar_utf8_lax_len((uint8_t)w->buf[off]), m - off);
         for (size_t k = 1; k < l; k++)
             if (((uint8_t)w->buf[off + k] & 0xc0) != 0x80)
                 l = 1;
@@ -293,12 +293,7 @@ static enum ar_status bpe_word(const struct tokenizer *tok, struct work *w, cons
         return st;
     for (size_t i = 0; i < len; i++) {
         uint32_t cp = tok_byte_to_cp((uint8_t)word[i]);
-        if (cp < 0x80) {
-            w->buf[m++] = (char)cp;
-        } else { /* all table code points are below 0x800 */
-            w->buf[m++] = (char)(0xc0 | (cp >> 6));
-            w->buf[m++] = (char)(0x80 | (cp & 0x3f));
-        }
+        m += ar_utf8_encode(cp, w->buf + m); /* table code points are below 0x800: 2 bytes */
     }
     if (tok->ignore_merges && (id = find_plain(tok, w->buf, m)) >= 0)
         return ivec_push(out, id);
@@ -354,7 +349,7 @@ static enum ar_status regex_split(const pcre2_code *re, struct work *w, const ch
             break;
         ov = pcre2_get_ovector_pointer(w->md);
         if (ov[1] <= ov[0]) { /* empty match (none of our patterns has one): step over */
-            pos = ov[0] + AR_MIN(tok_utf8_len(subj[ov[0]]), seg.len - ov[0]);
+            pos = ov[0] + AR_MIN(ar_utf8_lax_len(subj[ov[0]]), seg.len - ov[0]);
             continue;
         }
         if (ov[0] > last &&

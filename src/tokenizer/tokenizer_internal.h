@@ -7,6 +7,8 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
+#include "base/hash.h"
+#include "base/utf8.h"
 #include "tokenizer.h"
 
 #define TOK_MAX_REGEX 8
@@ -77,27 +79,10 @@ struct tokenizer {
     bool chat_known; /* the template was recognized (else ChatML is a fallback) */
 };
 
-/* FNV-1a, the hash of every table here. */
-static inline uint32_t tok_hash_bytes(uint32_t h, const void *p, size_t n)
-{
-    const uint8_t *s = p;
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ s[i]) * 16777619u;
-    return h;
-}
-#define TOK_HASH_SEED 2166136261u
-
 /* Rank of merge (left, right), or -1. Defined in vocab.c. */
 int32_t tok_merge_rank(const struct tokenizer *tok, const char *left, size_t n_left,
                        const char *right, size_t n_right);
 
-/* Bytes of the UTF-8 character starting with byte c, from its high bits only (1 for
- * continuation and invalid bytes), as the reference tokenizers split text. */
-static inline size_t tok_utf8_len(uint8_t c)
-{
-    static const uint8_t len[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4};
-    return len[c >> 4];
-}
 
 /* GPT-2 byte-level table: byte -> code point. */
 static inline uint32_t tok_byte_to_cp(uint8_t b)

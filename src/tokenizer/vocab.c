@@ -108,7 +108,7 @@ int32_t tokenizer_find(const struct tokenizer *tok, const char *text, size_t len
     uint32_t i;
     if (!tok || (!text && len))
         return -1;
-    i = tok_hash_bytes(TOK_HASH_SEED, text, len) & tok->hash_mask;
+    i = ar_fnv1a32(AR_FNV32_BASIS, text, len) & tok->hash_mask;
     for (;;) {
         int32_t id = tok->hash[i];
         if (id < 0)
@@ -121,9 +121,9 @@ int32_t tokenizer_find(const struct tokenizer *tok, const char *text, size_t len
 
 static uint32_t merge_hash(const char *l, size_t nl, const char *r, size_t nr)
 {
-    uint32_t h = tok_hash_bytes(TOK_HASH_SEED, l, nl);
-    h = (h ^ 0xffu) * 16777619u; /* separator: ("ab","c") and ("a","bc") differ */
-    return tok_hash_bytes(h, r, nr);
+    uint32_t h = ar_fnv1a32(AR_FNV32_BASIS, l, nl);
+    h = ar_fnv1a32(h, "\xff", 1); /* separator: ("ab","c") and ("a","bc") differ */
+    return ar_fnv1a32(h, r, nr);
 }
 
 int32_t tok_merge_rank(const struct tokenizer *tok, const char *left, size_t n_left,
@@ -254,7 +254,7 @@ static enum ar_status load_tokens(struct tokenizer *tok, const struct gguf_file 
         }
         if (s.len == 0)
             continue; /* an empty token can never be matched */
-        slot = tok_hash_bytes(TOK_HASH_SEED, s.ptr, s.len) & tok->hash_mask;
+        slot = ar_fnv1a32(AR_FNV32_BASIS, s.ptr, s.len) & tok->hash_mask;
         while (tok->hash[slot] >= 0) {
             int32_t o = tok->hash[slot];
             if (tok->text_len[o] == s.len && memcmp(tok->text + tok->text_off[o], s.ptr, s.len) == 0)
@@ -520,27 +520,6 @@ static void setup_bytes(struct tokenizer *tok)
         tok->unbyte[tok_byte_to_cp((uint8_t)b)] = (int16_t)b;
 }
 
-/* Decodes one UTF-8 code point at s[0..n); returns its length, or 0 if invalid. */
-static size_t utf8_decode(const uint8_t *s, size_t n, uint32_t *cp)
-{
-    size_t len = tok_utf8_len(s[0]);
-    uint32_t c;
-    if (len == 1) {
-        *cp = s[0];
-        return s[0] < 0x80 ? 1 : 0;
-    }
-    if (len > n)
-        return 0;
-    c = s[0] & (0xffu >> (len + 1));
-    for (size_t i = 1; i < len; i++) {
-        if ((s[i] & 0xc0) != 0x80)
-            return 0;
-        c = (c << 6) | (s[i] & 0x3f);
-    }
-    *cp = c;
-    return len;
-}
-
 /* Writes the piece of token id to out (at most 3x the text length) and returns its length. */
 static size_t make_piece(const struct tokenizer *tok, int32_t id, char *out)
 {
@@ -566,7 +545,8 @@ static size_t make_piece(const struct tokenizer *tok, int32_t id, char *out)
         }
         for (size_t i = 0; i < n;) {
             uint32_t cp = 0;
-            size_t l = utf8_decode((const uint8_t *)s + i, n - i, &cp);
+            /* lax: a piece's overlong form of a table code point maps to its byte too */
+            size_t l = ar_utf8_decode_lax(s + i, n - i, &cp);
             if (l && cp < AR_ARRAY_LEN(tok->unbyte) && tok->unbyte[cp] >= 0) {
                 out[o++] = (char)tok->unbyte[cp];
                 i += l;

@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "base/hash.h"
 #include "reply/reply.h"
 
 /* The built-in profiles with one generation per review (no candidates, no aspect notes): the
@@ -22,10 +23,7 @@ static inline enum ar_status th_profiles_single(struct reply_profiles **out)
 /* FNV-1a of s. */
 static inline uint32_t th_fnv32(const char *s)
 {
-    uint32_t h = 2166136261u;
-    for (; *s; s++)
-        h = (h ^ (uint8_t)*s) * 16777619u;
-    return h;
+    return ar_fnv1a32(AR_FNV32_BASIS, s, strlen(s));
 }
 
 /* A token bucket like the server's: admission needs min(n, cap) tokens, charges may go into

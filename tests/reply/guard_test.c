@@ -4,6 +4,7 @@
 #include "harness/harness.h"
 
 #include "base/base.h"
+#include "base/utf8.h"
 #include "reply/reply.h"
 
 static struct reply_profile profile(int min_chars, int max_chars, char **banned, int n_banned)
@@ -244,10 +245,10 @@ static void very_long_reviews_are_clipped_in_the_prompt(void **state)
 static void utf8_checks_reject_malformed_bytes(void **state)
 {
     (void)state;
-    assert_true(reply_utf8_valid("好评 ok", strlen("好评 ok")));
-    assert_false(reply_utf8_valid("\xc0\xaf", 2));     /* overlong */
-    assert_false(reply_utf8_valid("\xed\xa0\x80", 3)); /* surrogate */
-    assert_false(reply_utf8_valid("\xe5\xa5", 2));     /* truncated */
+    assert_true(ar_utf8_valid("好评 ok", strlen("好评 ok")));
+    assert_false(ar_utf8_valid("\xc0\xaf", 2));     /* overlong */
+    assert_false(ar_utf8_valid("\xed\xa0\x80", 3)); /* surrogate */
+    assert_false(ar_utf8_valid("\xe5\xa5", 2));     /* truncated */
     assert_int_equal(reply_utf8_count("好评ok", strlen("好评ok")), 4);
 }
 

@@ -164,14 +164,14 @@ static void utf8_checker_follows_the_standard(void **state)
     size_t n;
     char *s;
     (void)state;
-    assert_true(codec_utf8_valid("a\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80", 10));
-    assert_false(codec_utf8_valid("\xc0\x80", 2));         /* overlong NUL */
-    assert_false(codec_utf8_valid("\xe0\x80\x80", 3));     /* overlong */
-    assert_false(codec_utf8_valid("\xed\xa0\x80", 3));     /* surrogate */
-    assert_false(codec_utf8_valid("\xf4\x90\x80\x80", 4)); /* > U+10FFFF */
-    assert_false(codec_utf8_valid("\xe2\x82", 2));         /* truncated */
-    assert_false(codec_utf8_valid("\x80", 1));
-    s = codec_utf8_sanitize("a\xff"
+    assert_true(ar_utf8_valid("a\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80", 10));
+    assert_false(ar_utf8_valid("\xc0\x80", 2));         /* overlong NUL */
+    assert_false(ar_utf8_valid("\xe0\x80\x80", 3));     /* overlong */
+    assert_false(ar_utf8_valid("\xed\xa0\x80", 3));     /* surrogate */
+    assert_false(ar_utf8_valid("\xf4\x90\x80\x80", 4)); /* > U+10FFFF */
+    assert_false(ar_utf8_valid("\xe2\x82", 2));         /* truncated */
+    assert_false(ar_utf8_valid("\x80", 1));
+    s = ar_utf8_sanitize("a\xff"
                             "b",
                             3, &n);
     assert_int_equal(n, 5);
