@@ -53,20 +53,27 @@ void kernels_pack_rows(enum ar_type t, const void *w, size_t w_row, int64_t n, i
                        void *dst)
 {
     size_t q = quant_bytes(t), g = kernels_packed_group(t, n), bs = 2 + q;
+    size_t used = (size_t)(n / 32) * KERNELS_PACK_ROWS * (q + 2);
     int nb = (int)(n / 32);
-    uint8_t flip = t == AR_TYPE_Q8_0 ? 0x80 : 0; /* Q8_0: signed -> unsigned + 128 */
+    /* Q8_0: signed -> unsigned + 128, four bytes at a time */
+    uint32_t flip = t == AR_TYPE_Q8_0 ? 0x80808080u : 0;
     if (!g)
         return;
     for (int64_t g0 = 0; g0 < nr; g0 += KERNELS_PACK_ROWS) {
         uint8_t *gp = (uint8_t *)dst + (size_t)(g0 / KERNELS_PACK_ROWS) * g;
-        memset(gp, 0, g);
+        memset(gp + used, 0, g - used);
         for (int r = 0; r < KERNELS_PACK_ROWS; r++) {
             const uint8_t *row = (const uint8_t *)w + (size_t)AR_MIN(g0 + r, nr - 1) * w_row;
             for (int b = 0; b < nb; b++) {
                 const uint8_t *blk = row + (size_t)b * bs; /* d (f16), then the quants */
+                uint8_t *qd = gp + quant_at(q, b, r, 0);
                 memcpy(gp + scale_at(q, nb, b, r), blk, 2);
-                for (size_t k = 0; k < q; k++)
-                    gp[quant_at(q, b, r, k)] = (uint8_t)(blk[2 + k] ^ flip);
+                for (size_t k = 0; k < q; k += 4) { /* lane r of vector k / 4 */
+                    uint32_t v;
+                    memcpy(&v, blk + 2 + k, 4);
+                    v ^= flip;
+                    memcpy(qd + (k / 4) * 64, &v, 4);
+                }
             }
         }
     }
