@@ -46,6 +46,8 @@ static double peak_gops(const struct kernel_ops *k)
     return best;
 }
 
+static volatile uint64_t sink; /* keeps the plain read */
+
 static float frand(uint64_t *s)
 {
     *s = *s * 6364136223846793005ull + 1442695040888963407ull;
@@ -86,7 +88,7 @@ static int run_type(const struct kernel_ops *k, enum ar_type t, int nr, int n, i
         if (dt < best)
             best = dt;
     }
-    double best_p = 0;
+    double best_p = 0, read_gbs = 0;
     uint8_t *wp = NULL;
     size_t psize = k->gemm_packed[t] ? kernels_packed_size(t, n, nr) : 0;
     if (psize && (wp = ar_malloc_aligned(psize)) != NULL) {
@@ -99,6 +101,21 @@ static int run_type(const struct kernel_ops *k, enum ar_type t, int nr, int n, i
             if (dt < best_p)
                 best_p = dt;
         }
+        /* the same bytes read as plainly as possible: what one thread can stream */
+        double best_r = 1e30;
+        for (int rep = 0; rep < 5; rep++) {
+            const uint64_t *u = (const uint64_t *)(const void *)wp;
+            uint64_t acc[8] = {0};
+            double t0 = ar_time_s();
+            for (size_t i = 0; i + 8 <= psize / 8; i += 8)
+                for (int l = 0; l < 8; l++)
+                    acc[l] += u[i + l];
+            double dt = ar_time_s() - t0;
+            if (dt < best_r)
+                best_r = dt;
+            sink += acc[0] + acc[3] + acc[7];
+        }
+        read_gbs = (double)psize / best_r / 1e9;
         ar_free_aligned(wp);
     }
     peak = peak_gops(k);
@@ -107,8 +124,10 @@ static int run_type(const struct kernel_ops *k, enum ar_type t, int nr, int n, i
            ar_type_name(t), k->gemm_by[t], nr, n, nc, ops / best / 1e9, peak,
            ops / best / 1e9 / peak, (double)w_row * nr / best / 1e9);
     if (best_p > 0)
-        printf(",\"packed_gops\":%.1f,\"packed_fraction\":%.3f,\"packed_weight_gbs\":%.2f",
-               ops / best_p / 1e9, ops / best_p / 1e9 / peak, (double)w_row * nr / best_p / 1e9);
+        printf(",\"packed_gops\":%.1f,\"packed_fraction\":%.3f,\"packed_weight_gbs\":%.2f,"
+               "\"read_gbs\":%.2f",
+               ops / best_p / 1e9, ops / best_p / 1e9 / peak, (double)w_row * nr / best_p / 1e9,
+               read_gbs);
     printf("}\n");
     free(row);
     ar_free_aligned(w);

@@ -117,13 +117,12 @@ void kernels_dequantize_row(enum ar_type t, const void *src, float *dst, int64_t
 /* Packed weights ("x16"): a matrix's rows in groups of 16 (the last group filled up by
  * repeating its last row), each group stored whole and in order, so that the 16 rows a lane
  * kernel computes at once are one contiguous stream instead of 16:
- *   group g (rows 16g..16g+15), nb = n / 32 blocks, at byte g * kernels_packed_group(t, n):
- *     quants, nb x Q bytes: block b's Q = 512 (Q8_0) or 256 (Q4_0) bytes are Q/64 vectors
- *       of 64 bytes; vector v's 4-byte lane r holds row r's block b quant bytes 4v..4v+3,
- *       Q8_0 as unsigned q + 128, Q4_0 as its stored nibble bytes (low nibble quant i,
- *       high nibble quant i + 16);
- *     then the scales, nb x 16 f16: block b's d of rows 16g..16g+15;
- *     then zero bytes up to a multiple of 64.
+ *   group g (rows 16g..16g+15), nb = n / 32 blocks, at byte g * kernels_packed_group(t, n),
+ *   block after block, each Q + 64 bytes:
+ *     the quants, Q = 512 (Q8_0) or 256 (Q4_0) bytes: Q/64 vectors of 64 bytes; vector v's
+ *       4-byte lane r holds row r's quant bytes 4v..4v+3, Q8_0 as unsigned q + 128, Q4_0 as
+ *       its stored nibble bytes (low nibble quant i, high nibble quant i + 16);
+ *     then the 16 rows' scales d (f16), then 32 zero bytes.
  * Types: Q8_0 and Q4_0 (kernels_packed_group returns 0 for others or n not a multiple of
  * 32). Packing is a copy in another order: kernels_unpack_rows gives the rows back. */
 #define KERNELS_PACK_ROWS 16

@@ -12,14 +12,18 @@ static size_t quant_bytes(enum ar_type t)
     return t == AR_TYPE_Q8_0 ? QK8_0 : t == AR_TYPE_Q4_0 ? QK4_0 / 2 : 0;
 }
 
+/* bytes of one block of a group: 16 rows' quants, their 16 scales, 32 zero bytes */
+static size_t block_bytes(size_t q)
+{
+    return KERNELS_PACK_ROWS * q + 64;
+}
+
 size_t kernels_packed_group(enum ar_type t, int64_t n)
 {
-    size_t q = quant_bytes(t), nb, bytes;
+    size_t q = quant_bytes(t);
     if (!q || n < 32 || n % 32 != 0)
         return 0;
-    nb = (size_t)(n / 32);
-    bytes = nb * (KERNELS_PACK_ROWS * q + KERNELS_PACK_ROWS * sizeof(ar_f16));
-    return (bytes + 63) & ~(size_t)63;
+    return (size_t)(n / 32) * block_bytes(q);
 }
 
 size_t kernels_packed_size(enum ar_type t, int64_t n, int64_t nr)
@@ -41,19 +45,18 @@ size_t kernels_packed_offset(enum ar_type t, int64_t n, int64_t i)
 /* where row r (0..15) of a group keeps block b's quant byte k, and its scale */
 static size_t quant_at(size_t q, int b, int r, size_t k)
 {
-    return (size_t)b * KERNELS_PACK_ROWS * q + (k / 4) * 64 + (size_t)r * 4 + k % 4;
+    return (size_t)b * block_bytes(q) + (k / 4) * 64 + (size_t)r * 4 + k % 4;
 }
 
-static size_t scale_at(size_t q, int nb, int b, int r)
+static size_t scale_at(size_t q, int b, int r)
 {
-    return (size_t)nb * KERNELS_PACK_ROWS * q + ((size_t)b * KERNELS_PACK_ROWS + (size_t)r) * 2;
+    return (size_t)b * block_bytes(q) + KERNELS_PACK_ROWS * q + (size_t)r * 2;
 }
 
 void kernels_pack_rows(enum ar_type t, const void *w, size_t w_row, int64_t n, int64_t nr,
                        void *dst)
 {
     size_t q = quant_bytes(t), g = kernels_packed_group(t, n), bs = 2 + q;
-    size_t used = (size_t)(n / 32) * KERNELS_PACK_ROWS * (q + 2);
     int nb = (int)(n / 32);
     /* Q8_0: signed -> unsigned + 128, four bytes at a time */
     uint32_t flip = t == AR_TYPE_Q8_0 ? 0x80808080u : 0;
@@ -61,13 +64,14 @@ void kernels_pack_rows(enum ar_type t, const void *w, size_t w_row, int64_t n, i
         return;
     for (int64_t g0 = 0; g0 < nr; g0 += KERNELS_PACK_ROWS) {
         uint8_t *gp = (uint8_t *)dst + (size_t)(g0 / KERNELS_PACK_ROWS) * g;
-        memset(gp + used, 0, g - used);
+        for (int b = 0; b < nb; b++) /* the padding after each block's scales */
+            memset(gp + scale_at(q, b, 0) + 2 * KERNELS_PACK_ROWS, 0, 32);
         for (int r = 0; r < KERNELS_PACK_ROWS; r++) {
             const uint8_t *row = (const uint8_t *)w + (size_t)AR_MIN(g0 + r, nr - 1) * w_row;
             for (int b = 0; b < nb; b++) {
                 const uint8_t *blk = row + (size_t)b * bs; /* d (f16), then the quants */
                 uint8_t *qd = gp + quant_at(q, b, r, 0);
-                memcpy(gp + scale_at(q, nb, b, r), blk, 2);
+                memcpy(gp + scale_at(q, b, r), blk, 2);
                 for (size_t k = 0; k < q; k += 4) { /* lane r of vector k / 4 */
                     uint32_t v;
                     memcpy(&v, blk + 2 + k, 4);
@@ -89,7 +93,7 @@ void kernels_unpack_row(enum ar_type t, const void *wp, int64_t n, int64_t i, vo
         return;
     for (int b = 0; b < nb; b++) {
         uint8_t *blk = (uint8_t *)dst + (size_t)b * bs;
-        memcpy(blk, gp + scale_at(q, nb, b, r), 2);
+        memcpy(blk, gp + scale_at(q, b, r), 2);
         for (size_t k = 0; k < q; k++)
             blk[2 + k] = (uint8_t)(gp[quant_at(q, b, r, k)] ^ flip);
     }
