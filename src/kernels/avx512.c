@@ -698,10 +698,9 @@ AR_INLINE void pk_gemm(const int kind, int nb, int nr, int nc, const uint8_t *wp
     }
     if (nc <= LN_FEW && nb <= LN_FEW_NB) {
         /* few rows (batched decode): the weights in address order, group after group, every
-         * activation block prepared once; a chunk's weights are prefetched a chunk ahead */
+         * activation block prepared once (no software prefetch, as in pk_gemv) */
         static _Thread_local float fxd[LN_FEW * LN_FEW_NB];
         static _Thread_local int32_t fxc[LN_FEW * LN_FEW_NB];
-        const uint8_t *end = wp + (size_t)((nr + 15) / 16) * gsz;
         ln_x_prep(nc, nb, x, x_row, off, fxd, fxc, nb);
         for (int i0 = 0; i0 < nr; i0 += 16) {
             const uint8_t *gq = wp + (size_t)(i0 / 16) * gsz;
@@ -711,9 +710,6 @@ AR_INLINE void pk_gemm(const int kind, int nb, int nr, int nc, const uint8_t *wp
                 __m512i wv[LN_KB * 8];
                 __m512 wd[LN_KB];
                 const uint8_t *wq = gq + (size_t)b0 * PK_B(kind);
-                const uint8_t *pf = wq + (size_t)LN_KB * PK_B(kind);
-                for (int o = 0; o < LN_KB * PK_B(kind) && pf + o < end; o += 64)
-                    _mm_prefetch((const char *)pf + o, _MM_HINT_T0);
                 for (int b = 0; b < kb; b++) {
                     wd[b] = _mm512_cvtph_ps(_mm256_loadu_si256(
                         cv256(gq + (size_t)(b0 + b) * PK_B(kind) + PK_Q(kind))));
