@@ -5,7 +5,9 @@
  * Runs N_TOKENS random tokens (fixed seed) through model_forward on the calling thread only (no
  * pool), in batches of 512 rows as `autoreply bench` does, F16 K/V in blocks of 16, REPS times,
  * and prints one JSON line: the median and best CPU seconds of the process per prefill and the
- * tokens per CPU second. CPU time, unlike `bench`'s wall-clock tok/s, barely moves when other
+ * tokens per CPU second; then the median CPU milliseconds of 16 one-row decode steps
+ * (decode_cpu_ms: every matrix streamed once per step, so memory stalls count). CPU time,
+ * unlike `bench`'s wall-clock tok/s, barely moves when other
  * processes take the cores: what it cannot hide is their use of the shared caches. Two builds
  * are compared by linking this file against each one's libraries and alternating the runs. */
 #include <stdio.h>
@@ -54,6 +56,31 @@ static enum ar_status prefill(struct model_ctx *ctx, struct kv_cache *kv, const 
     return st;
 }
 
+/* DECODE_STEPS one-row steps of a fresh sequence from position 0 (decode: every matrix read
+ * once per token); the median CPU seconds of a step in *sec. */
+#define DECODE_STEPS 16
+static enum ar_status decode(struct model_ctx *ctx, struct kv_cache *kv, const int32_t *tok,
+                             const int32_t *pos, const int32_t *seq, float *logits, double *sec)
+{
+    struct kv_seq s, *sp = &s;
+    enum ar_status st;
+    double t[DECODE_STEPS];
+    kv_seq_init(&s);
+    if ((st = kv_seq_reserve(kv, &s, DECODE_STEPS)) != AR_OK)
+        return st;
+    for (int i = 0; i < DECODE_STEPS && st == AR_OK; i++) {
+        struct model_batch b = {.n_tokens = 1, .tokens = tok + i, .pos = pos + i, .seq = seq,
+                                .n_seqs = 1};
+        double t0 = cpu_seconds();
+        st = model_forward(ctx, kv, &sp, &b, logits);
+        t[i] = cpu_seconds() - t0;
+    }
+    qsort(t, DECODE_STEPS, sizeof(t[0]), cmp_double);
+    *sec = t[DECODE_STEPS / 2];
+    kv_seq_fini(kv, &s);
+    return st;
+}
+
 int main(int argc, char **argv)
 {
     struct model *m = NULL;
@@ -97,11 +124,18 @@ int main(int argc, char **argv)
             goto out;
         }
     }
+    double dsec = 0;
+    if (n >= DECODE_STEPS && decode(ctx, kv, tok, pos, seq, logits, &dsec) != AR_OK) {
+        fprintf(stderr, "prefill_cpu: a decode step failed\n");
+        goto out;
+    }
     qsort(sec, (size_t)reps, sizeof(sec[0]), cmp_double);
     /* logit0: the same in two builds whose passes compute the same numbers */
     printf("{\"tokens\":%d,\"reps\":%d,\"cpu_s_median\":%.4f,\"cpu_s_best\":%.4f,"
-           "\"tok_per_cpu_s_median\":%.2f,\"tok_per_cpu_s_best\":%.2f,\"logit0\":%.6f}\n",
-           n, reps, sec[reps / 2], sec[0], n / sec[reps / 2], n / sec[0], (double)logits[0]);
+           "\"tok_per_cpu_s_median\":%.2f,\"tok_per_cpu_s_best\":%.2f,\"decode_cpu_ms\":%.3f,"
+           "\"logit0\":%.6f}\n",
+           n, reps, sec[reps / 2], sec[0], n / sec[reps / 2], n / sec[0], dsec * 1e3,
+           (double)logits[0]);
     rc = 0;
 out:
     kv_destroy(kv);

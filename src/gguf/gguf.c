@@ -683,6 +683,18 @@ enum ar_status gguf_open(const char *path, struct gguf_file **out, struct ar_err
     return AR_OK;
 }
 
+void gguf_release_range(const struct gguf_file *f, const void *p, size_t len)
+{
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), a, b;
+    if (!f || !f->map || !p || (const uint8_t *)p < (const uint8_t *)f->map ||
+        len > f->map_size || (size_t)((const uint8_t *)p - (const uint8_t *)f->map) > f->map_size - len)
+        return;
+    a = ((uintptr_t)p + page - 1) & ~(page - 1); /* whole pages inside the range only */
+    b = ((uintptr_t)p + len) & ~(page - 1);
+    if (b > a)
+        (void)madvise((void *)a, b - a, MADV_DONTNEED);
+}
+
 void gguf_close(struct gguf_file *f)
 {
     if (!f)

@@ -95,6 +95,10 @@ uint32_t gguf_version(const struct gguf_file *f);
 uint64_t gguf_alignment(const struct gguf_file *f);
 uint64_t gguf_data_offset(const struct gguf_file *f); /* absolute offset of the data section */
 size_t gguf_file_size(const struct gguf_file *f);
+/* Tells the kernel that bytes [p, p + len) of an opened file's mapping are not needed now
+ * (their pages leave the process's resident set; a later read maps them again from the
+ * file). Nothing for a file opened from memory, or outside the mapping. */
+void gguf_release_range(const struct gguf_file *f, const void *p, size_t len);
 
 int64_t gguf_n_kv(const struct gguf_file *f);
 const struct gguf_kv *gguf_kv_at(const struct gguf_file *f, int64_t i);

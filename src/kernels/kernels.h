@@ -37,6 +37,12 @@ struct kernel_ops {
      * row starts 4-byte aligned (GGUF data is 32-byte aligned, activation buffers 64). */
     void (*gemm[AR_TYPE_COUNT])(int n, int nr, int nc, const void *w, size_t w_row,
                                 const void *x, size_t x_row, float *y, size_t ldy);
+    /* The same tile from weights packed by kernels_pack_rows (wp: the group holding row 0 of
+     * the tile, kernels_packed_offset), bit for bit what gemm[t] gives on the rows unpacked.
+     * Only a variant that streams the packed layout faster sets it; never inherited from a
+     * lower variant (NULL: use gemm). */
+    void (*gemm_packed[AR_TYPE_COUNT])(int n, int nr, int nc, const void *wp, const void *x,
+                                       size_t x_row, float *y, size_t ldy);
 
     /* f32 vector ops */
     float (*dot_f32)(int n, const float *x, const float *y);
@@ -107,5 +113,28 @@ int kernels_variants(const struct kernel_ops **out, int max);
 size_t kernels_quantize_row(enum ar_type t, const float *src, void *dst, int64_t n);
 /* Reference dequantizer for any supported type (same as kernels_ref()->to_float[t]). */
 void kernels_dequantize_row(enum ar_type t, const void *src, float *dst, int64_t n);
+
+/* Packed weights ("x16"): a matrix's rows in groups of 16 (the last group filled up by
+ * repeating its last row), each group stored whole and in order, so that the 16 rows a lane
+ * kernel computes at once are one contiguous stream instead of 16:
+ *   group g (rows 16g..16g+15), nb = n / 32 blocks, at byte g * kernels_packed_group(t, n),
+ *   block after block, each Q + 64 bytes:
+ *     the quants, Q = 512 (Q8_0) or 256 (Q4_0) bytes: Q/64 vectors of 64 bytes; vector v's
+ *       4-byte lane r holds row r's quant bytes 4v..4v+3, Q8_0 as unsigned q + 128, Q4_0 as
+ *       its stored nibble bytes (low nibble quant i, high nibble quant i + 16);
+ *     then the 16 rows' scales d (f16), then 32 zero bytes.
+ * Types: Q8_0 and Q4_0 (kernels_packed_group returns 0 for others or n not a multiple of
+ * 32). Packing is a copy in another order: kernels_unpack_rows gives the rows back. */
+#define KERNELS_PACK_ROWS 16
+size_t kernels_packed_group(enum ar_type t, int64_t n);
+/* Bytes of nr rows packed (0 when t cannot be packed or on overflow). */
+size_t kernels_packed_size(enum ar_type t, int64_t n, int64_t nr);
+/* Byte offset of the group holding row i (a multiple of 16). */
+size_t kernels_packed_offset(enum ar_type t, int64_t n, int64_t i);
+/* Packs rows [0, nr) of w (rows w_row bytes apart) into dst (kernels_packed_size bytes). */
+void kernels_pack_rows(enum ar_type t, const void *w, size_t w_row, int64_t n, int64_t nr,
+                       void *dst);
+/* Row i (< the packed row count) of packed data wp back into its GGUF layout at dst. */
+void kernels_unpack_row(enum ar_type t, const void *wp, int64_t n, int64_t i, void *dst);
 
 #endif

@@ -9,6 +9,7 @@
 
 /* Fill the entries this ISA implements; leave the others untouched (NULL). */
 void kernels_fill_ref(struct kernel_ops *ops);         /* ref.c: fills every entry */
+void kernels_fill_packed_ref(struct kernel_ops *ops);  /* pack.c: ref's gemm_packed */
 void kernels_fill_avx2(struct kernel_ops *ops);        /* avx2.c: needs avx2 fma f16c */
 void kernels_fill_avx512(struct kernel_ops *ops);      /* avx512.c: + avx512f/bw/vl/dq */
 void kernels_fill_avx512_vnni(struct kernel_ops *ops); /* avx512_vnni.c: + avx512vnni */

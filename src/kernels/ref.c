@@ -615,6 +615,7 @@ void kernels_fill_ref(struct kernel_ops *ops)
     ops->int8_peak = int8_peak;
     ops->int8_peak_insn = "scalar C";
 
+    kernels_fill_packed_ref(ops);
     ops->to_float[AR_TYPE_F32] = f32_to_float;
     ops->to_float[AR_TYPE_F16] = f16_to_float;
     ops->to_float[AR_TYPE_BF16] = bf16_to_float;

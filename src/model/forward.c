@@ -456,11 +456,10 @@ static void qkv_post_row(struct model_ctx *c, int64_t r, int g0, int g1)
         memcpy(kd + (size_t)k0 * 4, k + k0, (size_t)(k1 - k0) * 4);
         memcpy(vd + (size_t)k0 * 4, v + k0, (size_t)(k1 - k0) * 4);
     } else {
+        /* F16C's conversion rounds as ar_f32_to_f16 (to nearest even) */
         ar_f16 *kh = (ar_f16 *)(void *)kd, *vh = (ar_f16 *)(void *)vd;
-        for (int i = k0; i < k1; i++) {
-            kh[i] = ar_f32_to_f16(k[i]);
-            vh[i] = ar_f32_to_f16(v[i]);
-        }
+        c->ops->from_float[AR_TYPE_F16](k + k0, kh + k0, k1 - k0);
+        c->ops->from_float[AR_TYPE_F16](v + k0, vh + k0, k1 - k0);
     }
 }
 
@@ -632,6 +631,24 @@ static int64_t mm_call_rows(const struct model_mat *w, int n_cols, int nth)
     return AR_MIN(AR_MAX(r, MM_CALL_ROWS), MM_FEW_MAX_ROWS);
 }
 
+/* Rows [i, i + nr) of w (i a multiple of 16 where w is packed) times nc input rows x: from
+ * the packed copy when this context's kernels can read it (a context may run another table
+ * than the one the model was packed for), else from the file's layout. */
+static void mat_gemm(const struct model_ctx *c, const struct model_mat *w, int64_t i, int nr, int nc,
+                     const void *x, size_t x_row, float *y, size_t ldy)
+{
+    if (w->packed && c->ops->gemm_packed[w->type]) {
+        assert(i % KERNELS_PACK_ROWS == 0);
+        c->ops->gemm_packed[w->type]((int)w->n_in, nr, nc,
+                                     (const uint8_t *)w->packed +
+                                         kernels_packed_offset(w->type, w->n_in, i),
+                                     x, x_row, y, ldy);
+    } else {
+        c->ops->gemm[w->type]((int)w->n_in, nr, nc, (const uint8_t *)w->data + (size_t)i * w->row_size,
+                              w->row_size, x, x_row, y, ldy);
+    }
+}
+
 static void stage_matmul(void *arg, int ith, int nth)
 {
     struct model_ctx *c = arg;
@@ -651,15 +668,13 @@ static void stage_matmul(void *arg, int ith, int nth)
         const struct model_mat *w = it->w;
         int64_t i = (u0 - units[k]) * call[k];
         int nr = (int)AR_MIN(call[k], w->n_out - i);
-        const uint8_t *wr = (const uint8_t *)w->data + (size_t)i * w->row_size;
         const void *x = it->x ? it->x : mm_x;
         size_t x_row = it->x ? it->x_row : mm_x_row;
         int cols = it->x ? it->n_cols : n_cols;
         for (int j = 0; j < cols; j += MM_TILE_COLS) {
             int nc = AR_MIN(MM_TILE_COLS, cols - j);
-            c->ops->gemm[w->type]((int)w->n_in, nr, nc, wr, w->row_size,
-                                  (const uint8_t *)x + (size_t)j * x_row, x_row,
-                                  it->out + (size_t)j * it->ldy + i, it->ldy);
+            mat_gemm(c, w, i, nr, nc, (const uint8_t *)x + (size_t)j * x_row, x_row,
+                     it->out + (size_t)j * it->ldy + i, it->ldy);
         }
     }
 }
@@ -1205,10 +1220,8 @@ static void stage_pass(void *arg, int ith, int nth)
                     if (a >= b)
                         continue;
                     int64_t i = (a - units[k]) * rows, e = AR_MIN((b - units[k]) * rows, w->n_out);
-                    c->ops->gemm[w->type]((int)w->n_in, (int)(e - i), c->n_rows,
-                                          (const uint8_t *)w->data + (size_t)i * w->row_size,
-                                          w->row_size, c->mm_x, c->mm_x_row, it[k].out + i,
-                                          it[k].ldy);
+                    mat_gemm(c, w, i, (int)(e - i), c->n_rows, c->mm_x, c->mm_x_row,
+                             it[k].out + i, it[k].ldy);
                 }
             } else {
                 for (int64_t u = u0; u < u1; u++)

@@ -5,6 +5,9 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
 
 #include "../kernels/kernels.h"
 
@@ -553,6 +556,89 @@ static enum ar_status load_ropes(struct model *m, struct ar_err *err)
 
 /* ---- public -------------------------------------------------------------------------- */
 
+/* ---- packed weights -------------------------------------------------------------------- */
+
+/* Calls f on every weight matrix the fast pass multiplies by (not tok_embd, whose rows are
+ * looked up; output may share its data, which stays as it is for the lookups). */
+static void each_mat(struct model *m, void (*f)(struct model *, struct model_mat *, void *),
+                     void *arg)
+{
+    for (int l = 0; l < m->hp.n_layers; l++) {
+        struct model_layer *L = &m->layers[l];
+        struct model_mat *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->wgate, &L->wup, &L->wdown,
+                                  &L->router};
+        for (size_t i = 0; i < AR_ARRAY_LEN(ws); i++)
+            if (ws[i]->data)
+                f(m, ws[i], arg);
+        for (int e = 0; L->exp_gate && e < m->hp.n_expert; e++) {
+            f(m, &L->exp_gate[e], arg);
+            f(m, &L->exp_up[e], arg);
+            f(m, &L->exp_down[e], arg);
+        }
+    }
+    if (m->output.data)
+        f(m, &m->output, arg);
+}
+
+/* The packed region's layout: each packable matrix's offset, 64-byte aligned. */
+struct pack_plan {
+    const struct kernel_ops *ops;
+    size_t size;
+    bool place; /* second pass: pack into m->packed */
+};
+
+static void pack_one(struct model *m, struct model_mat *w, void *arg)
+{
+    struct pack_plan *p = arg;
+    size_t bytes;
+    if (!p->ops->gemm_packed[w->type] ||
+        !(bytes = kernels_packed_size(w->type, w->n_in, w->n_out)))
+        return;
+    if (p->place) {
+        void *dst = (uint8_t *)m->packed + p->size;
+        kernels_pack_rows(w->type, w->data, w->row_size, w->n_in, w->n_out, dst);
+        w->packed = dst;
+        /* the fast pass reads the copy from now on; the file's pages can go (those of a
+         * matrix that is also the embedding table stay: lookups read them) */
+        if (w->data != m->tok_embd.data)
+            gguf_release_range(m->file, w->data, w->row_size * (size_t)w->n_out);
+    }
+    p->size += (bytes + 63) & ~(size_t)63;
+}
+
+/* Copies every matrix the chosen kernels have a packed gemm for into the layout they stream
+ * best (kernels.h, "x16"), in one anonymous mapping that may take transparent huge pages.
+ * AR_PACK_WEIGHTS=0 in the environment keeps the file's layout. Out of memory is not an
+ * error: the matrices then stay as they are. */
+static enum ar_status pack_weights(struct model *m)
+{
+    struct pack_plan p = {.ops = kernels_get()};
+    const char *env = getenv("AR_PACK_WEIGHTS");
+    void *region;
+    if (env && strcmp(env, "0") == 0)
+        return AR_OK;
+    each_mat(m, pack_one, &p);
+    if (p.size == 0)
+        return AR_OK;
+    region = mmap(NULL, p.size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (region == MAP_FAILED) {
+        ar_log(AR_LOG_WARN, "model: no memory to pack the weights (%zu bytes); using them as stored",
+               p.size);
+        return AR_OK;
+    }
+#ifdef MADV_HUGEPAGE
+    (void)madvise(region, p.size, MADV_HUGEPAGE);
+#endif
+    m->packed = region;
+    m->packed_size = p.size;
+    p.size = 0;
+    p.place = true;
+    each_mat(m, pack_one, &p);
+    if (mprotect(region, m->packed_size, PROT_READ) != 0)
+        ar_log(AR_LOG_DEBUG, "model: packed weights stay writable");
+    return AR_OK;
+}
+
 enum ar_status model_load(const char *path, struct model **out, struct ar_err *err)
 {
     struct gguf_file *f;
@@ -584,6 +670,8 @@ enum ar_status model_load_gguf(struct gguf_file *f, struct model **out, struct a
         goto fail;
     if ((st = load_ropes(m, err)) != AR_OK)
         goto fail;
+    if ((st = pack_weights(m)) != AR_OK)
+        goto fail;
     *out = m;
     return AR_OK;
 fail:
@@ -607,6 +695,8 @@ void model_destroy(struct model *m)
     }
     ar_free(m->layers);
     ar_free(m->swa_layers);
+    if (m->packed)
+        munmap(m->packed, m->packed_size);
     gguf_close(m->file);
     ar_free(m);
 }
@@ -626,6 +716,11 @@ const struct model_rope *model_rope_for(const struct model *m, int k, int64_t n_
 const struct gguf_file *model_gguf(const struct model *m)
 {
     return m->file;
+}
+
+uint64_t model_packed_bytes(const struct model *m)
+{
+    return m->packed ? m->packed_size : 0;
 }
 
 uint64_t model_weight_bytes(const struct model *m)

@@ -72,6 +72,9 @@ const struct model_hparams *model_hparams(const struct model *m);
 /* The underlying file (for the tokenizer, inspect ...): borrowed, valid until destroy. */
 const struct gguf_file *model_gguf(const struct model *m);
 const char *model_arch_name(enum model_arch a);
+/* Bytes of the copy of the matrices packed for the kernels (kernels.h, "x16"): 0 when none
+ * is (no packed gemm for the matrices' types, or AR_PACK_WEIGHTS=0 at load). */
+uint64_t model_packed_bytes(const struct model *m);
 /* Bytes of all weight matrices in the file. */
 uint64_t model_weight_bytes(const struct model *m);
 /* Bytes of weights one token reads in a decode step: every dense matrix once, and of a

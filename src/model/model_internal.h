@@ -9,6 +9,9 @@
  * GGUF ne[0] = n_in (row length), ne[1] = n_out. */
 struct model_mat {
     const void *data; /* into the mapping */
+    /* the rows packed for the kernels' packed gemm (kernels.h, "x16"), in the model's packed
+     * region; NULL: the kernels read data */
+    const void *packed;
     enum ar_type type;
     enum ar_type vec_type; /* kernels_vec_dot_type(type): what the input rows become */
     int64_t n_in;
@@ -89,6 +92,8 @@ struct model {
     struct model_rope rope_long;
     uint64_t weight_bytes;
     uint64_t active_weight_bytes;
+    void *packed;        /* owned mapping holding every packed matrix (NULL: none packed) */
+    size_t packed_size;  /* its bytes */
 };
 
 struct kernel_ops;

@@ -349,6 +349,83 @@ static void gemm_rows_do_not_depend_on_batch_size_or_row_split(void **state)
     print_message("batch-size independence: %d cases over %d SIMD variant(s)\n", checked, nv);
 }
 
+/* Packed weights (kernels.h "x16"): unpacking gives every row back byte for byte, the
+ * reference packed gemm equals the reference gemm bit for bit, and each variant's packed gemm
+ * equals its own gemm on the unpacked rows bit for bit, at row counts that leave a partial
+ * last group, tiles that start at any group, one to 70 activation rows and odd block
+ * counts. */
+static void packed_gemm_equals_gemm_on_the_unpacked_rows(void **state)
+{
+    const struct kernel_ops *vs[MAX_VARIANTS];
+    int nv = kernels_variants(vs, MAX_VARIANTS), checked = 0, packed_variants = 0;
+    static const enum ar_type types[] = {AR_TYPE_Q8_0, AR_TYPE_Q4_0};
+    static const int nrs[] = {1, 15, 16, 17, 40, 67};
+    static const int ncs[] = {1, 2, 5, 8, 13, 16, 17, 33, 70};
+    static const int nbs[] = {1, 3, 8, 9, 24};
+    (void)state;
+    assert_int_equal(kernels_packed_group(AR_TYPE_Q6_K, 256), 0);
+    assert_int_equal(kernels_packed_group(AR_TYPE_Q8_0, 48), 0);
+    for (int ti = 0; ti < COUNT(types); ti++) {
+        enum ar_type t = types[ti];
+        for (int bi = 0; bi < COUNT(nbs); bi++) {
+            int n = 32 * nbs[bi], nr_max = 67, nc_max = 70;
+            size_t w_row = ar_type_row_size(t, n), x_row = ar_type_row_size(AR_TYPE_Q8_0, n);
+            size_t psize = kernels_packed_size(t, n, nr_max);
+            struct th_rng r = {0x9ac4edu + (uint64_t)(ti * 31 + bi)};
+            uint8_t *w = malloc(w_row * nr_max), *x = malloc(x_row * nc_max);
+            uint8_t *wp = ar_malloc_aligned(psize), *back = malloc(w_row);
+            float *y1 = malloc(sizeof(float) * nr_max * nc_max);
+            float *y2 = malloc(sizeof(float) * nr_max * nc_max);
+            assert_true(w && x && wp && back && y1 && y2);
+            assert_int_equal(psize % 64, 0);
+            assert_true(psize >= w_row * nr_max);
+            for (int i = 0; i < nr_max; i++)
+                make_weight_row(&r, t, n, w + (size_t)i * w_row);
+            for (int j = 0; j < nc_max; j++)
+                make_act_row(&r, t, n, x + (size_t)j * x_row);
+            kernels_pack_rows(t, w, w_row, n, nr_max, wp);
+            for (int i = 0; i < nr_max; i++) {
+                kernels_unpack_row(t, wp, n, i, back);
+                assert_memory_equal(back, w + (size_t)i * w_row, w_row);
+            }
+            for (int v = 0; v < nv; v++) {
+                if (!vs[v]->gemm_packed[t])
+                    continue;
+                if (bi == 0 && ti == 0)
+                    packed_variants++;
+                for (int a = 0; a < COUNT(nrs); a++) {
+                    for (int c = 0; c < COUNT(ncs); c++) {
+                        int nr = nrs[a], nc = ncs[c];
+                        /* the tile starting at the second group where there is one */
+                        int i0 = nr_max - nr >= 16 ? 16 : 0;
+                        vs[v]->gemm[t](n, nr, nc, w + (size_t)i0 * w_row, w_row, x, x_row, y1,
+                                       (size_t)nr);
+                        vs[v]->gemm_packed[t](n, nr, nc, wp + kernels_packed_offset(t, n, i0),
+                                              x, x_row, y2, (size_t)nr);
+                        for (int k = 0; k < nr * nc; k++)
+                            if (memcmp(&y1[k], &y2[k], sizeof(float)) != 0)
+                                fail_msg("%s %s n=%d: packed (%d, %d) of %d x %d: %.9g, "
+                                         "gemm %.9g",
+                                         vs[v]->name, ar_type_name(t), n, k % nr, k / nr, nr,
+                                         nc, (double)y2[k], (double)y1[k]);
+                        checked++;
+                    }
+                }
+            }
+            free(w);
+            free(x);
+            ar_free_aligned(wp);
+            free(back);
+            free(y1);
+            free(y2);
+        }
+    }
+    /* the reference table has a packed gemm, so every CPU runs this test */
+    assert_true(packed_variants >= 1);
+    print_message("packed gemm: %d tiles over %d variant(s) with a packed gemm\n", checked,
+                  packed_variants);
+}
+
 /* The stronger form, for every variant (the reference included) and weight type: a 40 x 37
  * product in one call is the reference for the same products computed with the activation
  * rows in calls of 1, 2, 3, 5, 8, 9, 12, 16 or 17 rows and the weight rows in calls of 1, 3,
@@ -795,6 +872,7 @@ int main(void)
         cmocka_unit_test(gemm_matches_reference_dot_for_one_activation_row),
         cmocka_unit_test(gemm_rows_do_not_depend_on_batch_size_or_row_split),
         cmocka_unit_test(gemm_outputs_are_bit_identical_for_every_call_split),
+        cmocka_unit_test(packed_gemm_equals_gemm_on_the_unpacked_rows),
         cmocka_unit_test(attention_ops_match_plain_loops),
         cmocka_unit_test(activation_quantizers_match_reference_bytes),
         cmocka_unit_test(activation_quantizers_round_exact_halves_like_reference),

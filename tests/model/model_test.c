@@ -557,6 +557,60 @@ static void two_threads_give_bit_identical_logits(void **state)
     }
 }
 
+/* The matrices packed at load (kernels.h, "x16") give the same logits, bit for bit, as the
+ * file's layout (AR_PACK_WEIGHTS=0), over a prefill and decode steps, on 1 and 2 threads;
+ * the packed copy exists where the kernels have a packed gemm for the type. */
+static void packed_weights_give_identical_logits(void **state)
+{
+    static const char *names[] = {"tiny-llama-q8_0", "tiny-qwen2-q4_0", "tiny-qwen2-q4_k_m"};
+    (void)state;
+    for (size_t k = 0; k < AR_ARRAY_LEN(names); k++) {
+        struct model *mp, *mf;
+        int nv, n;
+        int32_t *prompt = fixture_prompt(names[k], 2, &n);
+        float *lp, *lf;
+        struct ar_pool *pool = NULL;
+        assert_int_equal(unsetenv("AR_PACK_WEIGHTS"), 0);
+        mp = load_fixture(names[k]);
+        assert_int_equal(setenv("AR_PACK_WEIGHTS", "0", 1), 0);
+        mf = load_fixture(names[k]);
+        assert_int_equal(unsetenv("AR_PACK_WEIGHTS"), 0);
+        assert_int_equal(model_packed_bytes(mf), 0);
+        /* Q8_0 and Q4_0 matrices have a packed gemm in the reference table at least */
+        if (k < 2)
+            assert_true(model_packed_bytes(mp) >= model_weight_bytes(mp) / 2);
+        nv = model_hparams(mp)->n_vocab;
+        lp = malloc(sizeof(float) * (size_t)nv * (size_t)n);
+        lf = malloc(sizeof(float) * (size_t)nv * (size_t)n);
+        assert_true(lp && lf);
+        assert_int_equal(ar_pool_create(2, &pool), AR_OK);
+        for (int th = 0; th < 2; th++) {
+            for (int which = 0; which < 2; which++) {
+                struct model *m = which ? mf : mp;
+                float *l = which ? lf : lp;
+                struct model_ctx *c = NULL;
+                struct kv_cache *kv = make_kv(m, 16, 8, AR_TYPE_F16);
+                struct kv_seq s;
+                assert_int_equal(model_ctx_create(m, n, th ? pool : NULL, &c), AR_OK);
+                kv_seq_init(&s);
+                run_seq(c, kv, &s, prompt, n - 4, 0, true, l); /* prefill */
+                for (int i = n - 4; i < n; i++)                /* decode steps */
+                    run_seq(c, kv, &s, prompt + i, 1, i, false, l + (size_t)i * nv);
+                kv_seq_fini(kv, &s);
+                kv_destroy(kv);
+                model_ctx_destroy(c);
+            }
+            assert_memory_equal(lp, lf, sizeof(float) * (size_t)nv * (size_t)n);
+        }
+        ar_pool_destroy(pool);
+        model_destroy(mp);
+        model_destroy(mf);
+        free(prompt);
+        free(lp);
+        free(lf);
+    }
+}
+
 /* Decode steps (one token per sequence, three sequences per batch, and a lone sequence) give
  * the same bits on 1, 2 and 3 threads: the small-batch path that converts matmul inputs per
  * thread and writes each row's K/V from its attention work item must not depend on the split. */
@@ -1011,6 +1065,7 @@ int main(void)
         cmocka_unit_test(batched_decode_equals_single_sequence_decode),
         cmocka_unit_test(decode_logits_are_bit_identical_in_batches_of_any_size),
         cmocka_unit_test(two_threads_give_bit_identical_logits),
+        cmocka_unit_test(packed_weights_give_identical_logits),
         cmocka_unit_test(decode_steps_are_bit_identical_across_thread_counts),
         cmocka_unit_test(f16_kv_cache_stays_close_to_f32),
         cmocka_unit_test(hyperparameters_and_weight_bytes_follow_the_file),
