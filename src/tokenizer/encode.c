@@ -353,7 +353,13 @@ static enum ar_status regex_split(const pcre2_code *re, struct work *w, const ch
         if (rc == PCRE2_ERROR_NOMATCH)
             break;
         ov = pcre2_get_ovector_pointer(w->md);
-        if (ov[1] <= ov[0]) { /* empty match (none of our patterns has one): step over */
+        if (ov[1] <= ov[0]) { /* empty match (a lookahead-only pattern): a split point */
+            if (ov[0] > last &&
+                (st = span_push(w, k, n, seg.start + (uint32_t)last, (uint32_t)(ov[0] - last))))
+                return st;
+            last = ov[0];
+            if (ov[0] >= seg.len)
+                break;
             pos = ov[0] + AR_MIN(tok_utf8_len(subj[ov[0]]), seg.len - ov[0]);
             continue;
         }

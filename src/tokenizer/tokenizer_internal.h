@@ -11,16 +11,58 @@
 
 #define TOK_MAX_REGEX 8
 
-/* Pre-tokenizers of byte-level BPE vocabularies (tokenizer.ggml.pre). */
-enum tok_pre {
-    TOK_PRE_DEFAULT = 0,
-    TOK_PRE_GPT2,
-    TOK_PRE_LLAMA3,
-    TOK_PRE_QWEN2,
-    TOK_PRE_DEEPSEEK_LLM,
-    TOK_PRE_CHATGLM4, /* "glm4", "chatglm-bpe": Llama 3's split, merges kept, no implicit BOS */
-    TOK_PRE_GPT4O     /* "gpt-4o" (Phi-4-mini): o200k split */
+/* Split rules of byte-level BPE vocabularies: each is a sequence of regexes (pretok.c). */
+enum tok_split {
+    TOK_SPLIT_DEFAULT = 0,
+    TOK_SPLIT_GPT2,
+    TOK_SPLIT_LLAMA3,
+    TOK_SPLIT_QWEN2,
+    TOK_SPLIT_QWEN35,
+    TOK_SPLIT_GPT4O,
+    TOK_SPLIT_TEKKEN,
+    TOK_SPLIT_GRANITE_MULTI,
+    TOK_SPLIT_DEEPSEEK_LLM,
+    TOK_SPLIT_DEEPSEEK_CODER,
+    TOK_SPLIT_DEEPSEEK3,
+    TOK_SPLIT_SPARK2_5,
+    TOK_SPLIT_FALCON,
+    TOK_SPLIT_STARCODER,
+    TOK_SPLIT_BLOOM,
+    TOK_SPLIT_VIKING,
+    TOK_SPLIT_CHAMELEON,
+    TOK_SPLIT_JAIS2,
+    TOK_SPLIT_TINY_AYA,
+    TOK_SPLIT_YOUTU,
+    TOK_SPLIT_SUPERBPE,
+    TOK_SPLIT_BAILINGMOE,
+    TOK_SPLIT_SEED_CODER,
+    TOK_SPLIT_LAGUNA,
+    TOK_SPLIT_EXAONE_MOE,
+    TOK_SPLIT_MINICPM5,
+    TOK_SPLIT_COUNT
 };
+
+/* What a tokenizer.ggml.pre name brings besides its split (as the reference's loader). */
+enum {
+    TOK_PRE_IGNORE_MERGES = 1u << 0, /* a word that is a token is taken whole */
+    TOK_PRE_ADD_BOS = 1u << 1,       /* BOS by default (add_bos_token may still say no) */
+    TOK_PRE_KEEP_SPACES = 1u << 2,   /* no tokenization-space clean-up when detokenizing */
+    TOK_PRE_NO_BOS_ID = 1u << 3,     /* no default BOS id */
+    TOK_PRE_UNSUPPORTED = 1u << 4    /* known name whose tokenizer is not implemented here */
+};
+
+struct tok_pre_info {
+    const char *name;
+    enum tok_split split;
+    unsigned flags;
+};
+
+/* The entry of a tokenizer.ggml.pre name, or NULL (pretok.c). */
+const struct tok_pre_info *tok_pre_lookup(const char *name, size_t len);
+size_t tok_pre_count(void);
+const struct tok_pre_info *tok_pre_at(size_t i);
+/* The regexes of a split rule, applied in sequence; returns their number. */
+int tok_split_patterns(enum tok_split split, const char *const **re);
 
 /* One BPE merge "left right": both strings live in tokenizer.merge_text. */
 struct tok_merge {
@@ -31,7 +73,8 @@ struct tok_merge {
 
 struct tokenizer {
     enum tokenizer_kind kind;
-    enum tok_pre pre;
+    enum tok_split split;
+    bool clean_spaces; /* detokenize removes the spaces that tokenization put before " ." */
     int32_t n_vocab;
 
     char *text;          /* owned: every token's text, each followed by a NUL */

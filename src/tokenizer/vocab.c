@@ -7,74 +7,6 @@
 
 #include "tokenizer_internal.h"
 
-/* ---- pre-tokenizer patterns -------------------------------------------------------------- */
-/* The published split patterns of each tokenizer family (Hugging Face tokenizer.json),
- * applied in sequence: every pattern cuts each piece left by the previous one into matches
- * and the gaps between them. */
-
-#define TOK_RE_GPT2                                                                           \
-    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"
-/* Llama 3 and Qwen2 spell the case-insensitive contractions out, as the reference does. */
-#define TOK_RE_LLAMA3                                                                         \
-    "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|" \
-    "\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
-#define TOK_RE_QWEN2                                                                          \
-    "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|" \
-    "\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
-
-/* GPT-4o (o200k) as the reference runs it: its pattern's Unicode case classes are spelled
- * "a letter that is not a-z" (upper) and "a letter that is not A-Z" (lower), so only ASCII
- * letters have a case, combining marks are not letters, and the case-insensitive
- * contractions are spelled out. "Not a non-letter and not a-z" says the same as one class,
- * which PCRE2 repeats without a backtracking frame per character. */
-#define TOK_RE_GPT4O_UPPER "[^\\P{L}a-z]"
-#define TOK_RE_GPT4O_LOWER "[^\\P{L}A-Z]"
-#define TOK_RE_GPT4O_CONTR "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
-#define TOK_RE_GPT4O                                                                          \
-    "[^\\r\\n\\p{L}\\p{N}]?" TOK_RE_GPT4O_UPPER "*" TOK_RE_GPT4O_LOWER "+" TOK_RE_GPT4O_CONTR \
-    "|[^\\r\\n\\p{L}\\p{N}]?" TOK_RE_GPT4O_UPPER "+" TOK_RE_GPT4O_LOWER "*" TOK_RE_GPT4O_CONTR \
-    "|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
-
-static const char *const re_default[] = {
-    "[\\p{P}\\$\\+<=>\\^~\\|]+",
-    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)",
-    "\\p{N}+",
-    "[0-9][0-9][0-9]",
-};
-static const char *const re_gpt2[] = {TOK_RE_GPT2};
-static const char *const re_llama3[] = {TOK_RE_LLAMA3};
-static const char *const re_qwen2[] = {TOK_RE_QWEN2};
-static const char *const re_gpt4o[] = {TOK_RE_GPT4O};
-static const char *const re_deepseek_llm[] = {
-    "[\\r\\n]",
-    /* Latin, Greek, Cyrillic, ... cased letters */
-    "\\s?[A-Za-z\\x{b5}\\x{c0}-\\x{d6}\\x{d8}-\\x{f6}\\x{f8}-\\x{1ba}\\x{1bc}-\\x{1bf}"
-    "\\x{1c4}-\\x{293}\\x{295}-\\x{2af}\\x{370}-\\x{373}\\x{376}\\x{377}\\x{37b}-\\x{37d}"
-    "\\x{37f}\\x{386}\\x{388}-\\x{38a}\\x{38c}\\x{38e}-\\x{3a1}\\x{3a3}-\\x{3f5}"
-    "\\x{3f7}-\\x{481}\\x{48a}-\\x{52f}\\x{531}-\\x{556}\\x{10a0}-\\x{10c5}\\x{13a0}-\\x{13f5}"
-    "\\x{13f8}-\\x{13fd}\\x{1c90}-\\x{1cba}\\x{1cbd}-\\x{1cbf}\\x{1d00}-\\x{1d2b}"
-    "\\x{1d6b}-\\x{1d77}\\x{1d79}-\\x{1d9a}\\x{1e00}-\\x{1f15}\\x{1f18}-\\x{1f1d}"
-    "\\x{1f20}-\\x{1f45}\\x{1f48}-\\x{1f4d}\\x{1f50}-\\x{1f57}\\x{1f59}\\x{1f5b}\\x{1f5d}"
-    "\\x{1f5f}-\\x{1f7d}\\x{1f80}-\\x{1fb4}\\x{1fb6}-\\x{1fbc}\\x{1fbe}\\x{1fc2}-\\x{1fc4}"
-    "\\x{1fc6}-\\x{1fcc}\\x{1fd0}-\\x{1fd3}\\x{1fd6}-\\x{1fdb}\\x{1fe0}-\\x{1fec}"
-    "\\x{1ff2}-\\x{1ff4}\\x{1ff6}-\\x{1ffc}\\x{2102}\\x{2107}\\x{210a}-\\x{2113}\\x{2115}"
-    "\\x{2119}-\\x{211d}\\x{2124}\\x{2126}\\x{2128}\\x{212a}-\\x{212d}\\x{212f}-\\x{2134}"
-    "\\x{2139}\\x{213c}-\\x{213f}\\x{2145}-\\x{2149}\\x{214e}\\x{2183}\\x{2184}"
-    "\\x{2c00}-\\x{2c7b}\\x{2c7e}-\\x{2ce4}\\x{2ceb}-\\x{2cee}\\x{2cf2}\\x{2cf3}"
-    "\\x{a640}-\\x{a66d}\\x{a680}-\\x{a69b}\\x{a722}-\\x{a76f}\\x{a771}-\\x{a787}"
-    "\\x{a78b}-\\x{a78e}\\x{ab70}-\\x{abbf}\\x{fb00}-\\x{fb06}\\x{fb13}-\\x{fb17}"
-    "\\x{ff21}-\\x{ff3a}\\x{ff41}-\\x{ff5a}\\x{10400}-\\x{1044f}\\x{104b0}-\\x{104d3}"
-    "\\x{104d8}-\\x{104fb}\\x{10c80}-\\x{10cb2}\\x{10cc0}-\\x{10cf2}\\x{118a0}-\\x{118df}"
-    "\\x{1e900}-\\x{1e943}]+",
-    /* ASCII and full-width punctuation, curly quotes, ideographic space and full stop */
-    "\\s?[!-/:-~\\x{ff01}-\\x{ff0f}\\x{ff1a}-\\x{ff5e}\\x{2018}-\\x{201f}\\x{3000}-\\x{3002}]+",
-    /* "\s+$": the lookbehind only skips start positions inside a whitespace run, which
-     * cannot begin the leftmost match, and keeps the search linear */
-    "(?<!\\s)\\s+$",
-    "[\\x{4e00}-\\x{9fa5}\\x{800}-\\x{4e00}\\x{ac00}-\\x{d7ff}]+",
-    "\\p{N}+",
-};
-
 /* ---- small helpers ------------------------------------------------------------------------ */
 
 static void *pcre_alloc(size_t size, void *data)
@@ -619,49 +551,47 @@ static enum ar_status setup_pieces(struct tokenizer *tok)
 static atomic_flag warned_pre = ATOMIC_FLAG_INIT;
 static atomic_flag warned_chat = ATOMIC_FLAG_INIT;
 
-static enum tok_pre pre_from_name(struct gguf_str s, bool present)
+/* The pre-tokenizer of a BPE vocabulary: the override when given, else tokenizer.ggml.pre
+ * (absent: "default", as the reference). An unknown name is refused, never replaced. */
+static enum ar_status choose_pre(struct tokenizer *tok, const struct gguf_file *f,
+                                 const char *override, struct ar_err *err)
 {
-    static const char *const llama3[] = {"llama3", "llama-v3", "llama-bpe"};
-    static const char *const qwen2[] = {"qwen2", "deepseek-r1-qwen", "megrez"};
-    static const char *const gpt2[] = {"gpt-2", "phi-2", "jina-es", "jina-de", "gigachat",
-                                       "jina-v2-es", "jina-v2-de", "mpt", "olmo"};
-    if (!present || str_eq(s, "default"))
-        return TOK_PRE_DEFAULT;
-    for (size_t i = 0; i < AR_ARRAY_LEN(llama3); i++)
-        if (str_eq(s, llama3[i]))
-            return TOK_PRE_LLAMA3;
-    for (size_t i = 0; i < AR_ARRAY_LEN(qwen2); i++)
-        if (str_eq(s, qwen2[i]))
-            return TOK_PRE_QWEN2;
-    for (size_t i = 0; i < AR_ARRAY_LEN(gpt2); i++)
-        if (str_eq(s, gpt2[i]))
-            return TOK_PRE_GPT2;
-    if (str_eq(s, "deepseek-llm"))
-        return TOK_PRE_DEEPSEEK_LLM;
-    /* GLM-4 splits like Llama 3 but keeps its merges and has no implicit BOS */
-    if (str_eq(s, "glm4") || str_eq(s, "chatglm-bpe"))
-        return TOK_PRE_CHATGLM4;
-    if (str_eq(s, "gpt-4o") || str_eq(s, "llama4"))
-        return TOK_PRE_GPT4O;
-    if (!atomic_flag_test_and_set(&warned_pre))
-        AR_WARN("tokenizer: unknown pre-tokenizer '%.*s', using 'default'",
-                (int)AR_MIN(s.len, 64), s.ptr);
-    return TOK_PRE_DEFAULT;
+    struct gguf_str s = {NULL, 0};
+    const struct tok_pre_info *p;
+    const char *what = override ? "--tokenizer-pre" : "tokenizer.ggml.pre";
+    if (override) {
+        s.ptr = override;
+        s.len = strlen(override);
+    } else if (!gguf_get_str(f, "tokenizer.ggml.pre", &s)) {
+        if (!atomic_flag_test_and_set(&warned_pre))
+            AR_WARN("tokenizer: no tokenizer.ggml.pre in the file, using 'default' "
+                    "(the model may have been trained on a different split)");
+        s.ptr = "default";
+        s.len = 7;
+    }
+    p = tok_pre_lookup(s.ptr, s.len);
+    if (!p)
+        return ar_err_set(err, override ? AR_EINVAL : AR_EFORMAT, 0,
+                          "%s: unknown pre-tokenizer '%.*s'%s", what, (int)AR_MIN(s.len, 64),
+                          s.ptr,
+                          override ? "" : " (refused rather than guessed; --tokenizer-pre NAME "
+                                          "chooses one)");
+    if (p->flags & TOK_PRE_UNSUPPORTED)
+        return ar_err_set(err, AR_ENOTSUP, 0, "%s: pre-tokenizer '%s' is not supported", what,
+                          p->name);
+    tok->split = p->split;
+    tok->ignore_merges = (p->flags & TOK_PRE_IGNORE_MERGES) != 0;
+    tok->add_bos = (p->flags & TOK_PRE_ADD_BOS) != 0;
+    tok->clean_spaces = !(p->flags & TOK_PRE_KEEP_SPACES);
+    return AR_OK;
 }
 
 static enum ar_status compile_regexes(struct tokenizer *tok, struct ar_err *err)
 {
     const char *const *pats;
-    size_t n;
-    switch (tok->pre) {
-    case TOK_PRE_GPT2: pats = re_gpt2; n = AR_ARRAY_LEN(re_gpt2); break;
-    case TOK_PRE_LLAMA3:
-    case TOK_PRE_CHATGLM4: pats = re_llama3; n = AR_ARRAY_LEN(re_llama3); break;
-    case TOK_PRE_GPT4O: pats = re_gpt4o; n = AR_ARRAY_LEN(re_gpt4o); break;
-    case TOK_PRE_QWEN2: pats = re_qwen2; n = AR_ARRAY_LEN(re_qwen2); break;
-    case TOK_PRE_DEEPSEEK_LLM: pats = re_deepseek_llm; n = AR_ARRAY_LEN(re_deepseek_llm); break;
-    default: pats = re_default; n = AR_ARRAY_LEN(re_default); break;
-    }
+    size_t n = (size_t)tok_split_patterns(tok->split, &pats);
+    if (n > TOK_MAX_REGEX)
+        return ar_err_set(err, AR_ENOTSUP, 0, "pre-tokenizer: too many patterns");
     tok->gctx = pcre2_general_context_create(pcre_alloc, pcre_free, NULL);
     if (!tok->gctx)
         return AR_ENOMEM;
@@ -706,11 +636,11 @@ static enum ar_status load_chat(struct tokenizer *tok, const struct gguf_file *f
     return AR_OK;
 }
 
-static enum ar_status load(struct tokenizer *tok, const struct gguf_file *f, struct ar_err *err)
+static enum ar_status load(struct tokenizer *tok, const struct gguf_file *f, const char *pre,
+                           struct ar_err *err)
 {
     enum ar_status st;
-    struct gguf_str model, pre = {NULL, 0};
-    bool has_pre;
+    struct gguf_str model;
 
     if (!gguf_get_str(f, "tokenizer.ggml.model", &model))
         return ar_err_set(err, AR_EFORMAT, 0, "tokenizer.ggml.model: missing");
@@ -733,13 +663,8 @@ static enum ar_status load(struct tokenizer *tok, const struct gguf_file *f, str
         tok->add_bos = true;
         tok->add_space_prefix = true;
     } else {
-        has_pre = gguf_get_str(f, "tokenizer.ggml.pre", &pre);
-        tok->pre = pre_from_name(pre, has_pre);
-        if (tok->pre == TOK_PRE_LLAMA3) {
-            tok->ignore_merges = true;
-            tok->add_bos = true;
-        }
-        if ((st = load_merges(tok, f, err)) != AR_OK)
+        if ((st = choose_pre(tok, f, pre, err)) != AR_OK ||
+            (st = load_merges(tok, f, err)) != AR_OK)
             return st;
     }
     if ((st = read_id(f, "tokenizer.ggml.bos_token_id", tok->n_vocab, &tok->bos, err)) ||
@@ -773,6 +698,12 @@ static enum ar_status load(struct tokenizer *tok, const struct gguf_file *f, str
 enum ar_status tokenizer_load(const struct gguf_file *f, struct tokenizer **out,
                               struct ar_err *err)
 {
+    return tokenizer_load_opts(f, NULL, out, err);
+}
+
+enum ar_status tokenizer_load_opts(const struct gguf_file *f, const struct tokenizer_opts *opts,
+                                   struct tokenizer **out, struct ar_err *err)
+{
     enum ar_status st;
     struct tokenizer *tok;
     if (!f || !out)
@@ -781,7 +712,7 @@ enum ar_status tokenizer_load(const struct gguf_file *f, struct tokenizer **out,
     tok = ar_calloc(1, sizeof(*tok));
     if (!tok)
         return ar_err_set(err, AR_ENOMEM, 0, "out of memory");
-    st = load(tok, f, err);
+    st = load(tok, f, opts ? opts->pre : NULL, err);
     if (st != AR_OK) {
         if (st == AR_ENOMEM)
             ar_err_set(err, AR_ENOMEM, 0, "out of memory loading the tokenizer");
