@@ -51,6 +51,7 @@ static bool parse_ids(const char *s, int32_t **ids, int *n)
 int cmd_generate(int argc, char **argv)
 {
     const char *path = NULL, *prompt = NULL, *system = NULL;
+    struct tokenizer_opts to = {NULL};
     bool chat = false, ids_mode = false, ignore_eos = false, seed_set = false, kv_f32 = false;
     int64_t n_predict = 128, n_threads = 2, n_ctx = 0, top_k, seed = 0, last_n;
     double temp, top_p, min_p, rep;
@@ -120,12 +121,15 @@ int cmd_generate(int argc, char **argv)
             ignore_eos = true;
         } else if (!strcmp(a, "--kv-f32")) {
             kv_f32 = true;
+        } else if (!strcmp(a, "--tokenizer-pre")) {
+            if (!(to.pre = cli_value(argc, argv, &i)))
+                return 2;
         } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             printf("usage: autoreply generate -m MODEL -p PROMPT [-n N] [--temp T] [--seed S] "
                    "[-t N]\n"
                    "       [--chat] [--system TEXT] [--ids] [--top-k K] [--top-p P] [--min-p P]\n"
                    "       [--repeat-penalty R] [--repeat-last-n N] [-c CTX] [--ignore-eos] "
-                   "[--kv-f32]\n"
+                   "[--kv-f32] [--tokenizer-pre NAME]\n"
                    "  --chat   apply the model's chat template to -p as a user message\n"
                    "  --ids    -p is a list of token ids; the output is ids too when the model\n"
                    "           has no vocabulary\n");
@@ -149,7 +153,7 @@ int cmd_generate(int argc, char **argv)
         cli_error("%s: %s", path, err.msg);
         return 1;
     }
-    if (tokenizer_load(model_gguf(cli_runner_model(r)), &tok, &err) != AR_OK) {
+    if (tokenizer_load_opts(model_gguf(cli_runner_model(r)), &to, &tok, &err) != AR_OK) {
         if (!ids_mode) {
             cli_error("%s: no usable vocabulary (%s); use --ids with token ids", path, err.msg);
             goto done;

@@ -52,6 +52,7 @@ struct product_opts {
     const char *data_dir;
     const char *shop; /* the review's shop (reply), or that of lines without shop_id (batch) */
     const char *store_url; /* postgres://... or a SQLite file; NULL: <data_dir>/replies.db */
+    const char *tokenizer_pre; /* --tokenizer-pre, or NULL */
     int threads;
 };
 
@@ -138,7 +139,8 @@ static bool product_open(const struct product_opts *o, struct product *p)
         cli_error("%s: %s", model, err.msg);
         return false;
     }
-    if (tokenizer_load(model_gguf(p->model), &p->tok, &err) != AR_OK) {
+    if (tokenizer_load_opts(model_gguf(p->model), &(struct tokenizer_opts){o->tokenizer_pre},
+                            &p->tok, &err) != AR_OK) {
         cli_error("%s: tokenizer: %s", model, err.msg);
         return false;
     }
@@ -184,7 +186,8 @@ static const char common_help[] =
     ", then ./models/)\n"
     "  --shops FILE       shop profiles (JSON; see src/reply/reply.h); default: built-in\n"
     "  --data-dir DIR     where replies.db lives (" DEFAULT_DATA_DIR ")\n"
-    "  -t, --threads N    model threads (2)\n";
+    "  -t, --threads N    model threads (2)\n"
+    "  --tokenizer-pre NAME  pre-tokenizer instead of the model's tokenizer.ggml.pre\n";
 
 enum common_flag { COMMON_NOT_OURS, COMMON_TAKEN, COMMON_BAD, COMMON_HELP };
 
@@ -209,6 +212,8 @@ static enum common_flag common_flag(int argc, char **argv, int *i, struct produc
         return (o->data_dir = cli_value(argc, argv, i)) ? COMMON_TAKEN : COMMON_BAD;
     if (!strcmp(a, "--shop"))
         return (o->shop = cli_value(argc, argv, i)) ? COMMON_TAKEN : COMMON_BAD;
+    if (!strcmp(a, "--tokenizer-pre"))
+        return (o->tokenizer_pre = cli_value(argc, argv, i)) ? COMMON_TAKEN : COMMON_BAD;
     if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
         const char *s = cli_value(argc, argv, i);
         if (!s || !cli_parse_i64(a, s, 1, 256, &v))

@@ -92,6 +92,7 @@ static void serve_usage(FILE *out)
             "  --max-conns-per-ip N  open connections per client address (half of --max-conns;\n"
             "                        0: no limit, e.g. behind a proxy that is the only client)\n"
             "  --model-name NAME     model id in the API (file name without .gguf)\n"
+            "  --tokenizer-pre NAME  pre-tokenizer instead of the model's tokenizer.ggml.pre\n"
             "  --instance-name NAME  this instance in every X-Autoreply-Instance header and "
             "/health (host:port)\n"
             "sessions (/v1/sessions: conversations changed with JSON Patch, in memory):\n"
@@ -146,6 +147,7 @@ int cmd_serve(int argc, char **argv)
     sigset_t sigs;
     int sig = 0, rc = 1;
     bool named = false;
+    struct tokenizer_opts to = {NULL};
 
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
@@ -297,6 +299,9 @@ int cmd_serve(int argc, char **argv)
         } else if (!strcmp(a, "--instance-name")) {
             VALUE();
             sp.instance_name = v;
+        } else if (!strcmp(a, "--tokenizer-pre")) {
+            VALUE();
+            to.pre = v;
         } else {
             cli_error("serve: unknown option '%s' (autoreply serve --help)", a);
             return 2;
@@ -347,7 +352,7 @@ int cmd_serve(int argc, char **argv)
         cli_error("serve: %s: %s", model_path, err.msg);
         goto done;
     }
-    if (tokenizer_load(model_gguf(m), &tok, &err) != AR_OK) {
+    if (tokenizer_load_opts(model_gguf(m), &to, &tok, &err) != AR_OK) {
         cli_error("serve: %s: tokenizer: %s", model_path, err.msg);
         goto done;
     }

@@ -13,13 +13,14 @@
 #include "tokenizer/tokenizer.h"
 
 /* Loads the vocabulary of a GGUF file (model or vocab-only). */
-static enum ar_status load_tokenizer(const char *path, struct tokenizer **out, struct ar_err *err)
+static enum ar_status load_tokenizer(const char *path, const char *pre, struct tokenizer **out,
+                                     struct ar_err *err)
 {
     struct gguf_file *f;
     enum ar_status st = gguf_open(path, &f, err);
     if (st != AR_OK)
         return st;
-    st = tokenizer_load(f, out, err);
+    st = tokenizer_load_opts(f, &(struct tokenizer_opts){pre}, out, err);
     gguf_close(f);
     return st;
 }
@@ -41,7 +42,7 @@ static void print_escaped(const char *s, size_t len)
 
 int cmd_tokenize(int argc, char **argv)
 {
-    const char *path = NULL, *text = NULL;
+    const char *path = NULL, *text = NULL, *pre = NULL;
     bool ids_only = false, raw = false;
     struct tokenizer *tok = NULL;
     struct ar_err err = {0};
@@ -55,13 +56,18 @@ int cmd_tokenize(int argc, char **argv)
             ids_only = true;
         } else if (!strcmp(argv[i], "--raw")) {
             raw = true;
+        } else if (!strcmp(argv[i], "--tokenizer-pre")) {
+            if (!(pre = cli_value(argc, argv, &i)))
+                return 2;
         } else if (!strcmp(argv[i], "-p") || !strcmp(argv[i], "--prompt")) {
             if (!(text = cli_value(argc, argv, &i)))
                 return 2;
         } else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            printf("usage: autoreply tokenize -m MODEL [--ids] [--raw] TEXT\n"
+            printf("usage: autoreply tokenize -m MODEL [--ids] [--raw] [--tokenizer-pre NAME] "
+                   "TEXT\n"
                    "  --ids  print only the ids\n"
-                   "  --raw  no BOS/EOS, special-token text spelled out as plain text\n");
+                   "  --raw  no BOS/EOS, special-token text spelled out as plain text\n"
+                   "  --tokenizer-pre NAME  pre-tokenizer instead of tokenizer.ggml.pre\n");
             return 0;
         } else if (!text && (argv[i][0] != '-' || !argv[i][1])) {
             text = argv[i];
@@ -74,7 +80,7 @@ int cmd_tokenize(int argc, char **argv)
         cli_error("tokenize: usage: autoreply tokenize -m MODEL [--ids] TEXT");
         return 2;
     }
-    if (load_tokenizer(path, &tok, &err) != AR_OK) {
+    if (load_tokenizer(path, pre, &tok, &err) != AR_OK) {
         cli_error("%s: %s", path, err.msg);
         return 1;
     }
@@ -165,7 +171,7 @@ static int check_tok_json(const char *dir, const char *file, int *n_fail)
     }
     vocab = cJSON_GetStringValue(cJSON_GetObjectItem(cJSON_GetArrayItem(j, 0), "vocab"));
     if (!vocab || !find_vocab_file(dir, vocab, path, sizeof(path)) ||
-        load_tokenizer(path, &tok, &err) != AR_OK) {
+        load_tokenizer(path, NULL, &tok, &err) != AR_OK) {
         printf("FAIL %s: cannot load vocabulary '%s': %s\n", file, vocab ? vocab : "?", err.msg);
         (*n_fail)++;
         cJSON_Delete(j);
@@ -227,7 +233,7 @@ static int check_inp_out(const char *dir, const char *gguf_name, int *n_fail)
         return 0;
     }
     snprintf(path, sizeof(path), "%s/tokenizer/vocabs/%s", dir, gguf_name);
-    if (load_tokenizer(path, &tok, &err) != AR_OK) {
+    if (load_tokenizer(path, NULL, &tok, &err) != AR_OK) {
         printf("FAIL %s: %s\n", gguf_name, err.msg);
         (*n_fail)++;
         free(inp);

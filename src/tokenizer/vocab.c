@@ -709,6 +709,10 @@ enum ar_status tokenizer_load_opts(const struct gguf_file *f, const struct token
     if (!f || !out)
         return ar_err_set(err, AR_EINVAL, 0, "tokenizer_load: NULL argument");
     *out = NULL;
+    /* checked for every vocabulary, so that a typo is caught on an SPM model too */
+    if (opts && opts->pre && !tok_pre_lookup(opts->pre, strlen(opts->pre)))
+        return ar_err_set(err, AR_EINVAL, 0, "--tokenizer-pre: unknown pre-tokenizer '%.64s'",
+                          opts->pre);
     tok = ar_calloc(1, sizeof(*tok));
     if (!tok)
         return ar_err_set(err, AR_ENOMEM, 0, "out of memory");
