@@ -376,30 +376,69 @@ static enum ar_status regex_split(const pcre2_code *re, struct work *w, const ch
     return AR_OK;
 }
 
+/* Runs the pre-tokenizer's regexes in sequence over text[0..len): the words end up in
+ * w->spans[*k][0 .. *n). */
+static enum ar_status pre_split(const struct tokenizer *tok, struct work *w, const char *text,
+                                size_t len, int *k, size_t *n)
+{
+    enum ar_status st;
+    *k = 0;
+    *n = 0;
+    if (!w->md && !(w->md = pcre2_match_data_create(4, tok->gctx)))
+        return AR_ENOMEM;
+    if ((st = span_push(w, 0, n, 0, (uint32_t)len)) != AR_OK)
+        return st;
+    for (int r = 0; r < tok->n_re; r++) {
+        size_t m = 0;
+        for (size_t i = 0; i < *n; i++)
+            if ((st = regex_split(tok->re[r], w, text, w->spans[*k][i], 1 - *k, &m)) != AR_OK)
+                return st;
+        *k = 1 - *k;
+        *n = m;
+    }
+    return AR_OK;
+}
+
 static enum ar_status bpe_encode(const struct tokenizer *tok, struct work *w, const char *text,
                                  size_t len, struct ivec *out)
 {
     enum ar_status st;
-    size_t n = 0;
-    int k = 0;
-    if (!w->md && !(w->md = pcre2_match_data_create(4, tok->gctx)))
-        return AR_ENOMEM;
-    if ((st = span_push(w, 0, &n, 0, (uint32_t)len)) != AR_OK)
+    size_t n;
+    int k;
+    if ((st = pre_split(tok, w, text, len, &k, &n)) != AR_OK)
         return st;
-    for (int r = 0; r < tok->n_re; r++) {
-        size_t m = 0;
-        for (size_t i = 0; i < n; i++)
-            if ((st = regex_split(tok->re[r], w, text, w->spans[k][i], 1 - k, &m)) != AR_OK)
-                return st;
-        k = 1 - k;
-        n = m;
-    }
     for (size_t i = 0; i < n; i++) {
         struct span s = w->spans[k][i];
         if ((st = bpe_word(tok, w, text + s.start, s.len, out)) != AR_OK)
             return st;
     }
     return AR_OK;
+}
+
+enum ar_status tok_pre_split(const struct tokenizer *tok, const char *text, size_t len,
+                             uint32_t **spans, size_t *n)
+{
+    struct work w;
+    enum ar_status st;
+    int k;
+    *spans = NULL;
+    *n = 0;
+    if (!tok || tok->kind != TOKENIZER_KIND_BPE || (!text && len))
+        return AR_EINVAL;
+    if (len > TOK_MAX_INPUT)
+        return AR_ERANGE;
+    memset(&w, 0, sizeof(w));
+    st = pre_split(tok, &w, text, len, &k, n);
+    if (st == AR_OK && *n && !(*spans = ar_malloc(*n * 2 * sizeof(uint32_t))))
+        st = AR_ENOMEM;
+    for (size_t i = 0; st == AR_OK && i < *n; i++) {
+        (*spans)[2 * i] = w.spans[k][i].start;
+        (*spans)[2 * i + 1] = w.spans[k][i].len;
+    }
+    if (st != AR_OK)
+        *n = 0;
+    work_fini(&w);
+    return st;
 }
 
 /* ---- special tokens ------------------------------------------------------------------------- */

@@ -130,6 +130,12 @@ static inline uint32_t tok_hash_bytes(uint32_t h, const void *p, size_t n)
 }
 #define TOK_HASH_SEED 2166136261u
 
+/* The pre-tokenizer's words of text[0..len) of a BPE vocabulary, before any merge and
+ * without special-token matching: *spans is a new array (ar_free) of *n (start, length)
+ * pairs. Defined in encode.c; tests use it to see the split. */
+enum ar_status tok_pre_split(const struct tokenizer *tok, const char *text, size_t len,
+                             uint32_t **spans, size_t *n);
+
 /* Rank of merge (left, right), or -1. Defined in vocab.c. */
 int32_t tok_merge_rank(const struct tokenizer *tok, const char *left, size_t n_left,
                        const char *right, size_t n_right);
