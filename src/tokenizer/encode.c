@@ -55,6 +55,7 @@ struct span {
 struct sym {
     int32_t prev, next;
     uint32_t start, n;
+    int32_t id; /* BPE by ids: the symbol's token */
 };
 
 /* A candidate merge of symbols left and right (adjacent when queued). Higher p first (SPM:
@@ -63,6 +64,7 @@ struct pair {
     double p;
     int32_t left, right;
     uint32_t size; /* bytes of the merged text when queued; stale if sizes changed */
+    int32_t id;    /* BPE by ids: the merged token */
 };
 
 /* Scratch memory of one encode call, reused across fragments and words. */
@@ -180,6 +182,7 @@ static enum ar_status merge_all(const struct tokenizer *tok, struct work *w, int
         if (l->n == 0 || r->n == 0 || l->n + r->n != b.size)
             continue;
         l->n += r->n;
+        l->id = b.id;
         r->n = 0;
         l->next = r->next;
         if (r->next >= 0)
@@ -219,6 +222,7 @@ static enum ar_status spm_pair(const struct tokenizer *tok, struct work *w, int3
     p.left = l;
     p.right = r;
     p.size = size;
+    p.id = -1;
     return heap_push(w, p);
 }
 
@@ -279,7 +283,51 @@ static enum ar_status bpe_pair(const struct tokenizer *tok, struct work *w, int3
     p.left = l;
     p.right = r;
     p.size = w->syms[l].n + w->syms[r].n;
+    p.id = -1;
     return heap_push(w, p);
+}
+
+static enum ar_status id_pair(const struct tokenizer *tok, struct work *w, int32_t l, int32_t r)
+{
+    const struct tok_pair *m;
+    struct pair p;
+    if (l < 0 || r < 0 || !(m = tok_pair_find(tok, w->syms[l].id, w->syms[r].id)))
+        return AR_OK;
+    p.p = -(double)m->rank;
+    p.left = l;
+    p.right = r;
+    p.size = w->syms[l].n + w->syms[r].n;
+    p.id = m->id;
+    return heap_push(w, p);
+}
+
+/* The merger by token ids: one symbol per byte (each byte is one character of GPT-2's
+ * table), merged as the string merger would, without building or hashing any text. */
+static enum ar_status bpe_word_ids(const struct tokenizer *tok, struct work *w, const char *word,
+                                   size_t len, struct ivec *out)
+{
+    int32_t n = (int32_t)len;
+    enum ar_status st = reserve((void **)&w->syms, &w->syms_cap, len, sizeof(struct sym));
+    if (st != AR_OK)
+        return st;
+    for (int32_t i = 0; i < n; i++) {
+        w->syms[i].start = (uint32_t)i;
+        w->syms[i].n = 1;
+        w->syms[i].prev = i - 1;
+        w->syms[i].next = i + 1 < n ? i + 1 : -1;
+        w->syms[i].id = tok->byte_tok[(uint8_t)word[i]];
+        /* the first pairs are independent lookups: start their memory loads together */
+        if (i > 0) {
+            uint64_t key = (uint64_t)(uint32_t)w->syms[i - 1].id << 32 | (uint32_t)w->syms[i].id;
+            __builtin_prefetch(&tok->pairs[tok_pair_slot(key, tok->pair_mask)]);
+        }
+    }
+    if ((st = merge_all(tok, w, n, id_pair)) != AR_OK)
+        return st;
+    for (int32_t i = n ? 0 : -1; i >= 0; i = w->syms[i].next)
+        if ((st = ivec_push(out, w->syms[i].id)) != AR_OK)
+            return st;
+    return AR_OK;
 }
 
 /* Encodes one pre-token word: bytes mapped through GPT-2's table, then merged. */
@@ -302,6 +350,8 @@ static enum ar_status bpe_word(const struct tokenizer *tok, struct work *w, cons
     }
     if (tok->ignore_merges && (id = find_plain(tok, w->buf, m)) >= 0)
         return ivec_push(out, id);
+    if (tok->pairs)
+        return bpe_word_ids(tok, w, word, len, out);
     if ((st = split_chars(w, m, &n_syms)) != AR_OK ||
         (st = merge_all(tok, w, n_syms, bpe_pair)) != AR_OK)
         return st;

@@ -64,6 +64,22 @@ const struct tok_pre_info *tok_pre_at(size_t i);
 /* The regexes of a split rule, applied in sequence; returns their number. */
 int tok_split_patterns(enum tok_split split, const char *const **re);
 
+/* A merge by ids: key = left << 32 | right. */
+struct tok_pair {
+    uint64_t key;
+    int32_t rank, id; /* id: the merged token */
+};
+#define TOK_PAIR_EMPTY UINT64_MAX
+
+static inline uint32_t tok_pair_slot(uint64_t key, uint32_t mask)
+{
+    return (uint32_t)((key * 0x9e3779b97f4a7c15ull) >> 32) & mask;
+}
+
+/* The merge of tokens l and r, or NULL. */
+static inline const struct tok_pair *tok_pair_find(const struct tokenizer *tok, int32_t l,
+                                                   int32_t r);
+
 /* One BPE merge "left right": both strings live in tokenizer.merge_text. */
 struct tok_merge {
     uint32_t off;   /* left starts at merge_text + off, right follows it directly */
@@ -94,6 +110,11 @@ struct tokenizer {
     uint32_t n_merges;
     int32_t *merge_hash;      /* owned: ranks by (left, right), -1 = empty */
     uint32_t merge_mask;
+    /* the same merges by token ids, when every byte and every merge result is a plain
+     * token (real vocabularies): one probe of an inline table per candidate pair */
+    struct tok_pair *pairs;   /* owned, (pair_mask + 1) slots, key TOK_PAIR_EMPTY = empty */
+    uint32_t pair_mask;
+    int32_t byte_tok[256];    /* token of the GPT-2 character of each byte (pairs only) */
 
     int32_t byte_id[256]; /* SPM byte fallback: token of each byte, -1 if none */
     int16_t unbyte[324];  /* BPE: code point -> byte of GPT-2's table, -1 if none */
@@ -120,7 +141,20 @@ struct tokenizer {
     bool chat_known; /* the template was recognized (else ChatML is a fallback) */
 };
 
-/* FNV-1a, the hash of every table here. */
+static inline const struct tok_pair *tok_pair_find(const struct tokenizer *tok, int32_t l,
+                                                   int32_t r)
+{
+    uint64_t key = (uint64_t)(uint32_t)l << 32 | (uint32_t)r;
+    for (uint32_t i = tok_pair_slot(key, tok->pair_mask);; i = (i + 1) & tok->pair_mask) {
+        const struct tok_pair *p = &tok->pairs[i];
+        if (p->key == key)
+            return p;
+        if (p->key == TOK_PAIR_EMPTY)
+            return NULL;
+    }
+}
+
+/* FNV-1a, the hash of the string tables here. */
 static inline uint32_t tok_hash_bytes(uint32_t h, const void *p, size_t n)
 {
     const uint8_t *s = p;

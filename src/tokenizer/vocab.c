@@ -216,11 +216,8 @@ static enum ar_status load_merges(struct tokenizer *tok, const struct gguf_file 
         return ar_err_set(err, AR_EFORMAT, 0, "tokenizer.ggml.merges: too much text");
     tok->merge_text = ar_malloc(total ? total : 1);
     tok->merges = ar_malloc((arr->n ? arr->n : 1) * sizeof(struct tok_merge));
-    tok->merge_mask = pow2_at_least(2 * arr->n) - 1;
-    tok->merge_hash = ar_malloc(((size_t)tok->merge_mask + 1) * sizeof(int32_t));
-    if (!tok->merge_text || !tok->merges || !tok->merge_hash)
+    if (!tok->merge_text || !tok->merges)
         return AR_ENOMEM;
-    memset(tok->merge_hash, 0xff, ((size_t)tok->merge_mask + 1) * sizeof(int32_t));
 
     /* "left right", split at the first space after the first byte. The rank is the index in
      * the file; a pair listed twice keeps its first rank. Lines without a space are kept as
@@ -229,8 +226,6 @@ static enum ar_status load_merges(struct tokenizer *tok, const struct gguf_file 
         struct gguf_str s = gguf_arr_str(arr, i);
         const char *sp = s.len > 1 ? memchr(s.ptr + 1, ' ', s.len - 1) : NULL;
         struct tok_merge *m = &tok->merges[n];
-        uint32_t slot;
-        bool dup = false;
         n++;
         m->off = (uint32_t)off;
         m->n_left = m->n_right = 0;
@@ -241,21 +236,39 @@ static enum ar_status load_merges(struct tokenizer *tok, const struct gguf_file 
         memcpy(tok->merge_text + off, s.ptr, m->n_left);
         memcpy(tok->merge_text + off + m->n_left, sp + 1, m->n_right);
         off += m->n_left + m->n_right;
-        slot = merge_hash(s.ptr, m->n_left, sp + 1, m->n_right) & tok->merge_mask;
+    }
+    tok->n_merges = n;
+    return AR_OK;
+}
+
+/* The merge ranks by text, for vocabularies that cannot use the merges by ids. */
+static enum ar_status setup_merge_hash(struct tokenizer *tok)
+{
+    tok->merge_mask = pow2_at_least(2 * (uint64_t)tok->n_merges) - 1;
+    tok->merge_hash = ar_malloc(((size_t)tok->merge_mask + 1) * sizeof(int32_t));
+    if (!tok->merge_hash)
+        return AR_ENOMEM;
+    memset(tok->merge_hash, 0xff, ((size_t)tok->merge_mask + 1) * sizeof(int32_t));
+    for (uint32_t r = 0; r < tok->n_merges; r++) {
+        const struct tok_merge *m = &tok->merges[r];
+        const char *t = tok->merge_text + m->off;
+        uint32_t slot;
+        bool dup = false;
+        if (!m->n_left)
+            continue;
+        slot = merge_hash(t, m->n_left, t + m->n_left, m->n_right) & tok->merge_mask;
         while (tok->merge_hash[slot] >= 0) {
             const struct tok_merge *o = &tok->merges[tok->merge_hash[slot]];
             if (o->n_left == m->n_left && o->n_right == m->n_right &&
-                memcmp(tok->merge_text + o->off, tok->merge_text + m->off,
-                       m->n_left + m->n_right) == 0) {
-                dup = true;
+                memcmp(tok->merge_text + o->off, t, m->n_left + m->n_right) == 0) {
+                dup = true; /* listed twice: the first rank stays */
                 break;
             }
             slot = (slot + 1) & tok->merge_mask;
         }
         if (!dup)
-            tok->merge_hash[slot] = (int32_t)(n - 1);
+            tok->merge_hash[slot] = (int32_t)r;
     }
-    tok->n_merges = n;
     return AR_OK;
 }
 
@@ -546,6 +559,71 @@ static enum ar_status setup_pieces(struct tokenizer *tok)
     return AR_OK;
 }
 
+/* Merges by token ids (struct tok_pair). Left out (the string merges stay in use) when a
+ * byte's character is not a plain token or a merge of two tokens gives no plain token,
+ * where only the string path matches the reference. */
+static bool plain_id(const struct tokenizer *tok, int32_t id)
+{
+    return id >= 0 && !(tok->attr[id] & (TOKENIZER_ATTR_CONTROL | TOKENIZER_ATTR_UNKNOWN));
+}
+
+static enum ar_status setup_pairs(struct tokenizer *tok)
+{
+    uint32_t mask;
+    for (int b = 0; b < 256; b++) {
+        uint32_t cp = tok_byte_to_cp((uint8_t)b);
+        char c[2];
+        size_t n = 1;
+        if (cp < 0x80) {
+            c[0] = (char)cp;
+        } else {
+            c[0] = (char)(0xc0 | (cp >> 6));
+            c[1] = (char)(0x80 | (cp & 0x3f));
+            n = 2;
+        }
+        tok->byte_tok[b] = tokenizer_find(tok, c, n);
+        if (!plain_id(tok, tok->byte_tok[b]))
+            return AR_OK;
+    }
+    mask = pow2_at_least((uint64_t)tok->n_merges * 3 / 2 + 1) - 1;
+    tok->pairs = ar_malloc(((size_t)mask + 1) * sizeof(struct tok_pair));
+    if (!tok->pairs)
+        return AR_ENOMEM;
+    tok->pair_mask = mask;
+    for (size_t i = 0; i <= mask; i++)
+        tok->pairs[i].key = TOK_PAIR_EMPTY;
+    for (uint32_t r = 0; r < tok->n_merges; r++) {
+        const struct tok_merge *m = &tok->merges[r];
+        const char *t = tok->merge_text + m->off;
+        int32_t l, rt, id;
+        uint64_t key;
+        uint32_t i;
+        if (!m->n_left)
+            continue;
+        l = tokenizer_find(tok, t, m->n_left);
+        rt = tokenizer_find(tok, t + m->n_left, m->n_right);
+        if (!plain_id(tok, l) || !plain_id(tok, rt))
+            continue; /* never formed from plain tokens */
+        id = tokenizer_find(tok, t, m->n_left + m->n_right);
+        if (!plain_id(tok, id)) {
+            ar_free(tok->pairs);
+            tok->pairs = NULL;
+            return AR_OK;
+        }
+        key = (uint64_t)(uint32_t)l << 32 | (uint32_t)rt;
+        for (i = tok_pair_slot(key, mask); tok->pairs[i].key != TOK_PAIR_EMPTY;
+             i = (i + 1) & mask)
+            if (tok->pairs[i].key == key)
+                break; /* listed twice: the first rank stays */
+        if (tok->pairs[i].key == key)
+            continue;
+        tok->pairs[i].key = key;
+        tok->pairs[i].rank = (int32_t)r;
+        tok->pairs[i].id = id;
+    }
+    return AR_OK;
+}
+
 /* ---- pre-tokenizer selection ----------------------------------------------------------------- */
 
 static atomic_flag warned_pre = ATOMIC_FLAG_INIT;
@@ -688,6 +766,9 @@ static enum ar_status load(struct tokenizer *tok, const struct gguf_file *f, con
         return st;
     setup_strip(tok, f);
     setup_bytes(tok);
+    if (tok->kind == TOKENIZER_KIND_BPE &&
+        ((st = setup_pairs(tok)) != AR_OK || (!tok->pairs && (st = setup_merge_hash(tok)))))
+        return st;
     if ((st = setup_pieces(tok)) != AR_OK)
         return st;
     if (tok->kind == TOKENIZER_KIND_BPE && (st = compile_regexes(tok, err)) != AR_OK)
@@ -739,6 +820,7 @@ void tokenizer_destroy(struct tokenizer *tok)
     ar_free(tok->special_lens);
     ar_free(tok->special_prio);
     ar_free(tok->special);
+    ar_free(tok->pairs);
     ar_free(tok->merge_hash);
     ar_free(tok->merges);
     ar_free(tok->merge_text);
