@@ -319,7 +319,7 @@ static enum ar_status bpe_word_ids(const struct tokenizer *tok, struct work *w, 
         /* the first pairs are independent lookups: start their memory loads together */
         if (i > 0) {
             uint64_t key = (uint64_t)(uint32_t)w->syms[i - 1].id << 32 | (uint32_t)w->syms[i].id;
-            __builtin_prefetch(&tok->pairs[tok_pair_slot(key, tok->pair_mask)]);
+            __builtin_prefetch(&tok->pair_bits[tok_pair_bit(key, tok->pair_bits_mask) >> 6]);
         }
     }
     if ((st = merge_all(tok, w, n, id_pair)) != AR_OK)

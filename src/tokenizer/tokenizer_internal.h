@@ -76,6 +76,11 @@ static inline uint32_t tok_pair_slot(uint64_t key, uint32_t mask)
     return (uint32_t)((key * 0x9e3779b97f4a7c15ull) >> 32) & mask;
 }
 
+static inline uint32_t tok_pair_bit(uint64_t key, uint32_t mask)
+{
+    return (uint32_t)((key * 0xc2b2ae3d27d4eb4full) >> 40) & mask;
+}
+
 /* The merge of tokens l and r, or NULL. */
 static inline const struct tok_pair *tok_pair_find(const struct tokenizer *tok, int32_t l,
                                                    int32_t r);
@@ -114,6 +119,9 @@ struct tokenizer {
      * token (real vocabularies): one probe of an inline table per candidate pair */
     struct tok_pair *pairs;   /* owned, (pair_mask + 1) slots, key TOK_PAIR_EMPTY = empty */
     uint32_t pair_mask;
+    uint64_t *pair_bits;      /* owned: one bit per hash of every merge's key, small enough
+                               * to stay in cache; a clear bit answers "no merge" at once */
+    uint32_t pair_bits_mask;  /* bits - 1 */
     int32_t byte_tok[256];    /* token of the GPT-2 character of each byte (pairs only) */
 
     int32_t byte_id[256]; /* SPM byte fallback: token of each byte, -1 if none */
@@ -145,6 +153,9 @@ static inline const struct tok_pair *tok_pair_find(const struct tokenizer *tok, 
                                                    int32_t r)
 {
     uint64_t key = (uint64_t)(uint32_t)l << 32 | (uint32_t)r;
+    uint32_t b = tok_pair_bit(key, tok->pair_bits_mask);
+    if (!(tok->pair_bits[b >> 6] >> (b & 63) & 1))
+        return NULL;
     for (uint32_t i = tok_pair_slot(key, tok->pair_mask);; i = (i + 1) & tok->pair_mask) {
         const struct tok_pair *p = &tok->pairs[i];
         if (p->key == key)

@@ -587,7 +587,10 @@ static enum ar_status setup_pairs(struct tokenizer *tok)
     }
     mask = pow2_at_least((uint64_t)tok->n_merges * 3 / 2 + 1) - 1;
     tok->pairs = ar_malloc(((size_t)mask + 1) * sizeof(struct tok_pair));
-    if (!tok->pairs)
+    /* 8 bits per merge (a few percent of false "maybe"), at least 64 */
+    tok->pair_bits_mask = pow2_at_least((uint64_t)tok->n_merges * 8 + 64) - 1;
+    tok->pair_bits = ar_calloc(((size_t)tok->pair_bits_mask + 1) / 64, sizeof(uint64_t));
+    if (!tok->pairs || !tok->pair_bits)
         return AR_ENOMEM;
     tok->pair_mask = mask;
     for (size_t i = 0; i <= mask; i++)
@@ -607,7 +610,9 @@ static enum ar_status setup_pairs(struct tokenizer *tok)
         id = tokenizer_find(tok, t, m->n_left + m->n_right);
         if (!plain_id(tok, id)) {
             ar_free(tok->pairs);
+            ar_free(tok->pair_bits);
             tok->pairs = NULL;
+            tok->pair_bits = NULL;
             return AR_OK;
         }
         key = (uint64_t)(uint32_t)l << 32 | (uint32_t)rt;
@@ -620,6 +625,8 @@ static enum ar_status setup_pairs(struct tokenizer *tok)
         tok->pairs[i].key = key;
         tok->pairs[i].rank = (int32_t)r;
         tok->pairs[i].id = id;
+        i = tok_pair_bit(key, tok->pair_bits_mask);
+        tok->pair_bits[i >> 6] |= 1ull << (i & 63);
     }
     return AR_OK;
 }
@@ -821,6 +828,7 @@ void tokenizer_destroy(struct tokenizer *tok)
     ar_free(tok->special_prio);
     ar_free(tok->special);
     ar_free(tok->pairs);
+    ar_free(tok->pair_bits);
     ar_free(tok->merge_hash);
     ar_free(tok->merges);
     ar_free(tok->merge_text);
