@@ -336,8 +336,12 @@ static enum ar_status bpe_word(const struct tokenizer *tok, struct work *w, cons
 {
     size_t m = 0;
     int32_t n_syms, id;
-    enum ar_status st = reserve((void **)&w->buf, &w->buf_cap, 2 * len + 1, 1);
-    if (st != AR_OK)
+    enum ar_status st;
+    if (tok->pairs && len == 1) /* a single byte is its own token, whole or merged */
+        return ivec_push(out, tok->byte_tok[(uint8_t)word[0]]);
+    if (tok->pairs && !tok->ignore_merges)
+        return bpe_word_ids(tok, w, word, len, out);
+    if ((st = reserve((void **)&w->buf, &w->buf_cap, 2 * len + 1, 1)) != AR_OK)
         return st;
     for (size_t i = 0; i < len; i++) {
         uint32_t cp = tok_byte_to_cp((uint8_t)word[i]);
