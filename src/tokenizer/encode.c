@@ -324,9 +324,20 @@ static enum ar_status bpe_word_ids(const struct tokenizer *tok, struct work *w, 
     }
     if ((st = merge_all(tok, w, n, id_pair)) != AR_OK)
         return st;
-    for (int32_t i = n ? 0 : -1; i >= 0; i = w->syms[i].next)
-        if ((st = ivec_push(out, w->syms[i].id)) != AR_OK)
-            return st;
+    for (int32_t i = n ? 0 : -1; i >= 0; i = w->syms[i].next) {
+        const struct sym *s = &w->syms[i];
+        if (!(tok->attr[s->id] & (TOKENIZER_ATTR_CONTROL | TOKENIZER_ATTR_UNKNOWN))) {
+            if ((st = ivec_push(out, s->id)) != AR_OK)
+                return st;
+            continue;
+        }
+        for (uint32_t j = 0; j < s->n; j++) /* as the string path: its text's single bytes */
+            for (int k = 0; k < 2; k++) {
+                int32_t b = tok->byte_fallback[(uint8_t)word[s->start + j]][k];
+                if (b >= 0 && (st = ivec_push(out, b)) != AR_OK)
+                    return st;
+            }
+    }
     return AR_OK;
 }
 

@@ -123,6 +123,7 @@ struct tokenizer {
                                * to stay in cache; a clear bit answers "no merge" at once */
     uint32_t pair_bits_mask;  /* bits - 1 */
     int32_t byte_tok[256];    /* token of the GPT-2 character of each byte (pairs only) */
+    int32_t byte_fallback[256][2]; /* plain tokens of that character's single bytes, or -1 */
 
     int32_t byte_id[256]; /* SPM byte fallback: token of each byte, -1 if none */
     int16_t unbyte[324];  /* BPE: code point -> byte of GPT-2's table, -1 if none */
@@ -180,6 +181,10 @@ static inline uint32_t tok_hash_bytes(uint32_t h, const void *p, size_t n)
  * pairs. Defined in encode.c; tests use it to see the split. */
 enum ar_status tok_pre_split(const struct tokenizer *tok, const char *text, size_t len,
                              uint32_t **spans, size_t *n);
+
+/* Switches a BPE tokenizer from the merges by ids to the merges by text (which give the
+ * same tokens, more slowly). Defined in vocab.c; tests compare the two. */
+enum ar_status tok_use_text_merges(struct tokenizer *tok);
 
 /* Rank of merge (left, right), or -1. Defined in vocab.c. */
 int32_t tok_merge_rank(const struct tokenizer *tok, const char *left, size_t n_left,

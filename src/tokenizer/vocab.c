@@ -560,8 +560,10 @@ static enum ar_status setup_pieces(struct tokenizer *tok)
 }
 
 /* Merges by token ids (struct tok_pair). Left out (the string merges stay in use) when a
- * byte's character is not a plain token or a merge of two tokens gives no plain token,
- * where only the string path matches the reference. */
+ * byte's character is not a plain token or a merge of two tokens gives no token at all,
+ * where only the string path matches the reference. A merge may give a control token (Qwen3
+ * spells "</s>" that way): the merger keeps it, and a word that ends on it falls back to the
+ * single-byte tokens of its text, as the string path does. */
 static bool plain_id(const struct tokenizer *tok, int32_t id)
 {
     return id >= 0 && !(tok->attr[id] & (TOKENIZER_ATTR_CONTROL | TOKENIZER_ATTR_UNKNOWN));
@@ -584,6 +586,10 @@ static enum ar_status setup_pairs(struct tokenizer *tok)
         tok->byte_tok[b] = tokenizer_find(tok, c, n);
         if (!plain_id(tok, tok->byte_tok[b]))
             return AR_OK;
+        for (size_t k = 0; k < 2; k++) { /* single bytes of that text that are tokens */
+            int32_t id = k < n ? tokenizer_find(tok, c + k, 1) : -1;
+            tok->byte_fallback[b][k] = plain_id(tok, id) ? id : -1;
+        }
     }
     mask = pow2_at_least((uint64_t)tok->n_merges * 3 / 2 + 1) - 1;
     tok->pairs = ar_malloc(((size_t)mask + 1) * sizeof(struct tok_pair));
@@ -605,10 +611,10 @@ static enum ar_status setup_pairs(struct tokenizer *tok)
             continue;
         l = tokenizer_find(tok, t, m->n_left);
         rt = tokenizer_find(tok, t + m->n_left, m->n_right);
-        if (!plain_id(tok, l) || !plain_id(tok, rt))
-            continue; /* never formed from plain tokens */
+        if (l < 0 || rt < 0)
+            continue; /* a side that is no token is never formed */
         id = tokenizer_find(tok, t, m->n_left + m->n_right);
-        if (!plain_id(tok, id)) {
+        if (id < 0) {
             ar_free(tok->pairs);
             ar_free(tok->pair_bits);
             tok->pairs = NULL;
@@ -629,6 +635,15 @@ static enum ar_status setup_pairs(struct tokenizer *tok)
         tok->pair_bits[i >> 6] |= 1ull << (i & 63);
     }
     return AR_OK;
+}
+
+enum ar_status tok_use_text_merges(struct tokenizer *tok)
+{
+    ar_free(tok->pairs);
+    ar_free(tok->pair_bits);
+    tok->pairs = NULL;
+    tok->pair_bits = NULL;
+    return tok->merge_hash || tok->kind != TOKENIZER_KIND_BPE ? AR_OK : setup_merge_hash(tok);
 }
 
 /* ---- pre-tokenizer selection ----------------------------------------------------------------- */

@@ -415,6 +415,50 @@ static void llama3_stream_keeps_pieces_and_utf8(void **state)
     tokenizer_destroy(tok);
 }
 
+/* ---- merges by ids ---------------------------------------------------------------------- */
+
+/* The merger by token ids gives the same tokens as the merger by text on every real
+ * vocabulary, for random mixes of ASCII, CJK, emoji, marks and stray bytes. */
+static void id_merges_equal_text_merges(void **state)
+{
+    static const char *const vocabs[] = {"qwen3", "llama3", "gpt4o", "deepseek_v3"};
+    static const char *const parts[] = {
+        "the ",  "The",   " don't", "'S",    "123",   " 4567",  "\n",   "  ",    "\t",   ".",
+        "</s>",  "<|im_end|>", "\xe5\xa5\xbd", "\xe8\xaf\x84\xe4\xbb\xb7",
+        "\xef\xbc\x8c", "\xf0\x9f\x98\x82", "\xe2\x80\x8d", "e\xcc\x81", "\xff",
+        "\xc3", "Gr\xc3\xbc\xc3\x9f" "e", "\xd0\x9f\xd1\x80\xd0\xb8", "~", "!!", "ing",
+        "tion"};
+    struct th_rng r = {0x5eed1234u};
+    (void)state;
+    for (size_t v = 0; v < AR_ARRAY_LEN(vocabs); v++) {
+        struct tokenizer *ids = load_real(vocabs[v]), *text = load_real(vocabs[v]);
+        assert_int_equal(tok_use_text_merges(text), AR_OK);
+        for (int iter = 0; iter < 300; iter++) {
+            char buf[600];
+            size_t len = 0, n_parts = 1 + th_rng_u64(&r) % 40;
+            int32_t *a = NULL, *b = NULL;
+            int64_t na = 0, nb = 0;
+            for (size_t k = 0; k < n_parts; k++) {
+                const char *p = parts[th_rng_u64(&r) % AR_ARRAY_LEN(parts)];
+                size_t l = strlen(p);
+                if (len + l >= sizeof(buf))
+                    break;
+                memcpy(buf + len, p, l);
+                len += l;
+            }
+            assert_int_equal(tokenizer_encode(ids, buf, len, true, iter & 1, &a, &na), AR_OK);
+            assert_int_equal(tokenizer_encode(text, buf, len, true, iter & 1, &b, &nb), AR_OK);
+            if (na != nb || (na && memcmp(a, b, (size_t)na * sizeof(int32_t)) != 0))
+                fail_msg("%s: ids and text merges differ on \"%.*s\"", vocabs[v], (int)len,
+                         buf);
+            ar_free(a);
+            ar_free(b);
+        }
+        tokenizer_destroy(ids);
+        tokenizer_destroy(text);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -429,6 +473,7 @@ int main(void)
         cmocka_unit_test(combining_marks_follow_each_rule),
         cmocka_unit_test(llama3_detokenizer_cleans_tokenization_spaces),
         cmocka_unit_test(llama3_stream_keeps_pieces_and_utf8),
+        cmocka_unit_test(id_merges_equal_text_merges),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
