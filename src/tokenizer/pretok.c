@@ -219,7 +219,6 @@ _Static_assert(AR_ARRAY_LEN(rules) == TOK_SPLIT_COUNT, "one rule per split");
 #define IGN TOK_PRE_IGNORE_MERGES
 #define BOS TOK_PRE_ADD_BOS
 #define KEEP TOK_PRE_KEEP_SPACES
-#define NOB TOK_PRE_NO_BOS_ID
 #define UNS TOK_PRE_UNSUPPORTED
 
 static const struct tok_pre_info pre_names[] = {
@@ -236,8 +235,8 @@ static const struct tok_pre_info pre_names[] = {
     {"jina-v5-nano", TOK_SPLIT_LLAMA3, IGN | BOS},
     {"dbrx", TOK_SPLIT_LLAMA3, 0},
     {"smaug-bpe", TOK_SPLIT_LLAMA3, 0},
-    {"glm4", TOK_SPLIT_LLAMA3, NOB},
-    {"chatglm-bpe", TOK_SPLIT_LLAMA3, NOB},
+    {"glm4", TOK_SPLIT_LLAMA3, 0}, /* merges kept, no implicit BOS (nor a default BOS id) */
+    {"chatglm-bpe", TOK_SPLIT_LLAMA3, 0},
     {"jais-2", TOK_SPLIT_JAIS2, 0},
     /* DeepSeek */
     {"deepseek-llm", TOK_SPLIT_DEEPSEEK_LLM, KEEP},
@@ -325,7 +324,6 @@ static const struct tok_pre_info pre_names[] = {
 #undef IGN
 #undef BOS
 #undef KEEP
-#undef NOB
 #undef UNS
 
 const struct tok_pre_info *tok_pre_lookup(const char *name, size_t len)

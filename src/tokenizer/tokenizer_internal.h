@@ -47,8 +47,7 @@ enum {
     TOK_PRE_IGNORE_MERGES = 1u << 0, /* a word that is a token is taken whole */
     TOK_PRE_ADD_BOS = 1u << 1,       /* BOS by default (add_bos_token may still say no) */
     TOK_PRE_KEEP_SPACES = 1u << 2,   /* no tokenization-space clean-up when detokenizing */
-    TOK_PRE_NO_BOS_ID = 1u << 3,     /* no default BOS id */
-    TOK_PRE_UNSUPPORTED = 1u << 4    /* known name whose tokenizer is not implemented here */
+    TOK_PRE_UNSUPPORTED = 1u << 3    /* known name whose tokenizer is not implemented here */
 };
 
 struct tok_pre_info {
