@@ -354,14 +354,10 @@ static enum ar_status bpe_word(const struct tokenizer *tok, struct work *w, cons
         return bpe_word_ids(tok, w, word, len, out);
     if ((st = reserve((void **)&w->buf, &w->buf_cap, 2 * len + 1, 1)) != AR_OK)
         return st;
-    for (size_t i = 0; i < len; i++) {
-        uint32_t cp = tok_byte_to_cp((uint8_t)word[i]);
-        if (cp < 0x80) {
-            w->buf[m++] = (char)cp;
-        } else { /* all table code points are below 0x800 */
-            w->buf[m++] = (char)(0xc0 | (cp >> 6));
-            w->buf[m++] = (char)(0x80 | (cp & 0x3f));
-        }
+    for (size_t i = 0; i < len; i++) { /* 1 or 2 bytes each, as a 2-byte store */
+        const char *c = tok->byte_text[(uint8_t)word[i]];
+        memcpy(w->buf + m, c, 2);
+        m += (size_t)(1 + ((uint8_t)c[0] >= 0x80));
     }
     if (tok->ignore_merges && (id = find_plain(tok, w->buf, m)) >= 0)
         return ivec_push(out, id);

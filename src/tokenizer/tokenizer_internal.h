@@ -121,6 +121,7 @@ struct tokenizer {
     uint64_t *pair_bits;      /* owned: one bit per hash of every merge's key, small enough
                                * to stay in cache; a clear bit answers "no merge" at once */
     uint32_t pair_bits_mask;  /* bits - 1 */
+    char byte_text[256][2];   /* UTF-8 of the GPT-2 character of each byte (1 or 2 bytes) */
     int32_t byte_tok[256];    /* token of the GPT-2 character of each byte (pairs only) */
     int32_t byte_fallback[256][2]; /* plain tokens of that character's single bytes, or -1 */
 

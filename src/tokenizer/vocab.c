@@ -459,6 +459,16 @@ static void setup_bytes(struct tokenizer *tok)
             id = tok->unk;
         tok->byte_id[b] = id;
     }
+    for (int b = 0; b < 256; b++) {
+        uint32_t cp = tok_byte_to_cp((uint8_t)b);
+        if (cp < 0x80) { /* all table code points are below 0x800 */
+            tok->byte_text[b][0] = (char)cp;
+            tok->byte_text[b][1] = 0;
+        } else {
+            tok->byte_text[b][0] = (char)(0xc0 | (cp >> 6));
+            tok->byte_text[b][1] = (char)(0x80 | (cp & 0x3f));
+        }
+    }
     for (size_t i = 0; i < AR_ARRAY_LEN(tok->unbyte); i++)
         tok->unbyte[i] = -1;
     for (int b = 0; b < 256; b++)
@@ -573,16 +583,8 @@ static enum ar_status setup_pairs(struct tokenizer *tok)
 {
     uint32_t mask;
     for (int b = 0; b < 256; b++) {
-        uint32_t cp = tok_byte_to_cp((uint8_t)b);
-        char c[2];
-        size_t n = 1;
-        if (cp < 0x80) {
-            c[0] = (char)cp;
-        } else {
-            c[0] = (char)(0xc0 | (cp >> 6));
-            c[1] = (char)(0x80 | (cp & 0x3f));
-            n = 2;
-        }
+        const char *c = tok->byte_text[b];
+        size_t n = (uint8_t)c[0] >= 0x80 ? 2 : 1;
         tok->byte_tok[b] = tokenizer_find(tok, c, n);
         if (!plain_id(tok, tok->byte_tok[b]))
             return AR_OK;
