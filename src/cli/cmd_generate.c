@@ -154,6 +154,10 @@ int cmd_generate(int argc, char **argv)
         return 1;
     }
     if (tokenizer_load_opts(model_gguf(cli_runner_model(r)), &to, &tok, &err) != AR_OK) {
+        if (to.pre) { /* asked for explicitly: its error, not "no vocabulary" */
+            cli_error("%s: %s", path, err.msg);
+            goto done;
+        }
         if (!ids_mode) {
             cli_error("%s: no usable vocabulary (%s); use --ids with token ids", path, err.msg);
             goto done;
