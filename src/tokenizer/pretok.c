@@ -12,7 +12,7 @@
  *     to their general category; in that mode ASCII '~' belongs neither to \p{P} nor to
  *     \p{S}, and the case classes (\p{Lu}, \p{Ll}, ...) stand for "a letter" (any ASCII
  *     or non-ASCII letter);
- *   - patterns without \p{..} run over code points with ASCII-only \d and \b;
+ *   - patterns without \p{..} run over code points;
  *   - empty matches (lookahead-only patterns) are split points.
  *
  * Adding a name: one line in pre_names[] (and, for a new family, its patterns and a line
@@ -70,6 +70,27 @@
 #define RE_DSV3_MAIN DSV3_MAIN("[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
 #define RE_SPARK_MAIN DSV3_MAIN("|[\\r\\n]|\\s+(?!\\S)|\\s+")
 #define RE_CJK_KANA "[\\x{4e00}-\\x{9fa5}\\x{3040}-\\x{309f}\\x{30a0}-\\x{30ff}]+"
+
+/* Digit runs cut into groups of three aligned to the run's end ("1234567": "1" "234" "567"),
+ * as the reference's hand-written splitter for AFMoE and Tiny Aya does (for any \p{N}). */
+#define RE_DIGITS_END3 "\\p{N}{1,3}(?=(?:\\p{N}{3})*(?!\\p{N}))"
+
+/* Kimi-K2 as the reference's hand-written splitter runs Moonshot's pattern: Han runs (its
+ * ranges), then letter runs without Han and without case splitting (marks are not letters
+ * there), the rest as Llama 3. */
+#define HAN                                                                                   \
+    "\\x{4e00}-\\x{9fff}\\x{3400}-\\x{4dbf}\\x{20000}-\\x{2a6df}\\x{2a700}-\\x{2b73f}"        \
+    "\\x{2b740}-\\x{2b81f}\\x{2b820}-\\x{2ceaf}\\x{2ceb0}-\\x{2ebef}\\x{f900}-\\x{faff}"       \
+    "\\x{2f800}-\\x{2fa1f}"
+#define RE_KIMI_K2                                                                            \
+    "[" HAN "]+|[^\\r\\n\\p{L}\\p{N}]?[^\\P{L}" HAN "]+" CONTR "?|\\p{N}{1,3}|"                 \
+    " ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+/* AFMoE's CJK and South-East Asian scripts */
+#define RE_AFMOE_ASIAN                                                                        \
+    "[\\x{4e00}-\\x{9fff}\\x{3400}-\\x{4dbf}\\x{f900}-\\x{faff}\\x{3040}-\\x{309f}"          \
+    "\\x{30a0}-\\x{30ff}\\x{ff65}-\\x{ff9f}\\x{2f00}-\\x{2fdf}\\x{0e40}-\\x{0e7f}"            \
+    "\\x{0e80}-\\x{0eff}\\x{1780}-\\x{17ff}\\x{1000}-\\x{109f}\\x{aa60}-\\x{aa7f}"            \
+    "\\x{a9e0}-\\x{a9ff}\\x{ac00}-\\x{d7af}\\x{1100}-\\x{11ff}]+"
 
 /* BLOOM's "everything but whitespace and sentence punctuation" (the parentheses and the bar
  * are part of the class, as published) */
@@ -152,9 +173,9 @@ static const char *const re_jais2[] = {
     CONTR "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
           "\\s*[\\r\\n]+|\\s{512}(?!\\S)|\\s{256}(?!\\S)|\\s{128}(?!\\S)|\\s{64}(?!\\S)|"
           "\\s{32}(?!\\S)|\\s{16}(?!\\S)|\\s{8}(?!\\S)|\\s{4}(?!\\S)|\\s{1,2}(?!\\S)|\\s{1}"};
-/* ASCII digits in threes, aligned to the end of the number ("\d" and "\b" are ASCII) */
-static const char *const re_tiny_aya[] = {"[0-9]{1,3}(?=(?:[0-9]{3})*(?![0-9A-Za-z_]))",
-                                          RE_CASED_LM("\\p{N}{1,3}")};
+static const char *const re_tiny_aya[] = {RE_DIGITS_END3, RE_CASED_LM("\\p{N}{1,3}")};
+static const char *const re_afmoe[] = {RE_DIGITS_END3, RE_AFMOE_ASIAN, RE_DSV3_MAIN};
+static const char *const re_kimi_k2[] = {RE_KIMI_K2};
 static const char *const re_youtu[] = {
     "[\\x{ac00}-\\x{d7a3}\\x{3131}-\\x{318e}]+"
     "|[\\x{ff01}\\x{2026}\\x{201c}\\x{201d}\\x{2018}\\x{2019}\\x{2014}\\x{ff1a}\\x{ff1b}"
@@ -209,6 +230,8 @@ static const struct {
     [TOK_SPLIT_LAGUNA] = RULE(laguna),
     [TOK_SPLIT_EXAONE_MOE] = RULE(exaone_moe),
     [TOK_SPLIT_MINICPM5] = RULE(minicpm5),
+    [TOK_SPLIT_AFMOE] = RULE(afmoe),
+    [TOK_SPLIT_KIMI_K2] = RULE(kimi_k2),
 };
 #undef RULE
 _Static_assert(AR_ARRAY_LEN(rules) == TOK_SPLIT_COUNT, "one rule per split");
@@ -311,10 +334,10 @@ static const struct tok_pre_info pre_names[] = {
     {"viking", TOK_SPLIT_VIKING, KEEP},
     {"chameleon", TOK_SPLIT_CHAMELEON, KEEP | BOS},
     {"superbpe", TOK_SPLIT_SUPERBPE, KEEP},
-    /* known to the reference, but not byte-level BPE or split by hand-written code there:
-     * refused by name rather than tokenized differently */
-    {"kimi-k2", TOK_SPLIT_DEFAULT, UNS},
-    {"afmoe", TOK_SPLIT_DEFAULT, UNS},
+    /* known to the reference, but not byte-level BPE there (spaces as U+2581, raw UTF-8
+     * merges): refused by name rather than tokenized differently */
+    {"kimi-k2", TOK_SPLIT_KIMI_K2, KEEP},
+    {"afmoe", TOK_SPLIT_AFMOE, KEEP},
     {"gemma4", TOK_SPLIT_DEFAULT, UNS},
     {"granite-embed-multi-311m", TOK_SPLIT_DEFAULT, UNS},
     {"sarvam-moe", TOK_SPLIT_DEFAULT, UNS},

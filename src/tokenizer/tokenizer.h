@@ -61,7 +61,7 @@ enum tokenizer_attr {
  * names (any name llama.cpp's loader accepts; an absent key means "default", with a one-time
  * warning). An unknown name is refused (AR_EFORMAT, the message names it) rather than
  * replaced by a guess; a name known to llama.cpp whose tokenizer is not byte-level BPE here
- * (kimi-k2, gemma4, ...) gives AR_ENOTSUP. */
+ * (gemma4, sarvam-moe, whitespace, ...) gives AR_ENOTSUP. */
 enum ar_status tokenizer_load(const struct gguf_file *f, struct tokenizer **out,
                               struct ar_err *err);
 

@@ -111,8 +111,8 @@ static void check_words(const char *pre, const char *text, const char *const *wa
 
 /* ---- the table ---------------------------------------------------------------------------- */
 
-/* The names the issue lists as llama.cpp's (kimi-k2 and gemma4 are known but not byte-level
- * BPE split by a pattern, so they are refused by name). */
+/* The names the issue lists as llama.cpp's (gemma4 is known but not byte-level BPE, so it
+ * is refused by name). */
 static void every_listed_name_is_known(void **state)
 {
     static const char *const names[] = {
@@ -130,8 +130,8 @@ static void every_listed_name_is_known(void **state)
         if (!tokenizer_pre_known(names[i]))
             fail_msg("pre-tokenizer '%s' is not known", names[i]);
     }
-    assert_false(tokenizer_pre_known("kimi-k2"));
-    assert_false(tokenizer_pre_known("gemma4"));
+    assert_true(tokenizer_pre_known("kimi-k2"));
+    assert_false(tokenizer_pre_known("gemma4")); /* not byte-level BPE */
     assert_false(tokenizer_pre_known("no-such-pre"));
     assert_false(tokenizer_pre_known(NULL));
     assert_true(tok_pre_count() >= 87);
@@ -188,8 +188,8 @@ static void unknown_names_are_refused_and_overrides_work(void **state)
     assert_null(tok);
     assert_non_null(strstr(err.msg, "'qwen9'"));
     /* known to llama.cpp but not implemented here: refused by name */
-    assert_int_equal(load_tiny("kimi-k2", NULL, &tok, &err), AR_ENOTSUP);
-    assert_non_null(strstr(err.msg, "kimi-k2"));
+    assert_int_equal(load_tiny("gemma4", NULL, &tok, &err), AR_ENOTSUP);
+    assert_non_null(strstr(err.msg, "gemma4"));
     /* no key: "default", as llama.cpp. Its four patterns cut "Hello, world 2024!!" into
      * punctuation runs ("," "!!"), then GPT-2's words (" world" " 2024"), then digit runs
      * (" " "2024"), then ASCII digits in threes ("202" "4"). */
@@ -225,6 +225,9 @@ static void contractions_follow_each_rule(void **state)
     check_words("gpt-4o", "I'M here", W("I'M", " here"));
     /* Tekken: o200k's cases without contractions: "'" leads the next lower-case run */
     check_words("tekken", "I'm", W("I", "'m"));
+    /* Kimi-K2 as llama.cpp splits it: letter runs are not cut at capitals, and take any
+     * contraction */
+    check_words("kimi-k2", "I'M getUserName", W("I'M", " getUserName"));
     /* DeepSeek-V3: ASCII punctuation followed by ASCII letters is one word */
     check_words("deepseek-v3", "didn't", W("didn", "'t"));
 }
@@ -241,6 +244,9 @@ static void cjk_follows_each_rule(void **state)
                 "didn't \xe5\xa4\xaa\xe6\x85\xa2\xef\xbc\x8c\xe5\xb0\x86\xe8\xbf\x91 1234567",
                 W("didn", "'t", " ", "\xe5\xa4\xaa\xe6\x85\xa2", "\xef\xbc\x8c",
                   "\xe5\xb0\x86\xe8\xbf\x91", " ", "123", "456", "7"));
+    /* Kimi-K2: Han runs are words of their own, and a space before one stands alone */
+    check_words("kimi-k2", "ab \xe4\xbd\xa0\xe5\xa5\xbd" "cd",
+                W("ab", " ", "\xe4\xbd\xa0\xe5\xa5\xbd", "cd"));
     /* a CJK run is split from Latin letters by the second pattern */
     check_words("deepseek-v3", "ab\xe4\xbd\xa0\xe5\xa5\xbd" "cd",
                 W("ab", "\xe4\xbd\xa0\xe5\xa5\xbd", "cd"));
@@ -256,8 +262,9 @@ static void digits_follow_each_rule(void **state)
     /* SuperBPE: split points (empty matches) before each group of three ending the number */
     check_words("superbpe", "1234567", W("1", "234", "567"));
     check_words("superbpe", "123456", W("123", "456"));
-    /* Tiny Aya: groups of three aligned to the end of the number */
+    /* Tiny Aya and AFMoE: groups of three aligned to the end of the number */
     check_words("tiny_aya", "1234567", W("1", "234", "567"));
+    check_words("afmoe", "1234567 ab", W("1", "234", "567", " ab"));
     /* Falcon: punctuation and symbol runs first */
     check_words("falcon", "a+b=c", W("a", "+", "b", "=", "c"));
     /* DeepSeek-Coder: letters, punctuation, then single digits */
