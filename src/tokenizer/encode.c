@@ -359,7 +359,8 @@ static enum ar_status bpe_word(const struct tokenizer *tok, struct work *w, cons
         memcpy(w->buf + m, c, 2);
         m += (size_t)(1 + ((uint8_t)c[0] >= 0x80));
     }
-    if (tok->ignore_merges && (id = find_plain(tok, w->buf, m)) >= 0)
+    if (tok->ignore_merges && (!tok->pairs || m <= tok->max_text_len) &&
+        (id = find_plain(tok, w->buf, m)) >= 0)
         return ivec_push(out, id);
     if (tok->pairs)
         return bpe_word_ids(tok, w, word, len, out);

@@ -102,6 +102,7 @@ struct tokenizer {
     char *text;          /* owned: every token's text, each followed by a NUL */
     uint32_t *text_off;  /* owned, (n_vocab) */
     uint32_t *text_len;  /* owned, (n_vocab) */
+    uint32_t max_text_len; /* the longest token text: longer words are no token */
     float *score;        /* owned, (n_vocab) */
     uint8_t *attr;       /* owned, (n_vocab) TOKENIZER_ATTR_* bits */
     char *piece;         /* owned: decoded bytes of every token, back to back */

@@ -582,6 +582,8 @@ static bool plain_id(const struct tokenizer *tok, int32_t id)
 static enum ar_status setup_pairs(struct tokenizer *tok)
 {
     uint32_t mask;
+    for (int32_t i = 0; i < tok->n_vocab; i++)
+        tok->max_text_len = AR_MAX(tok->max_text_len, tok->text_len[i]);
     for (int b = 0; b < 256; b++) {
         const char *c = tok->byte_text[b];
         size_t n = (uint8_t)c[0] >= 0x80 ? 2 : 1;
