@@ -52,6 +52,7 @@ static bool parse_ids(const char *s, int32_t **ids, int *n)
 int cmd_generate(int argc, char **argv)
 {
     const char *path = NULL, *prompt = NULL, *system = NULL;
+    struct tokenizer_opts to = {NULL};
     bool chat = false, ids_mode = false, ignore_eos = false, kv_f32 = false;
     int64_t n_predict = 128, seed = -1; /* -1: from the clock */
     int n_threads = 2, n_ctx = 0, first_arg;
@@ -71,6 +72,8 @@ int cmd_generate(int argc, char **argv)
     const struct ar_opt opts[] = {
         {"model", 'm', AR_OPT_STRING, &path, 0, 0, "FILE", "GGUF model (required)", NULL, NULL},
         /* model-loading options (--tokenizer-pre NAME, ...) go here, beside --model */
+        {"tokenizer-pre", 0, AR_OPT_STRING, &to.pre, 0, 0, "NAME",
+         "pre-tokenizer instead of the model's tokenizer.ggml.pre", NULL, NULL},
         {"prompt", 'p', AR_OPT_STRING, &prompt, 0, 0, "TEXT", "the prompt (required)", NULL, NULL},
         {"system", 0, AR_OPT_STRING, &system, 0, 0, "TEXT", "system message with --chat", NULL,
          NULL},
@@ -130,7 +133,11 @@ int cmd_generate(int argc, char **argv)
         cli_error("%s: %s", path, err.msg);
         return 1;
     }
-    if (tokenizer_load(model_gguf(cli_runner_model(r)), &tok, &err) != AR_OK) {
+    if (tokenizer_load_opts(model_gguf(cli_runner_model(r)), &to, &tok, &err) != AR_OK) {
+        if (to.pre) { /* asked for explicitly: its error, not "no vocabulary" */
+            cli_error("%s: %s", path, err.msg);
+            goto done;
+        }
         if (!ids_mode) {
             cli_error("%s: no usable vocabulary (%s); use --ids with token ids", path, err.msg);
             goto done;

@@ -54,6 +54,7 @@ struct product_opts {
     const char *data_dir;
     const char *shop;      /* the review's shop (reply), or that of lines without shop_id (batch) */
     const char *store_url; /* postgres://... or a SQLite file; NULL: <data_dir>/replies.db */
+    const char *tokenizer_pre; /* --tokenizer-pre, or NULL */
     int threads;
 };
 
@@ -140,7 +141,8 @@ static bool product_open(const struct product_opts *o, struct product *p)
         cli_error("%s: %s", model, err.msg);
         return false;
     }
-    if (tokenizer_load(model_gguf(p->model), &p->tok, &err) != AR_OK) {
+    if (tokenizer_load_opts(model_gguf(p->model), &(struct tokenizer_opts){o->tokenizer_pre},
+                            &p->tok, &err) != AR_OK) {
         cli_error("%s: tokenizer: %s", model, err.msg);
         return false;
     }
@@ -192,6 +194,8 @@ static size_t product_opts_table(struct product_opts *o, const struct ar_opt *ow
         {"model", 'm', AR_OPT_STRING, &o->model, 0, 0, "FILE", "GGUF model",
          "<exe dir>/../models/" CLI_DEFAULT_MODEL ", then ./models/", NULL},
         /* model-loading options (--tokenizer-pre NAME, ...) go here, beside --model */
+        {"tokenizer-pre", 0, AR_OPT_STRING, &o->tokenizer_pre, 0, 0, "NAME",
+         "pre-tokenizer instead of the model's tokenizer.ggml.pre", NULL, NULL},
         {"shops", 0, AR_OPT_STRING, &o->shops, 0, 0, "FILE",
          "shop profiles (JSON; see src/reply/reply.h)", "built in", NULL},
         {"data-dir", 0, AR_OPT_STRING, &o->data_dir, 0, 0, "DIR", "where replies.db lives", NULL,

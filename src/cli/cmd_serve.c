@@ -117,6 +117,7 @@ static bool set_cache_class(void *ctx, const char *flag, const char *v, struct a
 
 int cmd_serve(int argc, char **argv)
 {
+    struct tokenizer_opts to = {NULL};
     struct server_params sp = server_default_params();
     struct engine_params ep = engine_default_params();
     const char *model_path = NULL, *model_name = NULL;
@@ -139,6 +140,8 @@ int cmd_serve(int argc, char **argv)
         {"model", 'm', AR_OPT_STRING, &model_path, 0, 0, "FILE", "GGUF model",
          "<exe dir>/../models/" CLI_DEFAULT_MODEL ", then ./models/", NULL},
         /* model-loading options (--tokenizer-pre NAME, ...) go here, beside --model */
+        {"tokenizer-pre", 0, AR_OPT_STRING, &to.pre, 0, 0, "NAME",
+         "pre-tokenizer instead of the model's tokenizer.ggml.pre", NULL, NULL},
         {"host", 0, AR_OPT_STRING, &sp.host, 0, 0, "ADDR", "listen address", NULL, NULL},
         {"port", 0, AR_OPT_INT, &sp.port, 0, 65535, "N", "port; 0 picks a free one", NULL, NULL},
         {"threads", 't', AR_OPT_INT, &ep.n_threads, 1, 1024, "N", "model threads", NULL, NULL},
@@ -289,7 +292,7 @@ int cmd_serve(int argc, char **argv)
         cli_error("serve: %s: %s", model_path, err.msg);
         goto done;
     }
-    if (tokenizer_load(model_gguf(m), &tok, &err) != AR_OK) {
+    if (tokenizer_load_opts(model_gguf(m), &to, &tok, &err) != AR_OK) {
         cli_error("serve: %s: tokenizer: %s", model_path, err.msg);
         goto done;
     }

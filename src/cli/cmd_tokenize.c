@@ -14,13 +14,14 @@
 #include "tokenizer/tokenizer.h"
 
 /* Loads the vocabulary of a GGUF file (model or vocab-only). */
-static enum ar_status load_tokenizer(const char *path, struct tokenizer **out, struct ar_err *err)
+static enum ar_status load_tokenizer(const char *path, const char *pre, struct tokenizer **out,
+                                     struct ar_err *err)
 {
     struct gguf_file *f;
     enum ar_status st = gguf_open(path, &f, err);
     if (st != AR_OK)
         return st;
-    st = tokenizer_load(f, out, err);
+    st = tokenizer_load_opts(f, &(struct tokenizer_opts){pre}, out, err);
     gguf_close(f);
     return st;
 }
@@ -42,7 +43,7 @@ static void print_escaped(const char *s, size_t len)
 
 int cmd_tokenize(int argc, char **argv)
 {
-    const char *path = NULL, *text = NULL;
+    const char *path = NULL, *text = NULL, *pre = NULL;
     bool ids_only = false, raw = false;
     struct tokenizer *tok = NULL;
     struct ar_err err = {0};
@@ -52,6 +53,8 @@ int cmd_tokenize(int argc, char **argv)
     const struct ar_opt opts[] = {
         {"model", 'm', AR_OPT_STRING, &path, 0, 0, "MODEL", "GGUF model (required)", NULL, NULL},
         /* model-loading options (--tokenizer-pre NAME, ...) go here, beside --model */
+        {"tokenizer-pre", 0, AR_OPT_STRING, &pre, 0, 0, "NAME",
+         "pre-tokenizer instead of the model's tokenizer.ggml.pre", NULL, NULL},
         {"prompt", 'p', AR_OPT_STRING, &text, 0, 0, "TEXT", "the text (or the one argument)", NULL,
          NULL},
         {"ids", 0, AR_OPT_SET, &ids_only, 0, 0, NULL, "print only the ids", NULL, NULL},
@@ -76,7 +79,7 @@ int cmd_tokenize(int argc, char **argv)
         cli_error("tokenize: usage: autoreply tokenize -m MODEL [--ids] TEXT");
         return 2;
     }
-    if (load_tokenizer(path, &tok, &err) != AR_OK) {
+    if (load_tokenizer(path, pre, &tok, &err) != AR_OK) {
         cli_error("%s: %s", path, err.msg);
         return 1;
     }
@@ -167,7 +170,7 @@ static int check_tok_json(const char *dir, const char *file, int *n_fail)
     }
     vocab = cJSON_GetStringValue(cJSON_GetObjectItem(cJSON_GetArrayItem(j, 0), "vocab"));
     if (!vocab || !find_vocab_file(dir, vocab, path, sizeof(path)) ||
-        load_tokenizer(path, &tok, &err) != AR_OK) {
+        load_tokenizer(path, NULL, &tok, &err) != AR_OK) {
         printf("FAIL %s: cannot load vocabulary '%s': %s\n", file, vocab ? vocab : "?", err.msg);
         (*n_fail)++;
         cJSON_Delete(j);
@@ -229,7 +232,7 @@ static int check_inp_out(const char *dir, const char *gguf_name, int *n_fail)
         return 0;
     }
     snprintf(path, sizeof(path), "%s/tokenizer/vocabs/%s", dir, gguf_name);
-    if (load_tokenizer(path, &tok, &err) != AR_OK) {
+    if (load_tokenizer(path, NULL, &tok, &err) != AR_OK) {
         printf("FAIL %s: %s\n", gguf_name, err.msg);
         (*n_fail)++;
         free(inp);

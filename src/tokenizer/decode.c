@@ -23,6 +23,66 @@ static const char *piece_of(const struct tokenizer *tok, int32_t id, bool at_sta
     return p;
 }
 
+/* ---- tokenization-space clean-up ------------------------------------------------------------ */
+/* The clean-up of Hugging Face's clean_up_tokenization_spaces as llama.cpp applies it to a
+ * whole detokenized text, in three passes over s[0..n) in place; each returns the new length.
+ * Every pass keeps the first byte and reads s[i - 1] as it was before the pass (writes only
+ * go to positions already read). */
+
+/* " ?" " !" " ." " ," lose their space. */
+static size_t clean_punct(char *s, size_t n)
+{
+    size_t o = n ? 1 : 0;
+    for (size_t i = 1; i < n; i++) {
+        char c = s[i];
+        if (s[i - 1] == ' ' && (c == '?' || c == '!' || c == '.' || c == ','))
+            o--;
+        s[o++] = c;
+    }
+    return o;
+}
+
+/* " ' " becomes "'". The space after the quote is blanked, so a quote right after it is not
+ * taken as spaced. */
+static size_t clean_lone_quote(char *s, size_t n)
+{
+    size_t o = n ? 1 : 0;
+    for (size_t i = 1; i < n; i++) {
+        char c = s[i];
+        if (c == '\'' && i + 1 < n && s[i - 1] == ' ' && s[i + 1] == ' ') {
+            o--;
+            s[++i] = '\0';
+        }
+        s[o++] = c;
+    }
+    return o;
+}
+
+/* " 's" " 'm" " 're" " 've" lose their space; " 't" " 'd" " 'll" keep it. */
+static size_t clean_contractions(char *s, size_t n)
+{
+    size_t o = n ? 1 : 0;
+    for (size_t i = 1; i < n; i++) {
+        char c = s[i];
+        if (s[i - 1] == ' ' && c == '\'' && i + 1 < n) {
+            char c1 = s[i + 1], c2 = i + 2 < n ? s[i + 2] : '\0';
+            if (c1 == 's' || c1 == 'm')
+                o--;
+            else if (i + 2 < n && (c1 == 'r' || c1 == 'v') && c2 == 'e')
+                o--;
+        }
+        s[o++] = c;
+    }
+    return o;
+}
+
+static size_t clean_spaces(char *s, size_t n)
+{
+    n = clean_punct(s, n);
+    n = clean_lone_quote(s, n);
+    return clean_contractions(s, n);
+}
+
 enum ar_status tokenizer_decode(const struct tokenizer *tok, const int32_t *ids, int64_t n,
                                 bool remove_special, char **out, size_t *len)
 {
@@ -52,6 +112,8 @@ enum ar_status tokenizer_decode(const struct tokenizer *tok, const int32_t *ids,
         memcpy(s + o, p, l);
         o += l;
     }
+    if (tok->clean_spaces)
+        o = clean_spaces(s, o);
     s[o] = '\0';
     *out = s;
     if (len)

@@ -55,6 +55,7 @@ struct span {
 struct sym {
     int32_t prev, next;
     uint32_t start, n;
+    int32_t id; /* BPE by ids: the symbol's token */
 };
 
 /* A candidate merge of symbols left and right (adjacent when queued). Higher p first (SPM:
@@ -63,6 +64,7 @@ struct pair {
     double p;
     int32_t left, right;
     uint32_t size; /* bytes of the merged text when queued; stale if sizes changed */
+    int32_t id;    /* BPE by ids: the merged token */
 };
 
 /* Scratch memory of one encode call, reused across fragments and words. */
@@ -180,6 +182,7 @@ static enum ar_status merge_all(const struct tokenizer *tok, struct work *w, int
         if (l->n == 0 || r->n == 0 || l->n + r->n != b.size)
             continue;
         l->n += r->n;
+        l->id = b.id;
         r->n = 0;
         l->next = r->next;
         if (r->next >= 0)
@@ -219,6 +222,7 @@ static enum ar_status spm_pair(const struct tokenizer *tok, struct work *w, int3
     p.left = l;
     p.right = r;
     p.size = size;
+    p.id = -1;
     return heap_push(w, p);
 }
 
@@ -279,7 +283,62 @@ static enum ar_status bpe_pair(const struct tokenizer *tok, struct work *w, int3
     p.left = l;
     p.right = r;
     p.size = w->syms[l].n + w->syms[r].n;
+    p.id = -1;
     return heap_push(w, p);
+}
+
+static enum ar_status id_pair(const struct tokenizer *tok, struct work *w, int32_t l, int32_t r)
+{
+    const struct tok_pair *m;
+    struct pair p;
+    if (l < 0 || r < 0 || !(m = tok_pair_find(tok, w->syms[l].id, w->syms[r].id)))
+        return AR_OK;
+    p.p = -(double)m->rank;
+    p.left = l;
+    p.right = r;
+    p.size = w->syms[l].n + w->syms[r].n;
+    p.id = m->id;
+    return heap_push(w, p);
+}
+
+/* The merger by token ids: one symbol per byte (each byte is one character of GPT-2's
+ * table), merged as the string merger would, without building or hashing any text. */
+static enum ar_status bpe_word_ids(const struct tokenizer *tok, struct work *w, const char *word,
+                                   size_t len, struct ivec *out)
+{
+    int32_t n = (int32_t)len;
+    enum ar_status st = reserve((void **)&w->syms, &w->syms_cap, len, sizeof(struct sym));
+    if (st != AR_OK)
+        return st;
+    for (int32_t i = 0; i < n; i++) {
+        w->syms[i].start = (uint32_t)i;
+        w->syms[i].n = 1;
+        w->syms[i].prev = i - 1;
+        w->syms[i].next = i + 1 < n ? i + 1 : -1;
+        w->syms[i].id = tok->byte_tok[(uint8_t)word[i]];
+        /* the first pairs are independent lookups: start their memory loads together */
+        if (i > 0) {
+            uint64_t key = (uint64_t)(uint32_t)w->syms[i - 1].id << 32 | (uint32_t)w->syms[i].id;
+            __builtin_prefetch(&tok->pair_bits[tok_pair_bit(key, tok->pair_bits_mask) >> 6]);
+        }
+    }
+    if ((st = merge_all(tok, w, n, id_pair)) != AR_OK)
+        return st;
+    for (int32_t i = n ? 0 : -1; i >= 0; i = w->syms[i].next) {
+        const struct sym *s = &w->syms[i];
+        if (!(tok->attr[s->id] & (TOKENIZER_ATTR_CONTROL | TOKENIZER_ATTR_UNKNOWN))) {
+            if ((st = ivec_push(out, s->id)) != AR_OK)
+                return st;
+            continue;
+        }
+        for (uint32_t j = 0; j < s->n; j++) /* as the string path: its text's single bytes */
+            for (int k = 0; k < 2; k++) {
+                int32_t b = tok->byte_fallback[(uint8_t)word[s->start + j]][k];
+                if (b >= 0 && (st = ivec_push(out, b)) != AR_OK)
+                    return st;
+            }
+    }
+    return AR_OK;
 }
 
 /* Encodes one pre-token word: bytes mapped through GPT-2's table, then merged. */
@@ -288,15 +347,23 @@ static enum ar_status bpe_word(const struct tokenizer *tok, struct work *w, cons
 {
     size_t m = 0;
     int32_t n_syms, id;
-    enum ar_status st = reserve((void **)&w->buf, &w->buf_cap, 2 * len + 1, 1);
-    if (st != AR_OK)
+    enum ar_status st;
+    if (tok->pairs && len == 1) /* a single byte is its own token, whole or merged */
+        return ivec_push(out, tok->byte_tok[(uint8_t)word[0]]);
+    if (tok->pairs && !tok->ignore_merges)
+        return bpe_word_ids(tok, w, word, len, out);
+    if ((st = reserve((void **)&w->buf, &w->buf_cap, 2 * len + 1, 1)) != AR_OK)
         return st;
-    for (size_t i = 0; i < len; i++) {
-        uint32_t cp = tok_byte_to_cp((uint8_t)word[i]);
-        m += ar_utf8_encode(cp, w->buf + m); /* table code points are below 0x800: 2 bytes */
+    for (size_t i = 0; i < len; i++) { /* 1 or 2 bytes each, as a 2-byte store */
+        const char *c = tok->byte_text[(uint8_t)word[i]];
+        memcpy(w->buf + m, c, 2);
+        m += (size_t)(1 + ((uint8_t)c[0] >= 0x80));
     }
-    if (tok->ignore_merges && (id = find_plain(tok, w->buf, m)) >= 0)
+    if (tok->ignore_merges && (!tok->pairs || m <= tok->max_text_len) &&
+        (id = find_plain(tok, w->buf, m)) >= 0)
         return ivec_push(out, id);
+    if (tok->pairs)
+        return bpe_word_ids(tok, w, word, len, out);
     if ((st = split_chars(w, m, &n_syms)) != AR_OK ||
         (st = merge_all(tok, w, n_syms, bpe_pair)) != AR_OK)
         return st;
@@ -348,7 +415,13 @@ static enum ar_status regex_split(const pcre2_code *re, struct work *w, const ch
         if (rc == PCRE2_ERROR_NOMATCH)
             break;
         ov = pcre2_get_ovector_pointer(w->md);
-        if (ov[1] <= ov[0]) { /* empty match (none of our patterns has one): step over */
+        if (ov[1] <= ov[0]) { /* empty match (a lookahead-only pattern): a split point */
+            if (ov[0] > last &&
+                (st = span_push(w, k, n, seg.start + (uint32_t)last, (uint32_t)(ov[0] - last))))
+                return st;
+            last = ov[0];
+            if (ov[0] >= seg.len)
+                break;
             pos = ov[0] + AR_MIN(ar_utf8_lax_len(subj[ov[0]]), seg.len - ov[0]);
             continue;
         }
@@ -365,30 +438,69 @@ static enum ar_status regex_split(const pcre2_code *re, struct work *w, const ch
     return AR_OK;
 }
 
+/* Runs the pre-tokenizer's regexes in sequence over text[0..len): the words end up in
+ * w->spans[*k][0 .. *n). */
+static enum ar_status pre_split(const struct tokenizer *tok, struct work *w, const char *text,
+                                size_t len, int *k, size_t *n)
+{
+    enum ar_status st;
+    *k = 0;
+    *n = 0;
+    if (!w->md && !(w->md = pcre2_match_data_create(4, tok->gctx)))
+        return AR_ENOMEM;
+    if ((st = span_push(w, 0, n, 0, (uint32_t)len)) != AR_OK)
+        return st;
+    for (int r = 0; r < tok->n_re; r++) {
+        size_t m = 0;
+        for (size_t i = 0; i < *n; i++)
+            if ((st = regex_split(tok->re[r], w, text, w->spans[*k][i], 1 - *k, &m)) != AR_OK)
+                return st;
+        *k = 1 - *k;
+        *n = m;
+    }
+    return AR_OK;
+}
+
 static enum ar_status bpe_encode(const struct tokenizer *tok, struct work *w, const char *text,
                                  size_t len, struct ivec *out)
 {
     enum ar_status st;
-    size_t n = 0;
-    int k = 0;
-    if (!w->md && !(w->md = pcre2_match_data_create(4, tok->gctx)))
-        return AR_ENOMEM;
-    if ((st = span_push(w, 0, &n, 0, (uint32_t)len)) != AR_OK)
+    size_t n;
+    int k;
+    if ((st = pre_split(tok, w, text, len, &k, &n)) != AR_OK)
         return st;
-    for (int r = 0; r < tok->n_re; r++) {
-        size_t m = 0;
-        for (size_t i = 0; i < n; i++)
-            if ((st = regex_split(tok->re[r], w, text, w->spans[k][i], 1 - k, &m)) != AR_OK)
-                return st;
-        k = 1 - k;
-        n = m;
-    }
     for (size_t i = 0; i < n; i++) {
         struct span s = w->spans[k][i];
         if ((st = bpe_word(tok, w, text + s.start, s.len, out)) != AR_OK)
             return st;
     }
     return AR_OK;
+}
+
+enum ar_status tok_pre_split(const struct tokenizer *tok, const char *text, size_t len,
+                             uint32_t **spans, size_t *n)
+{
+    struct work w;
+    enum ar_status st;
+    int k;
+    *spans = NULL;
+    *n = 0;
+    if (!tok || tok->kind != TOKENIZER_KIND_BPE || (!text && len))
+        return AR_EINVAL;
+    if (len > TOK_MAX_INPUT)
+        return AR_ERANGE;
+    memset(&w, 0, sizeof(w));
+    st = pre_split(tok, &w, text, len, &k, n);
+    if (st == AR_OK && *n && !(*spans = ar_malloc(*n * 2 * sizeof(uint32_t))))
+        st = AR_ENOMEM;
+    for (size_t i = 0; st == AR_OK && i < *n; i++) {
+        (*spans)[2 * i] = w.spans[k][i].start;
+        (*spans)[2 * i + 1] = w.spans[k][i].len;
+    }
+    if (st != AR_OK)
+        *n = 0;
+    work_fini(&w);
+    return st;
 }
 
 /* ---- special tokens ------------------------------------------------------------------------- */

@@ -57,9 +57,24 @@ enum tokenizer_attr {
  * closed afterwards. The caller owns *out (tokenizer_destroy). Missing or inconsistent
  * metadata (no token list, arrays of different lengths, special ids out of range, unknown
  * model name, duplicate tokens, add_bos without a bos id) gives AR_EFORMAT and a message in
- * err. An unknown tokenizer.ggml.pre is treated as "default" with a one-time warning. */
+ * err. A byte-level BPE vocabulary is split by the pre-tokenizer that tokenizer.ggml.pre
+ * names (any name llama.cpp's loader accepts; an absent key means "default", with a one-time
+ * warning). An unknown name is refused (AR_EFORMAT, the message names it) rather than
+ * replaced by a guess; a name known to llama.cpp whose tokenizer is not byte-level BPE here
+ * (gemma4, sarvam-moe, whitespace, ...) gives AR_ENOTSUP. */
 enum ar_status tokenizer_load(const struct gguf_file *f, struct tokenizer **out,
                               struct ar_err *err);
+
+struct tokenizer_opts {
+    /* pre-tokenizer to use instead of tokenizer.ggml.pre (BPE vocabularies; ignored for SPM),
+     * or NULL. An unknown name gives AR_EINVAL. */
+    const char *pre;
+};
+/* tokenizer_load with options; opts may be NULL. */
+enum ar_status tokenizer_load_opts(const struct gguf_file *f, const struct tokenizer_opts *opts,
+                                   struct tokenizer **out, struct ar_err *err);
+/* True when name is a pre-tokenizer name that tokenizer_load accepts. */
+bool tokenizer_pre_known(const char *name);
 void tokenizer_destroy(struct tokenizer *tok);
 
 enum tokenizer_kind tokenizer_kind(const struct tokenizer *tok);
@@ -105,7 +120,11 @@ enum ar_status tokenizer_encode_into(const struct tokenizer *tok, const char *te
 /* ---- decoding --------------------------------------------------------------------------- */
 
 /* Concatenates the pieces of ids[0..n). SPM vocabularies with add_space_prefix drop one
- * leading space from the first rendered piece. remove_special=false renders control tokens
+ * leading space from the first rendered piece. Byte-level BPE vocabularies whose
+ * pre-tokenizer asks for it (llama.cpp's clean_spaces: "default", "gpt-2", "llama-bpe", ...,
+ * not "qwen2", "gpt-4o", "deepseek-v3", ...) then get the tokenization-space clean-up: the
+ * space before '?', '!', '.', ',' is removed ("so far ...." -> "so far...."), " ' " becomes
+ * "'", and the space before the contractions 's 'm 're 've is removed (not before 't 'd 'll). remove_special=false renders control tokens
  * as their text ("<|im_end|>"); remove_special=true drops control and unknown tokens.
  * Bytes are returned as they are (a truncated UTF-8 sequence stays truncated). On success
  * *out is a new NUL-terminated string of *len bytes (the caller frees it with ar_free).
@@ -116,7 +135,8 @@ enum ar_status tokenizer_decode(const struct tokenizer *tok, const int32_t *ids,
 /* Streaming detokenizer for generated tokens: emits only complete UTF-8 characters and
  * holds back an incomplete tail until the next token completes it, so every chunk is valid
  * UTF-8 on its own. Bytes that cannot start or continue a UTF-8 character are replaced by
- * U+FFFD (one per byte). For valid UTF-8 the concatenated chunks equal tokenizer_decode.
+ * U+FFFD (one per byte). For valid UTF-8 the concatenated chunks equal tokenizer_decode
+ * without its space clean-up (pieces are sent as they come, as llama.cpp streams them).
  * Caller storage: tokenizer_stream_init, then push/flush, then tokenizer_stream_fini. */
 struct tokenizer_stream {
     char *buf;          /* owned output buffer, grows as needed */

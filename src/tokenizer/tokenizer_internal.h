@@ -13,16 +13,80 @@
 
 #define TOK_MAX_REGEX 8
 
-/* Pre-tokenizers of byte-level BPE vocabularies (tokenizer.ggml.pre). */
-enum tok_pre {
-    TOK_PRE_DEFAULT = 0,
-    TOK_PRE_GPT2,
-    TOK_PRE_LLAMA3,
-    TOK_PRE_QWEN2,
-    TOK_PRE_DEEPSEEK_LLM,
-    TOK_PRE_CHATGLM4, /* "glm4", "chatglm-bpe": Llama 3's split, merges kept, no implicit BOS */
-    TOK_PRE_GPT4O     /* "gpt-4o" (Phi-4-mini): o200k split */
+/* Split rules of byte-level BPE vocabularies: each is a sequence of regexes (pretok.c). */
+enum tok_split {
+    TOK_SPLIT_DEFAULT = 0,
+    TOK_SPLIT_GPT2,
+    TOK_SPLIT_LLAMA3,
+    TOK_SPLIT_QWEN2,
+    TOK_SPLIT_QWEN35,
+    TOK_SPLIT_GPT4O,
+    TOK_SPLIT_TEKKEN,
+    TOK_SPLIT_GRANITE_MULTI,
+    TOK_SPLIT_DEEPSEEK_LLM,
+    TOK_SPLIT_DEEPSEEK_CODER,
+    TOK_SPLIT_DEEPSEEK3,
+    TOK_SPLIT_SPARK2_5,
+    TOK_SPLIT_FALCON,
+    TOK_SPLIT_STARCODER,
+    TOK_SPLIT_BLOOM,
+    TOK_SPLIT_VIKING,
+    TOK_SPLIT_CHAMELEON,
+    TOK_SPLIT_JAIS2,
+    TOK_SPLIT_TINY_AYA,
+    TOK_SPLIT_YOUTU,
+    TOK_SPLIT_SUPERBPE,
+    TOK_SPLIT_BAILINGMOE,
+    TOK_SPLIT_SEED_CODER,
+    TOK_SPLIT_LAGUNA,
+    TOK_SPLIT_EXAONE_MOE,
+    TOK_SPLIT_MINICPM5,
+    TOK_SPLIT_AFMOE,
+    TOK_SPLIT_KIMI_K2,
+    TOK_SPLIT_COUNT
 };
+
+/* What a tokenizer.ggml.pre name brings besides its split (as the reference's loader). */
+enum {
+    TOK_PRE_IGNORE_MERGES = 1u << 0, /* a word that is a token is taken whole */
+    TOK_PRE_ADD_BOS = 1u << 1,       /* BOS by default (add_bos_token may still say no) */
+    TOK_PRE_KEEP_SPACES = 1u << 2,   /* no tokenization-space clean-up when detokenizing */
+    TOK_PRE_UNSUPPORTED = 1u << 3    /* known name whose tokenizer is not implemented here */
+};
+
+struct tok_pre_info {
+    const char *name;
+    enum tok_split split;
+    unsigned flags;
+};
+
+/* The entry of a tokenizer.ggml.pre name, or NULL (pretok.c). */
+const struct tok_pre_info *tok_pre_lookup(const char *name, size_t len);
+size_t tok_pre_count(void);
+const struct tok_pre_info *tok_pre_at(size_t i);
+/* The regexes of a split rule, applied in sequence; returns their number. */
+int tok_split_patterns(enum tok_split split, const char *const **re);
+
+/* A merge by ids: key = left << 32 | right. */
+struct tok_pair {
+    uint64_t key;
+    int32_t rank, id; /* id: the merged token */
+};
+#define TOK_PAIR_EMPTY UINT64_MAX
+
+static inline uint32_t tok_pair_slot(uint64_t key, uint32_t mask)
+{
+    return (uint32_t)((key * 0x9e3779b97f4a7c15ull) >> 32) & mask;
+}
+
+static inline uint32_t tok_pair_bit(uint64_t key, uint32_t mask)
+{
+    return (uint32_t)((key * 0xc2b2ae3d27d4eb4full) >> 40) & mask;
+}
+
+/* The merge of tokens l and r, or NULL. */
+static inline const struct tok_pair *tok_pair_find(const struct tokenizer *tok, int32_t l,
+                                                   int32_t r);
 
 /* One BPE merge "left right": both strings live in tokenizer.merge_text. */
 struct tok_merge {
@@ -33,12 +97,14 @@ struct tok_merge {
 
 struct tokenizer {
     enum tokenizer_kind kind;
-    enum tok_pre pre;
+    enum tok_split split;
+    bool clean_spaces; /* detokenize removes the spaces that tokenization put before " ." */
     int32_t n_vocab;
 
     char *text;          /* owned: every token's text, each followed by a NUL */
     uint32_t *text_off;  /* owned, (n_vocab) */
     uint32_t *text_len;  /* owned, (n_vocab) */
+    uint32_t max_text_len; /* the longest token text: longer words are no token */
     float *score;        /* owned, (n_vocab) */
     uint8_t *attr;       /* owned, (n_vocab) TOKENIZER_ATTR_* bits */
     char *piece;         /* owned: decoded bytes of every token, back to back */
@@ -53,6 +119,16 @@ struct tokenizer {
     uint32_t n_merges;
     int32_t *merge_hash;      /* owned: ranks by (left, right), -1 = empty */
     uint32_t merge_mask;
+    /* the same merges by token ids, when every byte and every merge result is a plain
+     * token (real vocabularies): one probe of an inline table per candidate pair */
+    struct tok_pair *pairs;   /* owned, (pair_mask + 1) slots, key TOK_PAIR_EMPTY = empty */
+    uint32_t pair_mask;
+    uint64_t *pair_bits;      /* owned: one bit per hash of every merge's key, small enough
+                               * to stay in cache; a clear bit answers "no merge" at once */
+    uint32_t pair_bits_mask;  /* bits - 1 */
+    char byte_text[256][2];   /* UTF-8 of the GPT-2 character of each byte (1 or 2 bytes) */
+    int32_t byte_tok[256];    /* token of the GPT-2 character of each byte (pairs only) */
+    int32_t byte_fallback[256][2]; /* plain tokens of that character's single bytes, or -1 */
 
     int32_t byte_id[256]; /* SPM byte fallback: token of each byte, -1 if none */
     int16_t unbyte[324];  /* BPE: code point -> byte of GPT-2's table, -1 if none */
@@ -78,6 +154,32 @@ struct tokenizer {
     enum tokenizer_chat chat;
     bool chat_known; /* the template was recognized (else ChatML is a fallback) */
 };
+
+static inline const struct tok_pair *tok_pair_find(const struct tokenizer *tok, int32_t l,
+                                                   int32_t r)
+{
+    uint64_t key = (uint64_t)(uint32_t)l << 32 | (uint32_t)r;
+    uint32_t b = tok_pair_bit(key, tok->pair_bits_mask);
+    if (!(tok->pair_bits[b >> 6] >> (b & 63) & 1))
+        return NULL;
+    for (uint32_t i = tok_pair_slot(key, tok->pair_mask);; i = (i + 1) & tok->pair_mask) {
+        const struct tok_pair *p = &tok->pairs[i];
+        if (p->key == key)
+            return p;
+        if (p->key == TOK_PAIR_EMPTY)
+            return NULL;
+    }
+}
+
+/* The pre-tokenizer's words of text[0..len) of a BPE vocabulary, before any merge and
+ * without special-token matching: *spans is a new array (ar_free) of *n (start, length)
+ * pairs. Defined in encode.c; tests use it to see the split. */
+enum ar_status tok_pre_split(const struct tokenizer *tok, const char *text, size_t len,
+                             uint32_t **spans, size_t *n);
+
+/* Switches a BPE tokenizer from the merges by ids to the merges by text (which give the
+ * same tokens, more slowly). Defined in vocab.c; tests compare the two. */
+enum ar_status tok_use_text_merges(struct tokenizer *tok);
 
 /* Rank of merge (left, right), or -1. Defined in vocab.c. */
 int32_t tok_merge_rank(const struct tokenizer *tok, const char *left, size_t n_left,

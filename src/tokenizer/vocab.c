@@ -7,74 +7,6 @@
 
 #include "tokenizer_internal.h"
 
-/* ---- pre-tokenizer patterns -------------------------------------------------------------- */
-/* The published split patterns of each tokenizer family (Hugging Face tokenizer.json),
- * applied in sequence: every pattern cuts each piece left by the previous one into matches
- * and the gaps between them. */
-
-#define TOK_RE_GPT2                                                                           \
-    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"
-/* Llama 3 and Qwen2 spell the case-insensitive contractions out, as the reference does. */
-#define TOK_RE_LLAMA3                                                                         \
-    "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|" \
-    "\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
-#define TOK_RE_QWEN2                                                                          \
-    "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|" \
-    "\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
-
-/* GPT-4o (o200k) as the reference runs it: its pattern's Unicode case classes are spelled
- * "a letter that is not a-z" (upper) and "a letter that is not A-Z" (lower), so only ASCII
- * letters have a case, combining marks are not letters, and the case-insensitive
- * contractions are spelled out. "Not a non-letter and not a-z" says the same as one class,
- * which PCRE2 repeats without a backtracking frame per character. */
-#define TOK_RE_GPT4O_UPPER "[^\\P{L}a-z]"
-#define TOK_RE_GPT4O_LOWER "[^\\P{L}A-Z]"
-#define TOK_RE_GPT4O_CONTR "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
-#define TOK_RE_GPT4O                                                                          \
-    "[^\\r\\n\\p{L}\\p{N}]?" TOK_RE_GPT4O_UPPER "*" TOK_RE_GPT4O_LOWER "+" TOK_RE_GPT4O_CONTR \
-    "|[^\\r\\n\\p{L}\\p{N}]?" TOK_RE_GPT4O_UPPER "+" TOK_RE_GPT4O_LOWER "*" TOK_RE_GPT4O_CONTR \
-    "|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
-
-static const char *const re_default[] = {
-    "[\\p{P}\\$\\+<=>\\^~\\|]+",
-    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)",
-    "\\p{N}+",
-    "[0-9][0-9][0-9]",
-};
-static const char *const re_gpt2[] = {TOK_RE_GPT2};
-static const char *const re_llama3[] = {TOK_RE_LLAMA3};
-static const char *const re_qwen2[] = {TOK_RE_QWEN2};
-static const char *const re_gpt4o[] = {TOK_RE_GPT4O};
-static const char *const re_deepseek_llm[] = {
-    "[\\r\\n]",
-    /* Latin, Greek, Cyrillic, ... cased letters */
-    "\\s?[A-Za-z\\x{b5}\\x{c0}-\\x{d6}\\x{d8}-\\x{f6}\\x{f8}-\\x{1ba}\\x{1bc}-\\x{1bf}"
-    "\\x{1c4}-\\x{293}\\x{295}-\\x{2af}\\x{370}-\\x{373}\\x{376}\\x{377}\\x{37b}-\\x{37d}"
-    "\\x{37f}\\x{386}\\x{388}-\\x{38a}\\x{38c}\\x{38e}-\\x{3a1}\\x{3a3}-\\x{3f5}"
-    "\\x{3f7}-\\x{481}\\x{48a}-\\x{52f}\\x{531}-\\x{556}\\x{10a0}-\\x{10c5}\\x{13a0}-\\x{13f5}"
-    "\\x{13f8}-\\x{13fd}\\x{1c90}-\\x{1cba}\\x{1cbd}-\\x{1cbf}\\x{1d00}-\\x{1d2b}"
-    "\\x{1d6b}-\\x{1d77}\\x{1d79}-\\x{1d9a}\\x{1e00}-\\x{1f15}\\x{1f18}-\\x{1f1d}"
-    "\\x{1f20}-\\x{1f45}\\x{1f48}-\\x{1f4d}\\x{1f50}-\\x{1f57}\\x{1f59}\\x{1f5b}\\x{1f5d}"
-    "\\x{1f5f}-\\x{1f7d}\\x{1f80}-\\x{1fb4}\\x{1fb6}-\\x{1fbc}\\x{1fbe}\\x{1fc2}-\\x{1fc4}"
-    "\\x{1fc6}-\\x{1fcc}\\x{1fd0}-\\x{1fd3}\\x{1fd6}-\\x{1fdb}\\x{1fe0}-\\x{1fec}"
-    "\\x{1ff2}-\\x{1ff4}\\x{1ff6}-\\x{1ffc}\\x{2102}\\x{2107}\\x{210a}-\\x{2113}\\x{2115}"
-    "\\x{2119}-\\x{211d}\\x{2124}\\x{2126}\\x{2128}\\x{212a}-\\x{212d}\\x{212f}-\\x{2134}"
-    "\\x{2139}\\x{213c}-\\x{213f}\\x{2145}-\\x{2149}\\x{214e}\\x{2183}\\x{2184}"
-    "\\x{2c00}-\\x{2c7b}\\x{2c7e}-\\x{2ce4}\\x{2ceb}-\\x{2cee}\\x{2cf2}\\x{2cf3}"
-    "\\x{a640}-\\x{a66d}\\x{a680}-\\x{a69b}\\x{a722}-\\x{a76f}\\x{a771}-\\x{a787}"
-    "\\x{a78b}-\\x{a78e}\\x{ab70}-\\x{abbf}\\x{fb00}-\\x{fb06}\\x{fb13}-\\x{fb17}"
-    "\\x{ff21}-\\x{ff3a}\\x{ff41}-\\x{ff5a}\\x{10400}-\\x{1044f}\\x{104b0}-\\x{104d3}"
-    "\\x{104d8}-\\x{104fb}\\x{10c80}-\\x{10cb2}\\x{10cc0}-\\x{10cf2}\\x{118a0}-\\x{118df}"
-    "\\x{1e900}-\\x{1e943}]+",
-    /* ASCII and full-width punctuation, curly quotes, ideographic space and full stop */
-    "\\s?[!-/:-~\\x{ff01}-\\x{ff0f}\\x{ff1a}-\\x{ff5e}\\x{2018}-\\x{201f}\\x{3000}-\\x{3002}]+",
-    /* "\s+$": the lookbehind only skips start positions inside a whitespace run, which
-     * cannot begin the leftmost match, and keeps the search linear */
-    "(?<!\\s)\\s+$",
-    "[\\x{4e00}-\\x{9fa5}\\x{800}-\\x{4e00}\\x{ac00}-\\x{d7ff}]+",
-    "\\p{N}+",
-};
-
 /* ---- small helpers ------------------------------------------------------------------------ */
 
 static void *pcre_alloc(size_t size, void *data)
@@ -284,11 +216,8 @@ static enum ar_status load_merges(struct tokenizer *tok, const struct gguf_file 
         return ar_err_set(err, AR_EFORMAT, 0, "tokenizer.ggml.merges: too much text");
     tok->merge_text = ar_malloc(total ? total : 1);
     tok->merges = ar_malloc((arr->n ? arr->n : 1) * sizeof(struct tok_merge));
-    tok->merge_mask = pow2_at_least(2 * arr->n) - 1;
-    tok->merge_hash = ar_malloc(((size_t)tok->merge_mask + 1) * sizeof(int32_t));
-    if (!tok->merge_text || !tok->merges || !tok->merge_hash)
+    if (!tok->merge_text || !tok->merges)
         return AR_ENOMEM;
-    memset(tok->merge_hash, 0xff, ((size_t)tok->merge_mask + 1) * sizeof(int32_t));
 
     /* "left right", split at the first space after the first byte. The rank is the index in
      * the file; a pair listed twice keeps its first rank. Lines without a space are kept as
@@ -297,8 +226,6 @@ static enum ar_status load_merges(struct tokenizer *tok, const struct gguf_file 
         struct gguf_str s = gguf_arr_str(arr, i);
         const char *sp = s.len > 1 ? memchr(s.ptr + 1, ' ', s.len - 1) : NULL;
         struct tok_merge *m = &tok->merges[n];
-        uint32_t slot;
-        bool dup = false;
         n++;
         m->off = (uint32_t)off;
         m->n_left = m->n_right = 0;
@@ -309,21 +236,39 @@ static enum ar_status load_merges(struct tokenizer *tok, const struct gguf_file 
         memcpy(tok->merge_text + off, s.ptr, m->n_left);
         memcpy(tok->merge_text + off + m->n_left, sp + 1, m->n_right);
         off += m->n_left + m->n_right;
-        slot = merge_hash(s.ptr, m->n_left, sp + 1, m->n_right) & tok->merge_mask;
+    }
+    tok->n_merges = n;
+    return AR_OK;
+}
+
+/* The merge ranks by text, for vocabularies that cannot use the merges by ids. */
+static enum ar_status setup_merge_hash(struct tokenizer *tok)
+{
+    tok->merge_mask = pow2_at_least(2 * (uint64_t)tok->n_merges) - 1;
+    tok->merge_hash = ar_malloc(((size_t)tok->merge_mask + 1) * sizeof(int32_t));
+    if (!tok->merge_hash)
+        return AR_ENOMEM;
+    memset(tok->merge_hash, 0xff, ((size_t)tok->merge_mask + 1) * sizeof(int32_t));
+    for (uint32_t r = 0; r < tok->n_merges; r++) {
+        const struct tok_merge *m = &tok->merges[r];
+        const char *t = tok->merge_text + m->off;
+        uint32_t slot;
+        bool dup = false;
+        if (!m->n_left)
+            continue;
+        slot = merge_hash(t, m->n_left, t + m->n_left, m->n_right) & tok->merge_mask;
         while (tok->merge_hash[slot] >= 0) {
             const struct tok_merge *o = &tok->merges[tok->merge_hash[slot]];
             if (o->n_left == m->n_left && o->n_right == m->n_right &&
-                memcmp(tok->merge_text + o->off, tok->merge_text + m->off,
-                       m->n_left + m->n_right) == 0) {
-                dup = true;
+                memcmp(tok->merge_text + o->off, t, m->n_left + m->n_right) == 0) {
+                dup = true; /* listed twice: the first rank stays */
                 break;
             }
             slot = (slot + 1) & tok->merge_mask;
         }
         if (!dup)
-            tok->merge_hash[slot] = (int32_t)(n - 1);
+            tok->merge_hash[slot] = (int32_t)r;
     }
-    tok->n_merges = n;
     return AR_OK;
 }
 
@@ -514,6 +459,16 @@ static void setup_bytes(struct tokenizer *tok)
             id = tok->unk;
         tok->byte_id[b] = id;
     }
+    for (int b = 0; b < 256; b++) {
+        uint32_t cp = tok_byte_to_cp((uint8_t)b);
+        if (cp < 0x80) { /* all table code points are below 0x800 */
+            tok->byte_text[b][0] = (char)cp;
+            tok->byte_text[b][1] = 0;
+        } else {
+            tok->byte_text[b][0] = (char)(0xc0 | (cp >> 6));
+            tok->byte_text[b][1] = (char)(0x80 | (cp & 0x3f));
+        }
+    }
     for (size_t i = 0; i < AR_ARRAY_LEN(tok->unbyte); i++)
         tok->unbyte[i] = -1;
     for (int b = 0; b < 256; b++)
@@ -594,54 +549,133 @@ static enum ar_status setup_pieces(struct tokenizer *tok)
     return AR_OK;
 }
 
+/* Merges by token ids (struct tok_pair). Left out (the string merges stay in use) when a
+ * byte's character is not a plain token or a merge of two tokens gives no token at all,
+ * where only the string path matches the reference. A merge may give a control token (Qwen3
+ * spells "</s>" that way): the merger keeps it, and a word that ends on it falls back to the
+ * single-byte tokens of its text, as the string path does. */
+static bool plain_id(const struct tokenizer *tok, int32_t id)
+{
+    return id >= 0 && !(tok->attr[id] & (TOKENIZER_ATTR_CONTROL | TOKENIZER_ATTR_UNKNOWN));
+}
+
+static enum ar_status setup_pairs(struct tokenizer *tok)
+{
+    uint32_t mask;
+    for (int32_t i = 0; i < tok->n_vocab; i++)
+        tok->max_text_len = AR_MAX(tok->max_text_len, tok->text_len[i]);
+    for (int b = 0; b < 256; b++) {
+        const char *c = tok->byte_text[b];
+        size_t n = (uint8_t)c[0] >= 0x80 ? 2 : 1;
+        tok->byte_tok[b] = tokenizer_find(tok, c, n);
+        if (!plain_id(tok, tok->byte_tok[b]))
+            return AR_OK;
+        for (size_t k = 0; k < 2; k++) { /* single bytes of that text that are tokens */
+            int32_t id = k < n ? tokenizer_find(tok, c + k, 1) : -1;
+            tok->byte_fallback[b][k] = plain_id(tok, id) ? id : -1;
+        }
+    }
+    mask = pow2_at_least((uint64_t)tok->n_merges * 3 / 2 + 1) - 1;
+    tok->pairs = ar_malloc(((size_t)mask + 1) * sizeof(struct tok_pair));
+    /* 8 bits per merge (a few percent of false "maybe"), at least 64 */
+    tok->pair_bits_mask = pow2_at_least((uint64_t)tok->n_merges * 8 + 64) - 1;
+    tok->pair_bits = ar_calloc(((size_t)tok->pair_bits_mask + 1) / 64, sizeof(uint64_t));
+    if (!tok->pairs || !tok->pair_bits)
+        return AR_ENOMEM;
+    tok->pair_mask = mask;
+    for (size_t i = 0; i <= mask; i++)
+        tok->pairs[i].key = TOK_PAIR_EMPTY;
+    for (uint32_t r = 0; r < tok->n_merges; r++) {
+        const struct tok_merge *m = &tok->merges[r];
+        const char *t = tok->merge_text + m->off;
+        int32_t l, rt, id;
+        uint64_t key;
+        uint32_t i;
+        if (!m->n_left)
+            continue;
+        l = tokenizer_find(tok, t, m->n_left);
+        rt = tokenizer_find(tok, t + m->n_left, m->n_right);
+        if (l < 0 || rt < 0)
+            continue; /* a side that is no token is never formed */
+        id = tokenizer_find(tok, t, m->n_left + m->n_right);
+        if (id < 0) {
+            ar_free(tok->pairs);
+            ar_free(tok->pair_bits);
+            tok->pairs = NULL;
+            tok->pair_bits = NULL;
+            return AR_OK;
+        }
+        key = (uint64_t)(uint32_t)l << 32 | (uint32_t)rt;
+        for (i = tok_pair_slot(key, mask); tok->pairs[i].key != TOK_PAIR_EMPTY;
+             i = (i + 1) & mask)
+            if (tok->pairs[i].key == key)
+                break; /* listed twice: the first rank stays */
+        if (tok->pairs[i].key == key)
+            continue;
+        tok->pairs[i].key = key;
+        tok->pairs[i].rank = (int32_t)r;
+        tok->pairs[i].id = id;
+        i = tok_pair_bit(key, tok->pair_bits_mask);
+        tok->pair_bits[i >> 6] |= 1ull << (i & 63);
+    }
+    return AR_OK;
+}
+
+enum ar_status tok_use_text_merges(struct tokenizer *tok)
+{
+    ar_free(tok->pairs);
+    ar_free(tok->pair_bits);
+    tok->pairs = NULL;
+    tok->pair_bits = NULL;
+    return tok->merge_hash || tok->kind != TOKENIZER_KIND_BPE ? AR_OK : setup_merge_hash(tok);
+}
+
 /* ---- pre-tokenizer selection ----------------------------------------------------------------- */
 
 static atomic_flag warned_pre = ATOMIC_FLAG_INIT;
 static atomic_flag warned_chat = ATOMIC_FLAG_INIT;
 
-static enum tok_pre pre_from_name(struct gguf_str s, bool present)
+/* The pre-tokenizer of a BPE vocabulary: the override when given, else tokenizer.ggml.pre
+ * (absent: "default", as the reference). An unknown name is refused, never replaced. */
+static enum ar_status choose_pre(struct tokenizer *tok, const struct gguf_file *f,
+                                 const char *override, struct ar_err *err)
 {
-    static const char *const llama3[] = {"llama3", "llama-v3", "llama-bpe"};
-    static const char *const qwen2[] = {"qwen2", "deepseek-r1-qwen", "megrez"};
-    static const char *const gpt2[] = {"gpt-2", "phi-2", "jina-es", "jina-de", "gigachat",
-                                       "jina-v2-es", "jina-v2-de", "mpt", "olmo"};
-    if (!present || str_eq(s, "default"))
-        return TOK_PRE_DEFAULT;
-    for (size_t i = 0; i < AR_ARRAY_LEN(llama3); i++)
-        if (str_eq(s, llama3[i]))
-            return TOK_PRE_LLAMA3;
-    for (size_t i = 0; i < AR_ARRAY_LEN(qwen2); i++)
-        if (str_eq(s, qwen2[i]))
-            return TOK_PRE_QWEN2;
-    for (size_t i = 0; i < AR_ARRAY_LEN(gpt2); i++)
-        if (str_eq(s, gpt2[i]))
-            return TOK_PRE_GPT2;
-    if (str_eq(s, "deepseek-llm"))
-        return TOK_PRE_DEEPSEEK_LLM;
-    /* GLM-4 splits like Llama 3 but keeps its merges and has no implicit BOS */
-    if (str_eq(s, "glm4") || str_eq(s, "chatglm-bpe"))
-        return TOK_PRE_CHATGLM4;
-    if (str_eq(s, "gpt-4o") || str_eq(s, "llama4"))
-        return TOK_PRE_GPT4O;
-    if (!atomic_flag_test_and_set(&warned_pre))
-        AR_WARN("tokenizer: unknown pre-tokenizer '%.*s', using 'default'",
-                (int)AR_MIN(s.len, 64), s.ptr);
-    return TOK_PRE_DEFAULT;
+    struct gguf_str s = {NULL, 0};
+    const struct tok_pre_info *p;
+    const char *what = override ? "--tokenizer-pre" : "tokenizer.ggml.pre";
+    if (override) {
+        s.ptr = override;
+        s.len = strlen(override);
+    } else if (!gguf_get_str(f, "tokenizer.ggml.pre", &s)) {
+        if (!atomic_flag_test_and_set(&warned_pre))
+            AR_WARN("tokenizer: no tokenizer.ggml.pre in the file, using 'default' "
+                    "(the model may have been trained on a different split)");
+        s.ptr = "default";
+        s.len = 7;
+    }
+    p = tok_pre_lookup(s.ptr, s.len);
+    if (!p)
+        return ar_err_set(err, override ? AR_EINVAL : AR_EFORMAT, 0,
+                          "%s: unknown pre-tokenizer '%.*s'%s", what, (int)AR_MIN(s.len, 64),
+                          s.ptr,
+                          override ? "" : " (refused rather than guessed; --tokenizer-pre NAME "
+                                          "chooses one)");
+    if (p->flags & TOK_PRE_UNSUPPORTED)
+        return ar_err_set(err, AR_ENOTSUP, 0, "%s: pre-tokenizer '%s' is not supported", what,
+                          p->name);
+    tok->split = p->split;
+    tok->ignore_merges = (p->flags & TOK_PRE_IGNORE_MERGES) != 0;
+    tok->add_bos = (p->flags & TOK_PRE_ADD_BOS) != 0;
+    tok->clean_spaces = !(p->flags & TOK_PRE_KEEP_SPACES);
+    return AR_OK;
 }
 
 static enum ar_status compile_regexes(struct tokenizer *tok, struct ar_err *err)
 {
     const char *const *pats;
-    size_t n;
-    switch (tok->pre) {
-    case TOK_PRE_GPT2: pats = re_gpt2; n = AR_ARRAY_LEN(re_gpt2); break;
-    case TOK_PRE_LLAMA3:
-    case TOK_PRE_CHATGLM4: pats = re_llama3; n = AR_ARRAY_LEN(re_llama3); break;
-    case TOK_PRE_GPT4O: pats = re_gpt4o; n = AR_ARRAY_LEN(re_gpt4o); break;
-    case TOK_PRE_QWEN2: pats = re_qwen2; n = AR_ARRAY_LEN(re_qwen2); break;
-    case TOK_PRE_DEEPSEEK_LLM: pats = re_deepseek_llm; n = AR_ARRAY_LEN(re_deepseek_llm); break;
-    default: pats = re_default; n = AR_ARRAY_LEN(re_default); break;
-    }
+    size_t n = (size_t)tok_split_patterns(tok->split, &pats);
+    if (n > TOK_MAX_REGEX)
+        return ar_err_set(err, AR_ENOTSUP, 0, "pre-tokenizer: too many patterns");
     tok->gctx = pcre2_general_context_create(pcre_alloc, pcre_free, NULL);
     if (!tok->gctx)
         return AR_ENOMEM;
@@ -686,11 +720,11 @@ static enum ar_status load_chat(struct tokenizer *tok, const struct gguf_file *f
     return AR_OK;
 }
 
-static enum ar_status load(struct tokenizer *tok, const struct gguf_file *f, struct ar_err *err)
+static enum ar_status load(struct tokenizer *tok, const struct gguf_file *f, const char *pre,
+                           struct ar_err *err)
 {
     enum ar_status st;
-    struct gguf_str model, pre = {NULL, 0};
-    bool has_pre;
+    struct gguf_str model;
 
     if (!gguf_get_str(f, "tokenizer.ggml.model", &model))
         return ar_err_set(err, AR_EFORMAT, 0, "tokenizer.ggml.model: missing");
@@ -713,13 +747,8 @@ static enum ar_status load(struct tokenizer *tok, const struct gguf_file *f, str
         tok->add_bos = true;
         tok->add_space_prefix = true;
     } else {
-        has_pre = gguf_get_str(f, "tokenizer.ggml.pre", &pre);
-        tok->pre = pre_from_name(pre, has_pre);
-        if (tok->pre == TOK_PRE_LLAMA3) {
-            tok->ignore_merges = true;
-            tok->add_bos = true;
-        }
-        if ((st = load_merges(tok, f, err)) != AR_OK)
+        if ((st = choose_pre(tok, f, pre, err)) != AR_OK ||
+            (st = load_merges(tok, f, err)) != AR_OK)
             return st;
     }
     if ((st = read_id(f, "tokenizer.ggml.bos_token_id", tok->n_vocab, &tok->bos, err)) ||
@@ -743,6 +772,9 @@ static enum ar_status load(struct tokenizer *tok, const struct gguf_file *f, str
         return st;
     setup_strip(tok, f);
     setup_bytes(tok);
+    if (tok->kind == TOKENIZER_KIND_BPE &&
+        ((st = setup_pairs(tok)) != AR_OK || (!tok->pairs && (st = setup_merge_hash(tok)))))
+        return st;
     if ((st = setup_pieces(tok)) != AR_OK)
         return st;
     if (tok->kind == TOKENIZER_KIND_BPE && (st = compile_regexes(tok, err)) != AR_OK)
@@ -753,15 +785,25 @@ static enum ar_status load(struct tokenizer *tok, const struct gguf_file *f, str
 enum ar_status tokenizer_load(const struct gguf_file *f, struct tokenizer **out,
                               struct ar_err *err)
 {
+    return tokenizer_load_opts(f, NULL, out, err);
+}
+
+enum ar_status tokenizer_load_opts(const struct gguf_file *f, const struct tokenizer_opts *opts,
+                                   struct tokenizer **out, struct ar_err *err)
+{
     enum ar_status st;
     struct tokenizer *tok;
     if (!f || !out)
         return ar_err_set(err, AR_EINVAL, 0, "tokenizer_load: NULL argument");
     *out = NULL;
+    /* checked for every vocabulary, so that a typo is caught on an SPM model too */
+    if (opts && opts->pre && !tok_pre_lookup(opts->pre, strlen(opts->pre)))
+        return ar_err_set(err, AR_EINVAL, 0, "--tokenizer-pre: unknown pre-tokenizer '%.64s'",
+                          opts->pre);
     tok = ar_calloc(1, sizeof(*tok));
     if (!tok)
         return ar_err_set(err, AR_ENOMEM, 0, "out of memory");
-    st = load(tok, f, err);
+    st = load(tok, f, opts ? opts->pre : NULL, err);
     if (st != AR_OK) {
         if (st == AR_ENOMEM)
             ar_err_set(err, AR_ENOMEM, 0, "out of memory loading the tokenizer");
@@ -784,6 +826,8 @@ void tokenizer_destroy(struct tokenizer *tok)
     ar_free(tok->special_lens);
     ar_free(tok->special_prio);
     ar_free(tok->special);
+    ar_free(tok->pairs);
+    ar_free(tok->pair_bits);
     ar_free(tok->merge_hash);
     ar_free(tok->merges);
     ar_free(tok->merge_text);

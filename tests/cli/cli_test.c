@@ -308,6 +308,34 @@ static void tokenize_prints_ids(void **state)
     th_run_free(&r);
 }
 
+/* the four real vocabularies (issue 14): llama.cpp's ids for its 46 standard strings */
+static void check_fixtures_passes_on_real_tokenizer_vocabularies(void **state)
+{
+    (void)state;
+    check_fixtures_passes_on("fixtures-tokenizer-real");
+}
+
+/* --tokenizer-pre: an unknown name fails with one line naming it; a known one replaces the
+ * file's pre-tokenizer (DeepSeek-V3 keeps "'t" whole, "default" cuts the apostrophe off) */
+static void tokenize_pre_tokenizer_override(void **state)
+{
+    char vocab[512];
+    struct th_run own, other, bad;
+    (void)state;
+    th_shared_path(vocab, sizeof(vocab),
+                   "fixtures-tokenizer-real/tokenizer/vocabs/ggml-vocab-deepseek_v3.gguf");
+    own = RUN("tokenize", "-m", vocab, "--ids", "--raw", "didn't");
+    other = RUN("tokenize", "-m", vocab, "--ids", "--raw", "--tokenizer-pre", "default", "didn't");
+    bad = RUN("tokenize", "-m", vocab, "--tokenizer-pre", "no-such-pre", "didn't");
+    assert_int_equal(own.status, 0);
+    assert_int_equal(other.status, 0);
+    assert_true(strcmp(own.out, other.out) != 0);
+    expect_clean_failure(&bad, "'no-such-pre'");
+    th_run_free(&own);
+    th_run_free(&other);
+    th_run_free(&bad);
+}
+
 static bool file_exists(const char *p)
 {
     struct stat st;
@@ -367,6 +395,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(check_fixtures_passes_on_shared_fixtures),
         cmocka_unit_test(check_fixtures_passes_on_shared_fixtures_arch),
+        cmocka_unit_test(check_fixtures_passes_on_real_tokenizer_vocabularies),
+        cmocka_unit_test(tokenize_pre_tokenizer_override),
         cmocka_unit_test(check_fixtures_fails_on_a_missing_directory),
         cmocka_unit_test(check_fixtures_fails_when_no_greedy_step_is_decided),
         cmocka_unit_test(check_fixtures_fails_on_a_wrong_decided_greedy_token),

@@ -863,6 +863,10 @@ static void load_rejects_inconsistent_metadata(void **state)
     /* merges naming unknown tokens or malformed are ignored one by one */
     assert_int_equal(gguf_writer_set_arr_str(w, "tokenizer.ggml.merges", merges, 3), AR_OK);
     assert_int_equal(gguf_writer_set_str(w, "tokenizer.ggml.pre", "no-such-pre"), AR_OK);
+    /* an unknown pre-tokenizer is refused by name, never replaced by a guess */
+    assert_int_equal(load_written(w, &err), AR_EFORMAT);
+    assert_non_null(strstr(err.msg, "'no-such-pre'"));
+    assert_int_equal(gguf_writer_set_str(w, "tokenizer.ggml.pre", "gpt-2"), AR_OK);
     assert_int_equal(load_written(w, &err), AR_OK);
     gguf_writer_destroy(w);
 
