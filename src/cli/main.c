@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "autoreply.h"
+#include "base/base.h"
 #include "cli.h"
 
 void cli_error(const char *fmt, ...)
@@ -95,6 +96,7 @@ static void usage(FILE *out)
 
 int main(int argc, char **argv)
 {
+    ar_json_use_ar_alloc(); /* before any thread: cJSON allocates through ar_malloc */
     if (argc < 2) {
         usage(stderr);
         return 2;
