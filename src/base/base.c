@@ -99,9 +99,26 @@ void ar_free(void *p)
     free(p);
 }
 
+static _Thread_local bool json_oom;
+
+static void *json_malloc(size_t size)
+{
+    void *p = ar_malloc(size);
+    if (!p)
+        json_oom = true;
+    return p;
+}
+
+bool ar_json_oom_take(void)
+{
+    bool was = json_oom;
+    json_oom = false;
+    return was;
+}
+
 static void json_hooks_install(void)
 {
-    cJSON_Hooks h = {ar_malloc, ar_free};
+    cJSON_Hooks h = {json_malloc, ar_free};
     cJSON_InitHooks(&h);
 }
 

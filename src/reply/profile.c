@@ -314,7 +314,10 @@ enum ar_status reply_profiles_parse(const char *json, size_t len, struct reply_p
     const char *def_base = NULL;
     if (!json)
         return ar_err_set(err, AR_EINVAL, 0, "no config text");
+    ar_json_oom_take();
     root = cJSON_ParseWithLength(json, len);
+    if (!root && ar_json_oom_take())
+        return ar_err_set(err, AR_ENOMEM, 0, "shops config: out of memory");
     if (!root)
         return ar_err_set(err, AR_EFORMAT, 0, "shops config: not valid JSON");
     if (!cJSON_IsObject(root)) {

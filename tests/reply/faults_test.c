@@ -277,11 +277,11 @@ static enum ar_status parse_profiles(void *user, uint64_t n, uint64_t *made)
     *made = ar_alloc_fail_after(0);
     if (st != AR_OK) {
         assert_null(ps);
-        /* cJSON answers NULL both for bad text and for no memory, so the parser may call
-         * the text invalid here: clean (a status and a message), if not precise */
-        if (st != AR_ENOMEM && err.msg[0] == '\0')
-            fail_msg("reply_profiles_parse with allocation %llu failed: %s without a message",
-                     (unsigned long long)n, ar_status_str(st));
+        /* out of memory is said as such, never as bad text (ar_json_oom_take) */
+        if (st != AR_ENOMEM)
+            fail_msg("reply_profiles_parse with allocation %llu failed: %s (%s), not out of "
+                     "memory",
+                     (unsigned long long)n, ar_status_str(st), err.msg);
         return st;
     }
     assert_int_equal(reply_profiles_count(ps), 2);
