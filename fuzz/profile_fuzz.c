@@ -30,8 +30,7 @@ static void round_trip(const struct reply_profiles *ps, const struct reply_profi
     /* the default profile's shop_id is "", which no shop may have: read it back as another
      * shop's (shop_ids left out of both texts) */
     cJSON_DeleteItemFromObjectCaseSensitive(j, "shop_id");
-    st = reply_profile_from_json(ps, p->shop_id[0] ? p->shop_id : "fuzz-default", j, &back,
-                                 &err);
+    st = reply_profile_from_json(ps, p->shop_id[0] ? p->shop_id : "fuzz-default", j, &back, &err);
     check(st == AR_OK || st == AR_ENOMEM);
     if (st == AR_OK) {
         j2 = reply_profile_to_json(back);

@@ -41,8 +41,7 @@ static inline uint64_t th_fail_each_alloc(const char *what, th_fault_op op, void
             return n - 1;
         }
     }
-    fail_msg("%s: still failing with the %llu-th allocation failed", what,
-             (unsigned long long)max);
+    fail_msg("%s: still failing with the %llu-th allocation failed", what, (unsigned long long)max);
     return 0;
 }
 

@@ -1,8 +1,8 @@
 /* select_test.c - run-time kernel selection: AR_KERNELS forces a table, unknown names and
  * variants the CPU lacks fall back to ref, the default is the best the CPU has (judged from
- * /proc/cpuinfo and __builtin_cpu_supports, not from the selector's own cpu.c). The choice is made once per process, so each case
- * runs in a forked child that sets the environment before its first kernels_* call; the
- * parent never calls kernels_* itself. */
+ * /proc/cpuinfo and __builtin_cpu_supports, not from the selector's own cpu.c). The choice is made
+ * once per process, so each case runs in a forked child that sets the environment before its first
+ * kernels_* call; the parent never calls kernels_* itself. */
 #include "harness/harness.h"
 
 #include <cpuid.h>
@@ -83,8 +83,7 @@ static bool cpu_has(const char *name)
 {
     __builtin_cpu_init();
     bool avx2 = feature("avx2", __builtin_cpu_supports("avx2")) &
-                feature("fma", __builtin_cpu_supports("fma")) &
-                feature("f16c", f16c_by_cpuid());
+                feature("fma", __builtin_cpu_supports("fma")) & feature("f16c", f16c_by_cpuid());
     bool avx512 = avx2 & feature("avx512f", __builtin_cpu_supports("avx512f")) &
                   feature("avx512bw", __builtin_cpu_supports("avx512bw")) &
                   feature("avx512vl", __builtin_cpu_supports("avx512vl")) &

@@ -868,8 +868,8 @@ int main(void)
             if (n >= COUNT(tests))
                 return 1;
             snprintf(names[n], sizeof(names[n]), "%s[%s]", per_variant[i].name, vn);
-            tests[n] = (struct CMUnitTest){names[n], per_variant[i].fn, NULL, NULL,
-                                           (void *)(uintptr_t)vn};
+            tests[n] =
+                (struct CMUnitTest){names[n], per_variant[i].fn, NULL, NULL, (void *)(uintptr_t)vn};
             n++;
         }
     }

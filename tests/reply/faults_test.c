@@ -201,9 +201,9 @@ static enum ar_status split_lines(void *user, uint64_t n, uint64_t *made)
     (void)user;
     ar_alloc_fail_after(n);
     st = rp_job_lines_check(job_body, strlen(job_body), "shop-1", true, &lines, &bad, &err);
-    st2 = st == AR_OK ? rp_job_lines_check(job_body, strlen(job_body), NULL, false, &lines2,
-                                           &bad2, &err)
-                      : st;
+    st2 = st == AR_OK
+              ? rp_job_lines_check(job_body, strlen(job_body), NULL, false, &lines2, &bad2, &err)
+              : st;
     *made = ar_alloc_fail_after(0);
     if (st2 != AR_OK) {
         assert_int_equal(st2, AR_ENOMEM);
@@ -235,9 +235,8 @@ static enum ar_status run_job(void *user, uint64_t n, uint64_t *made)
     bool found = false;
     enum ar_status st;
     snprintf(shop, sizeof(shop), "shop-%llu", (unsigned long long)n);
-    assert_int_equal(reply_job_create(x->svc, shop, job_body, strlen(job_body), job, &n_lines,
-                                      NULL),
-                     AR_OK);
+    assert_int_equal(
+        reply_job_create(x->svc, shop, job_body, strlen(job_body), job, &n_lines, NULL), AR_OK);
     assert_int_equal(n_lines, 3);
     ar_alloc_fail_after(n);
     st = reply_job_run(x->svc, job, NULL, NULL, &err);
@@ -261,7 +260,8 @@ static void running_a_job_loses_no_line_at_any_allocation(void **state)
     th_fail_each_alloc("reply_job_run", run_job, *state, 100000);
 }
 
-/* ---- profiles (their JSON now allocates through ar_malloc) ------------------------------------ */
+/* ---- profiles (their JSON now allocates through ar_malloc) ------------------------------------
+ */
 
 static enum ar_status parse_profiles(void *user, uint64_t n, uint64_t *made)
 {
@@ -301,8 +301,8 @@ int main(void)
         cmocka_unit_test(result_json_is_whole_or_null),
         cmocka_unit_test(splitting_a_job_body_fails_cleanly),
         cmocka_unit_test(parsing_profiles_fails_cleanly_with_cjson_counted),
-        cmocka_unit_test_setup_teardown(answering_a_review_fails_cleanly_at_every_allocation,
-                                        setup, teardown),
+        cmocka_unit_test_setup_teardown(answering_a_review_fails_cleanly_at_every_allocation, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(submitting_a_job_is_all_or_nothing_at_every_allocation,
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(running_a_job_loses_no_line_at_any_allocation, setup,

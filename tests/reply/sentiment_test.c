@@ -74,7 +74,8 @@ static const struct contra {
     {"太好了，非常满意，强烈推荐，好吃", "zh", 3, REPLY_SENT_POSITIVE, "3 stars: the text decides"},
     {"Terrible, awful, broke after a day, very disappointed", "en", 3, REPLY_SENT_NEGATIVE,
      "3 stars: the text decides"},
-    {"太差了，难吃，再也不买了，很失望", "zh", 0, REPLY_SENT_NEGATIVE, "no rating: the text decides"},
+    {"太差了，难吃，再也不买了，很失望", "zh", 0, REPLY_SENT_NEGATIVE,
+     "no rating: the text decides"},
     {"Excellent, great, I love it, highly recommended", "en", 0, REPLY_SENT_POSITIVE,
      "no rating: the text decides"},
 };
@@ -173,8 +174,8 @@ static char *read_raw(const char *name)
  * waimai set is 2:1 negative, so 67 % is free there), and its balanced accuracy (the mean of
  * the two classes' recalls, 50 % for any one-label answer) must be well above chance. Neutral
  * answers count as wrong; short English sentences often carry no cue word. Measured when
- * written: zh 73.1 % (balanced 73.9 %), en 65.3 % (balanced 65.3 %); the floors leave a few points for
- * lexicon changes, not for a classifier that stopped reading the text. */
+ * written: zh 73.1 % (balanced 73.9 %), en 65.3 % (balanced 65.3 %); the floors leave a few points
+ * for lexicon changes, not for a classifier that stopped reading the text. */
 static void rating_withheld_accuracy_on_independent_labels(void **state)
 {
     struct tally zh = {0}, en = {0};
@@ -193,8 +194,8 @@ static void rating_withheld_accuracy_on_independent_labels(void **state)
                   "%.1f%%, no cue %.1f%%), en %.1f%% of %d (majority %.1f%%, balanced %.1f%%, "
                   "no cue %.1f%%)\n",
                   100.0 * zh.ok / zh.n, zh.n, 100.0 * majority_rate(&zh), 100.0 * balanced(&zh),
-                  100.0 * zh.neutral / zh.n, 100.0 * en.ok / en.n, en.n,
-                  100.0 * majority_rate(&en), 100.0 * balanced(&en), 100.0 * en.neutral / en.n);
+                  100.0 * zh.neutral / zh.n, 100.0 * en.ok / en.n, en.n, 100.0 * majority_rate(&en),
+                  100.0 * balanced(&en), 100.0 * en.neutral / en.n);
     assert_true(zh.n > 10000);
     assert_true(en.n > 1900);
     assert_true((double)zh.ok / zh.n >= majority_rate(&zh) + 0.05);
@@ -231,9 +232,8 @@ static void eval_set_text_only_accuracy_is_above_the_floor(void **state)
     free(data);
     print_message("text only on %d eval reviews: %.1f%% (zh %.1f%% of %d, en %.1f%% of %d, "
                   "no cue %.1f%%)\n",
-                  all.n, 100.0 * all.ok / all.n, 100.0 * by_lang[0].ok / by_lang[0].n,
-                  by_lang[0].n, 100.0 * by_lang[1].ok / by_lang[1].n, by_lang[1].n,
-                  100.0 * all.neutral / all.n);
+                  all.n, 100.0 * all.ok / all.n, 100.0 * by_lang[0].ok / by_lang[0].n, by_lang[0].n,
+                  100.0 * by_lang[1].ok / by_lang[1].n, by_lang[1].n, 100.0 * all.neutral / all.n);
     assert_true(all.n > 2000);
     assert_true(all.ok >= 0.75 * all.n);
     assert_true(by_lang[1].ok >= 0.55 * by_lang[1].n);

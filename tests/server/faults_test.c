@@ -142,8 +142,7 @@ static void request(struct fx *x, enum srv_review_ep ep, const char *path, const
     pthread_mutex_init(&a->mu, NULL);
     pthread_cond_init(&a->cv, NULL);
     ar_alloc_fail_after(n);
-    srv_review_handle(x->svc, ep, path, body, raw, raw ? strlen(raw) : 0, NULL, on_answer, a,
-                      NULL);
+    srv_review_handle(x->svc, ep, path, body, raw, raw ? strlen(raw) : 0, NULL, on_answer, a, NULL);
     pthread_mutex_lock(&a->mu);
     while (a->calls == 0)
         pthread_cond_wait(&a->cv, &a->mu);
@@ -168,8 +167,8 @@ static enum ar_status judge(const struct answer *a, uint64_t n, const char *what
         fail_msg("%s with allocation %llu failed: status %d", what, (unsigned long long)n,
                  a->status);
     if (a->json && !cJSON_IsObject(cJSON_GetObjectItem(a->json, "error")))
-        fail_msg("%s with allocation %llu failed: status %d with a body that is no error",
-                 what, (unsigned long long)n, a->status);
+        fail_msg("%s with allocation %llu failed: status %d with a body that is no error", what,
+                 (unsigned long long)n, a->status);
     return AR_ENOMEM;
 }
 
@@ -271,8 +270,8 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(batch_route_answers_cleanly_at_every_allocation, setup,
                                         teardown),
-        cmocka_unit_test_setup_teardown(job_route_creates_all_or_nothing_at_every_allocation,
-                                        setup, teardown),
+        cmocka_unit_test_setup_teardown(job_route_creates_all_or_nothing_at_every_allocation, setup,
+                                        teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

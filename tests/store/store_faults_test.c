@@ -54,14 +54,13 @@ static void sq_shutdown(void *u)
 
 static int route_sqlite_allocations(void)
 {
-    static const sqlite3_mem_methods m = {sq_malloc, sq_free,  sq_realloc, sq_size,
+    static const sqlite3_mem_methods m = {sq_malloc,  sq_free, sq_realloc,  sq_size,
                                           sq_roundup, sq_init, sq_shutdown, NULL};
     return sqlite3_config(SQLITE_CONFIG_MALLOC, &m) == SQLITE_OK ? 0 : -1;
 }
 
 /* A clean error: AR_ENOMEM, or any error with a message. */
-static void assert_clean(enum ar_status st, const struct ar_err *err, const char *what,
-                         uint64_t n)
+static void assert_clean(enum ar_status st, const struct ar_err *err, const char *what, uint64_t n)
 {
     if (st == AR_OK)
         return;
@@ -378,8 +377,8 @@ static void writes_past_a_file_size_limit_fail_cleanly(void **state)
             if (st != AR_OK) {
                 if (err.msg[0] == '\0')
                     _exit(4);
-                printf("file-size limit: put %d failed cleanly (%s: %s)\n", i,
-                       ar_status_str(st), err.msg);
+                printf("file-size limit: put %d failed cleanly (%s: %s)\n", i, ar_status_str(st),
+                       err.msg);
                 break;
             }
             stored++;
