@@ -82,13 +82,17 @@ static bool feature(const char *cpuinfo_name, int builtin)
 static bool cpu_has(const char *name)
 {
     __builtin_cpu_init();
-    bool avx2 = feature("avx2", __builtin_cpu_supports("avx2")) &
-                feature("fma", __builtin_cpu_supports("fma")) & feature("f16c", f16c_by_cpuid());
-    bool avx512 = avx2 & feature("avx512f", __builtin_cpu_supports("avx512f")) &
-                  feature("avx512bw", __builtin_cpu_supports("avx512bw")) &
-                  feature("avx512vl", __builtin_cpu_supports("avx512vl")) &
-                  feature("avx512dq", __builtin_cpu_supports("avx512dq"));
+    /* every feature is read (and cross-checked) before any is combined */
+    bool f_avx2 = feature("avx2", __builtin_cpu_supports("avx2"));
+    bool f_fma = feature("fma", __builtin_cpu_supports("fma"));
+    bool f_f16c = feature("f16c", f16c_by_cpuid());
+    bool f_512f = feature("avx512f", __builtin_cpu_supports("avx512f"));
+    bool f_512bw = feature("avx512bw", __builtin_cpu_supports("avx512bw"));
+    bool f_512vl = feature("avx512vl", __builtin_cpu_supports("avx512vl"));
+    bool f_512dq = feature("avx512dq", __builtin_cpu_supports("avx512dq"));
     bool vnni = feature("avx512_vnni", __builtin_cpu_supports("avx512vnni"));
+    bool avx2 = f_avx2 && f_fma && f_f16c;
+    bool avx512 = avx2 && f_512f && f_512bw && f_512vl && f_512dq;
     if (strcmp(name, "ref") == 0)
         return true;
     if (strcmp(name, "avx2") == 0)
