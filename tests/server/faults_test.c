@@ -6,13 +6,18 @@
  * Each failed request must still be answered exactly once, with an error status and an error
  * body ({"error": ...}) or none at all when even that could not be built, never a success
  * with a broken body; a failed job creation stores no job; nothing leaks (LeakSanitizer in the
- * ASan build). The service's periodic work is pushed out of the test's time so that only the
- * request allocates while a failure is armed. */
+ * ASan build). I/O errors: a store that cannot write (a file-size limit) gives an error
+ * answer, and the service answers again once it can. The service's periodic work is pushed out of
+ * the test's time so that only the request allocates while a failure is armed. */
 #include "harness/faults.h"
 #include "harness/harness.h"
 #include "harness/reply_fakes.h"
 
 #include <pthread.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "reply/reply.h"
 #include "server/server_internal.h"
@@ -262,6 +267,99 @@ static void job_route_creates_all_or_nothing_at_every_allocation(void **state)
     th_fail_each_alloc("POST /v1/jobs", job_route, &c, 100000);
 }
 
+/* ---- I/O errors ------------------------------------------------------------------------------ */
+
+/* Disk full under the review route: in a child (a file-size limit is per process; SIGXFSZ
+ * ignored, so writes fail with EFBIG), a service over a SQLite file answers reviews with long
+ * texts until the store cannot write; that answer must be an error status with an error body,
+ * and once the limit is lifted the same review is answered. Exit codes name what went wrong. */
+static int disk_full_child(const char *dir)
+{
+    struct store *store = NULL;
+    struct reply_profiles *profiles = NULL;
+    struct reply_service *svc = NULL;
+    struct reply_generator gen = {fake_generate, NULL, "fake"};
+    struct reply_service_params p = reply_service_default_params();
+    struct fx x;
+    struct rlimit rl;
+    static char text[REPLY_TEXT_MAX];
+    char path[128];
+    int failed_at = -1, rc = 0;
+    signal(SIGXFSZ, SIG_IGN);
+    snprintf(path, sizeof(path), "%s/replies.db", dir);
+    if (store_open(path, &store, NULL) != AR_OK || th_profiles_single(&profiles) != AR_OK)
+        return 2;
+    p.profiles = profiles;
+    p.store = store;
+    p.gen = &gen;
+    p.n_workers = 1;
+    p.job_sweep_s = 86400;
+    p.claim_lease_s = 86400;
+    if (reply_service_create(&p, &svc) != AR_OK)
+        return 3;
+    x.store = store;
+    x.profiles = profiles;
+    x.svc = svc;
+    getrlimit(RLIMIT_FSIZE, &rl);
+    rl.rlim_cur = 256 * 1024;
+    if (setrlimit(RLIMIT_FSIZE, &rl) != 0)
+        return 4;
+    for (int i = 0; i < 200 && failed_at < 0; i++) {
+        cJSON *body = cJSON_CreateObject();
+        struct answer a;
+        uint64_t made;
+        char id[32];
+        snprintf(id, sizeof(id), "long-%d", i);
+        memset(text, 'a' + i % 26, sizeof(text) - 1);
+        cJSON_AddStringToObject(body, "shop_id", "s1");
+        cJSON_AddStringToObject(body, "review_id", id);
+        cJSON_AddStringToObject(body, "text", text);
+        cJSON_AddNumberToObject(body, "rating", 4);
+        request(&x, SRV_REVIEW_REPLY, "/v1/reviews/reply", body, NULL, 0, &made, &a);
+        if (a.status != 200) {
+            failed_at = i;
+            if (a.status < 500 || !cJSON_IsObject(cJSON_GetObjectItem(a.json, "error")))
+                rc = 5;
+            printf("file-size limit: review %d answered %d\n", i, a.status);
+            rl.rlim_cur = rl.rlim_max;
+            setrlimit(RLIMIT_FSIZE, &rl);
+            cJSON_Delete(a.json);
+            request(&x, SRV_REVIEW_REPLY, "/v1/reviews/reply", body, NULL, 0, &made, &a);
+            if (a.status != 200 && rc == 0)
+                rc = 6;
+        }
+        cJSON_Delete(a.json);
+        cJSON_Delete(body);
+    }
+    if (failed_at < 0 && rc == 0)
+        rc = 7; /* the limit never bit */
+    reply_service_destroy(svc);
+    reply_profiles_destroy(profiles);
+    store_close(store);
+    fflush(stdout);
+    return rc;
+}
+
+static void a_store_that_cannot_write_gives_an_error_answer(void **state)
+{
+    char dir[64], cmd[128];
+    pid_t pid;
+    int status;
+    (void)state;
+    snprintf(dir, sizeof(dir), "/tmp/ar_srv_faults_XXXXXX");
+    assert_non_null(mkdtemp(dir));
+    fflush(stdout);
+    pid = fork();
+    if (pid == 0)
+        _exit(disk_full_child(dir));
+    assert_true(pid > 0);
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -272,6 +370,7 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(job_route_creates_all_or_nothing_at_every_allocation, setup,
                                         teardown),
+        cmocka_unit_test(a_store_that_cannot_write_gives_an_error_answer),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
