@@ -1,7 +1,8 @@
 #!/bin/sh
 # Builds and runs every test: install dependencies, warnings-as-errors build, the suite,
 # the same suite under ASan+UBSan, the threaded tests under TSan, a short libFuzzer run of each parser (which also runs
-# the fixture check through tests/cli). Ends with one line: "total: N passed, N failed".
+# the fixture check through tests/cli). Ends with one line: "total: N passed, M failed, K skipped"
+# (a skipped test had nothing to compare; see tests/run.sh).
 cd "$(dirname "$0")/.." || exit 1
 sh tools/install-deps.sh || exit 1
 J=$(nproc 2>/dev/null || echo 2)
@@ -38,14 +39,16 @@ if [ -n "$(ls fuzz/*_fuzz.c 2>/dev/null)" ]; then
 fi
 p=$fuzz_pass
 f=$fuzz_fail
+k=0
 for s in build/test-summary build-asan/test-summary build-tsan/test-summary; do
     if [ -f "$s" ]; then
-        read sp sf <"$s"
+        read sp sf sk <"$s"
         p=$((p + sp))
         f=$((f + sf))
+        k=$((k + ${sk:-0}))
     else
         f=$((f + 1)) # that suite did not run to the end
     fi
 done
-echo "total: $p passed, $f failed"
+echo "total: $p passed, $f failed, $k skipped"
 exit $rc

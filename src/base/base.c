@@ -10,6 +10,8 @@
 #include <string.h>
 #include <time.h>
 
+#include <cjson/cJSON.h>
+
 const char *ar_status_str(enum ar_status st)
 {
     switch (st) {
@@ -95,6 +97,35 @@ void *ar_realloc(void *p, size_t size)
 void ar_free(void *p)
 {
     free(p);
+}
+
+static _Thread_local bool json_oom;
+
+static void *json_malloc(size_t size)
+{
+    void *p = ar_malloc(size);
+    if (!p)
+        json_oom = true;
+    return p;
+}
+
+bool ar_json_oom_take(void)
+{
+    bool was = json_oom;
+    json_oom = false;
+    return was;
+}
+
+static void json_hooks_install(void)
+{
+    cJSON_Hooks h = {json_malloc, ar_free};
+    cJSON_InitHooks(&h);
+}
+
+void ar_json_use_ar_alloc(void)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, json_hooks_install);
 }
 
 char *ar_strndup(const char *s, size_t len)

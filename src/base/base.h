@@ -40,6 +40,14 @@ void ar_free_aligned(void *p);
 /* Test hook: the n-th allocation from now (1-based) and all after it fail; 0 disables.
  * Returns the number of allocations made since the last call. Not thread-safe. */
 uint64_t ar_alloc_fail_after(uint64_t n);
+/* Routes cJSON's allocations through ar_malloc/ar_free (cJSON_InitHooks), so they are counted
+ * and fail under ar_alloc_fail_after like the library's own. Idempotent; called by the CLI's
+ * main, server_create and reply_service_create before any thread parses JSON, and by tests. */
+void ar_json_use_ar_alloc(void);
+/* Whether a cJSON allocation failed on this thread since the last call (and clears that): tells
+ * cJSON_Parse's NULL for out of memory from its NULL for bad text. Call it once before parsing
+ * to clear, once after a NULL to ask. Only meaningful after ar_json_use_ar_alloc. */
+bool ar_json_oom_take(void);
 
 /* ---- growable string ------------------------------------------------------------------ */
 /* Caller storage, zero-initialised. s is NUL-terminated once anything was put; an allocation

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "autoreply.h"
+#include "base/base.h"
 #include "base/opts.h"
 #include "cli.h"
 
@@ -66,6 +67,7 @@ static void usage(FILE *out)
 
 int main(int argc, char **argv)
 {
+    ar_json_use_ar_alloc(); /* before any thread: cJSON allocates through ar_malloc */
     if (argc < 2) {
         usage(stderr);
         return 2;

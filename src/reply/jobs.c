@@ -296,6 +296,24 @@ static bool line_ok(const char *text, const char *shop, char *why, size_t n)
     return ok;
 }
 
+enum ar_status rp_job_lines_check(const char *body, size_t len, const char *default_shop,
+                                  bool strict, int64_t *n_lines, int64_t *n_bad,
+                                  struct ar_err *err)
+{
+    struct lines l = {0};
+    enum ar_status st = strict ? lines_all_jsonl(body, len, &l, err)
+                               : lines_from_jsonl(body, len, &l, err);
+    *n_lines = (int64_t)l.n;
+    *n_bad = 0;
+    for (size_t i = 0; st == AR_OK && strict && i < l.n; i++) {
+        char why[160];
+        if (!line_ok(l.items[i].input, default_shop, why, sizeof(why)))
+            (*n_bad)++;
+    }
+    lines_free(&l);
+    return st;
+}
+
 enum ar_status reply_job_submit(struct reply_service *svc, const struct reply_job_opts *opts,
                                 const char *jsonl, size_t len, const cJSON *array,
                                 struct reply_job_outcome *out, struct ar_err *err)

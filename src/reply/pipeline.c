@@ -317,6 +317,7 @@ enum ar_status reply_service_create(const struct reply_service_params *p,
                                     struct reply_service **out)
 {
     struct reply_service *svc;
+    ar_json_use_ar_alloc(); /* job lines and stored replies counted with the rest */
     if (!p || !p->profiles || !p->store || p->max_retries < 0 || p->max_tokens < 1 ||
         p->n_workers < 1 || p->queue_max < 1 ||
         !(p->claim_lease_s > 0 && p->claim_lease_s <= 86400))

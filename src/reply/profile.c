@@ -152,8 +152,10 @@ static enum ar_status set_str(char **dst, const cJSON *v, const char *where, con
 static enum ar_status set_int(int *dst, const cJSON *v, int lo, int hi, const char *where,
                               const char *key, struct ar_err *err)
 {
-    if (!cJSON_IsNumber(v) || v->valuedouble != (double)(int)v->valuedouble ||
-        v->valuedouble < lo || v->valuedouble > hi)
+    /* the range first: converting a double outside int's range is undefined (found by
+     * fuzz/profile_fuzz.c) */
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= lo && v->valuedouble <= hi) ||
+        v->valuedouble != (double)(int)v->valuedouble)
         return ar_err_set(err, AR_EFORMAT, 0, "%s.%s: expected an integer in [%d, %d]", where,
                           key, lo, hi);
     *dst = (int)v->valuedouble;
@@ -314,7 +316,10 @@ enum ar_status reply_profiles_parse(const char *json, size_t len, struct reply_p
     const char *def_base = NULL;
     if (!json)
         return ar_err_set(err, AR_EINVAL, 0, "no config text");
+    ar_json_oom_take();
     root = cJSON_ParseWithLength(json, len);
+    if (!root && ar_json_oom_take())
+        return ar_err_set(err, AR_ENOMEM, 0, "shops config: out of memory");
     if (!root)
         return ar_err_set(err, AR_EFORMAT, 0, "shops config: not valid JSON");
     if (!cJSON_IsObject(root)) {

@@ -94,4 +94,13 @@ enum ar_status rp_jobs_init(struct reply_service *svc);
 void rp_jobs_stop(struct reply_service *svc);
 void rp_jobs_fini(struct reply_service *svc);
 
+/* jobs.c: a JSONL job body split and judged as job creation does, without a store: strict
+ * (reply_job_submit: every non-blank line, each checked as a review against default_shop,
+ * the bad ones counted in *n_bad) or lenient (reply_job_create: lines kept as text, a NUL in
+ * one refuses the body). The line count in *n_lines. Errors as those functions'. For the
+ * JSONL fuzz target (fuzz/jobs_fuzz.c) and fault-injection tests. */
+enum ar_status rp_job_lines_check(const char *body, size_t len, const char *default_shop,
+                                  bool strict, int64_t *n_lines, int64_t *n_bad,
+                                  struct ar_err *err);
+
 #endif

@@ -324,7 +324,10 @@ enum ar_status codec_parse(enum codec_format fmt, const char *data, size_t len, 
             return ar_err_set(err, AR_EFORMAT, at,
                               "invalid JSON: a NUL character (\\u0000) at byte %zu", at);
         }
+        ar_json_oom_take();
         j = cJSON_ParseWithLengthOpts(data, len, &end, false);
+        if (!j && ar_json_oom_take())
+            return ar_err_set(err, AR_ENOMEM, 0, "out of memory parsing the body");
         if (!j) {
             size_t off = end && end >= data && end <= data + len ? (size_t)(end - data) : 0;
             return ar_err_set(err, AR_EFORMAT, off, "invalid JSON near byte %zu", off);

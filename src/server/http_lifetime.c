@@ -308,6 +308,7 @@ enum ar_status server_create(const struct server_params *p, struct server **out,
     struct server *s;
     enum ar_status st;
     *out = NULL;
+    ar_json_use_ar_alloc(); /* request bodies and answers counted with the rest */
     if (!p || p->max_body == 0 || p->timeout_s <= 0 || !(p->body_timeout_s >= 0) ||
         p->max_conns < 1 || p->http_threads < 1 || p->port < 0 || p->port > 65535 ||
         p->rate_rps < 0 || p->rate_tpm < 0 || p->n_ctx < 0)

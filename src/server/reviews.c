@@ -371,7 +371,25 @@ static void do_job_create(struct task *t)
     o.per_line_errors = !t->api || (errors && !strcmp(errors, "per_line"));
     o.max_open_jobs = t->max_open_jobs;
     o.max_bytes = t->max_bytes;
+    /* the 202 answer is built before the job is stored and filled in after without allocating:
+     * running out of memory once the job exists would answer 500, and the client would upload
+     * the same job again */
+    {
+        char placeholder[STORE_JOB_ID_LEN + 1];
+        memset(placeholder, '0', STORE_JOB_ID_LEN);
+        placeholder[STORE_JOB_ID_LEN] = '\0';
+        j = cJSON_CreateObject();
+        if (!j || !cJSON_AddStringToObject(j, "id", placeholder) ||
+            !cJSON_AddStringToObject(j, "status", "queued") ||
+            !cJSON_AddNumberToObject(j, "total", 0) || !cJSON_AddNumberToObject(j, "invalid", 0)) {
+            cJSON_Delete(j);
+            fail(t->done, t->ctx, REPLY_EINTERNAL, NULL, "out of memory");
+            goto done;
+        }
+    }
     st = reply_job_submit(t->svc, &o, jsonl, jsonl_len, jsonl ? NULL : items, out, &err);
+    if (st != AR_OK)
+        cJSON_Delete(j);
     if (st == AR_EINVAL) {
         const char *msg = err.msg[0] ? err.msg : ar_status_str(st);
         switch (out->refused) {
@@ -394,16 +412,10 @@ static void do_job_create(struct task *t)
         fail_backend(t, st, err.msg);
         goto done;
     }
-    j = cJSON_CreateObject();
-    if (j && cJSON_AddStringToObject(j, "id", out->id) &&
-        cJSON_AddStringToObject(j, "status", "queued") &&
-        cJSON_AddNumberToObject(j, "total", (double)out->n_lines) &&
-        cJSON_AddNumberToObject(j, "invalid", (double)out->n_invalid))
-        t->done(t->ctx, 202, j, NULL, 0, NULL);
-    else {
-        cJSON_Delete(j);
-        fail(t->done, t->ctx, REPLY_EINTERNAL, NULL, "out of memory");
-    }
+    memcpy(cJSON_GetObjectItemCaseSensitive(j, "id")->valuestring, out->id, STORE_JOB_ID_LEN);
+    cJSON_SetNumberValue(cJSON_GetObjectItemCaseSensitive(j, "total"), (double)out->n_lines);
+    cJSON_SetNumberValue(cJSON_GetObjectItemCaseSensitive(j, "invalid"), (double)out->n_invalid);
+    t->done(t->ctx, 202, j, NULL, 0, NULL);
 done:
     ar_free(out);
 }

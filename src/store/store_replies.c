@@ -27,6 +27,7 @@ enum ar_status store_reply_put(struct store *st, const struct store_reply *r,
                                struct store_reply *out, bool *existed, struct ar_err *err)
 {
     enum ar_status res;
+    struct store_reply fresh = {0};
     bool ex = false;
     int64_t created;
     if (out)
@@ -46,19 +47,27 @@ enum ar_status store_reply_put(struct store *st, const struct store_reply *r,
     if ((unsigned)r->status >= STORE_REVIEW_STATUS_COUNT)
         return store_bad_arg(err, "unknown review status");
     created = r->created_s ? r->created_s : store_now_s();
-    res = st->ops->reply_put(st, r, created, out, &ex, err);
-    if (res != AR_OK)
-        return res;
-    if (existed)
-        *existed = ex;
     /* a new row holds r's values as bound: copied without a read-back (a lookup on the hot
-     * path of every new review) */
-    if (out && !ex) {
+     * path of every new review), and before the write, so that running out of memory never
+     * reports a failure for a reply that was stored */
+    if (out) {
         struct store_reply as_new = *r;
         as_new.updated_s = created;
-        res = store_reply_copy(&as_new, created, out);
+        if (store_reply_copy(&as_new, created, &fresh) != AR_OK)
+            return ar_err_set(err, AR_ENOMEM, 0, "store: out of memory");
     }
-    return res;
+    res = st->ops->reply_put(st, r, created, out, &ex, err);
+    if (res != AR_OK) {
+        store_reply_fini(&fresh);
+        return res;
+    }
+    if (existed)
+        *existed = ex;
+    if (out && !ex)
+        *out = fresh;
+    else
+        store_reply_fini(&fresh);
+    return AR_OK;
 }
 
 /* ---- the review workflow ------------------------------------------------------------------ */

@@ -107,4 +107,46 @@ static inline void th_sleep_s(double s)
     nanosleep(&ts, NULL);
 }
 
+/* ---- skipping ------------------------------------------------------------------------------
+ * A test that has nothing to compare reports itself skipped, never passed: tests/run.sh counts
+ * cmocka's skips and whole programs that exit TH_EXIT_SKIP (77, as automake does) and prints
+ * them in its summary. Two kinds of skip:
+ *   th_skip_missing - data the test needs is absent (demo model, fixtures). CI always has it,
+ *                     so AR_REQUIRE_ALL=1 (set by .ci/run) turns the skip into a failure;
+ *   th_skip_hw      - the machine lacks what the test exercises (an ISA): always a skip. */
+#define TH_EXIT_SKIP 77
+
+static inline int th_require_all(void)
+{
+    const char *v = getenv("AR_REQUIRE_ALL");
+    return v && *v && strcmp(v, "0") != 0;
+}
+
+/* Inside a cmocka test: skips it, or fails it under AR_REQUIRE_ALL=1. */
+static inline void th_skip_missing(const char *what)
+{
+    if (th_require_all())
+        fail_msg("%s missing, and AR_REQUIRE_ALL=1 requires it", what);
+    print_message("skipped: %s missing\n", what);
+    skip();
+}
+
+static inline void th_skip_hw(const char *why)
+{
+    print_message("skipped: %s\n", why);
+    skip();
+}
+
+/* For main(): the exit status of a test program with nothing to run because `what` is missing:
+ * TH_EXIT_SKIP, or 1 (a failure) under AR_REQUIRE_ALL=1. */
+static inline int th_exit_missing(const char *what)
+{
+    if (th_require_all()) {
+        printf("!! %s missing, and AR_REQUIRE_ALL=1 requires it\n", what);
+        return 1;
+    }
+    printf("skipped: %s missing\n", what);
+    return TH_EXIT_SKIP;
+}
+
 #endif

@@ -1,9 +1,11 @@
 /* select_test.c - run-time kernel selection: AR_KERNELS forces a table, unknown names and
- * variants the CPU lacks fall back to ref. The choice is made once per process, so each case
- * runs in a forked child that sets the environment before its first kernels_* call; the
- * parent never calls kernels_* itself. */
+ * variants the CPU lacks fall back to ref, the default is the best the CPU has (judged from
+ * /proc/cpuinfo and __builtin_cpu_supports, not from the selector's own cpu.c). The choice is made
+ * once per process, so each case runs in a forked child that sets the environment before its first
+ * kernels_* call; the parent never calls kernels_* itself. */
 #include "harness/harness.h"
 
+#include <cpuid.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -23,13 +25,74 @@ static void count_warnings(enum ar_log_level level, const char *msg, void *user)
         warnings++;
 }
 
-/* Whether a variant named `name` is available in this CPU: true for "ref", otherwise decided
- * from the CPU features independently of select.c. */
+/* ---- what the CPU has, decided without src/base/cpu.c ------------------------------------
+ * The selector's own check (cpu_features_get() + select.c) is what is under test, so the truth
+ * comes from elsewhere: the kernel's view in /proc/cpuinfo (flags the OS has enabled, XSAVE
+ * state included), cross-checked against the compiler's __builtin_cpu_supports (its own cpuid
+ * code in libgcc). The two must agree; a selector that misreads a cpuid bit then fails. */
+
+/* Whether /proc/cpuinfo's first "flags" line lists `flag` as a whole word; -1 when there is no
+ * such file or line (not Linux, not x86). */
+static int cpuinfo_has(const char *flag)
+{
+    static char flags[8192];
+    static int state; /* 0 not read, 1 read, -1 unavailable */
+    if (state == 0) {
+        FILE *f = fopen("/proc/cpuinfo", "r");
+        char line[8192];
+        state = -1;
+        while (f && fgets(line, sizeof(line), f))
+            if (strncmp(line, "flags", 5) == 0 && strchr(line, ':')) {
+                snprintf(flags, sizeof(flags), " %s", strchr(line, ':') + 1);
+                flags[strcspn(flags, "\n")] = ' ';
+                state = 1;
+                break;
+            }
+        if (f)
+            fclose(f);
+    }
+    if (state < 0)
+        return -1;
+    char word[64];
+    snprintf(word, sizeof(word), " %s ", flag);
+    return strstr(flags, word) != NULL;
+}
+
+/* clang has no __builtin_cpu_supports("f16c"): leaf 1 ECX bit 29 through the compiler's own
+ * <cpuid.h> instead (still not our cpu.c). */
+static int f16c_by_cpuid(void)
+{
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+}
+
+/* One feature: the cpuinfo flag (Linux's spelling) and the builtin's answer; the two agree. */
+static bool feature(const char *cpuinfo_name, int builtin)
+{
+    int c = cpuinfo_has(cpuinfo_name);
+    if (c >= 0 && c != (builtin != 0))
+        fail_msg("/proc/cpuinfo says %s=%d, __builtin_cpu_supports says %d", cpuinfo_name, c,
+                 builtin != 0);
+    return builtin != 0;
+}
+
+/* Whether a variant named `name` is available in this CPU: true for "ref"; the others from
+ * the independent truth above, with the feature sets Makefile FLAGS_<file> compiles each
+ * variant for (kernels_internal.h). */
 static bool cpu_has(const char *name)
 {
-    const struct cpu_features *c = cpu_features_get();
-    bool avx2 = c->avx2 && c->fma && c->f16c;
-    bool avx512 = avx2 && c->avx512f && c->avx512bw && c->avx512vl && c->avx512dq;
+    __builtin_cpu_init();
+    /* every feature is read (and cross-checked) before any is combined */
+    bool f_avx2 = feature("avx2", __builtin_cpu_supports("avx2"));
+    bool f_fma = feature("fma", __builtin_cpu_supports("fma"));
+    bool f_f16c = feature("f16c", f16c_by_cpuid());
+    bool f_512f = feature("avx512f", __builtin_cpu_supports("avx512f"));
+    bool f_512bw = feature("avx512bw", __builtin_cpu_supports("avx512bw"));
+    bool f_512vl = feature("avx512vl", __builtin_cpu_supports("avx512vl"));
+    bool f_512dq = feature("avx512dq", __builtin_cpu_supports("avx512dq"));
+    bool vnni = feature("avx512_vnni", __builtin_cpu_supports("avx512vnni"));
+    bool avx2 = f_avx2 && f_fma && f_f16c;
+    bool avx512 = avx2 && f_512f && f_512bw && f_512vl && f_512dq;
     if (strcmp(name, "ref") == 0)
         return true;
     if (strcmp(name, "avx2") == 0)
@@ -37,8 +100,18 @@ static bool cpu_has(const char *name)
     if (strcmp(name, "avx512") == 0)
         return avx512;
     if (strcmp(name, "avx512_vnni") == 0)
-        return avx512 && c->avx512vnni;
+        return avx512 && vnni;
     return false;
+}
+
+/* The truth itself is checked once: on this machine both sources answered, and they agree. */
+static void independent_feature_sources_agree(void **state)
+{
+    (void)state;
+    if (cpuinfo_has("fpu") < 0)
+        th_skip_hw("no /proc/cpuinfo flags to cross-check __builtin_cpu_supports against");
+    print_message("independent view: avx2 %d, avx512 %d, avx512_vnni %d\n", cpu_has("avx2"),
+                  cpu_has("avx512"), cpu_has("avx512_vnni"));
 }
 
 /* In a child: set AR_KERNELS=value, call kernels_get() and check it names `want`, and that a
@@ -224,6 +297,7 @@ static void ar_kernels_ref_records_ref_for_every_entry(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(independent_feature_sources_agree),
         cmocka_unit_test(ar_kernels_ref_forces_the_reference_table),
         cmocka_unit_test(unknown_ar_kernels_name_warns_and_uses_ref),
         cmocka_unit_test(ar_kernels_names_each_variant_or_falls_back),

@@ -18,16 +18,45 @@ static const int tile_sizes[] = {1, 2, 3, 4, 5, 7, 8, 9, 16, 17};
 
 #define COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
-/* The variants other than "ref"; fails if the list is malformed. */
-static int simd_variants(const struct kernel_ops **out)
+/* The SIMD variants this build has (kernels_internal.h). Each per-variant test case runs once
+ * per name (its state), and skips, counted by tests/run.sh, when the CPU lacks that variant:
+ * a test that compared nothing never passes. */
+static const char *const simd_names[] = {"avx2", "avx512", "avx512_vnni"};
+
+/* The variant the test case is for (*state names it; "ref" for the cases that also hold the
+ * reference to an independent truth) as a one-entry list; skips the case when the CPU cannot
+ * run it. */
+static int simd_variants(void **state, const struct kernel_ops **out)
 {
     const struct kernel_ops *all[MAX_VARIANTS];
-    int n = kernels_variants(all, MAX_VARIANTS), k = 0;
+    const char *want = *state;
+    int n = kernels_variants(all, MAX_VARIANTS);
     assert_true(n >= 1);
     for (int i = 0; i < n; i++)
-        if (all[i] != kernels_ref())
-            out[k++] = all[i];
-    return k;
+        if (strcmp(all[i]->name, want) == 0) {
+            out[0] = all[i];
+            return 1;
+        }
+    char why[96];
+    snprintf(why, sizeof(why), "this CPU cannot run the %s kernels", want);
+    th_skip_hw(why);
+    return 0;
+}
+
+/* Comparisons made by the helpers below (dot, quantizer bytes, f32 values). */
+static int g_compared;
+
+/* Ends a per-variant case: prints what it compared, and skips when that was nothing (the
+ * variant has no entry of its own of this kind: all inherited from ref). */
+static void done(void **state, const char *what, int checked)
+{
+    if (checked == 0) {
+        char why[128];
+        snprintf(why, sizeof(why), "%s has no %s of its own to compare", (const char *)*state,
+                 what);
+        th_skip_hw(why);
+    }
+    print_message("[%s] %s: %d comparisons\n", (const char *)*state, what, checked);
 }
 
 static void fill_f32(struct th_rng *r, float *x, int n, float scale)
@@ -133,8 +162,7 @@ static void assert_dot_close(float got, float want, double terms, const char *wh
 static void vec_dot_matches_reference_for_every_weight_type(void **state)
 {
     const struct kernel_ops *vs[MAX_VARIANTS], *ref = kernels_ref();
-    int nv = simd_variants(vs), checked = 0;
-    (void)state;
+    int nv = simd_variants(state, vs), checked = 0;
     for (int v = 0; v < nv; v++) {
         for (int ti = 0; ti < COUNT(weight_types); ti++) {
             enum ar_type t = weight_types[ti];
@@ -161,7 +189,7 @@ static void vec_dot_matches_reference_for_every_weight_type(void **state)
             }
         }
     }
-    print_message("vec_dot: %d comparisons over %d SIMD variant(s)\n", checked, nv);
+    done(state, "vec_dot", checked);
 }
 
 /* Every (nr, nc) tile edge, with row strides padded past the row size and ldy > nr, so a tile
@@ -169,8 +197,7 @@ static void vec_dot_matches_reference_for_every_weight_type(void **state)
 static void gemm_matches_reference_dot_at_every_tile_edge(void **state)
 {
     const struct kernel_ops *vs[MAX_VARIANTS], *ref = kernels_ref();
-    int nv = simd_variants(vs), checked = 0;
-    (void)state;
+    int nv = simd_variants(state, vs), checked = 0;
     for (int v = 0; v < nv; v++) {
         for (int ti = 0; ti < COUNT(weight_types); ti++) {
             enum ar_type t = weight_types[ti];
@@ -219,17 +246,16 @@ static void gemm_matches_reference_dot_at_every_tile_edge(void **state)
             free(y);
         }
     }
-    print_message("gemm: %d tile shapes over %d SIMD variant(s)\n", checked, nv);
+    done(state, "gemm tile shapes", checked);
 }
 
 /* Batch-sized products (many activation rows, long rows): the shapes of a prompt's matmuls,
  * where kernels may take a different path than for a few rows (k split in chunks, more than
  * 64 activation rows, partial groups of 16 weight rows). */
-static int check_gemm_shapes(const int (*shapes)[3], int n_shapes, const char *what, int *nv_out)
+static int check_gemm_shapes(void **state, const int (*shapes)[3], int n_shapes, const char *what)
 {
     const struct kernel_ops *vs[MAX_VARIANTS], *ref = kernels_ref();
-    int nv = simd_variants(vs), checked = 0;
-    *nv_out = nv;
+    int nv = simd_variants(state, vs), checked = 0;
     for (int v = 0; v < nv; v++) {
         for (int ti = 0; ti < COUNT(weight_types); ti++) {
             enum ar_type t = weight_types[ti], at = kernels_vec_dot_type(t);
@@ -275,9 +301,7 @@ static int check_gemm_shapes(const int (*shapes)[3], int n_shapes, const char *w
 static void gemm_matches_reference_dot_on_batch_shapes(void **state)
 {
     static const int shapes[][3] = {{33, 70, 19}, {16, 8, 9}, {5, 65, 40}, {48, 12, 1}};
-    int nv, checked = check_gemm_shapes(shapes, COUNT(shapes), "batch gemm", &nv);
-    (void)state;
-    print_message("batch gemm: %d shapes over %d SIMD variant(s)\n", checked, nv);
+    done(state, "batch gemm shapes", check_gemm_shapes(state, shapes, COUNT(shapes), "batch gemm"));
 }
 
 /* One activation row (decode): kernels may prepare the activation row once per call and
@@ -287,9 +311,7 @@ static void gemm_matches_reference_dot_for_one_activation_row(void **state)
 {
     static const int shapes[][3] = {{7, 1, 1}, {3, 1, 3}, {9, 1, 28}, {5, 1, 152},
                                     {3, 1, 1027}, {2, 1, 2048}};
-    int nv, checked = check_gemm_shapes(shapes, COUNT(shapes), "gemv", &nv);
-    (void)state;
-    print_message("gemv: %d shapes over %d SIMD variant(s)\n", checked, nv);
+    done(state, "gemv shapes", check_gemm_shapes(state, shapes, COUNT(shapes), "gemv"));
 }
 
 /* Whether a batch row's products depend on the batch: the same weight and activation rows
@@ -300,9 +322,8 @@ static void gemm_matches_reference_dot_for_one_activation_row(void **state)
 static void gemm_rows_do_not_depend_on_batch_size_or_row_split(void **state)
 {
     const struct kernel_ops *vs[MAX_VARIANTS], *ref = kernels_ref();
-    int nv = simd_variants(vs), checked = 0;
+    int nv = simd_variants(state, vs), checked = 0;
     const int nr = 37, nc_many = 40, few[] = {12, 16};
-    (void)state;
     for (int v = 0; v < nv; v++) {
         for (int ti = 0; ti < COUNT(weight_types); ti++) {
             enum ar_type t = weight_types[ti], at = kernels_vec_dot_type(t);
@@ -346,7 +367,7 @@ static void gemm_rows_do_not_depend_on_batch_size_or_row_split(void **state)
             free(yf);
         }
     }
-    print_message("batch-size independence: %d cases over %d SIMD variant(s)\n", checked, nv);
+    done(state, "batch-size independence cases", checked);
 }
 
 /* Packed weights (kernels.h "x16"): unpacking gives every row back byte for byte, the
@@ -516,6 +537,7 @@ static void check_from_float(const struct kernel_ops *v, enum ar_type t, const f
         if (a[i] != b[i])
             fail_msg("%s from_float %s n=%d: byte %zu is %02x, reference %02x", v->name,
                      ar_type_name(t), n, i, b[i], a[i]);
+    g_compared++;
     free(a);
     free(b);
 }
@@ -523,8 +545,7 @@ static void check_from_float(const struct kernel_ops *v, enum ar_type t, const f
 static void activation_quantizers_match_reference_bytes(void **state)
 {
     const struct kernel_ops *vs[MAX_VARIANTS], *ref = kernels_ref();
-    int nv = simd_variants(vs), checked = 0;
-    (void)state;
+    int nv = simd_variants(state, vs), checked = 0;
     for (int v = 0; v < nv; v++) {
         for (int ti = 0; ti < COUNT(act_types); ti++) {
             enum ar_type t = act_types[ti];
@@ -549,7 +570,7 @@ static void activation_quantizers_match_reference_bytes(void **state)
             }
         }
     }
-    print_message("from_float: %d comparisons over %d SIMD variant(s)\n", checked, nv);
+    done(state, "from_float", checked);
 }
 
 /* Exact halves: with amax 127 (Q8_0, d = 1) or max -127 (Q8_K, iscale = 1), x * scale is
@@ -557,13 +578,13 @@ static void activation_quantizers_match_reference_bytes(void **state)
 static void activation_quantizers_round_exact_halves_like_reference(void **state)
 {
     const struct kernel_ops *vs[MAX_VARIANTS], *ref = kernels_ref();
-    int nv = simd_variants(vs);
+    int nv = simd_variants(state, vs);
     float x[QK_K];
-    (void)state;
     for (int i = 0; i < QK_K; i++)
         x[i] = (float)((i % 50) - 25) + 0.5f;
     for (int i = 0; i < QK_K; i += QK8_0)
         x[i] = -127.0f; /* every Q8_0 block has amax 127; the Q8_K max is -127 */
+    g_compared = 0;
     for (int v = 0; v < nv; v++) {
         if (vs[v]->from_float[AR_TYPE_Q8_0] != ref->from_float[AR_TYPE_Q8_0])
             check_from_float(vs[v], AR_TYPE_Q8_0, x, QK_K);
@@ -579,6 +600,7 @@ static void activation_quantizers_round_exact_halves_like_reference(void **state
     assert_int_equal(q0[0].qs[1], -24);
     assert_int_equal(qk.qs[1], -24); /* -23.5 -> even */
     assert_int_equal(qk.qs[2], -22); /* -22.5 -> even */
+    done(state, "exact-half quantizer rows", g_compared);
 }
 
 /* ---- f32 vector ops ----------------------------------------------------------------------- */
@@ -589,13 +611,14 @@ static void close_or_fail(float got, float want, double tol, const char *v, cons
     if (!(fabs((double)got - (double)want) <= tol))
         fail_msg("%s %s n=%d [%d]: got %.9g want %.9g (tol %.3g)", v, what, n, i, (double)got,
                  (double)want, tol);
+    g_compared++;
 }
 
 static void f32_ops_match_reference(void **state)
 {
     const struct kernel_ops *vs[MAX_VARIANTS], *ref = kernels_ref();
-    int nv = simd_variants(vs);
-    (void)state;
+    int nv = simd_variants(state, vs);
+    g_compared = 0;
     for (int v = 0; v < nv; v++) {
         const struct kernel_ops *k = vs[v];
         for (int si = 0; si < COUNT(f32_sizes); si++) {
@@ -681,6 +704,7 @@ static void f32_ops_match_reference(void **state)
             free(h);
         }
     }
+    done(state, "f32 op values", g_compared);
 }
 
 /* One attention case for variant vs: scores and value sums of nq query rows over nt key/value
@@ -797,9 +821,7 @@ static void attention_ops_match_plain_loops(void **state)
     static const int nqs[] = {1, 2, 3, 4, 5, 7, 8, 16, 33, 40};
     static const int nts[] = {1, 3, 13, 16, 17, 70};
     const struct kernel_ops *vs[MAX_VARIANTS + 1];
-    int nv = simd_variants(vs), checked = 0;
-    (void)state;
-    vs[nv++] = kernels_ref();
+    int nv = simd_variants(state, vs), checked = 0;
     for (int v = 0; v < nv; v++)
         for (int hi = 0; hi < COUNT(hds); hi++)
             for (int qi = 0; qi < COUNT(nqs); qi++)
@@ -807,7 +829,7 @@ static void attention_ops_match_plain_loops(void **state)
                     for (int f16 = 0; f16 < 2; f16++, checked++)
                         attention_case(vs[v], hds[hi], nqs[qi], nts[ti], f16,
                                        0xa77e0u + (uint64_t)(hi * 1000 + qi * 100 + ti * 10 + f16));
-    print_message("attention ops: %d cases over %d variant(s) with ref\n", checked, nv);
+    done(state, "attention cases", checked);
 }
 
 static void variants_are_listed_best_first_and_reported(void **state)
@@ -822,7 +844,28 @@ static void variants_are_listed_best_first_and_reported(void **state)
         strncat(line, " ", sizeof(line) - strlen(line) - 1);
         strncat(line, all[i]->name, sizeof(line) - strlen(line) - 1);
     }
-    print_message("kernel variants on this CPU:%s (all but ref are tested)\n", line);
+    print_message("kernel variants on this CPU:%s\n", line);
+    /* every variant the CPU runs has its per-variant cases below; say which are not run */
+    line[0] = '\0';
+    for (int i = 0; i < n - 1; i++) {
+        bool known = false;
+        for (int j = 0; j < COUNT(simd_names); j++)
+            known |= strcmp(all[i]->name, simd_names[j]) == 0;
+        if (!known)
+            fail_msg("variant %s has no test cases: add it to simd_names", all[i]->name);
+    }
+    for (int j = 0; j < COUNT(simd_names); j++) {
+        bool present = false;
+        for (int i = 0; i < n; i++)
+            present |= strcmp(all[i]->name, simd_names[j]) == 0;
+        if (!present) {
+            strncat(line, " ", sizeof(line) - strlen(line) - 1);
+            strncat(line, simd_names[j], sizeof(line) - strlen(line) - 1);
+        }
+    }
+    print_message("SIMD variants tested: all above but ref; not on this CPU (their cases "
+                  "skip):%s\n",
+                  line[0] ? line : " none");
 }
 
 /* int8_peak of every variant, ref included, against the closed form: each of 16 lanes gets
@@ -861,22 +904,52 @@ static void int8_peak_loop_computes_the_stated_sum(void **state)
     }
 }
 
+/* Cases run once per SIMD variant (the variant's name is the state); named "case[variant]". */
+struct per_variant {
+    const char *name;
+    CMUnitTestFunction fn;
+    bool with_ref; /* also held against an independent truth on the reference table */
+};
+
+#define PV(f, r) {#f, f, r}
+static const struct per_variant per_variant[] = {
+    PV(vec_dot_matches_reference_for_every_weight_type, false),
+    PV(gemm_matches_reference_dot_at_every_tile_edge, false),
+    PV(gemm_matches_reference_dot_on_batch_shapes, false),
+    PV(gemm_matches_reference_dot_for_one_activation_row, false),
+    PV(gemm_rows_do_not_depend_on_batch_size_or_row_split, false),
+    PV(attention_ops_match_plain_loops, true),
+    PV(activation_quantizers_match_reference_bytes, false),
+    PV(activation_quantizers_round_exact_halves_like_reference, false),
+    PV(f32_ops_match_reference, false),
+};
+
 int main(void)
 {
-    const struct CMUnitTest tests[] = {
+    static struct CMUnitTest tests[64];
+    static char names[64][128];
+    static const char *const ref_name = "ref";
+    int n = 0;
+    const struct CMUnitTest fixed[] = {
         cmocka_unit_test(variants_are_listed_best_first_and_reported),
         cmocka_unit_test(int8_peak_loop_computes_the_stated_sum),
-        cmocka_unit_test(vec_dot_matches_reference_for_every_weight_type),
-        cmocka_unit_test(gemm_matches_reference_dot_at_every_tile_edge),
-        cmocka_unit_test(gemm_matches_reference_dot_on_batch_shapes),
-        cmocka_unit_test(gemm_matches_reference_dot_for_one_activation_row),
-        cmocka_unit_test(gemm_rows_do_not_depend_on_batch_size_or_row_split),
         cmocka_unit_test(gemm_outputs_are_bit_identical_for_every_call_split),
         cmocka_unit_test(packed_gemm_equals_gemm_on_the_unpacked_rows),
-        cmocka_unit_test(attention_ops_match_plain_loops),
-        cmocka_unit_test(activation_quantizers_match_reference_bytes),
-        cmocka_unit_test(activation_quantizers_round_exact_halves_like_reference),
-        cmocka_unit_test(f32_ops_match_reference),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    for (int i = 0; i < COUNT(fixed); i++)
+        tests[n++] = fixed[i];
+    for (int i = 0; i < COUNT(per_variant); i++) {
+        for (int v = -1; v < COUNT(simd_names); v++) {
+            const char *vn = v < 0 ? ref_name : simd_names[v];
+            if (v < 0 && !per_variant[i].with_ref)
+                continue;
+            if (n >= COUNT(tests))
+                return 1;
+            snprintf(names[n], sizeof(names[n]), "%s[%s]", per_variant[i].name, vn);
+            tests[n] =
+                (struct CMUnitTest){names[n], per_variant[i].fn, NULL, NULL, (void *)(uintptr_t)vn};
+            n++;
+        }
+    }
+    return _cmocka_run_group_tests("simd_test", tests, (size_t)n, NULL, NULL);
 }
