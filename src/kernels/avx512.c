@@ -625,9 +625,9 @@ static void q4_0_gemm_lanes(int nb, int nr, int nc, const uint8_t *w, size_t w_r
  * and the transposes are gone. Q4_0's vectors hold two lane vectors as nibbles. */
 
 /* quant bytes of one block of a group, and its lane vectors */
-#define PK_Q(kind) ((kind) == LN_Q8_0 ? 512 : 256)
-/* bytes of one block of a group: its quants, 16 f16 scales, 32 zero bytes */
-#define PK_B(kind) (PK_Q(kind) + 64)
+#define PK_Q(kind) ((kind) == LN_Q8_0 ? 512 : (kind) == LN_Q5_0 ? 320 : 256)
+/* bytes of one block of a group: its quants and 16 f16 scales */
+#define PK_B(kind) (PK_Q(kind) + 32)
 
 /* Block b's 8 lane vectors (bytes, 64 apart) at v: Q8_0's as stored; Q4_0's unpacked */
 AR_INLINE const uint8_t *pk_block(const int kind, const uint8_t *gq, int b, __m512i v[8])
@@ -641,6 +641,20 @@ AR_INLINE const uint8_t *pk_block(const int kind, const uint8_t *gq, int b, __m5
         v[t] = _mm512_and_si512(q, m4);
         v[t + 4] = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
     }
+    if (kind == LN_Q5_0) {
+        /* the high-bit plane: bit t of each byte is vector t's bit 4, moved there by a 16-bit
+         * shift (the bit that lands at 4 in each byte comes from the same byte) */
+        const __m512i b4 = _mm512_set1_epi8(0x10);
+        __m512i e = _mm512_loadu_si512((const void *)(p + 256));
+        v[0] = _mm512_or_si512(v[0], _mm512_and_si512(_mm512_slli_epi16(e, 4), b4));
+        v[1] = _mm512_or_si512(v[1], _mm512_and_si512(_mm512_slli_epi16(e, 3), b4));
+        v[2] = _mm512_or_si512(v[2], _mm512_and_si512(_mm512_slli_epi16(e, 2), b4));
+        v[3] = _mm512_or_si512(v[3], _mm512_and_si512(_mm512_slli_epi16(e, 1), b4));
+        v[4] = _mm512_or_si512(v[4], _mm512_and_si512(e, b4));
+        v[5] = _mm512_or_si512(v[5], _mm512_and_si512(_mm512_srli_epi16(e, 1), b4));
+        v[6] = _mm512_or_si512(v[6], _mm512_and_si512(_mm512_srli_epi16(e, 2), b4));
+        v[7] = _mm512_or_si512(v[7], _mm512_and_si512(_mm512_srli_epi16(e, 3), b4));
+    }
     return (const uint8_t *)v;
 }
 
@@ -652,7 +666,7 @@ AR_INLINE const uint8_t *pk_block(const int kind, const uint8_t *gq, int b, __m5
 AR_INLINE void pk_gemv(const int kind, int nb, int nr, const uint8_t *wp, size_t gsz,
                        const uint8_t *x, float *y)
 {
-    const int32_t off = kind == LN_Q8_0 ? 128 : 8;
+    const int32_t off = kind == LN_Q8_0 ? 128 : kind == LN_Q5_0 ? 16 : 8;
     const struct block_q8_0 *xb = (const struct block_q8_0 *)(const void *)x;
     for (int i0 = 0; i0 < nr; i0 += 16) {
         const uint8_t *gq = wp + (size_t)(i0 / 16) * gsz;
@@ -688,7 +702,7 @@ AR_INLINE void pk_gemv(const int kind, int nb, int nr, const uint8_t *wp, size_t
 AR_INLINE void pk_gemm(const int kind, int nb, int nr, int nc, const uint8_t *wp,
                        const uint8_t *x, size_t x_row, float *y, size_t ldy)
 {
-    const int32_t off = kind == LN_Q8_0 ? 128 : 8;
+    const int32_t off = kind == LN_Q8_0 ? 128 : kind == LN_Q5_0 ? 16 : 8;
     const size_t gsz = (size_t)nb * PK_B(kind), wbs = kind == LN_Q8_0 ? PK_B(kind) : 512;
     float xd[LN_JC * LN_KB];
     int32_t xc[LN_JC * LN_KB];
@@ -788,6 +802,12 @@ static void q4_0_gemm_packed(int n, int nr, int nc, const void *wp, const void *
                              float *y, size_t ldy)
 {
     pk_gemm(LN_Q4_0, n / QK4_0, nr, nc, wp, x, x_row, y, ldy);
+}
+
+static void q5_0_gemm_packed(int n, int nr, int nc, const void *wp, const void *x, size_t x_row,
+                             float *y, size_t ldy)
+{
+    pk_gemm(LN_Q5_0, n / QK5_0, nr, nc, wp, x, x_row, y, ldy);
 }
 
 #endif
@@ -1669,6 +1689,7 @@ void kernels_fill_avx512(struct kernel_ops *ops)
     ops->gemm[AR_TYPE_Q4_0] = q4_0_gemm_best;
     ops->gemm_packed[AR_TYPE_Q8_0] = q8_0_gemm_packed;
     ops->gemm_packed[AR_TYPE_Q4_0] = q4_0_gemm_packed;
+    ops->gemm_packed[AR_TYPE_Q5_0] = q5_0_gemm_packed;
 #else
     ops->gemm[AR_TYPE_Q8_0] = q8_0_gemm;
     ops->gemm[AR_TYPE_Q5_0] = q5_0_gemm;

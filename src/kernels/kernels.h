@@ -118,13 +118,16 @@ void kernels_dequantize_row(enum ar_type t, const void *src, float *dst, int64_t
  * repeating its last row), each group stored whole and in order, so that the 16 rows a lane
  * kernel computes at once are one contiguous stream instead of 16:
  *   group g (rows 16g..16g+15), nb = n / 32 blocks, at byte g * kernels_packed_group(t, n),
- *   block after block, each Q + 64 bytes:
- *     the quants, Q = 512 (Q8_0) or 256 (Q4_0) bytes: Q/64 vectors of 64 bytes; vector v's
- *       4-byte lane r holds row r's quant bytes 4v..4v+3, Q8_0 as unsigned q + 128, Q4_0 as
- *       its stored nibble bytes (low nibble quant i, high nibble quant i + 16);
- *     then the 16 rows' scales d (f16), then 32 zero bytes.
- * Types: Q8_0 and Q4_0 (kernels_packed_group returns 0 for others or n not a multiple of
- * 32). Packing is a copy in another order: kernels_unpack_rows gives the rows back. */
+ *   block after block, each as many bytes as the 16 rows' blocks in the file:
+ *     lane vectors of 64 bytes, vector v's 4-byte lane r holding row r's bytes 4v..4v+3 of:
+ *       Q8_0: its 32 quants as unsigned q + 128 (8 vectors);
+ *       Q4_0, Q5_0: its 16 nibble bytes as stored (low nibble quant i, high nibble quant
+ *       i + 16; 4 vectors);
+ *     Q5_0 then the high-bit plane, 64 bytes: byte 4r + j holds in bit v the high bit of
+ *       row r's quant 4v + j (lane vector v's byte j once unpacked);
+ *     then the 16 rows' scales d (f16).
+ * Types: Q8_0, Q4_0, Q5_0 (kernels_packed_group returns 0 for others or n not a multiple of
+ * 32). Packing is a copy in another order: kernels_unpack_row gives the rows back. */
 #define KERNELS_PACK_ROWS 16
 size_t kernels_packed_group(enum ar_type t, int64_t n);
 /* Bytes of nr rows packed (0 when t cannot be packed or on overflow). */

@@ -6,16 +6,26 @@
 #include "kernels_internal.h"
 #include "quants.h"
 
-/* quant bytes of one block of one row, and of the 16 rows of a group */
+/* Bytes of one block of one row other than its scale d (its quants: Q5_0's high bits
+ * included), so a group's block holds 16 of these and 16 scales: 16 rows' bytes. */
 static size_t quant_bytes(enum ar_type t)
 {
-    return t == AR_TYPE_Q8_0 ? QK8_0 : t == AR_TYPE_Q4_0 ? QK4_0 / 2 : 0;
+    switch (t) {
+    case AR_TYPE_Q8_0:
+        return QK8_0;
+    case AR_TYPE_Q4_0:
+        return QK4_0 / 2;
+    case AR_TYPE_Q5_0:
+        return QK5_0 / 2 + 4;
+    default:
+        return 0;
+    }
 }
 
-/* bytes of one block of a group: 16 rows' quants, their 16 scales, 32 zero bytes */
+/* bytes of one block of a group: 16 rows' quants and their 16 scales */
 static size_t block_bytes(size_t q)
 {
-    return KERNELS_PACK_ROWS * q + 64;
+    return KERNELS_PACK_ROWS * q + 2 * KERNELS_PACK_ROWS;
 }
 
 size_t kernels_packed_group(enum ar_type t, int64_t n)
@@ -42,10 +52,17 @@ size_t kernels_packed_offset(enum ar_type t, int64_t n, int64_t i)
     return (size_t)(i / KERNELS_PACK_ROWS) * kernels_packed_group(t, n);
 }
 
-/* where row r (0..15) of a group keeps block b's quant byte k, and its scale */
-static size_t quant_at(size_t q, int b, int r, size_t k)
+/* Within block b of a group (q = quant_bytes): where row r keeps byte k of its lane vectors
+ * (k < 32 for Q8_0, < 16 for Q4_0's and Q5_0's nibbles), Q5_0's high-bit byte j (< 4), and
+ * its scale. */
+static size_t lane_at(size_t q, int b, int r, size_t k)
 {
     return (size_t)b * block_bytes(q) + (k / 4) * 64 + (size_t)r * 4 + k % 4;
+}
+
+static size_t high_at(size_t q, int b, int r, int j)
+{
+    return (size_t)b * block_bytes(q) + 256 + (size_t)r * 4 + (size_t)j;
 }
 
 static size_t scale_at(size_t q, int b, int r)
@@ -53,10 +70,22 @@ static size_t scale_at(size_t q, int b, int r)
     return (size_t)b * block_bytes(q) + KERNELS_PACK_ROWS * q + (size_t)r * 2;
 }
 
+/* Q5_0's high bits (qh: bit i is quant i's bit 4) as the group's plane: byte j of row r
+ * holds in bit v the high bit of quant 4v + j (v < 8: lane vector v's byte j). */
+static uint8_t high_plane_byte(uint32_t qh, int j)
+{
+    uint8_t e = 0;
+    for (int v = 0; v < 8; v++)
+        e |= (uint8_t)(((qh >> (4 * v + j)) & 1u) << v);
+    return e;
+}
+
 void kernels_pack_rows(enum ar_type t, const void *w, size_t w_row, int64_t n, int64_t nr,
                        void *dst)
 {
     size_t q = quant_bytes(t), g = kernels_packed_group(t, n), bs = 2 + q;
+    size_t lanes = t == AR_TYPE_Q5_0 ? QK5_0 / 2 : q; /* lane bytes (Q5_0: its nibbles) */
+    size_t qs_off = t == AR_TYPE_Q5_0 ? 6 : 2;      /* where the lane bytes sit in a block */
     int nb = (int)(n / 32);
     /* Q8_0: signed -> unsigned + 128, four bytes at a time */
     uint32_t flip = t == AR_TYPE_Q8_0 ? 0x80808080u : 0;
@@ -64,19 +93,23 @@ void kernels_pack_rows(enum ar_type t, const void *w, size_t w_row, int64_t n, i
         return;
     for (int64_t g0 = 0; g0 < nr; g0 += KERNELS_PACK_ROWS) {
         uint8_t *gp = (uint8_t *)dst + (size_t)(g0 / KERNELS_PACK_ROWS) * g;
-        for (int b = 0; b < nb; b++) /* the padding after each block's scales */
-            memset(gp + scale_at(q, b, 0) + 2 * KERNELS_PACK_ROWS, 0, 32);
         for (int r = 0; r < KERNELS_PACK_ROWS; r++) {
             const uint8_t *row = (const uint8_t *)w + (size_t)AR_MIN(g0 + r, nr - 1) * w_row;
             for (int b = 0; b < nb; b++) {
-                const uint8_t *blk = row + (size_t)b * bs; /* d (f16), then the quants */
-                uint8_t *qd = gp + quant_at(q, b, r, 0);
+                const uint8_t *blk = row + (size_t)b * bs; /* d (f16), [qh], the quants */
+                uint8_t *qd = gp + lane_at(q, b, r, 0);
                 memcpy(gp + scale_at(q, b, r), blk, 2);
-                for (size_t k = 0; k < q; k += 4) { /* lane r of vector k / 4 */
+                for (size_t k = 0; k < lanes; k += 4) { /* lane r of vector k / 4 */
                     uint32_t v;
-                    memcpy(&v, blk + 2 + k, 4);
+                    memcpy(&v, blk + qs_off + k, 4);
                     v ^= flip;
                     memcpy(qd + (k / 4) * 64, &v, 4);
+                }
+                if (t == AR_TYPE_Q5_0) {
+                    uint32_t qh = (uint32_t)blk[2] | (uint32_t)blk[3] << 8 |
+                                  (uint32_t)blk[4] << 16 | (uint32_t)blk[5] << 24;
+                    for (int j = 0; j < 4; j++)
+                        gp[high_at(q, b, r, j)] = high_plane_byte(qh, j);
                 }
             }
         }
@@ -86,6 +119,7 @@ void kernels_pack_rows(enum ar_type t, const void *w, size_t w_row, int64_t n, i
 void kernels_unpack_row(enum ar_type t, const void *wp, int64_t n, int64_t i, void *dst)
 {
     size_t q = quant_bytes(t), bs = 2 + q;
+    size_t lanes = t == AR_TYPE_Q5_0 ? QK5_0 / 2 : q, qs_off = t == AR_TYPE_Q5_0 ? 6 : 2;
     int nb = (int)(n / 32), r = (int)(i % KERNELS_PACK_ROWS);
     const uint8_t *gp = (const uint8_t *)wp + kernels_packed_offset(t, n, i);
     uint8_t flip = t == AR_TYPE_Q8_0 ? 0x80 : 0;
@@ -94,8 +128,16 @@ void kernels_unpack_row(enum ar_type t, const void *wp, int64_t n, int64_t i, vo
     for (int b = 0; b < nb; b++) {
         uint8_t *blk = (uint8_t *)dst + (size_t)b * bs;
         memcpy(blk, gp + scale_at(q, b, r), 2);
-        for (size_t k = 0; k < q; k++)
-            blk[2 + k] = (uint8_t)(gp[quant_at(q, b, r, k)] ^ flip);
+        for (size_t k = 0; k < lanes; k++)
+            blk[qs_off + k] = (uint8_t)(gp[lane_at(q, b, r, k)] ^ flip);
+        if (t == AR_TYPE_Q5_0) {
+            uint32_t qh = 0;
+            for (int j = 0; j < 4; j++)
+                for (int v = 0; v < 8; v++)
+                    qh |= (uint32_t)((gp[high_at(q, b, r, j)] >> v) & 1u) << (4 * v + j);
+            for (int k = 0; k < 4; k++)
+                blk[2 + k] = (uint8_t)(qh >> (8 * k));
+        }
     }
 }
 
@@ -139,8 +181,15 @@ static void q4_0_gemm_packed_ref(int n, int nr, int nc, const void *wp, const vo
     gemm_packed_ref(AR_TYPE_Q4_0, n, nr, nc, wp, x, x_row, y, ldy);
 }
 
+static void q5_0_gemm_packed_ref(int n, int nr, int nc, const void *wp, const void *x,
+                                 size_t x_row, float *y, size_t ldy)
+{
+    gemm_packed_ref(AR_TYPE_Q5_0, n, nr, nc, wp, x, x_row, y, ldy);
+}
+
 void kernels_fill_packed_ref(struct kernel_ops *ops)
 {
     ops->gemm_packed[AR_TYPE_Q8_0] = q8_0_gemm_packed_ref;
     ops->gemm_packed[AR_TYPE_Q4_0] = q4_0_gemm_packed_ref;
+    ops->gemm_packed[AR_TYPE_Q5_0] = q5_0_gemm_packed_ref;
 }
