@@ -8,10 +8,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define AR_FNV32_BASIS 0x811c9dc5u             /* offset basis, 32 bits */
-#define AR_FNV32_PRIME 0x01000193u             /* 16777619 */
-#define AR_FNV64_BASIS 0xcbf29ce484222325ull   /* offset basis, 64 bits */
-#define AR_FNV64_PRIME 0x00000100000001b3ull   /* 1099511628211 */
+#define AR_FNV32_BASIS 0x811c9dc5u           /* offset basis, 32 bits */
+#define AR_FNV32_PRIME 0x01000193u           /* 16777619 */
+#define AR_FNV64_BASIS 0xcbf29ce484222325ull /* offset basis, 64 bits */
+#define AR_FNV64_PRIME 0x00000100000001b3ull /* 1099511628211 */
 
 /* h continued over p[0..n): per byte, h = (h xor byte) * prime. */
 static inline uint32_t ar_fnv1a32(uint32_t h, const void *p, size_t n)

@@ -121,8 +121,8 @@ static void utf8_every_scalar_value_of_table_3_7(void **state)
  * a whole exactly when the table has it; never a longer length than given. */
 static void utf8_decodes_nothing_the_table_lacks(void **state)
 {
-    static const uint8_t tail[] = {0x00, 0x41, 0x7f, 0x80, 0x8f, 0x90, 0x9f, 0xa0, 0xbf, 0xc0,
-                                   0xc2, 0xf4, 0xff};
+    static const uint8_t tail[] = {0x00, 0x41, 0x7f, 0x80, 0x8f, 0x90, 0x9f,
+                                   0xa0, 0xbf, 0xc0, 0xc2, 0xf4, 0xff};
     uint8_t b[4];
     uint32_t cp;
     (void)state;
@@ -228,10 +228,15 @@ static void utf8_sanitize_replaces_each_bad_byte(void **state)
     size_t n = 0;
     char *s;
     (void)state;
-    s = ar_utf8_sanitize("a\xff" "b\xe2\x82", 5, &n);
+    s = ar_utf8_sanitize("a\xff"
+                         "b\xe2\x82",
+                         5, &n);
     assert_non_null(s);
     assert_int_equal(n, 1 + 3 + 1 + 6);
-    assert_memory_equal(s, "a\xef\xbf\xbd" "b\xef\xbf\xbd\xef\xbf\xbd", n + 1);
+    assert_memory_equal(s,
+                        "a\xef\xbf\xbd"
+                        "b\xef\xbf\xbd\xef\xbf\xbd",
+                        n + 1);
     ar_free(s);
     s = ar_utf8_sanitize("\xe6\x97\xa5", 3, NULL);
     assert_non_null(s);
