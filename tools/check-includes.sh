@@ -2,8 +2,10 @@
 # check-includes.sh - the include graph of src/ against the module map. Fails, naming the file
 # and line, when a file of src/<module>/ includes a header of a module that <module> may not use
 # (the Makefile's DEPS_<module>, read through `make print-deps`: the one source of truth, which
-# also decides what each test links), when an include names no file, and when the table of
-# docs/architecture.md ("Who may use whom") says otherwise than the Makefile.
+# also decides what each test links), when an include names no file or is not written in the
+# one style (a header of the own module as "header.h", of another module as "module/header.h",
+# the public header as "autoreply.h"), and when the table of docs/architecture.md ("Who may
+# use whom") says otherwise than the Makefile.
 #   sh tools/check-includes.sh [ROOT]      ROOT: the checkout (default: this script's)
 # An include resolves as the compiler resolves it: beside the including file first, then
 # include/ (autoreply.h, the public header, which every module may use), then src/.
@@ -64,9 +66,19 @@ END {
             else if (norm("include/" p) in exists) target = norm("include/" p)
             else if (norm("src/" p) in exists) target = norm("src/" p)
             else { fail(f ":" ln ": #include \"" p "\" names no file (beside it, in include/ or src/)"); continue }
-            if (target ~ /^include\//) continue
+            if (target ~ /^include\//) {
+                if (p != substr(target, 9))
+                    fail(f ":" ln ": #include \"" p "\": the public header is written \"" substr(target, 9) "\"")
+                continue
+            }
             split(target, tp, "/"); t = tp[2]
-            if (target !~ /^src\// || t == m) continue
+            if (target !~ /^src\//) continue
+            # one style: "header.h" in the own module, "module/header.h" for another
+            if (t == m && p != substr(target, length(dir) + 2))
+                fail(f ":" ln ": #include \"" p "\": a header of the own module is written \"" substr(target, length(dir) + 2) "\"")
+            else if (t != m && p != substr(target, 5))
+                fail(f ":" ln ": #include \"" p "\": a header of another module is written \"" substr(target, 5) "\"")
+            if (t == m) continue
             if (!((m, t) in may))
                 fail(f ":" ln ": #include \"" p "\": " m " may not use " t " (Makefile DEPS_" m " :=" list[m] ")")
         }

@@ -4,10 +4,10 @@
 #ifndef AR_API_INTERNAL_H
 #define AR_API_INTERNAL_H
 
-#include "../base/base.h"
-#include "../engine/engine.h"
-#include "../model/model.h"
-#include "../tokenizer/tokenizer.h"
+#include "base/base.h"
+#include "engine/engine.h"
+#include "model/model.h"
+#include "tokenizer/tokenizer.h"
 
 struct ar_model {
     struct model *model;    /* owned */

@@ -5,9 +5,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "../cache/cache.h"
-#include "../reply/reply.h"
-#include "../store/store.h"
+#include "cache/cache.h"
+#include "reply/reply.h"
+#include "store/store.h"
 #include "api_internal.h"
 
 #define API_DEFAULT_SHOP "default"

@@ -9,8 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "base/base.h"
-#include "base/opts.h"
+#include "base.h"
+#include "opts.h"
 
 #define HELP_COL 24   /* the help text's column */
 #define CODE_HELP 2   /* getopt_long's answer for --help (1 is a positional argument) */

@@ -24,7 +24,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../base/base.h"
+#include "base/base.h"
 
 /* Counters since creation. hits + misses == number of gets; a get that finds an expired
  * entry counts as a miss and as expired. Evictions are entries pushed out by the byte

@@ -15,11 +15,11 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "../base/base.h"
-#include "../base/types.h"
-#include "../model/model.h"
-#include "../sampler/sampler.h"
-#include "../tokenizer/tokenizer.h"
+#include "base/base.h"
+#include "base/types.h"
+#include "model/model.h"
+#include "sampler/sampler.h"
+#include "tokenizer/tokenizer.h"
 
 enum engine_priority {
     ENGINE_PRIO_INTERACTIVE = 0, /* a customer is waiting */

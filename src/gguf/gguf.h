@@ -18,8 +18,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../base/base.h"
-#include "../base/types.h"
+#include "base/base.h"
+#include "base/types.h"
 
 enum gguf_vtype {
     GGUF_VTYPE_U8 = 0,

@@ -8,9 +8,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../base/base.h"
-#include "../base/cpu.h"
-#include "../base/types.h"
+#include "base/base.h"
+#include "base/cpu.h"
+#include "base/types.h"
 
 /* Activation type consumed by the dot product of weight type t:
  * F32 -> F32, F16 -> F16, BF16 -> BF16, Q8_0/Q4_0/Q5_0 -> Q8_0, Q4_K/Q5_K/Q6_K -> Q8_K

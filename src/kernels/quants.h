@@ -6,7 +6,7 @@
 #include <assert.h>
 #include <stdint.h>
 
-#include "../base/base.h"
+#include "base/base.h"
 
 #define QK4_0 32
 #define QK4_1 32

@@ -11,8 +11,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "../base/base.h"
-#include "../base/types.h"
+#include "base/base.h"
+#include "base/types.h"
 
 struct kv_params {
     int n_layers;

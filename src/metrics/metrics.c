@@ -2,7 +2,7 @@
  * Values live in 64-bit atomics (doubles stored as their bits and updated by
  * compare-and-swap); locks guard only the structure: family registration (registry lock)
  * and child creation (family lock), both taken by the renderer. */
-#include "metrics/metrics.h"
+#include "metrics.h"
 
 #include <math.h>
 #include <pthread.h>

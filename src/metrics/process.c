@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "base/base.h"
-#include "metrics/metrics.h"
+#include "metrics.h"
 #include "metrics_internal.h"
 
 /* ---- reading /proc ------------------------------------------------------------------------ */

@@ -6,7 +6,7 @@
 
 #include <math.h>
 
-#include "../kernels/kernels.h"
+#include "kernels/kernels.h"
 
 /* clang-format off */
 static const struct model_arch_desc ARCHS[MODEL_ARCH_COUNT] = {

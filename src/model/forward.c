@@ -13,8 +13,8 @@
 #include <sched.h>
 #include <stdatomic.h>
 
-#include "../base/cpu.h"
-#include "../kernels/kernels.h"
+#include "base/cpu.h"
+#include "kernels/kernels.h"
 
 /* Weight rows per thread split unit; weight rows and batch rows per gemm call (a call's
  * weight rows stay in cache while every batch row streams past them). Every gemm computes

@@ -9,7 +9,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
-#include "../kernels/kernels.h"
+#include "kernels/kernels.h"
 
 /* Sanity bounds for sizes read from files: large enough for any real model, small enough
  * that products of two of them cannot overflow 64-bit byte counts. */

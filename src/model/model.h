@@ -11,10 +11,10 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "../base/base.h"
-#include "../base/pool.h"
-#include "../gguf/gguf.h"
-#include "../kv/kv.h"
+#include "base/base.h"
+#include "base/pool.h"
+#include "gguf/gguf.h"
+#include "kv/kv.h"
 
 enum model_arch {
     MODEL_ARCH_LLAMA,

@@ -11,7 +11,7 @@
 
 #include <math.h>
 
-#include "../kernels/kernels.h"
+#include "kernels/kernels.h"
 
 /* Scratch of one pass, all f32. */
 struct ref {

@@ -25,7 +25,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../base/base.h"
+#include "base/base.h"
 
 #define QUEUE_DEFAULT_NAME "autoreply.jobs"
 #define QUEUE_BODY_MAX (1u << 20) /* largest message body, bytes */

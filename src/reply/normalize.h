@@ -31,7 +31,7 @@
 
 #include <stddef.h>
 
-#include "../base/base.h"
+#include "base/base.h"
 
 /* Normalizes len bytes of text (need not be NUL-terminated; NULL is allowed when len is
  * 0). *out is a new NUL-terminated string of *out_len bytes, never longer than len; the

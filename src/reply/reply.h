@@ -36,13 +36,13 @@
 
 #include <cjson/cJSON.h>
 
-#include "../base/base.h"
-#include "../engine/engine.h"
-#include "../metrics/metrics.h"
-#include "../queue/queue.h"
-#include "../store/store.h"
-#include "../tokenizer/tokenizer.h"
-#include "../cache/cache.h"
+#include "base/base.h"
+#include "engine/engine.h"
+#include "metrics/metrics.h"
+#include "queue/queue.h"
+#include "store/store.h"
+#include "tokenizer/tokenizer.h"
+#include "cache/cache.h"
 
 #define REPLY_TEXT_MAX 4096     /* review text limit in bytes; longer: REPLY_EINVAL */
 #define REPLY_PRODUCT_MAX 256   /* product name limit in bytes */

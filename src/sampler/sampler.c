@@ -1,7 +1,7 @@
 /* sampler.c - turns one row of logits into a token id. Each call works on a candidate
  * array allocated once at create; filters narrow it without a full sort: a bounded heap for
  * top-k, a weighted quickselect for top-p, a scan for min-p, all on one total order. */
-#include "sampler/sampler.h"
+#include "sampler.h"
 
 #include <math.h>
 

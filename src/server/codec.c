@@ -7,7 +7,7 @@
 
 #include <msgpack.h>
 
-#include "server/server_internal.h"
+#include "server_internal.h"
 
 /* ---- checks shared by both formats ------------------------------------------------------ */
 

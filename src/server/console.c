@@ -12,8 +12,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "server/console_assets.h"
-#include "server/server_internal.h"
+#include "console_assets.h"
+#include "server_internal.h"
 
 /* /v1/stats keeps a sample of the counters at most every STATS_PERIOD_S seconds, the last
  * STATS_SAMPLES of them: rates and percentiles are the differences over a window of up to

@@ -16,7 +16,7 @@
 #include <strings.h>
 #include <sys/socket.h>
 
-#include "server/http_internal.h"
+#include "http_internal.h"
 
 #define STREAM_BLOCK 16384
 #define INFLATE_BLOCK 16384

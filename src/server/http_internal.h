@@ -20,7 +20,7 @@
 #define ZLIB_CONST /* next_in is const */
 #include <zlib.h>
 
-#include "server/server_internal.h"
+#include "server_internal.h"
 
 struct route {
     char *method; /* owned */

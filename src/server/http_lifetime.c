@@ -16,7 +16,7 @@
 #include <unistd.h>
 
 #include "base/deadline.h"
-#include "server/http_internal.h"
+#include "http_internal.h"
 
 #define WATCHDOG_PERIOD_S 0.1
 /* Near the connection limit (fewer than max_conns / CONN_RESERVE_DIV free slots) idle

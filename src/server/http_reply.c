@@ -12,7 +12,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "server/http_internal.h"
+#include "http_internal.h"
 
 /* Whole replies at least this long are gzipped for a client that accepts it (smaller ones gain
  * too little for the time); they carry Vary: Accept-Encoding either way. */

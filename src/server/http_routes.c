@@ -5,7 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "server/http_internal.h"
+#include "http_internal.h"
 
 /* How well rt matches path: 0 not at all, SIZE_MAX exactly, else the prefix length (so the
  * longest prefix wins and an exact route beats every prefix). */

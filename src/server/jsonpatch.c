@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "server/server_internal.h"
+#include "server_internal.h"
 
 static enum jsonpatch_result fail(struct jsonpatch_err *e, enum jsonpatch_result r, int op,
                                   const char *fmt, ...) AR_PRINTF(4, 5);

@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "base/hash.h"
-#include "server/server_internal.h"
+#include "server_internal.h"
 
 /* ---- API keys ------------------------------------------------------------------------------ */
 

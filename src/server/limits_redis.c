@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "cache/cache.h"
-#include "server/server_internal.h"
+#include "server_internal.h"
 
 /* KEYS[1]: the client's hash {r: request tokens, k: tokens, t: last refill (Redis seconds)}.
  * ARGV: op ("r": one request, "t": n tokens), rps, burst, tpm, n, admission ("1"/"0").

@@ -7,7 +7,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "server/server_internal.h"
+#include "server_internal.h"
 
 /* ---- helpers ------------------------------------------------------------------------------- */
 

@@ -7,7 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "server/server_internal.h"
+#include "server_internal.h"
 
 void oai_error_set(struct oai_error *e, int status, const char *type, const char *code,
                    const char *param, const char *fmt, ...)

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "server/server_internal.h"
+#include "server_internal.h"
 
 #define DEFAULT_MAX_JOB_BODY ((size_t)64 << 20)
 #define DEFAULT_JOB_MAX_OPEN 32

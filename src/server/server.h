@@ -20,10 +20,10 @@
 
 #include <cjson/cJSON.h>
 
-#include "../base/base.h"
-#include "../engine/engine.h"
-#include "../metrics/metrics.h"
-#include "../reply/reply.h"
+#include "base/base.h"
+#include "engine/engine.h"
+#include "metrics/metrics.h"
+#include "reply/reply.h"
 
 struct server_params {
     const char *host;         /* numeric address or name to listen on ("127.0.0.1") */

@@ -17,7 +17,7 @@
 #include <sys/random.h>
 #include <time.h>
 
-#include "server/server_internal.h"
+#include "server_internal.h"
 
 #define SESSION_ID_PREFIX "sess_"
 #define SESSIONS_PATH "/v1/sessions"

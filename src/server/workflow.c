@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "server/server_internal.h"
+#include "server_internal.h"
 
 #define LIST_DEFAULT 20
 #define LIST_MAX 100

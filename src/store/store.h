@@ -44,7 +44,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "../base/base.h"
+#include "base/base.h"
 
 #define STORE_SCHEMA_VERSION 5    /* SQLite's user_version */
 #define STORE_PG_SCHEMA_VERSION 3 /* PostgreSQL's max(schema_migrations.version) */

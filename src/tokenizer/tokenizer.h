@@ -29,8 +29,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../base/base.h"
-#include "../gguf/gguf.h"
+#include "base/base.h"
+#include "gguf/gguf.h"
 
 struct tokenizer;
 

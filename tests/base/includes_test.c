@@ -65,7 +65,7 @@ static void make_tree(char *root, size_t size)
     put(root, "src/a/a.h", "#include \"autoreply.h\"\n");
     put(root, "src/a/a.c", "#include \"a.h\"\n#include <stdio.h>\n");
     put(root, "src/b/b.h", "#include \"a/a.h\"\n");
-    put(root, "src/b/b.c", "#include \"b.h\"\n#include \"../a/a.h\"\n");
+    put(root, "src/b/b.c", "#include \"b.h\"\n#include \"a/a.h\"\n");
     put(root, "docs/architecture.md", "# x\n\n## Who may use whom\n\n| module | may use |\n"
                                       "|---|---|\n| `a` | — |\n| `b` | `a` |\n\n## Next\n");
 }
@@ -108,7 +108,30 @@ static void include_of_a_module_not_in_deps_fails_with_file_and_line(void **stat
     assert_int_equal(run_check(root, out, sizeof(out)), 1);
     assert_non_null(strstr(out, "src/a/bad.c:3: #include \"b/b.h\": a may not use b"));
     assert_non_null(strstr(out, "src/a/bad2.h:1: #include \"../b/b.h\": a may not use b"));
-    assert_non_null(strstr(out, "2 problem(s)"));
+    /* bad2.h also breaks the style */
+    assert_non_null(strstr(out, "3 problem(s)"));
+    remove_tree(root);
+}
+
+static void include_not_in_the_one_style_fails(void **state)
+{
+    char root[64], out[4096];
+    (void)state;
+    make_tree(root, sizeof(root));
+    put(root, "src/b/s1.c", "#include \"../a/a.h\"\n");
+    put(root, "src/b/s2.c", "#include \"b/b.h\"\n");
+    put(root, "src/b/s3.c", "#include \"../b/b.h\"\n");
+    put(root, "src/b/s4.c", "#include \"./b.h\"\n#include \"../../include/autoreply.h\"\n");
+    assert_int_equal(run_check(root, out, sizeof(out)), 1);
+    assert_non_null(strstr(out, "src/b/s1.c:1: #include \"../a/a.h\": a header of another "
+                                "module is written \"a/a.h\""));
+    assert_non_null(strstr(out, "src/b/s2.c:1: #include \"b/b.h\": a header of the own module "
+                                "is written \"b.h\""));
+    assert_non_null(strstr(out, "src/b/s3.c:1: #include \"../b/b.h\": a header of the own "
+                                "module is written \"b.h\""));
+    assert_non_null(strstr(out, "src/b/s4.c:1: #include \"./b.h\""));
+    assert_non_null(strstr(out, "src/b/s4.c:2: #include \"../../include/autoreply.h\""));
+    assert_non_null(strstr(out, "5 problem(s)"));
     remove_tree(root);
 }
 
@@ -159,6 +182,7 @@ int main(void)
         cmocka_unit_test(repository_keeps_to_its_module_map),
         cmocka_unit_test(made_up_tree_that_keeps_to_its_map_passes),
         cmocka_unit_test(include_of_a_module_not_in_deps_fails_with_file_and_line),
+        cmocka_unit_test(include_not_in_the_one_style_fails),
         cmocka_unit_test(include_of_no_file_fails),
         cmocka_unit_test(folder_without_deps_fails),
         cmocka_unit_test(doc_table_differing_from_makefile_fails),
