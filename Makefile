@@ -71,7 +71,7 @@ LIB_ALL := $(BUILD)/libautoreply.a
 BIN     := $(if $(filter build,$(BUILD)),bin/autoreply,$(BUILD)/bin/autoreply)
 
 .PHONY: all test asan tsan fuzz fuzz-run bench deps clean format check-fixtures install uninstall \
-        print-deps check-includes
+        print-deps check-includes check-names
 all: $(BIN)
 
 # Library objects are position-independent with hidden visibility: the same objects make
@@ -214,6 +214,10 @@ print-deps:
 # runs it too).
 check-includes:
 	@sh tools/check-includes.sh
+
+# Every symbol of a module's archive starts with the module's prefix (docs/architecture.md).
+check-names: $(foreach m,$(MODULES) cli,$(call lib_of,$(m)))
+	@sh tools/check-names.sh $(BUILD)/lib
 
 deps:
 	sh tools/install-deps.sh

@@ -149,7 +149,7 @@ int main(int argc, char **argv)
         return 2;
     }
     char feat[256];
-    cpu_features_str(cpu_features_get(), feat, sizeof(feat));
+    ar_cpu_features_str(ar_cpu_features_get(), feat, sizeof(feat));
     printf("{\"features\":\"%s\",\"kernels\":\"%s\",\"int8_peak_insn\":\"%s\"}\n", feat,
            k->name, k->int8_peak_insn);
     snprintf(buf, sizeof(buf), "%s", types);

@@ -28,7 +28,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             struct ar_err err = {0};
             int64_t n = -1, bad = -1;
             enum ar_status st =
-                rp_job_lines_check(body, size, shop ? "shop-1" : NULL, strict, &n, &bad, &err);
+                reply_job_lines_check(body, size, shop ? "shop-1" : NULL, strict, &n, &bad, &err);
             if (st != AR_OK) {
                 check(st == AR_ENOMEM || (st == AR_EINVAL && err.msg[0]));
                 continue;

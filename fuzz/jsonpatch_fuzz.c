@@ -43,29 +43,29 @@ static bool only_tests(const cJSON *patch)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     const char *text = (const char *)data, *nul = memchr(data, 0, size);
-    struct jsonpatch_limits lim = {.max_depth = 12, .max_nodes = 512};
-    struct jsonpatch_err e;
+    struct server_jsonpatch_limits lim = {.max_depth = 12, .max_nodes = 512};
+    struct server_jsonpatch_err e;
     cJSON *doc = NULL, *patch = NULL, *out = NULL;
     char *before = NULL, *after = NULL;
-    enum jsonpatch_result r;
+    enum server_jsonpatch_result r;
     size_t doc_len = nul ? (size_t)(nul - text) : 2;
     const char *doc_text = nul ? text : "{}";
     const char *patch_text = nul ? nul + 1 : text;
     size_t patch_len = nul ? size - doc_len - 1 : size;
 
-    if (codec_parse(CODEC_JSON, doc_text, doc_len, &doc, NULL) != AR_OK)
+    if (server_codec_parse(SERVER_CODEC_JSON, doc_text, doc_len, &doc, NULL) != AR_OK)
         return 0;
-    if (codec_parse(CODEC_JSON, patch_text, patch_len, &patch, NULL) != AR_OK) {
+    if (server_codec_parse(SERVER_CODEC_JSON, patch_text, patch_len, &patch, NULL) != AR_OK) {
         cJSON_Delete(doc);
         return 0;
     }
     before = cJSON_PrintUnformatted(doc);
-    r = jsonpatch_apply(doc, patch, &lim, &out, &e);
+    r = server_jsonpatch_apply(doc, patch, &lim, &out, &e);
     after = cJSON_PrintUnformatted(doc);
     check(before && after && !strcmp(before, after));
     check(e.result == r);
     check(memchr(e.msg, 0, sizeof(e.msg)) != NULL);
-    if (r == JSONPATCH_OK) {
+    if (r == SERVER_JSONPATCH_OK) {
         int deepest = 0;
         size_t nodes = 0;
         check(out != NULL);
@@ -73,19 +73,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         /* the limits bind what a patch adds; the document given may exceed them already */
         sink += (uint64_t)deepest + nodes;
         if (cJSON_IsArray(patch) && only_tests(patch))
-            check(jsonpatch_equal(out, doc));
+            check(server_jsonpatch_equal(out, doc));
     } else {
         check(out == NULL);
-        check(r == JSONPATCH_EINVAL || r == JSONPATCH_ETEST || r == JSONPATCH_ETOOBIG ||
-              r == JSONPATCH_ENOMEM);
+        check(r == SERVER_JSONPATCH_EINVAL || r == SERVER_JSONPATCH_ETEST ||
+              r == SERVER_JSONPATCH_ETOOBIG || r == SERVER_JSONPATCH_ENOMEM);
     }
     for (const cJSON *op = cJSON_IsArray(patch) ? patch->child : NULL; op; op = op->next) {
         const cJSON *p = cJSON_GetObjectItemCaseSensitive(op, "path");
         const cJSON *f = cJSON_GetObjectItemCaseSensitive(op, "from");
         if (cJSON_IsString(p))
-            sink += jsonpatch_get(doc, p->valuestring) != NULL;
+            sink += server_jsonpatch_get(doc, p->valuestring) != NULL;
         if (cJSON_IsString(f))
-            sink += jsonpatch_get(doc, f->valuestring) != NULL;
+            sink += server_jsonpatch_get(doc, f->valuestring) != NULL;
     }
     cJSON_free(before);
     cJSON_free(after);

@@ -17,7 +17,7 @@ tmp="$out.tmp"
         echo "0};"
         n=$((n + 1))
     done
-    echo "const struct console_asset console_assets[] = {"
+    echo "const struct server_console_asset server_console_assets[] = {"
     n=0
     for f in "$@"; do
         name=$(basename "$f")
@@ -36,6 +36,6 @@ tmp="$out.tmp"
         n=$((n + 1))
     done
     echo "};"
-    echo "const size_t console_n_assets = $n;"
+    echo "const size_t server_console_n_assets = $n;"
 } >"$tmp"
 mv "$tmp" "$out"

@@ -14,7 +14,7 @@ static unsigned long long xgetbv0(void)
     return ((unsigned long long)edx << 32) | eax;
 }
 
-static void detect(struct cpu_features *c)
+static void detect(struct ar_cpu_features *c)
 {
     unsigned int a, b, cx, d;
     memset(c, 0, sizeof(*c));
@@ -46,18 +46,18 @@ static void detect(struct cpu_features *c)
     c->avx512bf16 = ((a >> 5) & 1) && c->avx512f;
 }
 #else
-static void detect(struct cpu_features *c)
+static void detect(struct ar_cpu_features *c)
 {
     memset(c, 0, sizeof(*c));
 }
 #endif
 
-const struct cpu_features *cpu_features_get(void)
+const struct ar_cpu_features *ar_cpu_features_get(void)
 {
-    static struct cpu_features cached;
+    static struct ar_cpu_features cached;
     static volatile int done;
     if (!done) {
-        struct cpu_features tmp;
+        struct ar_cpu_features tmp;
         detect(&tmp);
         cached = tmp;
         __atomic_store_n(&done, 1, __ATOMIC_RELEASE);
@@ -65,7 +65,7 @@ const struct cpu_features *cpu_features_get(void)
     return &cached;
 }
 
-void cpu_features_str(const struct cpu_features *c, char *buf, int size)
+void ar_cpu_features_str(const struct ar_cpu_features *c, char *buf, int size)
 {
     snprintf(buf, (size_t)size, "%s%s%s%s%s%s%s%s%s%s",
              c->avx2 ? "avx2 " : "", c->fma ? "fma " : "", c->f16c ? "f16c " : "",

@@ -9,7 +9,7 @@
 #include <immintrin.h>
 #endif
 
-struct cpu_features {
+struct ar_cpu_features {
     bool sse42, avx, avx2, fma, f16c;
     bool avx512f, avx512bw, avx512vl, avx512dq, avx512vnni, avx512bf16;
     bool avxvnni;
@@ -17,9 +17,9 @@ struct cpu_features {
 };
 
 /* Detects once and caches; thread-safe after the first call returns. */
-const struct cpu_features *cpu_features_get(void);
+const struct ar_cpu_features *ar_cpu_features_get(void);
 /* One line such as "avx2 fma f16c avx512f avx512bw avx512vl avx512vnni" into buf. */
-void cpu_features_str(const struct cpu_features *cpu, char *buf, int size);
+void ar_cpu_features_str(const struct ar_cpu_features *cpu, char *buf, int size);
 
 /* One step of a spin-wait loop: PAUSE on x86 (saves power, frees the sibling hyper-thread, and
  * avoids the memory-order flush when the awaited store lands); nothing elsewhere. */

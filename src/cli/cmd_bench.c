@@ -207,7 +207,7 @@ static void print_machine(bool json)
 {
     char cpu[128], feat[256];
     cpu_model_name(cpu, sizeof(cpu));
-    cpu_features_str(cpu_features_get(), feat, (int)sizeof(feat));
+    ar_cpu_features_str(ar_cpu_features_get(), feat, (int)sizeof(feat));
     for (char *c = cpu; *c; c++)
         if (*c == '"' || *c == '\\')
             *c = ' ';

@@ -18,7 +18,7 @@ static bool table_ok[V_COUNT];
 static int chosen;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 
-static bool cpu_can_run(int v, const struct cpu_features *cpu)
+static bool cpu_can_run(int v, const struct ar_cpu_features *cpu)
 {
     bool avx2 = cpu->avx2 && cpu->fma && cpu->f16c;
     bool avx512 = avx2 && cpu->avx512f && cpu->avx512bw && cpu->avx512vl && cpu->avx512dq;
@@ -88,7 +88,7 @@ static const gemm_fn gemm_wrappers[V_COUNT][AR_TYPE_COUNT] = {
 
 static void build_tables(void)
 {
-    const struct cpu_features *cpu = cpu_features_get();
+    const struct ar_cpu_features *cpu = ar_cpu_features_get();
     const char *env = getenv("AR_KERNELS");
 
     kernels_fill_ref(&tables[V_REF]);

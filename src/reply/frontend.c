@@ -48,7 +48,7 @@ enum reply_error reply_error_of_backend(enum ar_status st)
 
 enum ar_status reply_service_submit(struct reply_service *svc, void (*fn)(void *arg), void *arg)
 {
-    return rp_submit(svc, fn, arg, true);
+    return reply_submit(svc, fn, arg, true);
 }
 
 struct store *reply_service_store(struct reply_service *svc)

@@ -218,8 +218,9 @@ static void on_done(void *user, const struct engine_result *res)
     pthread_mutex_unlock(&w->mu);
 }
 
-static enum ar_status engine_generate(struct reply_generator *g, const struct reply_gen_request *r,
-                                      char **text, size_t *len)
+static enum ar_status generate_on_engine(struct reply_generator *g,
+                                         const struct reply_gen_request *r, char **text,
+                                         size_t *len)
 {
     struct engine_gen *eg = (struct engine_gen *)g;
     struct engine_request req;
@@ -305,7 +306,7 @@ static enum ar_status engine_generate(struct reply_generator *g, const struct re
     return AR_OK;
 }
 
-static void engine_gen_destroy(struct reply_generator *g)
+static void destroy_engine_gen(struct reply_generator *g)
 {
     struct engine_gen *eg = (struct engine_gen *)g;
     ar_free(eg->name);
@@ -328,8 +329,8 @@ enum ar_status reply_engine_generator(struct engine *e, const struct tokenizer *
     }
     eg->e = e;
     eg->tok = tok;
-    eg->base.generate = engine_generate;
-    eg->base.destroy = engine_gen_destroy;
+    eg->base.generate = generate_on_engine;
+    eg->base.destroy = destroy_engine_gen;
     eg->base.model_name = eg->name;
     *out = &eg->base;
     return AR_OK;

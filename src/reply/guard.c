@@ -9,7 +9,7 @@
 
 /* ---- UTF-8 and strings ------------------------------------------------------------------ */
 
-bool rp_is_cjk(uint32_t cp)
+bool reply_is_cjk(uint32_t cp)
 {
     return (cp >= 0x3400 && cp <= 0x4dbf) || (cp >= 0x4e00 && cp <= 0x9fff) ||
            (cp >= 0xf900 && cp <= 0xfaff) || (cp >= 0x20000 && cp <= 0x2fa1f);
@@ -313,7 +313,7 @@ bool reply_is_repetitive(const char *text, size_t len)
     if (loop_in_a_row(cps, n))
         return true;
     for (size_t i = 0; i < n; i++)
-        cjk |= rp_is_cjk(cps[i]);
+        cjk |= reply_is_cjk(cps[i]);
     return cjk ? ngram_thrice(cps, n, 6) : word_trigram_thrice(text, len);
 }
 
@@ -329,7 +329,7 @@ bool reply_lang_ok(const char *text, size_t len, const char *lang)
             i++;
             continue;
         }
-        if (rp_is_cjk(cp))
+        if (reply_is_cjk(cp))
             n_cjk++;
         else if ((cp | 0x20) >= 'a' && (cp | 0x20) <= 'z')
             n_latin++;

@@ -296,9 +296,9 @@ static bool line_ok(const char *text, const char *shop, char *why, size_t n)
     return ok;
 }
 
-enum ar_status rp_job_lines_check(const char *body, size_t len, const char *default_shop,
-                                  bool strict, int64_t *n_lines, int64_t *n_bad,
-                                  struct ar_err *err)
+enum ar_status reply_job_lines_check(const char *body, size_t len, const char *default_shop,
+                                     bool strict, int64_t *n_lines, int64_t *n_bad,
+                                     struct ar_err *err)
 {
     struct lines l = {0};
     enum ar_status st = strict ? lines_all_jsonl(body, len, &l, err)
@@ -823,32 +823,32 @@ static enum line_outcome work_line(struct reply_service *svc, const struct line_
  * its worker is done with it. A sweeper thread queues the lines of unpublished jobs and keeps
  * the backlog gauge. */
 
-enum rp_line_state { RP_LINE_TODO, RP_LINE_WORKING, RP_LINE_DONE };
+enum reply_line_state { REPLY_LINE_TODO, REPLY_LINE_WORKING, REPLY_LINE_DONE };
 
 /* One delivered message, from delivery until it is acked or nacked. */
-struct rp_line {
-    struct rp_line *next;
+struct reply_line {
+    struct reply_line *next;
     uint64_t tag;
     struct line_ref ref;
     bool valid; /* the message names a line */
-    enum rp_line_state state;
-    bool requeue; /* RP_LINE_DONE: nack and requeue it (else ack) */
+    enum reply_line_state state;
+    bool requeue; /* REPLY_LINE_DONE: nack and requeue it (else ack) */
 };
 
-struct rp_runner {
+struct reply_runner {
     struct reply_service *svc;
     struct queue *q;
     int n_slots;
     pthread_mutex_t mu;
     pthread_cond_t cv;           /* CLOCK_MONOTONIC: a line changed state, or stop */
-    struct rp_line *head, *tail; /* held (delivered, not settled), in delivery order */
+    struct reply_line *head, *tail; /* held (delivered, not settled), in delivery order */
     int n_held;
     bool stop;         /* under mu */
     bool workers_gone; /* under mu: every worker has returned */
     pthread_t consumer, sweeper, notifier, *workers;
     int n_workers; /* started */
     bool consumer_on, sweeper_on, notifier_on;
-    struct rp_notice *notices; /* under mu: completion callbacks to deliver */
+    struct reply_notice *notices; /* under mu: completion callbacks to deliver */
 };
 
 /* ---- the queue: completion callbacks ------------------------------------------------------------
@@ -857,15 +857,15 @@ struct rp_runner {
  * from its notifier thread, retrying with a doubling pause; a notice not delivered when the
  * process stops is lost (at most once, never twice). */
 
-struct rp_notice {
-    struct rp_notice *next;
+struct reply_notice {
+    struct reply_notice *next;
     char job_id[STORE_JOB_ID_LEN + 1];
     int tries;      /* attempts made */
     double next_at; /* ar_time_s() of the next attempt */
 };
 
 /* Waits on the runner's condition for at most s seconds (mu held). */
-static void runner_wait(struct rp_runner *r, double s)
+static void runner_wait(struct reply_runner *r, double s)
 {
     struct timespec ts;
     if (s <= 0)
@@ -874,7 +874,7 @@ static void runner_wait(struct rp_runner *r, double s)
     pthread_cond_timedwait(&r->cv, &r->mu, &ts);
 }
 
-static bool runner_stopping(struct rp_runner *r)
+static bool runner_stopping(struct reply_runner *r)
 {
     bool s;
     pthread_mutex_lock(&r->mu);
@@ -885,8 +885,8 @@ static bool runner_stopping(struct rp_runner *r)
 
 static void notice_if_done(struct reply_service *svc, const char *job_id)
 {
-    struct rp_runner *r = svc->runner;
-    struct rp_notice *n;
+    struct reply_runner *r = svc->runner;
+    struct reply_notice *n;
     struct ar_err err = {AR_OK, 0, {0}};
     bool claimed = false;
     enum ar_status st = store_job_claim_notify(svc->p.store, job_id, &claimed, &err);
@@ -912,7 +912,7 @@ static void notice_if_done(struct reply_service *svc, const char *job_id)
 }
 
 /* One attempt: true when the receiver answered 2xx (or the job is gone: nothing to say). */
-static bool deliver_notice(struct reply_service *svc, const struct rp_notice *n)
+static bool deliver_notice(struct reply_service *svc, const struct reply_notice *n)
 {
     struct store_job_info info;
     struct ar_err err = {AR_OK, 0, {0}};
@@ -947,13 +947,13 @@ static bool deliver_notice(struct reply_service *svc, const struct rp_notice *n)
 
 static void *notifier_main(void *arg)
 {
-    struct rp_runner *r = arg;
+    struct reply_runner *r = arg;
     struct reply_service *svc = r->svc;
     int tries = svc->p.webhook_tries > 0 ? svc->p.webhook_tries : 4;
     double backoff = svc->p.webhook_backoff_s > 0 ? svc->p.webhook_backoff_s : 1;
     pthread_mutex_lock(&r->mu);
     while (!r->stop) {
-        struct rp_notice **pp, **due = NULL, *n;
+        struct reply_notice **pp, **due = NULL, *n;
         double now = ar_time_s(), next = now + 1;
         for (pp = &r->notices; *pp; pp = &(*pp)->next) {
             if ((*pp)->next_at <= now && !due)
@@ -991,19 +991,19 @@ static void *notifier_main(void *arg)
 
 static void *line_worker(void *arg)
 {
-    struct rp_runner *r = arg;
+    struct reply_runner *r = arg;
     double backoff = JOB_BACKOFF_MIN_S;
     pthread_mutex_lock(&r->mu);
     while (!r->stop) {
-        struct rp_line *l = r->head;
+        struct reply_line *l = r->head;
         enum line_outcome out;
-        while (l && l->state != RP_LINE_TODO)
+        while (l && l->state != REPLY_LINE_TODO)
             l = l->next;
         if (!l) {
             pthread_cond_wait(&r->cv, &r->mu);
             continue;
         }
-        l->state = RP_LINE_WORKING;
+        l->state = REPLY_LINE_WORKING;
         pthread_mutex_unlock(&r->mu);
         out = l->valid ? work_line(r->svc, &l->ref) : LINE_SETTLED;
         pthread_mutex_lock(&r->mu);
@@ -1018,7 +1018,7 @@ static void *line_worker(void *arg)
             backoff = JOB_BACKOFF_MIN_S;
         }
         l->requeue = out == LINE_RETRY;
-        l->state = RP_LINE_DONE;
+        l->state = REPLY_LINE_DONE;
         pthread_cond_broadcast(&r->cv);
     }
     pthread_mutex_unlock(&r->mu);
@@ -1026,13 +1026,13 @@ static void *line_worker(void *arg)
 }
 
 /* Acks or nacks every line its worker is done with. */
-static void settle(struct rp_runner *r)
+static void settle(struct reply_runner *r)
 {
-    struct rp_line *done = NULL, *prev = NULL;
+    struct reply_line *done = NULL, *prev = NULL;
     pthread_mutex_lock(&r->mu);
-    for (struct rp_line *l = r->head, *next; l; l = next) {
+    for (struct reply_line *l = r->head, *next; l; l = next) {
         next = l->next;
-        if (l->state != RP_LINE_DONE) {
+        if (l->state != REPLY_LINE_DONE) {
             prev = l;
             continue;
         }
@@ -1048,7 +1048,7 @@ static void settle(struct rp_runner *r)
     }
     pthread_mutex_unlock(&r->mu);
     while (done) {
-        struct rp_line *l = done;
+        struct reply_line *l = done;
         struct ar_err err = {AR_OK, 0, {0}};
         enum ar_status st =
             l->requeue ? queue_nack(r->q, l->tag, true, &err) : queue_ack(r->q, l->tag, &err);
@@ -1060,9 +1060,9 @@ static void settle(struct rp_runner *r)
 }
 
 /* Takes a delivered message into the held list. */
-static void take(struct rp_runner *r, const struct queue_msg *m)
+static void take(struct reply_runner *r, const struct queue_msg *m)
 {
-    struct rp_line *l = ar_calloc(1, sizeof(*l));
+    struct reply_line *l = ar_calloc(1, sizeof(*l));
     bool settled = false;
     if (!l) {
         queue_nack(r->q, m->tag, true, NULL);
@@ -1076,11 +1076,11 @@ static void take(struct rp_runner *r, const struct queue_msg *m)
         settled = true;
     }
     pthread_mutex_lock(&r->mu);
-    for (struct rp_line *x = r->head; x && !settled; x = x->next)
+    for (struct reply_line *x = r->head; x && !settled; x = x->next)
         settled = x->valid && x->ref.line == l->ref.line && !strcmp(x->ref.job_id, l->ref.job_id);
     /* a copy of a line held here already is acked at once: the held one settles the line (or
      * goes back to the queue) */
-    l->state = settled ? RP_LINE_DONE : RP_LINE_TODO;
+    l->state = settled ? REPLY_LINE_DONE : REPLY_LINE_TODO;
     if (r->tail)
         r->tail->next = l;
     else
@@ -1093,7 +1093,7 @@ static void take(struct rp_runner *r, const struct queue_msg *m)
 
 static void *consumer_main(void *arg)
 {
-    struct rp_runner *r = arg;
+    struct reply_runner *r = arg;
     struct ar_err err = {AR_OK, 0, {0}};
     if (queue_set_prefetch(r->q, r->n_slots, &err) != AR_OK)
         AR_DEBUG("job queue: prefetch: %s (applied when connected)", err.msg);
@@ -1188,7 +1188,7 @@ static bool note_unnotified(const struct store_job_info *info, void *user)
 
 /* Claims the notices of done jobs that an instance finished but died before claiming: their
  * last line's worker is gone, so nobody else would. */
-static void sweep_notices(struct rp_runner *r)
+static void sweep_notices(struct reply_runner *r)
 {
     struct unnotified *u = ar_calloc(1, sizeof(*u));
     struct ar_err err = {AR_OK, 0, {0}};
@@ -1206,7 +1206,7 @@ static void sweep_notices(struct rp_runner *r)
 
 /* Refreshes the backlog gauge and, when sweep, queues the lines of the jobs that need it.
  * *all is cleared once every unfinished job was queued. */
-static void sweep_once(struct rp_runner *r, bool sweep, bool *all)
+static void sweep_once(struct reply_runner *r, bool sweep, bool *all)
 {
     struct reply_service *svc = r->svc;
     struct job_scan sc;
@@ -1248,7 +1248,7 @@ static void sweep_once(struct rp_runner *r, bool sweep, bool *all)
 
 static void *sweeper_main(void *arg)
 {
-    struct rp_runner *r = arg;
+    struct reply_runner *r = arg;
     double period = sweep_period(r->svc), next_sweep = 0, next_gauge = 0;
     /* the in-process queue died with the previous process: queue every unfinished job once */
     bool all = !queue_durable(r->q);
@@ -1272,7 +1272,7 @@ static void *sweeper_main(void *arg)
     return NULL;
 }
 
-enum ar_status rp_jobs_init(struct reply_service *svc)
+enum ar_status reply_jobs_init(struct reply_service *svc)
 {
     if (svc->p.queue) {
         svc->queue = svc->p.queue;
@@ -1293,7 +1293,7 @@ enum ar_status rp_jobs_init(struct reply_service *svc)
     return AR_OK;
 }
 
-void rp_jobs_fini(struct reply_service *svc)
+void reply_jobs_fini(struct reply_service *svc)
 {
     queue_destroy(svc->owned_queue);
     svc->owned_queue = NULL;
@@ -1302,7 +1302,7 @@ void rp_jobs_fini(struct reply_service *svc)
 
 enum ar_status reply_jobs_start(struct reply_service *svc)
 {
-    struct rp_runner *r;
+    struct reply_runner *r;
     pthread_condattr_t ca;
     if (svc->runner)
         return AR_OK;
@@ -1337,13 +1337,13 @@ enum ar_status reply_jobs_start(struct reply_service *svc)
     r->notifier_on = true;
     return AR_OK;
 fail:
-    rp_jobs_stop(svc);
+    reply_jobs_stop(svc);
     return AR_ENOMEM;
 }
 
-void rp_jobs_stop(struct reply_service *svc)
+void reply_jobs_stop(struct reply_service *svc)
 {
-    struct rp_runner *r = svc->runner;
+    struct reply_runner *r = svc->runner;
     if (!r)
         return;
     pthread_mutex_lock(&r->mu);
@@ -1365,13 +1365,13 @@ void rp_jobs_stop(struct reply_service *svc)
     if (r->notifier_on)
         pthread_join(r->notifier, NULL);
     while (r->notices) {
-        struct rp_notice *n = r->notices;
+        struct reply_notice *n = r->notices;
         r->notices = n->next;
         AR_WARN("job %s: stopping before its completion callback was delivered", n->job_id);
         ar_free(n);
     }
     while (r->head) {
-        struct rp_line *l = r->head;
+        struct reply_line *l = r->head;
         r->head = l->next;
         ar_free(l);
     }

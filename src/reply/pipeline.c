@@ -199,7 +199,7 @@ static void *worker_main(void *arg)
 {
     struct reply_service *svc = arg;
     for (;;) {
-        struct rp_task *t;
+        struct reply_task *t;
         pthread_mutex_lock(&svc->q_mu);
         while (!svc->q_head && !svc->stopping)
             pthread_cond_wait(&svc->q_cv, &svc->q_mu);
@@ -218,9 +218,9 @@ static void *worker_main(void *arg)
     }
 }
 
-enum ar_status rp_submit(struct reply_service *svc, void (*fn)(void *), void *arg, bool bounded)
+enum ar_status reply_submit(struct reply_service *svc, void (*fn)(void *), void *arg, bool bounded)
 {
-    struct rp_task *t = ar_calloc(1, sizeof(*t));
+    struct reply_task *t = ar_calloc(1, sizeof(*t));
     if (!t)
         return AR_ENOMEM;
     t->fn = fn;
@@ -259,7 +259,7 @@ static void *renewer_main(void *arg)
         pthread_cond_timedwait(&svc->claims_cv, &svc->claims_mu, &ts);
         if (svc->renewer_stop)
             break;
-        for (struct rp_claim *c = svc->claims; c; c = c->next) {
+        for (struct reply_held_claim *c = svc->claims; c; c = c->next) {
             struct ar_err err = {AR_OK, 0, {0}};
             struct store_reply row;
             enum store_claim got = STORE_CLAIM_HELD;
@@ -281,7 +281,7 @@ static void *renewer_main(void *arg)
     return NULL;
 }
 
-static void claim_register(struct reply_service *svc, struct rp_claim *c)
+static void claim_register(struct reply_service *svc, struct reply_held_claim *c)
 {
     pthread_mutex_lock(&svc->claims_mu);
     c->prev = NULL;
@@ -292,7 +292,7 @@ static void claim_register(struct reply_service *svc, struct rp_claim *c)
     pthread_mutex_unlock(&svc->claims_mu);
 }
 
-static void claim_unregister(struct reply_service *svc, struct rp_claim *c)
+static void claim_unregister(struct reply_service *svc, struct reply_held_claim *c)
 {
     pthread_mutex_lock(&svc->claims_mu);
     if (c->prev)
@@ -333,14 +333,14 @@ enum ar_status reply_service_create(const struct reply_service_params *p,
     pthread_cond_init(&svc->q_cv, NULL);
     pthread_mutex_init(&svc->claims_mu, NULL);
     pthread_cond_init(&svc->claims_cv, NULL);
-    rp_shops_init(svc);
+    reply_shops_init(svc);
     metrics_setup(svc);
     if (pthread_create(&svc->renewer, NULL, renewer_main, svc) != 0) {
         reply_service_destroy(svc);
         return AR_ENOMEM;
     }
     svc->renewer_on = true;
-    if (rp_jobs_init(svc) != AR_OK) {
+    if (reply_jobs_init(svc) != AR_OK) {
         reply_service_destroy(svc);
         return AR_ENOMEM;
     }
@@ -368,11 +368,11 @@ void reply_service_destroy(struct reply_service *svc)
     svc->stopping = true;
     pthread_cond_broadcast(&svc->q_cv);
     pthread_mutex_unlock(&svc->q_mu);
-    rp_jobs_stop(svc);
+    reply_jobs_stop(svc);
     for (int i = 0; i < svc->n_workers; i++)
         pthread_join(svc->workers[i], NULL);
     ar_free(svc->workers);
-    rp_jobs_fini(svc);
+    reply_jobs_fini(svc);
     if (svc->renewer_on) {
         pthread_mutex_lock(&svc->claims_mu);
         svc->renewer_stop = true;
@@ -385,7 +385,7 @@ void reply_service_destroy(struct reply_service *svc)
     pthread_cond_destroy(&svc->q_cv);
     pthread_mutex_destroy(&svc->q_mu);
     pthread_mutex_destroy(&svc->mu);
-    rp_shops_fini(svc);
+    reply_shops_fini(svc);
     ar_free(svc);
 }
 
@@ -1241,7 +1241,7 @@ static void answer(struct reply_service *svc, const struct reply_review *rv,
         r->err = REPLY_EINVAL;
         return;
     }
-    prof = rp_profile(svc, rv->shop_id);
+    prof = reply_profile_of(svc, rv->shop_id);
 
     review_lang = rv->lang ? rv->lang : reply_guess_lang(rv->text, rv->text_len);
     reply_lang = prof->lang_policy == REPLY_LANG_ZH   ? "zh"
@@ -1308,7 +1308,7 @@ static void answer(struct reply_service *svc, const struct reply_review *rv,
         return;
     }
     {
-        struct rp_claim held = {rv->shop_id, rv->review_id, owner, NULL, NULL};
+        struct reply_held_claim held = {rv->shop_id, rv->review_id, owner, NULL, NULL};
         claim_register(svc, &held);
         generate_and_store(svc, prof, rv, review_lang, reply_lang, negative, prio, call, key,
                            key_len, cls, r, &put);
@@ -1490,7 +1490,7 @@ void reply_service_regenerate(struct reply_service *svc, const char *shop_id,
     rv.text = stored.text;
     rv.text_len = strlen(stored.text);
     rv.rating = stored.rating;
-    prof = rp_profile(svc, shop_id);
+    prof = reply_profile_of(svc, shop_id);
     review_lang = reply_guess_lang(rv.text, rv.text_len);
     snprintf(r->lang, sizeof(r->lang), "%s", stored.lang[0] ? stored.lang : review_lang);
     r->sentiment =

@@ -329,7 +329,7 @@ static bool clauses_share_cjk_gram(const struct clauses *c, int a, int b)
     for (int i = s; i + 4 <= e; i++) {
         bool all_cjk = true;
         for (int t = 0; t < 4; t++)
-            all_cjk = all_cjk && rp_is_cjk(c->cps[i + t]);
+            all_cjk = all_cjk && reply_is_cjk(c->cps[i + t]);
         if (all_cjk && clause_has_cjk_gram(c, b, c->cps + i, 4))
             return true;
     }

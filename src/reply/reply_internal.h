@@ -13,14 +13,14 @@
 #include "normalize.h"
 #include "reply.h"
 
-bool rp_is_cjk(uint32_t cp);
+bool reply_is_cjk(uint32_t cp);
 
 /* ---- service internals (pipeline.c, jobs.c, frontend.c) ---------------------------------- */
 
-struct rp_task {
+struct reply_task {
     void (*fn)(void *arg);
     void *arg;
-    struct rp_task *next;
+    struct reply_task *next;
 };
 
 struct reply_metrics {
@@ -41,9 +41,9 @@ struct reply_metrics {
 };
 
 /* A claim this instance holds while it answers the review (on the answering thread's stack). */
-struct rp_claim {
+struct reply_held_claim {
     const char *shop_id, *review_id, *owner;
-    struct rp_claim *prev, *next;
+    struct reply_held_claim *prev, *next;
 };
 
 struct reply_service {
@@ -56,7 +56,7 @@ struct reply_service {
     /* worker pool: async requests and answer_many */
     pthread_mutex_t q_mu;
     pthread_cond_t q_cv;
-    struct rp_task *q_head, *q_tail;
+    struct reply_task *q_head, *q_tail;
     int q_len;
     pthread_t *workers;
     int n_workers;
@@ -65,42 +65,42 @@ struct reply_service {
      * them however long its generation takes and a dead one loses them within the lease */
     pthread_mutex_t claims_mu;
     pthread_cond_t claims_cv; /* stopping */
-    struct rp_claim *claims;
+    struct reply_held_claim *claims;
     pthread_t renewer;
     bool renewer_on, renewer_stop;
     /* jobs (jobs.c) */
     struct queue *queue;       /* p.queue or owned_queue */
     struct queue *owned_queue; /* the in-process queue made when p.queue is NULL */
-    struct rp_runner *runner;  /* the queue consumer, once reply_jobs_start ran */
+    struct reply_runner *runner; /* the queue consumer, once reply_jobs_start ran */
     /* shop profiles saved in the store (shops.c) */
     pthread_mutex_t shops_mu;
-    struct rp_shop *shops;       /* under shops_mu: shops looked up, with their stored profile */
-    struct rp_retired *retired;  /* under shops_mu: replaced profiles, freed with the service
-                                    (a request may still hold one) */
+    struct reply_shop *shops;      /* under shops_mu: shops looked up, with their stored profile */
+    struct reply_retired *retired; /* under shops_mu: replaced profiles, freed with the service
+                                   (a request may still hold one) */
 };
 
 /* shops.c: the profile a review of shop_id is answered with: the one saved in the store
  * (re-read every REPLY_SHOP_REFRESH_S, at once after a put on this instance), else the config
  * file's. Borrowed until the service is destroyed. */
-const struct reply_profile *rp_profile(struct reply_service *svc, const char *shop_id);
-void rp_shops_init(struct reply_service *svc);
-void rp_shops_fini(struct reply_service *svc);
+const struct reply_profile *reply_profile_of(struct reply_service *svc, const char *shop_id);
+void reply_shops_init(struct reply_service *svc);
+void reply_shops_fini(struct reply_service *svc);
 
 /* Queues fn(arg) on the worker pool; AR_EBUSY when the queue is full or stopping. */
-enum ar_status rp_submit(struct reply_service *svc, void (*fn)(void *), void *arg, bool bounded);
-/* The job side of create (the queue, the gauge) and destroy: rp_jobs_stop waits for the runner's
- * lines in progress and hands the others back; rp_jobs_fini then frees an owned queue. */
-enum ar_status rp_jobs_init(struct reply_service *svc);
-void rp_jobs_stop(struct reply_service *svc);
-void rp_jobs_fini(struct reply_service *svc);
+enum ar_status reply_submit(struct reply_service *svc, void (*fn)(void *), void *arg, bool bounded);
+/* The job side of create (the queue, the gauge) and destroy: reply_jobs_stop waits for the runner's
+ * lines in progress and hands the others back; reply_jobs_fini then frees an owned queue. */
+enum ar_status reply_jobs_init(struct reply_service *svc);
+void reply_jobs_stop(struct reply_service *svc);
+void reply_jobs_fini(struct reply_service *svc);
 
 /* jobs.c: a JSONL job body split and judged as job creation does, without a store: strict
  * (reply_job_submit: every non-blank line, each checked as a review against default_shop,
  * the bad ones counted in *n_bad) or lenient (reply_job_create: lines kept as text, a NUL in
  * one refuses the body). The line count in *n_lines. Errors as those functions'. For the
  * JSONL fuzz target (fuzz/jobs_fuzz.c) and fault-injection tests. */
-enum ar_status rp_job_lines_check(const char *body, size_t len, const char *default_shop,
-                                  bool strict, int64_t *n_lines, int64_t *n_bad,
-                                  struct ar_err *err);
+enum ar_status reply_job_lines_check(const char *body, size_t len, const char *default_shop,
+                                     bool strict, int64_t *n_lines, int64_t *n_bad,
+                                     struct ar_err *err);
 
 #endif

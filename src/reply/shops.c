@@ -9,28 +9,28 @@
 #include "reply_internal.h"
 
 /* A shop looked up: its stored profile (NULL: none stored) and the JSON it was parsed from. */
-struct rp_shop {
+struct reply_shop {
     char *shop_id;
     struct reply_profile *prof;
     char *json;       /* NULL: none stored */
     double loaded_at; /* ar_time_s() of the last read from the store */
-    struct rp_shop *next;
+    struct reply_shop *next;
 };
 
-struct rp_retired {
+struct reply_retired {
     struct reply_profile *prof;
-    struct rp_retired *next;
+    struct reply_retired *next;
 };
 
-void rp_shops_init(struct reply_service *svc)
+void reply_shops_init(struct reply_service *svc)
 {
     pthread_mutex_init(&svc->shops_mu, NULL);
 }
 
-void rp_shops_fini(struct reply_service *svc)
+void reply_shops_fini(struct reply_service *svc)
 {
     while (svc->shops) {
-        struct rp_shop *e = svc->shops;
+        struct reply_shop *e = svc->shops;
         svc->shops = e->next;
         reply_profile_destroy(e->prof);
         ar_free(e->json);
@@ -38,7 +38,7 @@ void rp_shops_fini(struct reply_service *svc)
         ar_free(e);
     }
     while (svc->retired) {
-        struct rp_retired *r = svc->retired;
+        struct reply_retired *r = svc->retired;
         svc->retired = r->next;
         reply_profile_destroy(r->prof);
         ar_free(r);
@@ -47,9 +47,9 @@ void rp_shops_fini(struct reply_service *svc)
 }
 
 /* With shops_mu held. */
-static struct rp_shop *shop_find(struct reply_service *svc, const char *shop_id)
+static struct reply_shop *shop_find(struct reply_service *svc, const char *shop_id)
 {
-    for (struct rp_shop *e = svc->shops; e; e = e->next)
+    for (struct reply_shop *e = svc->shops; e; e = e->next)
         if (!strcmp(e->shop_id, shop_id))
             return e;
     return NULL;
@@ -58,10 +58,10 @@ static struct rp_shop *shop_find(struct reply_service *svc, const char *shop_id)
 /* Installs what the store holds for shop_id (json NULL: nothing; prof parsed from it, taken)
  * with shops_mu held; the profile it replaces is retired. Returns the entry (NULL: out of
  * memory, prof freed). */
-static struct rp_shop *shop_install(struct reply_service *svc, const char *shop_id,
-                                    const char *json, struct reply_profile *prof)
+static struct reply_shop *shop_install(struct reply_service *svc, const char *shop_id,
+                                       const char *json, struct reply_profile *prof)
 {
-    struct rp_shop *e = shop_find(svc, shop_id);
+    struct reply_shop *e = shop_find(svc, shop_id);
     if (!e) {
         e = ar_calloc(1, sizeof(*e));
         if (!e || !(e->shop_id = ar_strdup(shop_id))) {
@@ -79,7 +79,7 @@ static struct rp_shop *shop_install(struct reply_service *svc, const char *shop_
     }
     {
         char *copy = json ? ar_strdup(json) : NULL;
-        struct rp_retired *r = e->prof ? ar_calloc(1, sizeof(*r)) : NULL;
+        struct reply_retired *r = e->prof ? ar_calloc(1, sizeof(*r)) : NULL;
         if ((json && !copy) || (e->prof && !r)) {
             /* keep the old one rather than free what a request may hold */
             ar_free(copy);
@@ -123,7 +123,7 @@ static const struct reply_profile *shop_load(struct reply_service *svc, const ch
     struct ar_err err = {AR_OK, 0, {0}};
     const struct reply_profile *use;
     struct reply_profile *p = NULL;
-    struct rp_shop *e;
+    struct reply_shop *e;
     char *json = NULL;
     bool found = false;
     enum ar_status st = store_shop_get(svc->p.store, shop_id, &json, NULL, &found, &err);
@@ -148,10 +148,10 @@ static const struct reply_profile *shop_load(struct reply_service *svc, const ch
     return use;
 }
 
-const struct reply_profile *rp_profile(struct reply_service *svc, const char *shop_id)
+const struct reply_profile *reply_profile_of(struct reply_service *svc, const char *shop_id)
 {
     const struct reply_profile *use = NULL;
-    struct rp_shop *e;
+    struct reply_shop *e;
     pthread_mutex_lock(&svc->shops_mu);
     e = shop_find(svc, shop_id);
     if (e && ar_time_s() - e->loaded_at < REPLY_SHOP_REFRESH_S)
@@ -162,7 +162,7 @@ const struct reply_profile *rp_profile(struct reply_service *svc, const char *sh
 
 const struct reply_profile *reply_service_profile(struct reply_service *svc, const char *shop_id)
 {
-    return rp_profile(svc, shop_id);
+    return reply_profile_of(svc, shop_id);
 }
 
 /* Whether the config file names shop_id. */
@@ -206,7 +206,7 @@ enum ar_status reply_service_put_shop(struct reply_service *svc, const char *sho
     }
     st = store_shop_put(svc->p.store, shop_id, json, err);
     if (st == AR_OK) {
-        struct rp_shop *e;
+        struct reply_shop *e;
         pthread_mutex_lock(&svc->shops_mu);
         e = shop_install(svc, shop_id, json, p);
         if (out && e && e->prof)

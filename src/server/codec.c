@@ -13,8 +13,8 @@
 
 static enum ar_status check_tree(const cJSON *j, int depth, struct ar_err *err)
 {
-    if ((cJSON_IsArray(j) || cJSON_IsObject(j)) && depth > CODEC_MAX_DEPTH)
-        return ar_err_set(err, AR_EFORMAT, 0, "nesting deeper than %d", CODEC_MAX_DEPTH);
+    if ((cJSON_IsArray(j) || cJSON_IsObject(j)) && depth > SERVER_CODEC_MAX_DEPTH)
+        return ar_err_set(err, AR_EFORMAT, 0, "nesting deeper than %d", SERVER_CODEC_MAX_DEPTH);
     if (j->string && !ar_utf8_valid(j->string, strlen(j->string)))
         return ar_err_set(err, AR_EFORMAT, 0, "invalid UTF-8 in a key");
     if (cJSON_IsNumber(j) && !isfinite(j->valuedouble))
@@ -68,7 +68,7 @@ static enum ar_status mp_uint(struct mp_reader *r, int n, uint64_t *v)
 }
 
 /* A string or bin payload of n bytes as a new NUL-terminated string (validated); is_key: a
- * map key. A NUL is refused as in JSON (codec_parse): the tree's strings end at one. */
+ * map key. A NUL is refused as in JSON (server_codec_parse): the tree's strings end at one. */
 static enum ar_status mp_str(struct mp_reader *r, uint64_t n, bool is_key, char **out)
 {
     char *s;
@@ -95,7 +95,7 @@ static enum ar_status mp_value(struct mp_reader *r, int depth, cJSON **out);
 static enum ar_status mp_array(struct mp_reader *r, uint64_t n, int depth, cJSON **out)
 {
     cJSON *a;
-    if (depth > CODEC_MAX_DEPTH)
+    if (depth > SERVER_CODEC_MAX_DEPTH)
         return mp_fail(r, "nesting too deep");
     if (n > (uint64_t)(r->end - r->p)) /* each element takes at least one byte */
         return mp_fail(r, "array longer than the data");
@@ -137,7 +137,7 @@ static enum ar_status mp_key(struct mp_reader *r, char **key)
 static enum ar_status mp_map(struct mp_reader *r, uint64_t n, int depth, cJSON **out)
 {
     cJSON *o;
-    if (depth > CODEC_MAX_DEPTH)
+    if (depth > SERVER_CODEC_MAX_DEPTH)
         return mp_fail(r, "nesting too deep");
     if (n > (uint64_t)(r->end - r->p) / 2)
         return mp_fail(r, "map longer than the data");
@@ -285,13 +285,13 @@ static enum ar_status mp_value(struct mp_reader *r, int depth, cJSON **out)
 
 /* ---- parse / write ------------------------------------------------------------------------ */
 
-enum ar_status codec_parse(enum codec_format fmt, const char *data, size_t len, cJSON **out,
-                           struct ar_err *err)
+enum ar_status server_codec_parse(enum server_codec_format fmt, const char *data, size_t len,
+                                  cJSON **out, struct ar_err *err)
 {
     cJSON *j = NULL;
     enum ar_status st;
     *out = NULL;
-    if (fmt == CODEC_MSGPACK) {
+    if (fmt == SERVER_CODEC_MSGPACK) {
         struct mp_reader r = {(const uint8_t *)data, (const uint8_t *)data + len,
                               (const uint8_t *)data, err, NULL};
         if (len == 0)
@@ -396,11 +396,12 @@ static int mp_pack(msgpack_packer *pk, const cJSON *j)
     return rc;
 }
 
-enum ar_status codec_write(enum codec_format fmt, const cJSON *j, char **out, size_t *len)
+enum ar_status server_codec_write(enum server_codec_format fmt, const cJSON *j, char **out,
+                                  size_t *len)
 {
     *out = NULL;
     *len = 0;
-    if (fmt == CODEC_JSON) {
+    if (fmt == SERVER_CODEC_JSON) {
         char *s = cJSON_PrintUnformatted(j);
         if (!s)
             return AR_ENOMEM;

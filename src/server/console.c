@@ -42,11 +42,12 @@ struct console {
 
 /* ---- the page ------------------------------------------------------------------------------ */
 
-static const struct console_asset *asset_named(const char *name, size_t len)
+static const struct server_console_asset *asset_named(const char *name, size_t len)
 {
-    for (size_t i = 0; i < console_n_assets; i++)
-        if (strlen(console_assets[i].name) == len && !memcmp(console_assets[i].name, name, len))
-            return &console_assets[i];
+    for (size_t i = 0; i < server_console_n_assets; i++)
+        if (strlen(server_console_assets[i].name) == len &&
+            !memcmp(server_console_assets[i].name, name, len))
+            return &server_console_assets[i];
     return NULL;
 }
 
@@ -77,7 +78,7 @@ static void h_page(struct server_req *req, void *user)
     const char *path = server_req_path(req);
     const char *name = "index.html";
     size_t len = strlen(name);
-    const struct console_asset *a;
+    const struct server_console_asset *a;
     (void)user;
     if (!strncmp(path, "/console/", 9) && path[9]) {
         name = path + 9;
@@ -259,7 +260,7 @@ static void h_stats(struct server_req *req, void *user)
 
 /* ---- registration -------------------------------------------------------------------------- */
 
-enum ar_status console_register(struct server *s)
+enum ar_status server_console_register(struct server *s)
 {
     struct console *c = ar_calloc(1, sizeof(*c));
     enum ar_status st;

@@ -5,7 +5,7 @@
 
 #include <stddef.h>
 
-struct console_asset {
+struct server_console_asset {
     const char *name;          /* file name under web/console/ ("index.html") */
     const char *type;          /* Content-Type */
     const unsigned char *data; /* (len,) followed by a 0 byte not counted */
@@ -13,7 +13,7 @@ struct console_asset {
     const char *etag; /* a strong ETag, quoted: CRC of the bytes and their length */
 };
 
-extern const struct console_asset console_assets[];
-extern const size_t console_n_assets;
+extern const struct server_console_asset server_console_assets[];
+extern const size_t server_console_n_assets;
 
 #endif

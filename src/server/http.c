@@ -23,7 +23,7 @@
 
 /* ---- request lifetime ---------------------------------------------------------------------- */
 
-void srv_req_destroy(struct server_req *r)
+void server_req_destroy(struct server_req *r)
 {
     while (r->arena) {
         struct arena_block *b = r->arena;
@@ -47,18 +47,18 @@ void srv_req_destroy(struct server_req *r)
     ar_free(r);
 }
 
-void srv_req_release(struct server_req *r)
+void server_req_release(struct server_req *r)
 {
     int left;
     pthread_mutex_lock(&r->mu);
     left = --r->refs;
     pthread_mutex_unlock(&r->mu);
     if (left == 0)
-        srv_req_destroy(r);
+        server_req_destroy(r);
 }
 
 /* Resumes the connection if we suspended it. Under r->mu. */
-void srv_req_wake(struct server_req *r)
+void server_req_wake(struct server_req *r)
 {
     if (r->suspended && r->conn) {
         r->suspended = false;
@@ -67,7 +67,7 @@ void srv_req_wake(struct server_req *r)
 }
 
 /* The handler has made its final reply: drop its reference. Not under r->mu. */
-void srv_req_deactivate(struct server_req *r)
+void server_req_deactivate(struct server_req *r)
 {
     struct server *s = r->srv;
     bool was;
@@ -84,11 +84,11 @@ void srv_req_deactivate(struct server_req *r)
     }
     pthread_mutex_unlock(&s->conn_mu);
     if (was)
-        srv_req_release(r);
+        server_req_release(r);
 }
 
 /* Calls the abort hook once (the client is gone). The caller holds a reference. */
-void srv_req_abort(struct server_req *r)
+void server_req_abort(struct server_req *r)
 {
     void (*fn)(struct server_req *, void *) = NULL;
     void *user = NULL;
@@ -134,7 +134,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 
 static void stream_free(void *cls)
 {
-    srv_req_release(cls);
+    server_req_release(cls);
 }
 
 /* Queues r's whole reply (stream false) or its stream, for which the caller took a reference
@@ -157,7 +157,7 @@ static enum MHD_Result queue_reply(struct server_req *r, bool stream)
         resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, STREAM_BLOCK, stream_read, r,
                                                  stream_free);
         if (!resp) {
-            srv_req_release(r);
+            server_req_release(r);
             return MHD_NO;
         }
         MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, r->out_type);
@@ -192,7 +192,7 @@ static void client_address(struct MHD_Connection *c, char *out, size_t size)
                   (socklen_t)size);
 }
 
-bool srv_address_is_loopback(const char *addr)
+bool server_address_is_loopback(const char *addr)
 {
     struct in_addr a4;
     struct in6_addr a6;
@@ -208,10 +208,10 @@ bool srv_address_is_loopback(const char *addr)
 }
 
 /* Content-Type -> format; false for types we do not read. */
-static bool body_format(const char *ct, enum codec_format *f)
+static bool body_format(const char *ct, enum server_codec_format *f)
 {
     size_t n;
-    *f = CODEC_JSON;
+    *f = SERVER_CODEC_JSON;
     if (!ct || !*ct)
         return true;
     n = strcspn(ct, "; \t");
@@ -222,7 +222,7 @@ static bool body_format(const char *ct, enum codec_format *f)
         return true;
     if ((n == 19 && !strncasecmp(ct, "application/msgpack", n)) ||
         (n == 21 && !strncasecmp(ct, "application/x-msgpack", n))) {
-        *f = CODEC_MSGPACK;
+        *f = SERVER_CODEC_MSGPACK;
         return true;
     }
     return false;
@@ -313,7 +313,7 @@ static struct conn *conn_of(struct MHD_Connection *c)
 /* libmicrohttpd's view of the request line, before the target is split and unescaped: it has
  * cut the line at the space before the version, so a target whose C string ends early has a
  * NUL inside (MHD would route "GET /health\0x" to /health). "%00" is one too once unescaped. */
-void *srv_on_uri(void *cls, const char *uri, struct MHD_Connection *c)
+void *server_on_uri(void *cls, const char *uri, struct MHD_Connection *c)
 {
     struct server *s = cls;
     struct conn *cs = conn_of(c);
@@ -400,9 +400,9 @@ static void admit(struct server *s, struct server_req *r, struct MHD_Connection 
     char allow[128];
     const char *v;
     double retry;
-    const struct route *rt = srv_find_route(s, r->method, r->path, &known, allow, sizeof(allow));
+    const struct route *rt = server_find_route(s, r->method, r->path, &known, allow, sizeof(allow));
     v = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_ACCEPT);
-    r->out_fmt = v && strstr(v, "msgpack") ? CODEC_MSGPACK : CODEC_JSON;
+    r->out_fmt = v && strstr(v, "msgpack") ? SERVER_CODEC_MSGPACK : SERVER_CODEC_JSON;
     r->accept_gzip =
         accepts_gzip(MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Accept-Encoding"));
     client_address(c, r->client, sizeof(r->client));
@@ -422,7 +422,7 @@ static void admit(struct server *s, struct server_req *r, struct MHD_Connection 
     }
     if (!s->keys && !(rt->flags & SERVER_ROUTE_PUBLIC) &&
         (!(rt->flags & SERVER_ROUTE_METRICS) || s->p.metrics_auth) &&
-        !srv_address_is_loopback(r->client)) {
+        !server_address_is_loopback(r->client)) {
         /* no key tells an operator's clients from anyone else: only this machine's are */
         server_reply_error(r, 403, "permission_error", "loopback_only",
                            "without API keys (--api-key-file) this server answers clients on "
@@ -437,7 +437,7 @@ static void admit(struct server *s, struct server_req *r, struct MHD_Connection 
             const char *k = auth + 7;
             while (*k == ' ')
                 k++;
-            idx = srv_keys_find(s->keys, k, strlen(k));
+            idx = server_keys_find(s->keys, k, strlen(k));
         }
         if (idx < 0) {
             server_reply_header(r, "WWW-Authenticate", "Bearer");
@@ -448,7 +448,7 @@ static void admit(struct server *s, struct server_req *r, struct MHD_Connection 
         snprintf(r->client, sizeof(r->client), "key:%d", idx);
     }
     if (!(rt->flags & (SERVER_ROUTE_PUBLIC | SERVER_ROUTE_METRICS | SERVER_ROUTE_PAGE)) &&
-        !srv_limiter_request(s->limiter, r->client, ar_time_s(), &retry)) {
+        !server_limiter_request(s->limiter, r->client, ar_time_s(), &retry)) {
         server_reply_error_ex(r, 429, "rate_limit_error", "rate_limit_exceeded", NULL, retry,
                               "too many requests; retry after %.0f s", ceil(retry));
         return;
@@ -588,7 +588,7 @@ static bool parse_raw(struct server_req *r)
     struct ar_err err = {0};
     enum ar_status st;
     size_t a = 0;
-    if (r->in_fmt == CODEC_JSON) {
+    if (r->in_fmt == SERVER_CODEC_JSON) {
         /* only what can be one JSON object or array is tried (JSONL fails fast: trailing
          * data after its first line) */
         while (a < r->body_len && (r->body[a] == ' ' || r->body[a] == '\t' || r->body[a] == '\r' ||
@@ -597,7 +597,7 @@ static bool parse_raw(struct server_req *r)
         if (a == r->body_len || (r->body[a] != '{' && r->body[a] != '['))
             return true;
     }
-    st = codec_parse(r->in_fmt, r->body ? r->body : "", r->body_len, &r->json, &err);
+    st = server_codec_parse(r->in_fmt, r->body ? r->body : "", r->body_len, &r->json, &err);
     if (st == AR_ENOMEM) {
         server_reply_error(r, 503, "server_error", "out_of_memory", "out of memory");
         return false;
@@ -608,7 +608,7 @@ static bool parse_raw(struct server_req *r)
         st = AR_EFORMAT;
         snprintf(err.msg, sizeof(err.msg), "not an object or an array");
     }
-    if (st != AR_OK && r->in_fmt == CODEC_MSGPACK) {
+    if (st != AR_OK && r->in_fmt == SERVER_CODEC_MSGPACK) {
         server_reply_error(r, 400, "invalid_request_error", "invalid_msgpack",
                            "cannot parse the body: %s", err.msg);
         return false;
@@ -651,7 +651,7 @@ static void dispatch(struct server *s, struct server_req *r)
         if ((r->route->flags & SERVER_ROUTE_BODY) && !parse_raw(r))
             return;
     } else if (r->route->flags & SERVER_ROUTE_BODY) {
-        st = codec_parse(r->in_fmt, r->body ? r->body : "", r->body_len, &r->json, &err);
+        st = server_codec_parse(r->in_fmt, r->body ? r->body : "", r->body_len, &r->json, &err);
         ar_free(r->body);
         r->body = NULL;
         if (st == AR_ENOMEM) {
@@ -660,7 +660,7 @@ static void dispatch(struct server *s, struct server_req *r)
         }
         if (st != AR_OK) {
             server_reply_error(r, 400, "invalid_request_error",
-                               r->in_fmt == CODEC_JSON ? "invalid_json" : "invalid_msgpack",
+                               r->in_fmt == SERVER_CODEC_JSON ? "invalid_json" : "invalid_msgpack",
                                "cannot parse the body: %s", err.msg);
             return;
         }
@@ -699,8 +699,8 @@ static void dispatch(struct server *s, struct server_req *r)
  * what the client has sent and we have not read is drained first so that the close is not a
  * reset that could overtake the answer. raw_answer writes it; send_raw_error, on the event-loop
  * thread of the connection, also makes it the request's final reply. */
-void srv_raw_answer(struct server *s, int fd, int status, const char *reason, const char *code,
-                    const char *msg)
+void server_raw_answer(struct server *s, int fd, int status, const char *reason, const char *code,
+                       const char *msg)
 {
     char head[512], drain[4096];
     char *body;
@@ -741,7 +741,7 @@ static void send_raw_error(struct server_req *r, int status, const char *reason,
     r->final = true; /* nothing else goes out for this request */
     r->status = status;
     pthread_mutex_unlock(&r->mu);
-    srv_raw_answer(r->srv, fd, status, reason, code, msg);
+    server_raw_answer(r->srv, fd, status, reason, code, msg);
 }
 
 /* The headers (first) or more body bytes have come: the watchdog's body_timeout_s counts from
@@ -757,9 +757,9 @@ static void body_progress(struct server *s, struct server_req *r, bool first)
     pthread_mutex_unlock(&s->conn_mu);
 }
 
-enum MHD_Result srv_on_request(void *cls, struct MHD_Connection *c, const char *url,
-                               const char *method, const char *version, const char *upload_data,
-                               size_t *upload_size, void **con_cls)
+enum MHD_Result server_on_request(void *cls, struct MHD_Connection *c, const char *url,
+                                  const char *method, const char *version, const char *upload_data,
+                                  size_t *upload_size, void **con_cls)
 {
     struct server *s = cls;
     struct server_req *r = *con_cls;
@@ -778,7 +778,7 @@ enum MHD_Result srv_on_request(void *cls, struct MHD_Connection *c, const char *
         r->t0 = ar_time_s();
         snprintf(r->method, sizeof(r->method), "%s", method);
         if (!(r->path = ar_strdup(url))) {
-            srv_req_destroy(r);
+            server_req_destroy(r);
             return MHD_NO;
         }
         *con_cls = r;
@@ -854,8 +854,8 @@ static void observe_http(struct server *s, struct server_req *r, int status)
     metrics_observe(metrics_child(s->m.http_duration, labels), ar_time_s() - r->t0);
 }
 
-void srv_on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
-                      enum MHD_RequestTerminationCode toe)
+void server_on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
+                         enum MHD_RequestTerminationCode toe)
 {
     struct server *s = cls;
     struct server_req *r = *con_cls;
@@ -896,11 +896,11 @@ void srv_on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     }
     pthread_mutex_unlock(&s->conn_mu);
     observe_http(s, r, status);
-    srv_req_release(r);
+    server_req_release(r);
 }
 
-void srv_on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
-                       enum MHD_ConnectionNotificationCode toe)
+void server_on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe)
 {
     struct server *s = cls;
     struct conn *cs = *socket_context;

@@ -63,7 +63,7 @@ struct server_req {
     char method[16];
     char *path; /* owned */
     char client[80];
-    enum codec_format in_fmt, out_fmt;
+    enum server_codec_format in_fmt, out_fmt;
     double t0;
     /* body */
     char *body; /* owned */
@@ -125,11 +125,11 @@ struct server {
     void *route_data[4];  /* owned by the routes' users: ar_free at destroy (server_keep) */
     int n_route_data;
     int n_routes;
-    struct srv_keys *keys;
-    struct srv_limiter *limiter;
+    struct server_keys *keys;
+    struct server_limiter *limiter;
     struct metrics_registry *metrics;
     bool own_metrics;
-    struct srv_metrics m;
+    struct server_http_metrics m;
     _Atomic(struct engine *) engine;
     const struct model *model;
     const struct tokenizer *tok;
@@ -149,34 +149,34 @@ struct server {
 
 /* ---- http.c: request lifetime and the libmicrohttpd callbacks ----------------------------- */
 
-void srv_req_destroy(struct server_req *r);
+void server_req_destroy(struct server_req *r);
 /* Drops a reference; the last one destroys r. */
-void srv_req_release(struct server_req *r);
+void server_req_release(struct server_req *r);
 /* Resumes the connection if we suspended it. Under r->mu. */
-void srv_req_wake(struct server_req *r);
+void server_req_wake(struct server_req *r);
 /* The handler has made its final reply: drop its reference. Not under r->mu. */
-void srv_req_deactivate(struct server_req *r);
+void server_req_deactivate(struct server_req *r);
 /* Calls the abort hook once (the client is gone). The caller holds a reference. */
-void srv_req_abort(struct server_req *r);
+void server_req_abort(struct server_req *r);
 /* Writes an error answer on the socket itself, shuts its write side and drains what the client
  * sent (see http.c). */
-void srv_raw_answer(struct server *s, int fd, int status, const char *reason, const char *code,
-                    const char *msg);
+void server_raw_answer(struct server *s, int fd, int status, const char *reason, const char *code,
+                       const char *msg);
 /* What server_start hands to MHD_start_daemon (cls: the server). */
-enum MHD_Result srv_on_request(void *cls, struct MHD_Connection *c, const char *url,
-                               const char *method, const char *version, const char *upload_data,
-                               size_t *upload_size, void **con_cls);
-void srv_on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
-                      enum MHD_RequestTerminationCode toe);
-void srv_on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
-                       enum MHD_ConnectionNotificationCode toe);
-void *srv_on_uri(void *cls, const char *uri, struct MHD_Connection *c);
+enum MHD_Result server_on_request(void *cls, struct MHD_Connection *c, const char *url,
+                                  const char *method, const char *version, const char *upload_data,
+                                  size_t *upload_size, void **con_cls);
+void server_on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
+                         enum MHD_RequestTerminationCode toe);
+void server_on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe);
+void *server_on_uri(void *cls, const char *uri, struct MHD_Connection *c);
 
 /* ---- http_routes.c ----------------------------------------------------------------------- */
 
 /* The route for method and path (the longest prefix or the exact path), or NULL; *path_known
  * tells whether any method has a route there, allow receives their methods ("GET, POST"). */
-const struct route *srv_find_route(const struct server *s, const char *method, const char *path,
-                                   bool *path_known, char *allow, size_t allow_size);
+const struct route *server_find_route(const struct server *s, const char *method, const char *path,
+                                      bool *path_known, char *allow, size_t allow_size);
 
 #endif

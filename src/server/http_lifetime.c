@@ -45,7 +45,7 @@ struct server_params server_default_params(void)
 
 bool server_rate_limit_healthy(const struct server *s)
 {
-    return srv_limiter_backend_healthy(s->limiter);
+    return server_limiter_backend_healthy(s->limiter);
 }
 
 struct engine *server_engine(const struct server *s)
@@ -83,15 +83,15 @@ const char *server_instance_name(const struct server *s)
     const char *n = atomic_load(&s->instance);
     return n ? n : "autoreply";
 }
-double srv_retry_after_s(const struct server *s)
+double server_retry_after_s(const struct server *s)
 {
     return s->p.retry_after_s;
 }
-struct srv_metrics *srv_metrics_of(struct server *s)
+struct server_http_metrics *server_http_metrics_of(struct server *s)
 {
     return &s->m;
 }
-bool srv_stopping(const struct server *s)
+bool server_stopping(const struct server *s)
 {
     return atomic_load(&s->stopping);
 }
@@ -163,8 +163,8 @@ static void *watchdog_main(void *arg)
                     /* a body that stopped coming: among others a chunk that declares more than
                      * the limit and then nothing (libmicrohttpd keeps the declared size to
                      * itself, so that cannot be told from a stall before bytes come) */
-                    srv_raw_answer(s, cs->fd, 408, "Request Timeout", "body_timeout",
-                                   "the request body stopped coming");
+                    server_raw_answer(s, cs->fd, 408, "Request Timeout", "body_timeout",
+                                      "the request body stopped coming");
                     shutdown(cs->fd, SHUT_RDWR);
                     cs->killed = true;
                     cs->body_stalled = true;
@@ -182,8 +182,8 @@ static void *watchdog_main(void *arg)
         evict_idle(s, now);
         pthread_mutex_unlock(&s->conn_mu);
         for (int i = 0; i < n_gone; i++) {
-            srv_req_abort(gone[i]);
-            srv_req_release(gone[i]);
+            server_req_abort(gone[i]);
+            server_req_release(gone[i]);
         }
         pthread_mutex_lock(&s->conn_mu);
     }
@@ -348,9 +348,9 @@ enum ar_status server_create(const struct server_params *p, struct server **out,
     s->p.rate_redis_url = NULL; /* used below, not kept */
     if (s->p.retry_after_s < 1)
         s->p.retry_after_s = 1;
-    if (p->api_key_file && (st = srv_keys_load(p->api_key_file, &s->keys, err)) != AR_OK)
+    if (p->api_key_file && (st = server_keys_load(p->api_key_file, &s->keys, err)) != AR_OK)
         goto fail;
-    if ((st = srv_limiter_create(p->rate_rps, p->rate_burst, p->rate_tpm, &s->limiter)) != AR_OK)
+    if ((st = server_limiter_create(p->rate_rps, p->rate_burst, p->rate_tpm, &s->limiter)) != AR_OK)
         goto fail;
     if (p->metrics) {
         s->metrics = p->metrics;
@@ -360,10 +360,10 @@ enum ar_status server_create(const struct server_params *p, struct server **out,
         s->own_metrics = true;
     }
     if (p->rate_redis_url &&
-        (st = srv_limiter_use_redis(s->limiter, p->rate_redis_url, s->metrics, err)) != AR_OK)
+        (st = server_limiter_use_redis(s->limiter, p->rate_redis_url, s->metrics, err)) != AR_OK)
         goto fail;
-    if ((st = register_metrics(s)) != AR_OK || (st = openai_register(s)) != AR_OK ||
-        (st = console_register(s)) != AR_OK) {
+    if ((st = register_metrics(s)) != AR_OK || (st = server_openai_register(s)) != AR_OK ||
+        (st = server_console_register(s)) != AR_OK) {
         ar_err_set(err, st, 0, "cannot register the server's metrics and routes");
         goto fail;
     }
@@ -391,13 +391,13 @@ enum ar_status server_start(struct server *s, struct ar_err *err)
         flags |= MHD_USE_IPv6;
     pthread_mutex_lock(&s->inst_mu); /* no response goes out before the instance is named */
     s->mhd = MHD_start_daemon(
-        flags, (uint16_t)s->p.port, NULL, NULL, srv_on_request, s, MHD_OPTION_SOCK_ADDR,
+        flags, (uint16_t)s->p.port, NULL, NULL, server_on_request, s, MHD_OPTION_SOCK_ADDR,
         ai->ai_addr, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)ceil(s->p.timeout_s),
         MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->p.max_conns, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
         (unsigned)(s->p.max_conns_per_ip < 0 ? AR_MAX(1, s->p.max_conns / 2)
                                              : s->p.max_conns_per_ip),
-        MHD_OPTION_NOTIFY_COMPLETED, srv_on_completed, s, MHD_OPTION_NOTIFY_CONNECTION,
-        srv_on_connection, s, MHD_OPTION_URI_LOG_CALLBACK, srv_on_uri, s,
+        MHD_OPTION_NOTIFY_COMPLETED, server_on_completed, s, MHD_OPTION_NOTIFY_CONNECTION,
+        server_on_connection, s, MHD_OPTION_URI_LOG_CALLBACK, server_on_uri, s,
         MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s, MHD_OPTION_THREAD_POOL_SIZE,
         (unsigned)(s->p.http_threads > 1 ? s->p.http_threads : 0), MHD_OPTION_END);
     freeaddrinfo(ai);
@@ -464,8 +464,8 @@ static void abort_all(struct server *s)
         }
         pthread_mutex_unlock(&s->conn_mu);
         for (int i = 0; i < n; i++) {
-            srv_req_abort(batch[i]);
-            srv_req_release(batch[i]);
+            server_req_abort(batch[i]);
+            server_req_release(batch[i]);
         }
         if (n < (int)AR_ARRAY_LEN(batch))
             return;
@@ -494,7 +494,7 @@ void server_stop(struct server *s, double grace_s)
             continue;
         pthread_mutex_lock(&r->mu);
         r->gone = true;
-        srv_req_wake(r);
+        server_req_wake(r);
         pthread_mutex_unlock(&r->mu);
     }
     s->wd_run = false;
@@ -523,8 +523,8 @@ void server_destroy(struct server *s)
     ar_free(s->routes);
     for (int i = 0; i < s->n_route_data; i++)
         ar_free(s->route_data[i]);
-    srv_keys_destroy(s->keys);
-    srv_limiter_destroy(s->limiter);
+    server_keys_destroy(s->keys);
+    server_limiter_destroy(s->limiter);
     if (s->own_metrics)
         metrics_registry_destroy(s->metrics);
     pthread_cond_destroy(&s->conn_cv);

@@ -117,8 +117,8 @@ bool server_req_charge_tokens(struct server_req *req, int64_t n_tokens, bool adm
                               double *retry_after_s)
 {
     double retry = 0;
-    bool ok = srv_limiter_tokens(req->srv->limiter, req->client, n_tokens, admission, ar_time_s(),
-                                 &retry);
+    bool ok = server_limiter_tokens(req->srv->limiter, req->client, n_tokens, admission,
+                                    ar_time_s(), &retry);
     if (retry_after_s)
         *retry_after_s = retry;
     return ok;
@@ -223,11 +223,11 @@ static bool set_reply(struct server_req *r, int status, const char *type, char *
         r->out_gzip = gz;
         r->out_vary = vary;
     }
-    srv_req_wake(r);
+    server_req_wake(r);
     deact = r->active;
     pthread_mutex_unlock(&r->mu);
     if (deact)
-        srv_req_deactivate(r);
+        server_req_deactivate(r);
     return sent;
 }
 
@@ -255,10 +255,10 @@ void server_reply_json(struct server_req *req, int status, cJSON *body)
 {
     char *out = NULL;
     size_t len = 0;
-    enum codec_format f = req->out_fmt;
+    enum server_codec_format f = req->out_fmt;
     struct metrics_child *rejected = rejection_of(req->srv, status, body);
     bool counted;
-    if (!body || codec_write(f, body, &out, &len) != AR_OK) {
+    if (!body || server_codec_write(f, body, &out, &len) != AR_OK) {
         out = NULL;
         len = 1; /* marks the failure: 500 */
         status = 500;
@@ -273,11 +273,11 @@ void server_reply_json(struct server_req *req, int status, cJSON *body)
     pthread_mutex_unlock(&req->mu);
     if (counted)
         metrics_inc(rejected, 1);
-    set_reply(req, status, f == CODEC_MSGPACK ? "application/msgpack" : "application/json", out,
-              len);
+    set_reply(req, status, f == SERVER_CODEC_MSGPACK ? "application/msgpack" : "application/json",
+              out, len);
 }
 
-void srv_retry_after_header(struct server_req *req, double retry_after_s)
+void server_retry_after_header(struct server_req *req, double retry_after_s)
 {
     char v[32];
     double secs = ceil(retry_after_s);
@@ -314,7 +314,7 @@ static void reply_error_v(struct server_req *req, int status, const char *type, 
     }
     cJSON_Delete(extra);
     if (status == 429 || status == 503)
-        srv_retry_after_header(req, retry_after_s);
+        server_retry_after_header(req, retry_after_s);
     server_reply_json(req, status, root);
 }
 
@@ -364,7 +364,7 @@ void server_stream_write(struct server_req *req, const char *data, size_t len)
             char *nb = ar_realloc(req->sbuf, nc);
             if (!nb) { /* cannot buffer: the client misses this piece; end the stream */
                 req->gone = true;
-                srv_req_wake(req);
+                server_req_wake(req);
                 pthread_mutex_unlock(&req->mu);
                 return;
             }
@@ -373,7 +373,7 @@ void server_stream_write(struct server_req *req, const char *data, size_t len)
         }
         memcpy(req->sbuf + req->slen, data, len);
         req->slen += len;
-        srv_req_wake(req);
+        server_req_wake(req);
     }
     pthread_mutex_unlock(&req->mu);
 }
@@ -409,9 +409,9 @@ void server_stream_end(struct server_req *req)
     }
     req->final = true;
     req->stream_end = true;
-    srv_req_wake(req);
+    server_req_wake(req);
     deact = req->active;
     pthread_mutex_unlock(&req->mu);
     if (deact)
-        srv_req_deactivate(req);
+        server_req_deactivate(req);
 }

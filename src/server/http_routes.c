@@ -1,6 +1,6 @@
 /* http_routes.c - the route table (server_add_route, matched by http.c: exact paths, else
  * the longest prefix; 405 with Allow for a known path) and the health checks of backends that
- * GET /health runs (server_add_health_check, srv_health_run). */
+ * GET /health runs (server_add_health_check, server_health_run). */
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
@@ -16,8 +16,8 @@ static size_t route_match(const struct route *rt, const char *path)
     return strcmp(rt->path, path) == 0 ? SIZE_MAX : 0;
 }
 
-const struct route *srv_find_route(const struct server *s, const char *method, const char *path,
-                                   bool *path_known, char *allow, size_t allow_size)
+const struct route *server_find_route(const struct server *s, const char *method, const char *path,
+                                      bool *path_known, char *allow, size_t allow_size)
 {
     const struct route *hit = NULL;
     size_t used = 0, best = 0;
@@ -117,7 +117,7 @@ enum ar_status server_add_health_check(struct server *s, const char *name, int (
     return st;
 }
 
-int srv_health_run(struct server *s, cJSON *backends, int *n)
+int server_health_run(struct server *s, cJSON *backends, int *n)
 {
     struct health_check *copy = NULL;
     int n_copy, worst = SERVER_HEALTH_OK;

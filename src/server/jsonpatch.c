@@ -10,11 +10,12 @@
 
 #include "server_internal.h"
 
-static enum jsonpatch_result fail(struct jsonpatch_err *e, enum jsonpatch_result r, int op,
-                                  const char *fmt, ...) AR_PRINTF(4, 5);
+static enum server_jsonpatch_result fail(struct server_jsonpatch_err *e,
+                                         enum server_jsonpatch_result r, int op, const char *fmt,
+                                         ...) AR_PRINTF(4, 5);
 
-static enum jsonpatch_result fail(struct jsonpatch_err *e, enum jsonpatch_result r, int op,
-                                  const char *fmt, ...)
+static enum server_jsonpatch_result
+fail(struct server_jsonpatch_err *e, enum server_jsonpatch_result r, int op, const char *fmt, ...)
 {
     va_list ap;
     if (!e)
@@ -92,9 +93,9 @@ struct loc {
 };
 
 /* Resolves every token of path but the last, which must name an existing container.
- * JSONPATCH_EINVAL with a message otherwise. */
-static enum jsonpatch_result locate(cJSON *root, const char *path, struct loc *l, int op,
-                                    const char *what, struct jsonpatch_err *e)
+ * SERVER_JSONPATCH_EINVAL with a message otherwise. */
+static enum server_jsonpatch_result locate(cJSON *root, const char *path, struct loc *l, int op,
+                                           const char *what, struct server_jsonpatch_err *e)
 {
     const char *p = path, *next;
     cJSON *cur = root;
@@ -103,31 +104,32 @@ static enum jsonpatch_result locate(cJSON *root, const char *path, struct loc *l
     l->last = NULL;
     l->depth = 0;
     if (!*p)
-        return JSONPATCH_OK;
+        return SERVER_JSONPATCH_OK;
     if (*p != '/')
-        return fail(e, JSONPATCH_EINVAL, op,
+        return fail(e, SERVER_JSONPATCH_EINVAL, op,
                     "'%s' \"%.64s\" is not a JSON Pointer (starts with '/')", what, path);
     for (;;) {
         char *t = ptr_token(p, &next, &bad);
         if (!t)
-            return bad ? fail(e, JSONPATCH_EINVAL, op,
+            return bad ? fail(e, SERVER_JSONPATCH_EINVAL, op,
                               "'%s' \"%.64s\": '~' must be followed by 0 or 1", what, path)
-                       : fail(e, JSONPATCH_ENOMEM, op, "out of memory");
+                       : fail(e, SERVER_JSONPATCH_ENOMEM, op, "out of memory");
         l->depth++;
         if (!*next) {
             if (!cJSON_IsObject(cur) && !cJSON_IsArray(cur)) {
                 ar_free(t);
-                return fail(e, JSONPATCH_EINVAL, op,
+                return fail(e, SERVER_JSONPATCH_EINVAL, op,
                             "'%s' \"%.64s\": the parent is not an object or an array", what, path);
             }
             l->parent = cur;
             l->last = t;
-            return JSONPATCH_OK;
+            return SERVER_JSONPATCH_OK;
         }
         cur = child_of(cur, t);
         ar_free(t);
         if (!cur)
-            return fail(e, JSONPATCH_EINVAL, op, "'%s' \"%.64s\" does not exist", what, path);
+            return fail(e, SERVER_JSONPATCH_EINVAL, op, "'%s' \"%.64s\" does not exist", what,
+                        path);
         p = next;
     }
 }
@@ -144,14 +146,14 @@ static cJSON *loc_value(cJSON *root, const struct loc *l)
     return l->parent ? child_of(l->parent, l->last) : root;
 }
 
-const cJSON *jsonpatch_get(const cJSON *doc, const char *pointer)
+const cJSON *server_jsonpatch_get(const cJSON *doc, const char *pointer)
 {
     struct loc l;
     const cJSON *v;
     cJSON *root;
     /* locate only reads: the walk is shared with the operations, which write */
     memcpy(&root, &doc, sizeof(root));
-    if (!pointer || locate(root, pointer, &l, 0, "path", NULL) != JSONPATCH_OK)
+    if (!pointer || locate(root, pointer, &l, 0, "path", NULL) != SERVER_JSONPATCH_OK)
         return NULL;
     v = loc_value(root, &l);
     loc_fini(&l);
@@ -215,13 +217,13 @@ static bool object_equal(const cJSON *a, const cJSON *b)
     struct member *ma = members_sorted(a, &na), *mb = ma ? members_sorted(b, &nb) : NULL;
     bool same = ma && mb && na == nb;
     for (int i = 0; same && i < na; i++)
-        same = !strcmp(ma[i].name, mb[i].name) && jsonpatch_equal(ma[i].v, mb[i].v);
+        same = !strcmp(ma[i].name, mb[i].name) && server_jsonpatch_equal(ma[i].v, mb[i].v);
     ar_free(ma);
     ar_free(mb);
     return same;
 }
 
-bool jsonpatch_equal(const cJSON *a, const cJSON *b)
+bool server_jsonpatch_equal(const cJSON *a, const cJSON *b)
 {
     if (cJSON_IsNumber(a) && cJSON_IsNumber(b))
         return a->valuedouble == b->valuedouble;
@@ -234,7 +236,7 @@ bool jsonpatch_equal(const cJSON *a, const cJSON *b)
     if (cJSON_IsArray(a) && cJSON_IsArray(b)) {
         const cJSON *x = a->child, *y = b->child;
         for (; x && y; x = x->next, y = y->next)
-            if (!jsonpatch_equal(x, y))
+            if (!server_jsonpatch_equal(x, y))
                 return false;
         return !x && !y;
     }
@@ -245,7 +247,7 @@ bool jsonpatch_equal(const cJSON *a, const cJSON *b)
 
 /* cJSON_InsertItemInArray of some cJSON builds (Debian's 1.7.15) refuses to insert before any
  * element but the first, so the elements from idx on are moved behind the new one by hand. */
-bool jsonpatch_array_insert(cJSON *arr, int idx, cJSON *item)
+bool server_jsonpatch_array_insert(cJSON *arr, int idx, cJSON *item)
 {
     cJSON *tail = cJSON_CreateArray(), *at;
     if (!tail)
@@ -263,34 +265,34 @@ bool jsonpatch_array_insert(cJSON *arr, int idx, cJSON *item)
 
 struct state {
     cJSON *root;
-    const struct jsonpatch_limits *lim;
+    const struct server_jsonpatch_limits *lim;
     size_t nodes; /* of root, kept up to date by add */
     int op;
-    struct jsonpatch_err *e;
+    struct server_jsonpatch_err *e;
 };
 
 /* Puts v (owned) at l: a new or replaced member, an array element inserted before the index
  * (or appended for "-" or the length), or the whole document. Takes v in every case. */
-static enum jsonpatch_result put(struct state *s, struct loc *l, cJSON *v, const char *path)
+static enum server_jsonpatch_result put(struct state *s, struct loc *l, cJSON *v, const char *path)
 {
     size_t nodes = 0;
     int deepest = 0, idx;
     measure(v, 1, s->lim->max_depth, &nodes, s->lim->max_nodes, &deepest);
     if (l->depth + deepest > s->lim->max_depth) {
         cJSON_Delete(v);
-        return fail(s->e, JSONPATCH_ETOOBIG, s->op, "the document would nest deeper than %d levels",
-                    s->lim->max_depth);
+        return fail(s->e, SERVER_JSONPATCH_ETOOBIG, s->op,
+                    "the document would nest deeper than %d levels", s->lim->max_depth);
     }
     if (!l->parent) {
         cJSON_Delete(s->root);
         s->root = v;
         s->nodes = nodes;
-        return JSONPATCH_OK;
+        return SERVER_JSONPATCH_OK;
     }
     if (s->nodes + nodes > s->lim->max_nodes) {
         cJSON_Delete(v);
-        return fail(s->e, JSONPATCH_ETOOBIG, s->op, "the document would hold more than %zu values",
-                    s->lim->max_nodes);
+        return fail(s->e, SERVER_JSONPATCH_ETOOBIG, s->op,
+                    "the document would hold more than %zu values", s->lim->max_nodes);
     }
     if (cJSON_IsObject(l->parent)) {
         cJSON *old = cJSON_GetObjectItemCaseSensitive(l->parent, l->last);
@@ -302,10 +304,10 @@ static enum jsonpatch_result put(struct state *s, struct loc *l, cJSON *v, const
             cJSON_ReplaceItemInObjectCaseSensitive(l->parent, l->last, v);
         } else if (!cJSON_AddItemToObject(l->parent, l->last, v)) {
             cJSON_Delete(v);
-            return fail(s->e, JSONPATCH_ENOMEM, s->op, "out of memory");
+            return fail(s->e, SERVER_JSONPATCH_ENOMEM, s->op, "out of memory");
         }
         s->nodes += nodes;
-        return JSONPATCH_OK;
+        return SERVER_JSONPATCH_OK;
     }
     {
         int n = cJSON_GetArraySize(l->parent);
@@ -313,18 +315,18 @@ static enum jsonpatch_result put(struct state *s, struct loc *l, cJSON *v, const
             idx = n;
         else if (!ptr_index(l->last, &idx) || idx > n) {
             cJSON_Delete(v);
-            return fail(s->e, JSONPATCH_EINVAL, s->op,
+            return fail(s->e, SERVER_JSONPATCH_EINVAL, s->op,
                         "'path' \"%.64s\": index out of bounds (the array has %d elements)", path,
                         n);
         }
         if (idx == n ? !cJSON_AddItemToArray(l->parent, v)
-                     : !jsonpatch_array_insert(l->parent, idx, v)) {
+                     : !server_jsonpatch_array_insert(l->parent, idx, v)) {
             cJSON_Delete(v);
-            return fail(s->e, JSONPATCH_ENOMEM, s->op, "out of memory");
+            return fail(s->e, SERVER_JSONPATCH_ENOMEM, s->op, "out of memory");
         }
     }
     s->nodes += nodes;
-    return JSONPATCH_OK;
+    return SERVER_JSONPATCH_OK;
 }
 
 /* Detaches the value at l (which must exist; not the whole document); NULL with an error. */
@@ -334,12 +336,12 @@ static cJSON *take(struct state *s, struct loc *l, const char *what, const char 
     size_t nodes = 0;
     int deepest = 0;
     if (!l->parent) {
-        fail(s->e, JSONPATCH_EINVAL, s->op, "'%s' \"\" (the whole document) cannot be removed",
-             what);
+        fail(s->e, SERVER_JSONPATCH_EINVAL, s->op,
+             "'%s' \"\" (the whole document) cannot be removed", what);
         return NULL;
     }
     if (!(v = child_of(l->parent, l->last))) {
-        fail(s->e, JSONPATCH_EINVAL, s->op, "'%s' \"%.64s\" does not exist", what, path);
+        fail(s->e, SERVER_JSONPATCH_EINVAL, s->op, "'%s' \"%.64s\" does not exist", what, path);
         return NULL;
     }
     cJSON_DetachItemViaPointer(l->parent, v);
@@ -365,91 +367,91 @@ static bool has_duplicate_member(const cJSON *op)
     return false;
 }
 
-static enum jsonpatch_result apply_one(struct state *s, const cJSON *op)
+static enum server_jsonpatch_result apply_one(struct state *s, const cJSON *op)
 {
     const char *name, *path, *from = NULL;
     const cJSON *value = NULL;
     struct loc l = {0}, f = {0};
-    enum jsonpatch_result r;
+    enum server_jsonpatch_result r;
     cJSON *v;
     if (!cJSON_IsObject(op))
-        return fail(s->e, JSONPATCH_EINVAL, s->op, "an operation must be an object");
+        return fail(s->e, SERVER_JSONPATCH_EINVAL, s->op, "an operation must be an object");
     if (has_duplicate_member(op))
-        return fail(s->e, JSONPATCH_EINVAL, s->op, "an operation names a member twice");
+        return fail(s->e, SERVER_JSONPATCH_EINVAL, s->op, "an operation names a member twice");
     if (!(name = str_member(op, "op")))
-        return fail(s->e, JSONPATCH_EINVAL, s->op, "'op' must be a string");
+        return fail(s->e, SERVER_JSONPATCH_EINVAL, s->op, "'op' must be a string");
     if (!(path = str_member(op, "path")))
-        return fail(s->e, JSONPATCH_EINVAL, s->op, "'path' must be a string");
+        return fail(s->e, SERVER_JSONPATCH_EINVAL, s->op, "'path' must be a string");
     if (!strcmp(name, "add") || !strcmp(name, "replace") || !strcmp(name, "test")) {
         if (!(value = cJSON_GetObjectItemCaseSensitive(op, "value")))
-            return fail(s->e, JSONPATCH_EINVAL, s->op, "'%s' needs a 'value'", name);
+            return fail(s->e, SERVER_JSONPATCH_EINVAL, s->op, "'%s' needs a 'value'", name);
     } else if (!strcmp(name, "move") || !strcmp(name, "copy")) {
         if (!(from = str_member(op, "from")))
-            return fail(s->e, JSONPATCH_EINVAL, s->op, "'%s' needs a string 'from'", name);
+            return fail(s->e, SERVER_JSONPATCH_EINVAL, s->op, "'%s' needs a string 'from'", name);
     } else if (strcmp(name, "remove") != 0) {
-        return fail(s->e, JSONPATCH_EINVAL, s->op,
+        return fail(s->e, SERVER_JSONPATCH_EINVAL, s->op,
                     "'op' \"%.32s\" is not add, remove, replace, move, copy or test", name);
     }
-    if ((r = locate(s->root, path, &l, s->op, "path", s->e)) != JSONPATCH_OK)
+    if ((r = locate(s->root, path, &l, s->op, "path", s->e)) != SERVER_JSONPATCH_OK)
         return r;
 
     if (!strcmp(name, "test")) {
         const cJSON *cur = loc_value(s->root, &l);
         if (!cur)
-            r = fail(s->e, JSONPATCH_EINVAL, s->op, "'path' \"%.64s\" does not exist", path);
-        else if (!jsonpatch_equal(cur, value))
-            r = fail(s->e, JSONPATCH_ETEST, s->op, "test failed: \"%.64s\" holds another value",
-                     path);
+            r = fail(s->e, SERVER_JSONPATCH_EINVAL, s->op, "'path' \"%.64s\" does not exist", path);
+        else if (!server_jsonpatch_equal(cur, value))
+            r = fail(s->e, SERVER_JSONPATCH_ETEST, s->op,
+                     "test failed: \"%.64s\" holds another value", path);
     } else if (!strcmp(name, "remove")) {
         if (!(v = take(s, &l, "path", path)))
             r = s->e->result;
         cJSON_Delete(v);
     } else if (!strcmp(name, "add")) {
         if (!(v = cJSON_Duplicate(value, true)))
-            r = fail(s->e, JSONPATCH_ENOMEM, s->op, "out of memory");
+            r = fail(s->e, SERVER_JSONPATCH_ENOMEM, s->op, "out of memory");
         else
             r = put(s, &l, v, path);
     } else if (!strcmp(name, "replace")) {
         if (!loc_value(s->root, &l))
-            r = fail(s->e, JSONPATCH_EINVAL, s->op, "'path' \"%.64s\" does not exist", path);
+            r = fail(s->e, SERVER_JSONPATCH_EINVAL, s->op, "'path' \"%.64s\" does not exist", path);
         else if (l.parent && cJSON_IsArray(l.parent)) {
             /* in place: an array's put would insert */
             if (!(v = cJSON_Duplicate(value, true)))
-                r = fail(s->e, JSONPATCH_ENOMEM, s->op, "out of memory");
+                r = fail(s->e, SERVER_JSONPATCH_ENOMEM, s->op, "out of memory");
             else {
                 cJSON_Delete(take(s, &l, "path", path));
                 r = put(s, &l, v, path);
             }
         } else if (!(v = cJSON_Duplicate(value, true))) {
-            r = fail(s->e, JSONPATCH_ENOMEM, s->op, "out of memory");
+            r = fail(s->e, SERVER_JSONPATCH_ENOMEM, s->op, "out of memory");
         } else {
             r = put(s, &l, v, path);
         }
     } else { /* move, copy */
         bool move = !strcmp(name, "move");
         size_t fl = strlen(from);
-        if ((r = locate(s->root, from, &f, s->op, "from", s->e)) != JSONPATCH_OK) {
+        if ((r = locate(s->root, from, &f, s->op, "from", s->e)) != SERVER_JSONPATCH_OK) {
             loc_fini(&l);
             return r;
         }
         if (!loc_value(s->root, &f)) {
-            r = fail(s->e, JSONPATCH_EINVAL, s->op, "'from' \"%.64s\" does not exist", from);
+            r = fail(s->e, SERVER_JSONPATCH_EINVAL, s->op, "'from' \"%.64s\" does not exist", from);
         } else if (move && !strcmp(from, path)) {
-            r = JSONPATCH_OK; /* nothing moves */
+            r = SERVER_JSONPATCH_OK; /* nothing moves */
         } else if (move && !strncmp(path, from, fl) && path[fl] == '/') {
-            r = fail(s->e, JSONPATCH_EINVAL, s->op,
+            r = fail(s->e, SERVER_JSONPATCH_EINVAL, s->op,
                      "'from' \"%.64s\" cannot move into its own child \"%.64s\"", from, path);
         } else if (move) {
             /* removal first: the path is read in the document without the moved value */
             loc_fini(&l);
             if (!(v = take(s, &f, "from", from)))
                 r = s->e->result;
-            else if ((r = locate(s->root, path, &l, s->op, "path", s->e)) != JSONPATCH_OK)
+            else if ((r = locate(s->root, path, &l, s->op, "path", s->e)) != SERVER_JSONPATCH_OK)
                 cJSON_Delete(v);
             else
                 r = put(s, &l, v, path);
         } else if (!(v = cJSON_Duplicate(loc_value(s->root, &f), true))) {
-            r = fail(s->e, JSONPATCH_ENOMEM, s->op, "out of memory");
+            r = fail(s->e, SERVER_JSONPATCH_ENOMEM, s->op, "out of memory");
         } else {
             r = put(s, &l, v, path);
         }
@@ -459,18 +461,18 @@ static enum jsonpatch_result apply_one(struct state *s, const cJSON *op)
     return r;
 }
 
-struct jsonpatch_limits jsonpatch_default_limits(void)
+struct server_jsonpatch_limits server_jsonpatch_default_limits(void)
 {
-    struct jsonpatch_limits l = {.max_depth = 64, .max_nodes = 1u << 20};
+    struct server_jsonpatch_limits l = {.max_depth = 64, .max_nodes = 1u << 20};
     return l;
 }
 
-enum jsonpatch_result jsonpatch_apply(const cJSON *doc, const cJSON *patch,
-                                      const struct jsonpatch_limits *lim, cJSON **out,
-                                      struct jsonpatch_err *e)
+enum server_jsonpatch_result server_jsonpatch_apply(const cJSON *doc, const cJSON *patch,
+                                                    const struct server_jsonpatch_limits *lim,
+                                                    cJSON **out, struct server_jsonpatch_err *e)
 {
-    struct jsonpatch_limits def = jsonpatch_default_limits();
-    struct jsonpatch_err local;
+    struct server_jsonpatch_limits def = server_jsonpatch_default_limits();
+    struct server_jsonpatch_err local;
     struct state s = {0};
     int deepest = 0;
     *out = NULL;
@@ -481,17 +483,17 @@ enum jsonpatch_result jsonpatch_apply(const cJSON *doc, const cJSON *patch,
     s.lim = lim ? lim : &def;
     s.e = e;
     if (!cJSON_IsArray(patch))
-        return fail(e, JSONPATCH_EINVAL, -1, "a JSON Patch is an array of operations");
+        return fail(e, SERVER_JSONPATCH_EINVAL, -1, "a JSON Patch is an array of operations");
     if (!(s.root = cJSON_Duplicate(doc, true)))
-        return fail(e, JSONPATCH_ENOMEM, -1, "out of memory");
+        return fail(e, SERVER_JSONPATCH_ENOMEM, -1, "out of memory");
     measure(s.root, 1, INT32_MAX, &s.nodes, SIZE_MAX, &deepest);
     for (const cJSON *op = patch->child; op; op = op->next, s.op++) {
-        enum jsonpatch_result r = apply_one(&s, op);
-        if (r != JSONPATCH_OK) {
+        enum server_jsonpatch_result r = apply_one(&s, op);
+        if (r != SERVER_JSONPATCH_OK) {
             cJSON_Delete(s.root);
             return r;
         }
     }
     *out = s.root;
-    return JSONPATCH_OK;
+    return SERVER_JSONPATCH_OK;
 }

@@ -13,13 +13,13 @@
 
 /* ---- API keys ------------------------------------------------------------------------------ */
 
-struct srv_keys {
+struct server_keys {
     char **keys; /* owned */
     size_t *lens;
     int n;
 };
 
-void srv_keys_destroy(struct srv_keys *k)
+void server_keys_destroy(struct server_keys *k)
 {
     if (!k)
         return;
@@ -30,10 +30,10 @@ void srv_keys_destroy(struct srv_keys *k)
     ar_free(k);
 }
 
-enum ar_status srv_keys_load(const char *path, struct srv_keys **out, struct ar_err *err)
+enum ar_status server_keys_load(const char *path, struct server_keys **out, struct ar_err *err)
 {
     FILE *f = fopen(path, "r");
-    struct srv_keys *k;
+    struct server_keys *k;
     char line[1024];
     int cap = 0;
     enum ar_status st = AR_OK;
@@ -82,7 +82,7 @@ enum ar_status srv_keys_load(const char *path, struct srv_keys **out, struct ar_
     if (st == AR_OK && k->n == 0)
         st = ar_err_set(err, AR_EFORMAT, 0, "%s holds no API key", path);
     if (st != AR_OK) {
-        srv_keys_destroy(k);
+        server_keys_destroy(k);
         return st;
     }
     *out = k;
@@ -99,7 +99,7 @@ static bool same_bytes(const char *a, size_t na, const char *b, size_t nb)
     return d == 0;
 }
 
-int srv_keys_find(const struct srv_keys *k, const char *key, size_t len)
+int server_keys_find(const struct server_keys *k, const char *key, size_t len)
 {
     int found = -1;
     for (int i = 0; i < k->n; i++)
@@ -126,17 +126,18 @@ struct client {
     double t; /* last refill */
 };
 
-struct srv_limiter {
+struct server_limiter {
     pthread_mutex_t mu;
     double rps, burst, tpm;
     struct client *slots[LIMITER_SLOTS];
     int n_clients;
-    struct srv_rlimit *redis; /* owned; NULL: the buckets live in this process only */
+    struct server_rlimit *redis; /* owned; NULL: the buckets live in this process only */
 };
 
-enum ar_status srv_limiter_create(double rps, double burst, double tpm, struct srv_limiter **out)
+enum ar_status server_limiter_create(double rps, double burst, double tpm,
+                                     struct server_limiter **out)
 {
-    struct srv_limiter *l = ar_calloc(1, sizeof(*l));
+    struct server_limiter *l = ar_calloc(1, sizeof(*l));
     if (!l)
         return AR_ENOMEM;
     pthread_mutex_init(&l->mu, NULL);
@@ -147,7 +148,7 @@ enum ar_status srv_limiter_create(double rps, double burst, double tpm, struct s
     return AR_OK;
 }
 
-void srv_limiter_destroy(struct srv_limiter *l)
+void server_limiter_destroy(struct server_limiter *l)
 {
     if (!l)
         return;
@@ -160,20 +161,20 @@ void srv_limiter_destroy(struct srv_limiter *l)
             c = n;
         }
     }
-    srv_rlimit_destroy(l->redis);
+    server_rlimit_destroy(l->redis);
     pthread_mutex_destroy(&l->mu);
     ar_free(l);
 }
 
-enum ar_status srv_limiter_use_redis(struct srv_limiter *l, const char *url,
-                                     struct metrics_registry *reg, struct ar_err *err)
+enum ar_status server_limiter_use_redis(struct server_limiter *l, const char *url,
+                                        struct metrics_registry *reg, struct ar_err *err)
 {
-    return srv_rlimit_create(url, reg, &l->redis, err);
+    return server_rlimit_create(url, reg, &l->redis, err);
 }
 
-bool srv_limiter_backend_healthy(const struct srv_limiter *l)
+bool server_limiter_backend_healthy(const struct server_limiter *l)
 {
-    return !l || !l->redis || srv_rlimit_healthy(l->redis);
+    return !l || !l->redis || server_rlimit_healthy(l->redis);
 }
 
 static void refill(struct client *c, double now)
@@ -187,7 +188,7 @@ static void refill(struct client *c, double now)
 }
 
 /* Drops clients whose buckets have refilled completely (they are as good as new). */
-static void sweep(struct srv_limiter *l, double now)
+static void sweep(struct server_limiter *l, double now)
 {
     for (int i = 0; i < LIMITER_SLOTS; i++) {
         struct client **pp = &l->slots[i];
@@ -207,7 +208,7 @@ static void sweep(struct srv_limiter *l, double now)
 }
 
 /* The client's entry, created full; NULL when out of memory or the table is full. */
-static struct client *find(struct srv_limiter *l, const char *name, double now)
+static struct client *find(struct server_limiter *l, const char *name, double now)
 {
     uint32_t h = ar_fnv1a32(AR_FNV32_BASIS, name, strlen(name));
     struct client *c;
@@ -233,14 +234,15 @@ static struct client *find(struct srv_limiter *l, const char *name, double now)
     return c;
 }
 
-bool srv_limiter_request(struct srv_limiter *l, const char *client, double now, double *retry_s)
+bool server_limiter_request(struct server_limiter *l, const char *client, double now,
+                            double *retry_s)
 {
     struct client *c;
     bool ok = true;
     if (!l || l->rps <= 0)
         return true;
-    if (l->redis && srv_rlimit_request(l->redis, client, l->rps, l->burst, l->tpm, &ok,
-                                       retry_s) == AR_OK)
+    if (l->redis &&
+        server_rlimit_request(l->redis, client, l->rps, l->burst, l->tpm, &ok, retry_s) == AR_OK)
         return ok;
     pthread_mutex_lock(&l->mu);
     c = find(l, client, now);
@@ -257,15 +259,15 @@ bool srv_limiter_request(struct srv_limiter *l, const char *client, double now, 
     return ok;
 }
 
-bool srv_limiter_tokens(struct srv_limiter *l, const char *client, int64_t n, bool admission,
-                        double now, double *retry_s)
+bool server_limiter_tokens(struct server_limiter *l, const char *client, int64_t n, bool admission,
+                           double now, double *retry_s)
 {
     struct client *c;
     bool ok = true;
     if (!l || l->tpm <= 0 || n <= 0)
         return true;
-    if (l->redis && srv_rlimit_tokens(l->redis, client, l->rps, l->burst, l->tpm, n, admission,
-                                      &ok, retry_s) == AR_OK)
+    if (l->redis && server_rlimit_tokens(l->redis, client, l->rps, l->burst, l->tpm, n, admission,
+                                         &ok, retry_s) == AR_OK)
         return ok;
     pthread_mutex_lock(&l->mu);
     c = find(l, client, now);

@@ -17,7 +17,7 @@
  * ARGV: op ("r": one request, "t": n tokens), rps, burst, tpm, n, admission ("1"/"0").
  * Returns {ok (1/0), retry seconds as text}. The arithmetic is limits.c's, line for line:
  * find() creates full buckets, refill() runs when time moved forward, then
- * srv_limiter_request() or srv_limiter_tokens(). Numbers are stored with 17 digits so they
+ * server_limiter_request() or server_limiter_tokens(). Numbers are stored with 17 digits so they
  * survive the round trip exactly. */
 static const char rate_script[] =
     "local t = redis.call('TIME')\n"
@@ -53,18 +53,18 @@ static const char rate_script[] =
 
 #define RATE_KEY_PREFIX "ar:rl:"
 
-struct srv_rlimit {
+struct server_rlimit {
     struct cache_redis_pool *pool;
     pthread_mutex_t mu;
     char sha[41];                 /* under mu; "" until SCRIPT LOAD answered */
     struct metrics_child *errors; /* borrowed; NULL without metrics */
 };
 
-enum ar_status srv_rlimit_create(const char *url, struct metrics_registry *reg,
-                                 struct srv_rlimit **out, struct ar_err *err)
+enum ar_status server_rlimit_create(const char *url, struct metrics_registry *reg,
+                                    struct server_rlimit **out, struct ar_err *err)
 {
     struct cache_redis_pool_params pp = cache_redis_pool_default_params();
-    struct srv_rlimit *rl;
+    struct server_rlimit *rl;
     enum ar_status st;
     *out = NULL;
     if (!(rl = ar_calloc(1, sizeof(*rl))))
@@ -73,7 +73,7 @@ enum ar_status srv_rlimit_create(const char *url, struct metrics_registry *reg,
     pp.url = url;
     pp.what = "rate limits";
     if ((st = cache_redis_pool_create(&pp, &rl->pool, err)) != AR_OK) {
-        srv_rlimit_destroy(rl);
+        server_rlimit_destroy(rl);
         return st;
     }
     if (reg) {
@@ -89,7 +89,7 @@ enum ar_status srv_rlimit_create(const char *url, struct metrics_registry *reg,
     return AR_OK;
 }
 
-void srv_rlimit_destroy(struct srv_rlimit *rl)
+void server_rlimit_destroy(struct server_rlimit *rl)
 {
     if (!rl)
         return;
@@ -98,12 +98,12 @@ void srv_rlimit_destroy(struct srv_rlimit *rl)
     ar_free(rl);
 }
 
-bool srv_rlimit_healthy(const struct srv_rlimit *rl)
+bool server_rlimit_healthy(const struct server_rlimit *rl)
 {
     return rl && cache_redis_pool_healthy(rl->pool);
 }
 
-uint64_t srv_rlimit_errors(const struct srv_rlimit *rl)
+uint64_t server_rlimit_errors(const struct server_rlimit *rl)
 {
     return rl ? cache_redis_pool_errors(rl->pool) : 0;
 }
@@ -114,7 +114,7 @@ static bool reply_error_is(const redisReply *r, const char *prefix)
 }
 
 /* The script's SHA1 from SCRIPT LOAD (once); false when Redis cannot say. */
-static bool script_sha(struct srv_rlimit *rl, char sha[41])
+static bool script_sha(struct server_rlimit *rl, char sha[41])
 {
     const char *argv[3] = {"SCRIPT", "LOAD", rate_script};
     size_t argvlen[3] = {6, 4, sizeof(rate_script) - 1};
@@ -144,7 +144,7 @@ static bool script_sha(struct srv_rlimit *rl, char sha[41])
 }
 
 /* Runs the script for client; AR_OK with *ok and, when refused, *retry_s. */
-static enum ar_status run(struct srv_rlimit *rl, const char *client, const char *op, double rps,
+static enum ar_status run(struct server_rlimit *rl, const char *client, const char *op, double rps,
                           double burst, double tpm, int64_t n, bool admission, bool *ok,
                           double *retry_s)
 {
@@ -208,15 +208,15 @@ out:
     return st;
 }
 
-enum ar_status srv_rlimit_request(struct srv_rlimit *rl, const char *client, double rps,
-                                  double burst, double tpm, bool *ok, double *retry_s)
+enum ar_status server_rlimit_request(struct server_rlimit *rl, const char *client, double rps,
+                                     double burst, double tpm, bool *ok, double *retry_s)
 {
     return run(rl, client, "r", rps, burst, tpm, 0, false, ok, retry_s);
 }
 
-enum ar_status srv_rlimit_tokens(struct srv_rlimit *rl, const char *client, double rps,
-                                 double burst, double tpm, int64_t n, bool admission, bool *ok,
-                                 double *retry_s)
+enum ar_status server_rlimit_tokens(struct server_rlimit *rl, const char *client, double rps,
+                                    double burst, double tpm, int64_t n, bool admission, bool *ok,
+                                    double *retry_s)
 {
     return run(rl, client, "t", rps, burst, tpm, n, admission, ok, retry_s);
 }

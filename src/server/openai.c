@@ -29,7 +29,7 @@ static uint64_t fresh_u64(void)
     return mix64(n ^ (uint64_t)(ar_time_s() * 1e9) ^ ((uint64_t)time(NULL) << 32));
 }
 
-static void reply_oai_error(struct server_req *req, const struct oai_error *e)
+static void reply_oai_error(struct server_req *req, const struct server_oai_error *e)
 {
     cJSON *extra = NULL;
     if (e->param[0] && (extra = cJSON_CreateObject()))
@@ -59,7 +59,7 @@ struct gen {
     struct server *srv;
     struct server_req *req;
     struct engine *eng;
-    enum oai_kind kind;
+    enum server_oai_kind kind;
     bool stream, include_usage;
     struct tokenizer_think think; /* chat: what of the streamed text is outside <think> */
     uint64_t id; /* engine request id */
@@ -95,7 +95,7 @@ static cJSON *reply_head(const struct gen *g, const char *object)
     return o;
 }
 
-cJSON *oai_usage_json(const struct engine_result *res)
+cJSON *server_oai_usage_json(const struct engine_result *res)
 {
     cJSON *u = cJSON_CreateObject(), *d;
     if (!u)
@@ -132,7 +132,7 @@ static void send_event(struct server_req *req, cJSON *o)
 static cJSON *chunk(const struct gen *g, const char *text, size_t len, bool role,
                     const char *finish)
 {
-    bool chat = g->kind == OAI_CHAT;
+    bool chat = g->kind == SERVER_OAI_CHAT;
     cJSON *o = reply_head(g, chat ? "chat.completion.chunk" : "text_completion");
     cJSON *choices, *c;
     if (!o)
@@ -168,7 +168,7 @@ static void stream_text(struct gen *g, const char *text, size_t len)
 {
     char small[512], *vis = small;
     size_t k;
-    if (g->kind != OAI_CHAT) {
+    if (g->kind != SERVER_OAI_CHAT) {
         if (len)
             send_event(g->req, chunk(g, text, len, false, NULL));
         return;
@@ -193,7 +193,7 @@ static void on_token(void *user, int32_t token, const char *text, size_t len)
 
 static void observe_result(struct gen *g, const struct engine_result *res)
 {
-    struct srv_metrics *m = srv_metrics_of(g->srv);
+    struct server_http_metrics *m = server_http_metrics_of(g->srv);
     if (res->status != AR_OK)
         return;
     metrics_observe(m->queue_time, res->queue_s);
@@ -213,7 +213,7 @@ static void on_done(void *user, const struct engine_result *res)
     server_req_charge_tokens(req, res->n_gen, false, NULL);
     if (res->status != AR_OK || res->finish == ENGINE_FINISH_ERROR ||
         res->finish == ENGINE_FINISH_CANCELLED) {
-        bool stopping = srv_stopping(g->srv) || res->finish == ENGINE_FINISH_CANCELLED;
+        bool stopping = server_stopping(g->srv) || res->finish == ENGINE_FINISH_CANCELLED;
         int status = stopping ? 503 : 500;
         if (g->stream) {
             cJSON *e = cJSON_CreateObject(), *in = cJSON_AddObjectToObject(e, "error");
@@ -236,11 +236,11 @@ static void on_done(void *user, const struct engine_result *res)
         stream_text(g, NULL, 0); /* a held "<thi..." that was not a tag after all */
         send_event(req, chunk(g, NULL, 0, false, finish));
         if (g->include_usage) {
-            cJSON *o =
-                reply_head(g, g->kind == OAI_CHAT ? "chat.completion.chunk" : "text_completion");
+            cJSON *o = reply_head(g, g->kind == SERVER_OAI_CHAT ? "chat.completion.chunk"
+                                                                : "text_completion");
             if (o) {
                 cJSON_AddArrayToObject(o, "choices");
-                cJSON_AddItemToObject(o, "usage", oai_usage_json(res));
+                cJSON_AddItemToObject(o, "usage", server_oai_usage_json(res));
             }
             send_event(req, o);
         }
@@ -248,7 +248,7 @@ static void on_done(void *user, const struct engine_result *res)
         server_stream_end(req);
         return;
     }
-    cJSON *o = reply_head(g, g->kind == OAI_CHAT ? "chat.completion" : "text_completion");
+    cJSON *o = reply_head(g, g->kind == SERVER_OAI_CHAT ? "chat.completion" : "text_completion");
     cJSON *choices = o ? cJSON_AddArrayToObject(o, "choices") : NULL;
     cJSON *c = cJSON_CreateObject();
     if (!choices || !c) {
@@ -259,7 +259,7 @@ static void on_done(void *user, const struct engine_result *res)
     }
     cJSON_AddItemToArray(choices, c);
     cJSON_AddNumberToObject(c, "index", 0);
-    if (g->kind == OAI_CHAT) {
+    if (g->kind == SERVER_OAI_CHAT) {
         cJSON *msg = cJSON_AddObjectToObject(c, "message");
         char *content = ar_strndup(res->text ? res->text : "", res->text_len);
         if (msg && content) {
@@ -277,7 +277,7 @@ static void on_done(void *user, const struct engine_result *res)
         cJSON_AddNullToObject(c, "logprobs");
     }
     cJSON_AddStringToObject(c, "finish_reason", finish);
-    cJSON_AddItemToObject(o, "usage", oai_usage_json(res));
+    cJSON_AddItemToObject(o, "usage", server_oai_usage_json(res));
     server_reply_json(req, 200, o);
 }
 
@@ -297,11 +297,11 @@ static void reply_context_exceeded(struct server_req *req, int n_prompt, int n_c
 }
 
 /* Token ids of the request's prompt; *ids owned by the caller (ar_free). */
-static enum ar_status build_prompt(const struct tokenizer *tok, const struct oai_request *rq,
+static enum ar_status build_prompt(const struct tokenizer *tok, const struct server_oai_request *rq,
                                    int32_t **ids, int64_t *n)
 {
     enum ar_status st;
-    if (rq->kind == OAI_CHAT) {
+    if (rq->kind == SERVER_OAI_CHAT) {
         char *text = NULL;
         size_t len = 0;
         enum tokenizer_chat fam = tokenizer_chat_family(tok);
@@ -323,13 +323,13 @@ static enum ar_status build_prompt(const struct tokenizer *tok, const struct oai
     return tokenizer_encode(tok, rq->prompt, rq->prompt_len, true, true, ids, n);
 }
 
-static void handle_completion(struct server_req *req, enum oai_kind kind)
+static void handle_completion(struct server_req *req, enum server_oai_kind kind)
 {
     struct server *s = server_req_server(req);
     struct engine *eng = server_engine(s);
     const struct tokenizer *tok = server_tokenizer(s);
-    struct oai_request rq;
-    struct oai_error e = {0};
+    struct server_oai_request rq;
+    struct server_oai_error e = {0};
     struct engine_request er = {0};
     int32_t *ids = NULL;
     int64_t n = 0;
@@ -338,9 +338,10 @@ static void handle_completion(struct server_req *req, enum oai_kind kind)
     struct gen *g;
     enum ar_status st;
 
-    st = oai_request_parse(kind, server_req_body(req), n_ctx, tokenizer_n_vocab(tok), &rq, &e);
+    st = server_oai_request_parse(kind, server_req_body(req), n_ctx, tokenizer_n_vocab(tok), &rq,
+                                  &e);
     if (st != AR_OK) {
-        oai_request_fini(&rq);
+        server_oai_request_fini(&rq);
         if (st == AR_ENOMEM)
             server_reply_error(req, 503, "server_error", "out_of_memory", "out of memory");
         else
@@ -354,11 +355,11 @@ static void handle_completion(struct server_req *req, enum oai_kind kind)
                            "The model '%.128s' does not exist; this server serves '%s' (see "
                            "/v1/models)",
                            rq.model, server_model_name(s));
-        oai_request_fini(&rq);
+        server_oai_request_fini(&rq);
         return;
     }
     if ((st = build_prompt(tok, &rq, &ids, &n)) != AR_OK) {
-        oai_request_fini(&rq);
+        server_oai_request_fini(&rq);
         server_reply_error(req, st == AR_ENOMEM ? 503 : 400,
                            st == AR_ENOMEM ? "server_error" : "invalid_request_error",
                            st == AR_ENOMEM ? "out_of_memory" : "invalid_value",
@@ -367,7 +368,7 @@ static void handle_completion(struct server_req *req, enum oai_kind kind)
     }
     if (n == 0) {
         ar_free(ids);
-        oai_request_fini(&rq);
+        server_oai_request_fini(&rq);
         server_reply_error(req, 400, "invalid_request_error", "invalid_value",
                            "the prompt is empty");
         return;
@@ -384,22 +385,22 @@ static void handle_completion(struct server_req *req, enum oai_kind kind)
         }
         if (n + 1 > n_ctx) {
             ar_free(ids);
-            oai_request_fini(&rq);
+            server_oai_request_fini(&rq);
             reply_context_exceeded(req, (int)AR_MIN(n, INT32_MAX), n_ctx,
-                                   kind == OAI_CHAT ? "messages" : "prompt");
+                                   kind == SERVER_OAI_CHAT ? "messages" : "prompt");
             return;
         }
     }
     if (!server_req_charge_tokens(req, n, true, &retry)) {
         ar_free(ids);
-        oai_request_fini(&rq);
+        server_oai_request_fini(&rq);
         server_reply_error_ex(req, 429, "rate_limit_error", "rate_limit_exceeded", NULL, retry,
                               "token rate limit reached; retry after %.0f s", ceil(retry));
         return;
     }
     if (!(g = server_req_alloc(req, sizeof(*g), gen_cleanup))) {
         ar_free(ids);
-        oai_request_fini(&rq);
+        server_oai_request_fini(&rq);
         server_reply_error(req, 503, "server_error", "out_of_memory", "out of memory");
         return;
     }
@@ -413,7 +414,7 @@ static void handle_completion(struct server_req *req, enum oai_kind kind)
     g->prompt = ids;
     g->n_prompt = (int)n;
     g->created = (double)time(NULL);
-    snprintf(g->cid, sizeof(g->cid), "%s-%016llx", kind == OAI_CHAT ? "chatcmpl" : "cmpl",
+    snprintf(g->cid, sizeof(g->cid), "%s-%016llx", kind == SERVER_OAI_CHAT ? "chatcmpl" : "cmpl",
              (unsigned long long)fresh_u64());
 
     er.prompt = ids;
@@ -432,11 +433,11 @@ static void handle_completion(struct server_req *req, enum oai_kind kind)
     if (g->stream) {
         /* an error reply below replaces the stream, which has not started yet */
         server_stream_begin(req, "text/event-stream");
-        if (kind == OAI_CHAT)
+        if (kind == SERVER_OAI_CHAT)
             send_event(req, chunk(g, NULL, 0, true, NULL));
     }
     st = engine_submit(eng, &er, &g->id);
-    oai_request_fini(&rq);
+    server_oai_request_fini(&rq);
     if (st == AR_OK) {
         server_req_on_abort(req, gen_abort, g);
         return;
@@ -445,7 +446,7 @@ static void handle_completion(struct server_req *req, enum oai_kind kind)
         server_reply_error(req, 503, "server_error", "queue_full",
                            "the request queue is full; retry later");
     } else if (st == AR_ERANGE) {
-        reply_context_exceeded(req, (int)n, n_ctx, kind == OAI_CHAT ? "messages" : "prompt");
+        reply_context_exceeded(req, (int)n, n_ctx, kind == SERVER_OAI_CHAT ? "messages" : "prompt");
     } else if (st == AR_EINVAL) {
         server_reply_error(req, 400, "invalid_request_error", "invalid_value",
                            "the engine refused the request parameters");
@@ -458,13 +459,13 @@ static void handle_completion(struct server_req *req, enum oai_kind kind)
 static void h_chat(struct server_req *req, void *user)
 {
     (void)user;
-    handle_completion(req, OAI_CHAT);
+    handle_completion(req, SERVER_OAI_CHAT);
 }
 
 static void h_completions(struct server_req *req, void *user)
 {
     (void)user;
-    handle_completion(req, OAI_COMPLETION);
+    handle_completion(req, SERVER_OAI_COMPLETION);
 }
 
 /* ---- models, apply-template, tokenize, detokenize ---------------------------------------- */
@@ -475,24 +476,24 @@ static void h_apply_template(struct server_req *req, void *user)
 {
     struct server *s = server_req_server(req);
     const struct tokenizer *tok = server_tokenizer(s);
-    struct oai_request rq;
-    struct oai_error e = {0};
+    struct server_oai_request rq;
+    struct server_oai_error e = {0};
     char *text = NULL;
     size_t len = 0;
     cJSON *o;
     enum ar_status st;
     (void)user;
-    st = oai_request_parse(OAI_CHAT, server_req_body(req), server_n_ctx(s), tokenizer_n_vocab(tok),
-                           &rq, &e);
+    st = server_oai_request_parse(SERVER_OAI_CHAT, server_req_body(req), server_n_ctx(s),
+                                  tokenizer_n_vocab(tok), &rq, &e);
     if (st == AR_OK)
         st = tokenizer_chat_format(tokenizer_chat_family(tok), rq.msgs, rq.n_msgs, true, &text,
                                    &len);
     else if (st != AR_ENOMEM) {
-        oai_request_fini(&rq);
+        server_oai_request_fini(&rq);
         reply_oai_error(req, &e);
         return;
     }
-    oai_request_fini(&rq);
+    server_oai_request_fini(&rq);
     if (st != AR_OK || !(o = cJSON_CreateObject())) {
         ar_free(text);
         server_reply_error(req, 503, "server_error", "out_of_memory", "out of memory");
@@ -539,9 +540,9 @@ static bool opt_bool(const cJSON *body, const char *name, bool def, struct serve
     if (!j || cJSON_IsNull(j))
         return def;
     if (!cJSON_IsBool(j)) {
-        struct oai_error e;
-        oai_error_set(&e, 400, "invalid_request_error", "invalid_type", name,
-                      "'%s' must be a boolean", name);
+        struct server_oai_error e;
+        server_oai_error_set(&e, 400, "invalid_request_error", "invalid_type", name,
+                             "'%s' must be a boolean", name);
         reply_oai_error(req, &e);
         *ok = false;
         return def;
@@ -655,7 +656,7 @@ static void h_health(struct server_req *req, void *user)
     struct server *s = server_req_server(req);
     cJSON *o = cJSON_CreateObject(), *backends = cJSON_CreateObject();
     bool ready = server_engine(s) != NULL;
-    int n = 0, worst = srv_health_run(s, backends, &n);
+    int n = 0, worst = server_health_run(s, backends, &n);
     (void)user;
     cJSON_AddStringToObject(o, "status",
                             !ready                      ? "loading"
@@ -685,7 +686,7 @@ static void sync_counter(struct metrics_child *c, _Atomic uint64_t *seen, uint64
 static void h_metrics(struct server_req *req, void *user)
 {
     struct server *s = server_req_server(req);
-    struct srv_metrics *m = srv_metrics_of(s);
+    struct server_http_metrics *m = server_http_metrics_of(s);
     struct engine *eng = server_engine(s);
     struct engine_stats st = {0};
     char *text = NULL, *all;
@@ -760,7 +761,7 @@ static void h_metrics(struct server_req *req, void *user)
 
 /* ---- registration -------------------------------------------------------------------------- */
 
-enum ar_status openai_register(struct server *s)
+enum ar_status server_openai_register(struct server *s)
 {
     static const struct server_route routes[] = {
         {"POST", "/v1/chat/completions", h_chat, NULL, SERVER_ROUTE_ENGINE | SERVER_ROUTE_BODY, 0},

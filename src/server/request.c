@@ -9,8 +9,8 @@
 
 #include "server_internal.h"
 
-void oai_error_set(struct oai_error *e, int status, const char *type, const char *code,
-                   const char *param, const char *fmt, ...)
+void server_oai_error_set(struct server_oai_error *e, int status, const char *type,
+                          const char *code, const char *param, const char *fmt, ...)
 {
     va_list ap;
     if (!e)
@@ -24,24 +24,24 @@ void oai_error_set(struct oai_error *e, int status, const char *type, const char
     va_end(ap);
 }
 
-static enum ar_status bad(struct oai_error *e, const char *code, const char *param,
+static enum ar_status bad(struct server_oai_error *e, const char *code, const char *param,
                           const char *what)
 {
-    oai_error_set(e, 400, "invalid_request_error", code, param, "'%s' %s", param, what);
+    server_oai_error_set(e, 400, "invalid_request_error", code, param, "'%s' %s", param, what);
     return AR_EINVAL;
 }
 
-static enum ar_status unsupported(struct oai_error *e, const char *param, const char *what)
+static enum ar_status unsupported(struct server_oai_error *e, const char *param, const char *what)
 {
-    oai_error_set(e, 400, "invalid_request_error", "unsupported_parameter", param,
-                  "'%s' %s is not supported", param, what);
+    server_oai_error_set(e, 400, "invalid_request_error", "unsupported_parameter", param,
+                         "'%s' %s is not supported", param, what);
     return AR_EINVAL;
 }
 
 /* ---- typed field readers: absent (or null) leaves *out alone -------------------------------- */
 
 static enum ar_status get_number(const cJSON *body, const char *name, double lo, double hi,
-                                 double *out, bool *present, struct oai_error *e)
+                                 double *out, bool *present, struct server_oai_error *e)
 {
     const cJSON *j = cJSON_GetObjectItemCaseSensitive(body, name);
     if (!j || cJSON_IsNull(j))
@@ -49,8 +49,8 @@ static enum ar_status get_number(const cJSON *body, const char *name, double lo,
     if (!cJSON_IsNumber(j))
         return bad(e, "invalid_type", name, "must be a number");
     if (!isfinite(j->valuedouble) || j->valuedouble < lo || j->valuedouble > hi) {
-        oai_error_set(e, 400, "invalid_request_error", "invalid_value", name,
-                      "'%s' must be between %g and %g", name, lo, hi);
+        server_oai_error_set(e, 400, "invalid_request_error", "invalid_value", name,
+                             "'%s' must be between %g and %g", name, lo, hi);
         return AR_EINVAL;
     }
     *out = j->valuedouble;
@@ -60,7 +60,7 @@ static enum ar_status get_number(const cJSON *body, const char *name, double lo,
 }
 
 static enum ar_status get_float(const cJSON *body, const char *name, double lo, double hi,
-                                float *out, struct oai_error *e)
+                                float *out, struct server_oai_error *e)
 {
     double v = (double)*out;
     enum ar_status st = get_number(body, name, lo, hi, &v, NULL, e);
@@ -70,7 +70,7 @@ static enum ar_status get_float(const cJSON *body, const char *name, double lo, 
 
 /* Integers: a JSON number without a fraction. */
 static enum ar_status get_int(const cJSON *body, const char *name, double lo, double hi,
-                              double *out, bool *present, struct oai_error *e)
+                              double *out, bool *present, struct server_oai_error *e)
 {
     const cJSON *j = cJSON_GetObjectItemCaseSensitive(body, name);
     if (j && cJSON_IsNumber(j) && j->valuedouble != floor(j->valuedouble))
@@ -78,7 +78,8 @@ static enum ar_status get_int(const cJSON *body, const char *name, double lo, do
     return get_number(body, name, lo, hi, out, present, e);
 }
 
-static enum ar_status get_bool(const cJSON *body, const char *name, bool *out, struct oai_error *e)
+static enum ar_status get_bool(const cJSON *body, const char *name, bool *out,
+                               struct server_oai_error *e)
 {
     const cJSON *j = cJSON_GetObjectItemCaseSensitive(body, name);
     if (!j || cJSON_IsNull(j))
@@ -91,7 +92,7 @@ static enum ar_status get_bool(const cJSON *body, const char *name, bool *out, s
 
 /* ---- features we do not implement ------------------------------------------------------- */
 
-static enum ar_status check_unsupported(const cJSON *body, struct oai_error *e)
+static enum ar_status check_unsupported(const cJSON *body, struct server_oai_error *e)
 {
     const cJSON *j;
     double n = 1;
@@ -143,7 +144,7 @@ static enum ar_status check_unsupported(const cJSON *body, struct oai_error *e)
 /* ---- messages and prompts --------------------------------------------------------------- */
 
 static enum ar_status parse_content(const cJSON *c, size_t i, const char **text, char **owned,
-                                    struct oai_error *e)
+                                    struct server_oai_error *e)
 {
     char param[64];
     size_t total = 0, off = 0;
@@ -180,7 +181,8 @@ static enum ar_status parse_content(const cJSON *c, size_t i, const char **text,
     return AR_OK;
 }
 
-static enum ar_status parse_messages(const cJSON *body, struct oai_request *r, struct oai_error *e)
+static enum ar_status parse_messages(const cJSON *body, struct server_oai_request *r,
+                                     struct server_oai_error *e)
 {
     const cJSON *m = cJSON_GetObjectItemCaseSensitive(body, "messages");
     size_t n, i = 0;
@@ -191,7 +193,7 @@ static enum ar_status parse_messages(const cJSON *body, struct oai_request *r, s
     n = (size_t)cJSON_GetArraySize(m);
     if (n == 0)
         return bad(e, "invalid_value", "messages", "must not be empty");
-    if (n > OAI_MAX_MESSAGES)
+    if (n > SERVER_OAI_MAX_MESSAGES)
         return bad(e, "invalid_value", "messages", "has too many entries");
     r->msgs = ar_calloc(n, sizeof(*r->msgs));
     r->owned_text = ar_calloc(n, sizeof(*r->owned_text));
@@ -226,8 +228,8 @@ static enum ar_status parse_messages(const cJSON *body, struct oai_request *r, s
     return AR_OK;
 }
 
-static enum ar_status parse_prompt(const cJSON *body, int32_t n_vocab, struct oai_request *r,
-                                   struct oai_error *e)
+static enum ar_status parse_prompt(const cJSON *body, int32_t n_vocab, struct server_oai_request *r,
+                                   struct server_oai_error *e)
 {
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(body, "prompt");
     int n, i = 0;
@@ -256,9 +258,9 @@ static enum ar_status parse_prompt(const cJSON *body, int32_t n_vocab, struct oa
         if (!cJSON_IsNumber(x) || x->valuedouble != floor(x->valuedouble))
             return bad(e, "invalid_type", "prompt", "token ids must be integers");
         if (x->valuedouble < 0 || x->valuedouble >= (double)n_vocab) {
-            oai_error_set(e, 400, "invalid_request_error", "invalid_value", "prompt",
-                          "token id %.0f is outside the vocabulary [0, %d)", x->valuedouble,
-                          (int)n_vocab);
+            server_oai_error_set(e, 400, "invalid_request_error", "invalid_value", "prompt",
+                                 "token id %.0f is outside the vocabulary [0, %d)", x->valuedouble,
+                                 (int)n_vocab);
             return AR_EINVAL;
         }
         r->prompt_ids[i] = (int32_t)x->valuedouble;
@@ -267,13 +269,14 @@ static enum ar_status parse_prompt(const cJSON *body, int32_t n_vocab, struct oa
     return AR_OK;
 }
 
-static enum ar_status parse_stop(const cJSON *body, struct oai_request *r, struct oai_error *e)
+static enum ar_status parse_stop(const cJSON *body, struct server_oai_request *r,
+                                 struct server_oai_error *e)
 {
     const cJSON *s = cJSON_GetObjectItemCaseSensitive(body, "stop");
     if (!s || cJSON_IsNull(s))
         return AR_OK;
     if (cJSON_IsString(s)) {
-        if (strlen(s->valuestring) > OAI_MAX_STOP_LEN)
+        if (strlen(s->valuestring) > SERVER_OAI_MAX_STOP_LEN)
             return bad(e, "invalid_value", "stop", "is too long");
         if (s->valuestring[0])
             r->stop[r->n_stop++] = s->valuestring;
@@ -281,15 +284,15 @@ static enum ar_status parse_stop(const cJSON *body, struct oai_request *r, struc
     }
     if (!cJSON_IsArray(s))
         return bad(e, "invalid_type", "stop", "must be a string or an array of strings");
-    if (cJSON_GetArraySize(s) > OAI_MAX_STOP) {
-        oai_error_set(e, 400, "invalid_request_error", "invalid_value", "stop",
-                      "'stop' has more than %d entries", OAI_MAX_STOP);
+    if (cJSON_GetArraySize(s) > SERVER_OAI_MAX_STOP) {
+        server_oai_error_set(e, 400, "invalid_request_error", "invalid_value", "stop",
+                             "'stop' has more than %d entries", SERVER_OAI_MAX_STOP);
         return AR_EINVAL;
     }
     for (const cJSON *x = s->child; x; x = x->next) {
         if (!cJSON_IsString(x))
             return bad(e, "invalid_type", "stop", "entries must be strings");
-        if (strlen(x->valuestring) > OAI_MAX_STOP_LEN)
+        if (strlen(x->valuestring) > SERVER_OAI_MAX_STOP_LEN)
             return bad(e, "invalid_value", "stop", "entry is too long");
         if (x->valuestring[0])
             r->stop[r->n_stop++] = x->valuestring;
@@ -297,7 +300,8 @@ static enum ar_status parse_stop(const cJSON *body, struct oai_request *r, struc
     return AR_OK;
 }
 
-static enum ar_status parse_priority(const cJSON *body, struct oai_request *r, struct oai_error *e)
+static enum ar_status parse_priority(const cJSON *body, struct server_oai_request *r,
+                                     struct server_oai_error *e)
 {
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(body, "priority");
     r->priority = ENGINE_PRIO_INTERACTIVE;
@@ -324,8 +328,9 @@ static enum ar_status parse_priority(const cJSON *body, struct oai_request *r, s
 
 /* ---- the whole request -------------------------------------------------------------------- */
 
-enum ar_status oai_request_parse(enum oai_kind kind, const cJSON *body, int n_ctx, int32_t n_vocab,
-                                 struct oai_request *r, struct oai_error *e)
+enum ar_status server_oai_request_parse(enum server_oai_kind kind, const cJSON *body, int n_ctx,
+                                        int32_t n_vocab, struct server_oai_request *r,
+                                        struct server_oai_error *e)
 {
     enum ar_status st;
     const cJSON *j;
@@ -338,8 +343,8 @@ enum ar_status oai_request_parse(enum oai_kind kind, const cJSON *body, int n_ct
     r->sampling.frequency_penalty = 0.0f;
     r->sampling.presence_penalty = 0.0f;
     if (!cJSON_IsObject(body)) {
-        oai_error_set(e, 400, "invalid_request_error", "invalid_type", "",
-                      "the request body must be an object");
+        server_oai_error_set(e, 400, "invalid_request_error", "invalid_type", "",
+                             "the request body must be an object");
         return AR_EINVAL;
     }
     if ((st = check_unsupported(body, e)) != AR_OK)
@@ -350,7 +355,7 @@ enum ar_status oai_request_parse(enum oai_kind kind, const cJSON *body, int n_ct
             return bad(e, "invalid_type", "model", "must be a string");
         r->model = j->valuestring;
     }
-    st = kind == OAI_CHAT ? parse_messages(body, r, e) : parse_prompt(body, n_vocab, r, e);
+    st = kind == SERVER_OAI_CHAT ? parse_messages(body, r, e) : parse_prompt(body, n_vocab, r, e);
     if (st != AR_OK)
         return st;
 
@@ -366,8 +371,8 @@ enum ar_status oai_request_parse(enum oai_kind kind, const cJSON *body, int n_ct
                     !cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(body, "max_tokens"))
                 ? "max_tokens"
                 : "max_completion_tokens";
-        oai_error_set(e, 400, "invalid_request_error", "invalid_value", name,
-                      "'%s' must be between 1 and %d (the context size)", name, n_ctx);
+        server_oai_error_set(e, 400, "invalid_request_error", "invalid_value", name,
+                             "'%s' must be between 1 and %d (the context size)", name, n_ctx);
         return AR_EINVAL;
     }
     r->max_tokens = have ? (int)v : 0;
@@ -412,7 +417,7 @@ enum ar_status oai_request_parse(enum oai_kind kind, const cJSON *body, int n_ct
     return AR_OK;
 }
 
-void oai_request_fini(struct oai_request *r)
+void server_oai_request_fini(struct server_oai_request *r)
 {
     if (r->owned_text)
         for (size_t i = 0; i < r->n_msgs; i++)

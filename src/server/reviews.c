@@ -94,7 +94,7 @@ static cJSON *error_body(const char *code, const char *msg)
 }
 
 /* code NULL: reply_error_code(e). */
-static void fail(srv_review_done_fn done, void *ctx, enum reply_error e, const char *code,
+static void fail(server_review_done_fn done, void *ctx, enum reply_error e, const char *code,
                  const char *msg)
 {
     done(ctx, server_status_of_reply_error(e), error_body(code ? code : reply_error_code(e), msg),
@@ -103,15 +103,15 @@ static void fail(srv_review_done_fn done, void *ctx, enum reply_error e, const c
 
 struct task {
     struct reply_service *svc;
-    enum srv_review_ep ep;
+    enum server_review_ep ep;
     const cJSON *body;
     const char *raw;
     size_t raw_len;
     char job_id[STORE_JOB_ID_LEN + 1];
     struct reply_call *call;
-    srv_review_done_fn done;
+    server_review_done_fn done;
     void *ctx;
-    /* the jobs API (copies of struct srv_review_opts) */
+    /* the jobs API (copies of struct server_review_opts) */
     bool api;   /* from HTTP: strict creation, quotas */
     bool jsonl; /* the body is JSONL text */
     char owner[STORE_ID_MAX + 1];
@@ -752,25 +752,25 @@ static void run_task(void *arg)
 {
     struct task *t = arg;
     switch (t->ep) {
-    case SRV_REVIEW_REPLY:
+    case SERVER_REVIEW_REPLY:
         do_reply(t);
         break;
-    case SRV_REVIEW_BATCH:
+    case SERVER_REVIEW_BATCH:
         do_batch(t);
         break;
-    case SRV_REVIEW_JOB_CREATE:
+    case SERVER_REVIEW_JOB_CREATE:
         do_job_create(t);
         break;
-    case SRV_REVIEW_JOB_GET:
+    case SERVER_REVIEW_JOB_GET:
         do_job_get(t);
         break;
-    case SRV_REVIEW_JOB_RESULTS:
+    case SERVER_REVIEW_JOB_RESULTS:
         do_job_results(t);
         break;
-    case SRV_REVIEW_JOB_LIST:
+    case SERVER_REVIEW_JOB_LIST:
         do_job_list(t);
         break;
-    case SRV_REVIEW_JOB_DELETE:
+    case SERVER_REVIEW_JOB_DELETE:
         do_job_delete(t);
         break;
     default:
@@ -797,12 +797,12 @@ static bool parse_job_path(const char *path, struct task *t)
     memcpy(t->job_id, id, STORE_JOB_ID_LEN);
     t->job_id[STORE_JOB_ID_LEN] = '\0';
     id += STORE_JOB_ID_LEN;
-    if (t->ep == SRV_REVIEW_JOB_DELETE)
+    if (t->ep == SERVER_REVIEW_JOB_DELETE)
         return *id == '\0' || !strcmp(id, "/");
     if (*id == '\0' || !strcmp(id, "/"))
-        t->ep = SRV_REVIEW_JOB_GET;
+        t->ep = SERVER_REVIEW_JOB_GET;
     else if (!strcmp(id, "/results"))
-        t->ep = SRV_REVIEW_JOB_RESULTS;
+        t->ep = SERVER_REVIEW_JOB_RESULTS;
     else
         return false;
     return true;
@@ -820,7 +820,7 @@ static bool copy_query(char *dst, size_t n, const char *v)
 }
 
 /* Takes what the jobs API reads from opts into t; a message when a value is too long. */
-static const char *task_opts(struct task *t, const struct srv_review_opts *o)
+static const char *task_opts(struct task *t, const struct server_review_opts *o)
 {
     t->api = true;
     t->jsonl = o->jsonl;
@@ -850,9 +850,10 @@ static const char *task_opts(struct task *t, const struct srv_review_opts *o)
     return NULL;
 }
 
-void srv_review_handle(struct reply_service *svc, enum srv_review_ep ep, const char *path,
-                       const cJSON *body, const char *raw, size_t raw_len, struct reply_call *call,
-                       srv_review_done_fn done, void *ctx, const struct srv_review_opts *opts)
+void server_review_handle(struct reply_service *svc, enum server_review_ep ep, const char *path,
+                          const cJSON *body, const char *raw, size_t raw_len,
+                          struct reply_call *call, server_review_done_fn done, void *ctx,
+                          const struct server_review_opts *opts)
 {
     struct task *t = ar_calloc(1, sizeof(*t));
     if (!t) {
@@ -875,17 +876,18 @@ void srv_review_handle(struct reply_service *svc, enum srv_review_ep ep, const c
             return;
         }
     }
-    if (ep == SRV_REVIEW_JOB_GET || ep == SRV_REVIEW_JOB_RESULTS || ep == SRV_REVIEW_JOB_DELETE) {
+    if (ep == SERVER_REVIEW_JOB_GET || ep == SERVER_REVIEW_JOB_RESULTS ||
+        ep == SERVER_REVIEW_JOB_DELETE) {
         if (!parse_job_path(path, t)) {
             task_free(t);
             fail(done, ctx, REPLY_ENOTFOUND, NULL, "no such job");
             return;
         }
-    } else if (ep == SRV_REVIEW_REPLY && !cJSON_IsObject(body)) {
+    } else if (ep == SERVER_REVIEW_REPLY && !cJSON_IsObject(body)) {
         task_free(t);
         fail(done, ctx, REPLY_EINVAL, "invalid_request", "the body must be a JSON object");
         return;
-    } else if (ep == SRV_REVIEW_BATCH && !cJSON_IsObject(body) && !cJSON_IsArray(body)) {
+    } else if (ep == SERVER_REVIEW_BATCH && !cJSON_IsObject(body) && !cJSON_IsArray(body)) {
         task_free(t);
         fail(done, ctx, REPLY_EINVAL, "invalid_request", "the body must be a JSON object or array");
         return;
@@ -955,11 +957,11 @@ static void http_done(void *c, int status, cJSON *json, const char *text, size_t
          * the client learns when to retry them */
         int limited = batch_items_limited(status, json);
         if (status == 503)
-            srv_retry_after_header(req, srv_retry_after_s(server_req_server(req)));
+            server_retry_after_header(req, server_retry_after_s(server_req_server(req)));
         if (status == 429 || limited)
-            srv_retry_after_header(req, reply_call_retry_after(hc->call));
+            server_retry_after_header(req, reply_call_retry_after(hc->call));
         if (limited)
-            metrics_inc(srv_metrics_of(server_req_server(req))->rejected_rate, limited);
+            metrics_inc(server_http_metrics_of(server_req_server(req))->rejected_rate, limited);
         server_reply_json(req, status, json);
     } else if (text) {
         server_reply_text(req, status, ctype ? ctype : "text/plain", text, len);
@@ -1009,7 +1011,7 @@ static bool job_media_type(struct server_req *req, bool *jsonl)
 
 /* The jobs API's view of a request: its caller, query, content type and quota. */
 static void http_job_opts(struct server_req *req, const struct server_reviews_params *p,
-                          struct srv_review_opts *o)
+                          struct server_review_opts *o)
 {
     const char *accept = server_req_header(req, "Accept");
     memset(o, 0, sizeof(*o));
@@ -1036,7 +1038,7 @@ struct review_routes {
     struct server_reviews_params p;
 };
 
-static void http_route(struct server_req *req, struct reply_service *svc, enum srv_review_ep ep,
+static void http_route(struct server_req *req, struct reply_service *svc, enum server_review_ep ep,
                        const struct server_reviews_params *p)
 {
     const cJSON *body = server_req_body(req);
@@ -1055,9 +1057,9 @@ static void http_route(struct server_req *req, struct reply_service *svc, enum s
     if (raw && body && is_msgpack(req))
         raw = NULL;
     if (p) {
-        struct srv_review_opts o;
+        struct server_review_opts o;
         http_job_opts(req, p, &o);
-        if (ep == SRV_REVIEW_JOB_CREATE && !job_media_type(req, &o.jsonl)) {
+        if (ep == SERVER_REVIEW_JOB_CREATE && !job_media_type(req, &o.jsonl)) {
             /* nothing is stored from a body whose type says it is not a job */
             server_reply_error(req, 415, "invalid_request_error", "unsupported_media_type",
                                "POST /v1/jobs takes JSONL (Content-Type: application/x-ndjson) "
@@ -1065,43 +1067,43 @@ static void http_route(struct server_req *req, struct reply_service *svc, enum s
                                "{\"items\": [...]})");
             return;
         }
-        srv_review_handle(svc, ep, server_req_path(req), o.jsonl ? NULL : body, raw, raw_len,
-                          hc->call, http_done, hc, &o);
+        server_review_handle(svc, ep, server_req_path(req), o.jsonl ? NULL : body, raw, raw_len,
+                             hc->call, http_done, hc, &o);
         return;
     }
-    srv_review_handle(svc, ep, server_req_path(req), body, raw, raw_len, hc->call, http_done, hc,
-                      NULL);
+    server_review_handle(svc, ep, server_req_path(req), body, raw, raw_len, hc->call, http_done, hc,
+                         NULL);
 }
 
 /* One handler per route: the review routes take the service as their user pointer, the jobs
  * API's its struct review_routes (freed with the server: see server_reviews_attach). */
 static void h_reply(struct server_req *req, void *svc)
 {
-    http_route(req, svc, SRV_REVIEW_REPLY, NULL);
+    http_route(req, svc, SERVER_REVIEW_REPLY, NULL);
 }
 static void h_batch(struct server_req *req, void *svc)
 {
-    http_route(req, svc, SRV_REVIEW_BATCH, NULL);
+    http_route(req, svc, SERVER_REVIEW_BATCH, NULL);
 }
 static void h_job_create(struct server_req *req, void *rr)
 {
     struct review_routes *r = rr;
-    http_route(req, r->svc, SRV_REVIEW_JOB_CREATE, &r->p);
+    http_route(req, r->svc, SERVER_REVIEW_JOB_CREATE, &r->p);
 }
 static void h_job_get(struct server_req *req, void *rr)
 {
     struct review_routes *r = rr;
-    http_route(req, r->svc, SRV_REVIEW_JOB_GET, &r->p); /* .../results too */
+    http_route(req, r->svc, SERVER_REVIEW_JOB_GET, &r->p); /* .../results too */
 }
 static void h_job_list(struct server_req *req, void *rr)
 {
     struct review_routes *r = rr;
-    http_route(req, r->svc, SRV_REVIEW_JOB_LIST, &r->p);
+    http_route(req, r->svc, SERVER_REVIEW_JOB_LIST, &r->p);
 }
 static void h_job_delete(struct server_req *req, void *rr)
 {
     struct review_routes *r = rr;
-    http_route(req, r->svc, SRV_REVIEW_JOB_DELETE, &r->p);
+    http_route(req, r->svc, SERVER_REVIEW_JOB_DELETE, &r->p);
 }
 
 struct server_reviews_params server_reviews_default_params(void)
@@ -1157,5 +1159,5 @@ enum ar_status server_reviews_attach(struct server *s, struct reply_service *svc
             return st;
     }
     /* the merchant's workflow over the same service (workflow.c) */
-    return srv_workflow_attach(s, svc);
+    return server_workflow_attach(s, svc);
 }

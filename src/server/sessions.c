@@ -152,7 +152,7 @@ static void new_id(char *out, size_t size)
                  "%02x", b[i]);
 }
 
-static void reply_oai_error(struct server_req *req, const struct oai_error *e)
+static void reply_oai_error(struct server_req *req, const struct server_oai_error *e)
 {
     cJSON *extra = NULL;
     if (e->param[0] && (extra = cJSON_CreateObject()))
@@ -197,7 +197,7 @@ static cJSON *chat_body(const cJSON *doc, bool placeholder)
     if (cJSON_IsArray(msgs) && cJSON_IsString(sys)) {
         if (!(m = cJSON_CreateObject()) || !cJSON_AddStringToObject(m, "role", "system") ||
             !cJSON_AddStringToObject(m, "content", sys->valuestring) ||
-            !jsonpatch_array_insert(msgs, 0, m)) {
+            !server_jsonpatch_array_insert(msgs, 0, m)) {
             cJSON_Delete(m);
             cJSON_Delete(b);
             return NULL;
@@ -229,49 +229,49 @@ static int32_t n_vocab_of(struct server *s)
  * may be empty), "system" a string if given, and sampling options as chat completions take
  * them; at most max_doc_size bytes of JSON (*size set). False with e filled. */
 static bool doc_check(struct server_sessions *ss, struct server *s, const cJSON *doc, size_t *size,
-                      struct oai_error *e)
+                      struct server_oai_error *e)
 {
     const cJSON *sys = cJSON_GetObjectItemCaseSensitive(doc, "system");
-    struct oai_request rq;
+    struct server_oai_request rq;
     cJSON *b;
     char *js;
     enum ar_status st;
     if (!cJSON_IsObject(doc)) {
-        oai_error_set(e, 400, "invalid_request_error", "invalid_type", "",
-                      "a session document must be an object");
+        server_oai_error_set(e, 400, "invalid_request_error", "invalid_type", "",
+                             "a session document must be an object");
         return false;
     }
     if (!cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(doc, "messages"))) {
-        oai_error_set(e, 400, "invalid_request_error", "invalid_type", "messages",
-                      "'messages' must be an array");
+        server_oai_error_set(e, 400, "invalid_request_error", "invalid_type", "messages",
+                             "'messages' must be an array");
         return false;
     }
     if (sys && !cJSON_IsString(sys) && !cJSON_IsNull(sys)) {
-        oai_error_set(e, 400, "invalid_request_error", "invalid_type", "system",
-                      "'system' must be a string");
+        server_oai_error_set(e, 400, "invalid_request_error", "invalid_type", "system",
+                             "'system' must be a string");
         return false;
     }
     if (!(js = cJSON_PrintUnformatted(doc))) {
-        oai_error_set(e, 503, "server_error", "out_of_memory", "", "out of memory");
+        server_oai_error_set(e, 503, "server_error", "out_of_memory", "", "out of memory");
         return false;
     }
     *size = strlen(js);
     cJSON_free(js);
     if (*size > ss->p.max_doc_size) {
-        oai_error_set(e, 413, "invalid_request_error", "session_too_large", "",
-                      "the session document would be %zu bytes; the limit is %zu", *size,
-                      ss->p.max_doc_size);
+        server_oai_error_set(e, 413, "invalid_request_error", "session_too_large", "",
+                             "the session document would be %zu bytes; the limit is %zu", *size,
+                             ss->p.max_doc_size);
         return false;
     }
     if (!(b = chat_body(doc, true))) {
-        oai_error_set(e, 503, "server_error", "out_of_memory", "", "out of memory");
+        server_oai_error_set(e, 503, "server_error", "out_of_memory", "", "out of memory");
         return false;
     }
-    st = oai_request_parse(OAI_CHAT, b, n_ctx_of(s), n_vocab_of(s), &rq, e);
-    oai_request_fini(&rq);
+    st = server_oai_request_parse(SERVER_OAI_CHAT, b, n_ctx_of(s), n_vocab_of(s), &rq, e);
+    server_oai_request_fini(&rq);
     cJSON_Delete(b);
     if (st == AR_ENOMEM)
-        oai_error_set(e, 503, "server_error", "out_of_memory", "", "out of memory");
+        server_oai_error_set(e, 503, "server_error", "out_of_memory", "", "out of memory");
     return st == AR_OK;
 }
 
@@ -326,7 +326,7 @@ static void h_create(struct server_req *req, void *user)
     struct server *s = server_req_server(req);
     const cJSON *body = server_req_body(req);
     const char *owner = owner_of(req);
-    struct oai_error e = {0};
+    struct server_oai_error e = {0};
     struct session *x;
     double now = ar_time_s();
     int mine = 0;
@@ -551,7 +551,7 @@ static void turn_done(void *user, const struct engine_result *res)
     server_req_charge_tokens(req, res->n_gen, false, NULL);
     if (res->status != AR_OK || res->finish == ENGINE_FINISH_ERROR ||
         res->finish == ENGINE_FINISH_CANCELLED || res->finish == ENGINE_FINISH_TIMEOUT) {
-        bool stopping = srv_stopping(t->srv) || res->finish == ENGINE_FINISH_CANCELLED;
+        bool stopping = server_stopping(t->srv) || res->finish == ENGINE_FINISH_CANCELLED;
         turn_release(t);
         server_reply_error(req, stopping ? 503 : 500, "server_error",
                            stopping ? "cancelled" : "internal_error", "generation failed: %s",
@@ -630,7 +630,7 @@ static void turn_done(void *user, const struct engine_result *res)
     }
     cJSON_AddItemToObject(o, "message", msg);
     cJSON_AddStringToObject(o, "finish_reason", finish);
-    if ((m = oai_usage_json(res)))
+    if ((m = server_oai_usage_json(res)))
         cJSON_AddItemToObject(o, "usage", m);
     server_reply_json(req, 200, o);
 }
@@ -638,9 +638,10 @@ static void turn_done(void *user, const struct engine_result *res)
 /* The prompt of a turn: the rendered chat text and its ids. When the text begins with what
  * the previous turn ran on (its prompt and reply), those ids are kept and only the rest is
  * encoded: the engine then finds all of them in its prefix cache. */
-static enum ar_status build_turn_prompt(const struct tokenizer *tok, const struct oai_request *rq,
-                                        const char *ctx_text, size_t ctx_len,
-                                        const int32_t *ctx_ids, int n_ctx_ids, struct turn *t)
+static enum ar_status build_turn_prompt(const struct tokenizer *tok,
+                                        const struct server_oai_request *rq, const char *ctx_text,
+                                        size_t ctx_len, const int32_t *ctx_ids, int n_ctx_ids,
+                                        struct turn *t)
 {
     enum ar_status st;
     int32_t *rest = NULL;
@@ -679,8 +680,8 @@ static void generate(struct server_sessions *ss, struct server_req *req, const c
     struct engine *eng = server_engine(s);
     const struct tokenizer *tok = server_tokenizer(s);
     const char *owner = owner_of(req);
-    struct oai_request rq;
-    struct oai_error e = {0};
+    struct server_oai_request rq;
+    struct server_oai_error e = {0};
     struct engine_request er = {0};
     struct session *x;
     struct turn *t;
@@ -728,13 +729,13 @@ static void generate(struct server_sessions *ss, struct server_req *req, const c
         reply_unavailable(req, id, found, busy);
         return;
     }
-    st = oai_request_parse(OAI_CHAT, body, n_ctx, tokenizer_n_vocab(tok), &rq, &e);
+    st = server_oai_request_parse(SERVER_OAI_CHAT, body, n_ctx, tokenizer_n_vocab(tok), &rq, &e);
     if (st == AR_OK)
         st = build_turn_prompt(tok, &rq, ctx_text, ctx_len, ctx_ids, n_ctx_ids, t);
     ar_free(ctx_text);
     ar_free(ctx_ids);
     if (st != AR_OK) {
-        oai_request_fini(&rq);
+        server_oai_request_fini(&rq);
         cJSON_Delete(body);
         turn_release(t);
         if (st == AR_ENOMEM)
@@ -747,7 +748,7 @@ static void generate(struct server_sessions *ss, struct server_req *req, const c
         return;
     }
     if (t->n_ids + 1 > n_ctx) {
-        oai_request_fini(&rq);
+        server_oai_request_fini(&rq);
         cJSON_Delete(body);
         turn_release(t);
         server_reply_error(req, 400, "invalid_request_error", "context_length_exceeded",
@@ -757,7 +758,7 @@ static void generate(struct server_sessions *ss, struct server_req *req, const c
         return;
     }
     if (!server_req_charge_tokens(req, t->n_ids, true, &retry)) {
-        oai_request_fini(&rq);
+        server_oai_request_fini(&rq);
         cJSON_Delete(body);
         turn_release(t);
         server_reply_error_ex(req, 429, "rate_limit_error", "rate_limit_exceeded", NULL, retry,
@@ -782,7 +783,7 @@ static void generate(struct server_sessions *ss, struct server_req *req, const c
     er.on_done = turn_done;
     er.user = t;
     st = engine_submit(eng, &er, &t->eng_id);
-    oai_request_fini(&rq);
+    server_oai_request_fini(&rq);
     cJSON_Delete(body);
     if (st == AR_OK) {
         server_req_on_abort(req, turn_abort, t);
@@ -832,16 +833,16 @@ static void h_patch(struct server_req *req, void *user)
 {
     struct server_sessions *ss = user;
     struct server *s = server_req_server(req);
-    struct jsonpatch_limits lim = jsonpatch_default_limits();
-    struct jsonpatch_err pe;
-    struct oai_error e = {0};
+    struct server_jsonpatch_limits lim = server_jsonpatch_default_limits();
+    struct server_jsonpatch_err pe;
+    struct server_oai_error e = {0};
     struct ar_err err = {0};
     char id[40];
     const char *verb, *raw;
     size_t raw_len = 0, size = 0;
     cJSON *patch = NULL, *doc = NULL, *out = NULL, *o = NULL;
     struct session *x;
-    enum jsonpatch_result r;
+    enum server_jsonpatch_result r;
     bool generate_after = wants_generate(req), found, busy;
     uint64_t version = 0;
     double now = ar_time_s();
@@ -857,7 +858,7 @@ static void h_patch(struct server_req *req, void *user)
         return;
     }
     raw = server_req_raw_body(req, &raw_len);
-    if (codec_parse(CODEC_JSON, raw ? raw : "", raw_len, &patch, &err) != AR_OK) {
+    if (server_codec_parse(SERVER_CODEC_JSON, raw ? raw : "", raw_len, &patch, &err) != AR_OK) {
         server_reply_error(req, 400, "invalid_request_error", "invalid_json",
                            "cannot parse the patch: %s", err.msg);
         return;
@@ -879,27 +880,27 @@ static void h_patch(struct server_req *req, void *user)
         reply_unavailable(req, id, found, busy);
         return;
     }
-    lim.max_depth = CODEC_MAX_DEPTH;
+    lim.max_depth = SERVER_CODEC_MAX_DEPTH;
     lim.max_nodes = ss->p.max_doc_size / 2 + 64; /* a value takes 2 bytes of JSON at least */
-    r = jsonpatch_apply(doc, patch, &lim, &out, &pe);
+    r = server_jsonpatch_apply(doc, patch, &lim, &out, &pe);
     cJSON_Delete(patch);
-    if (r != JSONPATCH_OK) {
+    if (r != SERVER_JSONPATCH_OK) {
         cJSON *extra = cJSON_CreateObject();
         cJSON_Delete(doc);
         if (extra && pe.op >= 0)
             cJSON_AddNumberToObject(extra, "op_index", pe.op);
-        if (r == JSONPATCH_ENOMEM) {
+        if (r == SERVER_JSONPATCH_ENOMEM) {
             cJSON_Delete(extra);
             reply_nomem(req);
         } else {
             server_reply_error_ex(req,
-                                  r == JSONPATCH_ETEST     ? 409
-                                  : r == JSONPATCH_ETOOBIG ? 413
-                                                           : 400,
+                                  r == SERVER_JSONPATCH_ETEST     ? 409
+                                  : r == SERVER_JSONPATCH_ETOOBIG ? 413
+                                                                  : 400,
                                   "invalid_request_error",
-                                  r == JSONPATCH_ETEST     ? "patch_test_failed"
-                                  : r == JSONPATCH_ETOOBIG ? "session_too_large"
-                                                           : "invalid_patch",
+                                  r == SERVER_JSONPATCH_ETEST     ? "patch_test_failed"
+                                  : r == SERVER_JSONPATCH_ETOOBIG ? "session_too_large"
+                                                                  : "invalid_patch",
                                   extra, 1, "%s", pe.msg);
         }
         return;

@@ -726,7 +726,7 @@ static void h_shop_put(struct server_req *req, void *svc)
     shop_route(req, svc, WF_SHOP_PUT);
 }
 
-enum ar_status srv_workflow_attach(struct server *s, struct reply_service *svc)
+enum ar_status server_workflow_attach(struct server *s, struct reply_service *svc)
 {
     const struct server_route routes[] = {
         {"GET", "/v1/reviews", h_list, svc, 0, 0},

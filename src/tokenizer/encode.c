@@ -6,7 +6,7 @@
 
 #include "tokenizer_internal.h"
 
-#define TOK_MAX_INPUT ((size_t)1 << 30) /* spans are 32-bit; SPM escaping triples spaces */
+#define TOKENIZER_MAX_INPUT ((size_t)1 << 30) /* spans are 32-bit; SPM escaping triples spaces */
 
 /* ---- growable arrays ---------------------------------------------------------------------- */
 
@@ -275,8 +275,8 @@ static enum ar_status bpe_pair(const struct tokenizer *tok, struct work *w, int3
     struct pair p;
     if (l < 0 || r < 0)
         return AR_OK;
-    rank = tok_merge_rank(tok, w->buf + w->syms[l].start, w->syms[l].n,
-                          w->buf + w->syms[r].start, w->syms[r].n);
+    rank = tokenizer_merge_rank(tok, w->buf + w->syms[l].start, w->syms[l].n,
+                                w->buf + w->syms[r].start, w->syms[r].n);
     if (rank < 0)
         return AR_OK;
     p.p = -(double)rank;
@@ -289,9 +289,9 @@ static enum ar_status bpe_pair(const struct tokenizer *tok, struct work *w, int3
 
 static enum ar_status id_pair(const struct tokenizer *tok, struct work *w, int32_t l, int32_t r)
 {
-    const struct tok_pair *m;
+    const struct tokenizer_pair *m;
     struct pair p;
-    if (l < 0 || r < 0 || !(m = tok_pair_find(tok, w->syms[l].id, w->syms[r].id)))
+    if (l < 0 || r < 0 || !(m = tokenizer_pair_find(tok, w->syms[l].id, w->syms[r].id)))
         return AR_OK;
     p.p = -(double)m->rank;
     p.left = l;
@@ -319,7 +319,7 @@ static enum ar_status bpe_word_ids(const struct tokenizer *tok, struct work *w, 
         /* the first pairs are independent lookups: start their memory loads together */
         if (i > 0) {
             uint64_t key = (uint64_t)(uint32_t)w->syms[i - 1].id << 32 | (uint32_t)w->syms[i].id;
-            __builtin_prefetch(&tok->pair_bits[tok_pair_bit(key, tok->pair_bits_mask) >> 6]);
+            __builtin_prefetch(&tok->pair_bits[tokenizer_pair_bit(key, tok->pair_bits_mask) >> 6]);
         }
     }
     if ((st = merge_all(tok, w, n, id_pair)) != AR_OK)
@@ -477,8 +477,8 @@ static enum ar_status bpe_encode(const struct tokenizer *tok, struct work *w, co
     return AR_OK;
 }
 
-enum ar_status tok_pre_split(const struct tokenizer *tok, const char *text, size_t len,
-                             uint32_t **spans, size_t *n)
+enum ar_status tokenizer_pre_split(const struct tokenizer *tok, const char *text, size_t len,
+                                   uint32_t **spans, size_t *n)
 {
     struct work w;
     enum ar_status st;
@@ -487,7 +487,7 @@ enum ar_status tok_pre_split(const struct tokenizer *tok, const char *text, size
     *n = 0;
     if (!tok || tok->kind != TOKENIZER_KIND_BPE || (!text && len))
         return AR_EINVAL;
-    if (len > TOK_MAX_INPUT)
+    if (len > TOKENIZER_MAX_INPUT)
         return AR_ERANGE;
     memset(&w, 0, sizeof(w));
     st = pre_split(tok, &w, text, len, &k, n);
@@ -641,7 +641,7 @@ static enum ar_status encode(const struct tokenizer *tok, const char *text, size
 
     if (!tok || (!text && len))
         return AR_EINVAL;
-    if (len > TOK_MAX_INPUT)
+    if (len > TOKENIZER_MAX_INPUT)
         return AR_ERANGE;
     memset(&w, 0, sizeof(w));
     if ((st = partition(tok, text, len, parse_special, &frags, &n_frags)) != AR_OK)

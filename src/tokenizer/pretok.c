@@ -204,144 +204,144 @@ static const struct {
     const char *const *re;
     int n;
 } rules[] = {
-    [TOK_SPLIT_DEFAULT] = RULE(default),
-    [TOK_SPLIT_GPT2] = RULE(gpt2),
-    [TOK_SPLIT_LLAMA3] = RULE(llama3),
-    [TOK_SPLIT_QWEN2] = RULE(qwen2),
-    [TOK_SPLIT_QWEN35] = RULE(qwen35),
-    [TOK_SPLIT_GPT4O] = RULE(gpt4o),
-    [TOK_SPLIT_TEKKEN] = RULE(tekken),
-    [TOK_SPLIT_GRANITE_MULTI] = RULE(granite_multi),
-    [TOK_SPLIT_DEEPSEEK_LLM] = RULE(deepseek_llm),
-    [TOK_SPLIT_DEEPSEEK_CODER] = RULE(deepseek_coder),
-    [TOK_SPLIT_DEEPSEEK3] = RULE(deepseek3),
-    [TOK_SPLIT_SPARK2_5] = RULE(spark2_5),
-    [TOK_SPLIT_FALCON] = RULE(falcon),
-    [TOK_SPLIT_STARCODER] = RULE(starcoder),
-    [TOK_SPLIT_BLOOM] = RULE(bloom),
-    [TOK_SPLIT_VIKING] = RULE(viking),
-    [TOK_SPLIT_CHAMELEON] = RULE(chameleon),
-    [TOK_SPLIT_JAIS2] = RULE(jais2),
-    [TOK_SPLIT_TINY_AYA] = RULE(tiny_aya),
-    [TOK_SPLIT_YOUTU] = RULE(youtu),
-    [TOK_SPLIT_SUPERBPE] = RULE(superbpe),
-    [TOK_SPLIT_BAILINGMOE] = RULE(bailingmoe),
-    [TOK_SPLIT_SEED_CODER] = RULE(seed_coder),
-    [TOK_SPLIT_LAGUNA] = RULE(laguna),
-    [TOK_SPLIT_EXAONE_MOE] = RULE(exaone_moe),
-    [TOK_SPLIT_MINICPM5] = RULE(minicpm5),
-    [TOK_SPLIT_AFMOE] = RULE(afmoe),
-    [TOK_SPLIT_KIMI_K2] = RULE(kimi_k2),
+    [TOKENIZER_SPLIT_DEFAULT] = RULE(default),
+    [TOKENIZER_SPLIT_GPT2] = RULE(gpt2),
+    [TOKENIZER_SPLIT_LLAMA3] = RULE(llama3),
+    [TOKENIZER_SPLIT_QWEN2] = RULE(qwen2),
+    [TOKENIZER_SPLIT_QWEN35] = RULE(qwen35),
+    [TOKENIZER_SPLIT_GPT4O] = RULE(gpt4o),
+    [TOKENIZER_SPLIT_TEKKEN] = RULE(tekken),
+    [TOKENIZER_SPLIT_GRANITE_MULTI] = RULE(granite_multi),
+    [TOKENIZER_SPLIT_DEEPSEEK_LLM] = RULE(deepseek_llm),
+    [TOKENIZER_SPLIT_DEEPSEEK_CODER] = RULE(deepseek_coder),
+    [TOKENIZER_SPLIT_DEEPSEEK3] = RULE(deepseek3),
+    [TOKENIZER_SPLIT_SPARK2_5] = RULE(spark2_5),
+    [TOKENIZER_SPLIT_FALCON] = RULE(falcon),
+    [TOKENIZER_SPLIT_STARCODER] = RULE(starcoder),
+    [TOKENIZER_SPLIT_BLOOM] = RULE(bloom),
+    [TOKENIZER_SPLIT_VIKING] = RULE(viking),
+    [TOKENIZER_SPLIT_CHAMELEON] = RULE(chameleon),
+    [TOKENIZER_SPLIT_JAIS2] = RULE(jais2),
+    [TOKENIZER_SPLIT_TINY_AYA] = RULE(tiny_aya),
+    [TOKENIZER_SPLIT_YOUTU] = RULE(youtu),
+    [TOKENIZER_SPLIT_SUPERBPE] = RULE(superbpe),
+    [TOKENIZER_SPLIT_BAILINGMOE] = RULE(bailingmoe),
+    [TOKENIZER_SPLIT_SEED_CODER] = RULE(seed_coder),
+    [TOKENIZER_SPLIT_LAGUNA] = RULE(laguna),
+    [TOKENIZER_SPLIT_EXAONE_MOE] = RULE(exaone_moe),
+    [TOKENIZER_SPLIT_MINICPM5] = RULE(minicpm5),
+    [TOKENIZER_SPLIT_AFMOE] = RULE(afmoe),
+    [TOKENIZER_SPLIT_KIMI_K2] = RULE(kimi_k2),
 };
 #undef RULE
-_Static_assert(AR_ARRAY_LEN(rules) == TOK_SPLIT_COUNT, "one rule per split");
+_Static_assert(AR_ARRAY_LEN(rules) == TOKENIZER_SPLIT_COUNT, "one rule per split");
 
 /* ---- names ---------------------------------------------------------------------------------- */
 
 /* flags of a name */
-#define IGN TOK_PRE_IGNORE_MERGES
-#define BOS TOK_PRE_ADD_BOS
-#define KEEP TOK_PRE_KEEP_SPACES
-#define UNS TOK_PRE_UNSUPPORTED
+#define IGN TOKENIZER_PRE_IGNORE_MERGES
+#define BOS TOKENIZER_PRE_ADD_BOS
+#define KEEP TOKENIZER_PRE_KEEP_SPACES
+#define UNS TOKENIZER_PRE_UNSUPPORTED
 
-static const struct tok_pre_info pre_names[] = {
-    {"default", TOK_SPLIT_DEFAULT, 0},
+static const struct tokenizer_pre_info pre_names[] = {
+    {"default", TOKENIZER_SPLIT_DEFAULT, 0},
     /* Llama 3's split */
-    {"llama3", TOK_SPLIT_LLAMA3, IGN | BOS},
-    {"llama-v3", TOK_SPLIT_LLAMA3, IGN | BOS},
-    {"llama-bpe", TOK_SPLIT_LLAMA3, IGN | BOS},
-    {"falcon3", TOK_SPLIT_LLAMA3, IGN | BOS},
-    {"falcon-h1", TOK_SPLIT_LLAMA3, IGN | BOS},
-    {"pixtral", TOK_SPLIT_LLAMA3, IGN | BOS},
-    {"midm-2.0", TOK_SPLIT_LLAMA3, IGN | BOS},
-    {"lfm2", TOK_SPLIT_LLAMA3, IGN | BOS},
-    {"jina-v5-nano", TOK_SPLIT_LLAMA3, IGN | BOS},
-    {"dbrx", TOK_SPLIT_LLAMA3, 0},
-    {"smaug-bpe", TOK_SPLIT_LLAMA3, 0},
-    {"glm4", TOK_SPLIT_LLAMA3, 0}, /* merges kept, no implicit BOS (nor a default BOS id) */
-    {"chatglm-bpe", TOK_SPLIT_LLAMA3, 0},
-    {"jais-2", TOK_SPLIT_JAIS2, 0},
+    {"llama3", TOKENIZER_SPLIT_LLAMA3, IGN | BOS},
+    {"llama-v3", TOKENIZER_SPLIT_LLAMA3, IGN | BOS},
+    {"llama-bpe", TOKENIZER_SPLIT_LLAMA3, IGN | BOS},
+    {"falcon3", TOKENIZER_SPLIT_LLAMA3, IGN | BOS},
+    {"falcon-h1", TOKENIZER_SPLIT_LLAMA3, IGN | BOS},
+    {"pixtral", TOKENIZER_SPLIT_LLAMA3, IGN | BOS},
+    {"midm-2.0", TOKENIZER_SPLIT_LLAMA3, IGN | BOS},
+    {"lfm2", TOKENIZER_SPLIT_LLAMA3, IGN | BOS},
+    {"jina-v5-nano", TOKENIZER_SPLIT_LLAMA3, IGN | BOS},
+    {"dbrx", TOKENIZER_SPLIT_LLAMA3, 0},
+    {"smaug-bpe", TOKENIZER_SPLIT_LLAMA3, 0},
+    {"glm4", TOKENIZER_SPLIT_LLAMA3, 0}, /* merges kept, no implicit BOS (nor a default BOS id) */
+    {"chatglm-bpe", TOKENIZER_SPLIT_LLAMA3, 0},
+    {"jais-2", TOKENIZER_SPLIT_JAIS2, 0},
     /* DeepSeek */
-    {"deepseek-llm", TOK_SPLIT_DEEPSEEK_LLM, KEEP},
-    {"deepseek-coder", TOK_SPLIT_DEEPSEEK_CODER, KEEP},
-    {"deepseek-v3", TOK_SPLIT_DEEPSEEK3, KEEP},
-    {"hunyuan-dense", TOK_SPLIT_DEEPSEEK3, KEEP},
-    {"joyai-llm", TOK_SPLIT_DEEPSEEK3, KEEP},
-    {"spark2_5", TOK_SPLIT_SPARK2_5, KEEP},
+    {"deepseek-llm", TOKENIZER_SPLIT_DEEPSEEK_LLM, KEEP},
+    {"deepseek-coder", TOKENIZER_SPLIT_DEEPSEEK_CODER, KEEP},
+    {"deepseek-v3", TOKENIZER_SPLIT_DEEPSEEK3, KEEP},
+    {"hunyuan-dense", TOKENIZER_SPLIT_DEEPSEEK3, KEEP},
+    {"joyai-llm", TOKENIZER_SPLIT_DEEPSEEK3, KEEP},
+    {"spark2_5", TOKENIZER_SPLIT_SPARK2_5, KEEP},
     /* GPT-2's split */
-    {"gpt-2", TOK_SPLIT_GPT2, 0},
-    {"phi-2", TOK_SPLIT_GPT2, 0},
-    {"jina-es", TOK_SPLIT_GPT2, 0},
-    {"jina-de", TOK_SPLIT_GPT2, 0},
-    {"gigachat", TOK_SPLIT_GPT2, 0},
-    {"jina-v2-es", TOK_SPLIT_GPT2, 0},
-    {"jina-v2-de", TOK_SPLIT_GPT2, 0},
-    {"a.x-4.0", TOK_SPLIT_GPT2, 0},
-    {"mellum", TOK_SPLIT_GPT2, 0},
-    {"modern-bert", TOK_SPLIT_GPT2, 0},
-    {"jina-v1-en", TOK_SPLIT_GPT2, 0}, /* the reference also appends a separator token */
-    {"jina-v2-code", TOK_SPLIT_GPT2, 0},
-    {"roberta-bpe", TOK_SPLIT_GPT2, 0},
-    {"mpt", TOK_SPLIT_GPT2, 0},
-    {"olmo", TOK_SPLIT_GPT2, 0},
-    {"jais", TOK_SPLIT_GPT2, 0},
-    {"exaone4", TOK_SPLIT_GPT2, 0},
-    {"trillion", TOK_SPLIT_GPT2, KEEP},
-    {"granite-docling", TOK_SPLIT_GPT2, KEEP},
+    {"gpt-2", TOKENIZER_SPLIT_GPT2, 0},
+    {"phi-2", TOKENIZER_SPLIT_GPT2, 0},
+    {"jina-es", TOKENIZER_SPLIT_GPT2, 0},
+    {"jina-de", TOKENIZER_SPLIT_GPT2, 0},
+    {"gigachat", TOKENIZER_SPLIT_GPT2, 0},
+    {"jina-v2-es", TOKENIZER_SPLIT_GPT2, 0},
+    {"jina-v2-de", TOKENIZER_SPLIT_GPT2, 0},
+    {"a.x-4.0", TOKENIZER_SPLIT_GPT2, 0},
+    {"mellum", TOKENIZER_SPLIT_GPT2, 0},
+    {"modern-bert", TOKENIZER_SPLIT_GPT2, 0},
+    {"jina-v1-en", TOKENIZER_SPLIT_GPT2, 0}, /* the reference also appends a separator token */
+    {"jina-v2-code", TOKENIZER_SPLIT_GPT2, 0},
+    {"roberta-bpe", TOKENIZER_SPLIT_GPT2, 0},
+    {"mpt", TOKENIZER_SPLIT_GPT2, 0},
+    {"olmo", TOKENIZER_SPLIT_GPT2, 0},
+    {"jais", TOKENIZER_SPLIT_GPT2, 0},
+    {"exaone4", TOKENIZER_SPLIT_GPT2, 0},
+    {"trillion", TOKENIZER_SPLIT_GPT2, KEEP},
+    {"granite-docling", TOKENIZER_SPLIT_GPT2, KEEP},
     /* digits one by one, then GPT-2's split */
-    {"starcoder", TOK_SPLIT_STARCODER, 0},
-    {"refact", TOK_SPLIT_STARCODER, 0},
-    {"command-r", TOK_SPLIT_STARCODER, KEEP},
-    {"smollm", TOK_SPLIT_STARCODER, KEEP},
-    {"codeshell", TOK_SPLIT_STARCODER, 0},
-    {"exaone", TOK_SPLIT_STARCODER, 0},
-    {"minerva-7b", TOK_SPLIT_STARCODER, 0},
-    {"mellum2", TOK_SPLIT_STARCODER, 0},
-    {"falcon", TOK_SPLIT_FALCON, 0},
+    {"starcoder", TOKENIZER_SPLIT_STARCODER, 0},
+    {"refact", TOKENIZER_SPLIT_STARCODER, 0},
+    {"command-r", TOKENIZER_SPLIT_STARCODER, KEEP},
+    {"smollm", TOKENIZER_SPLIT_STARCODER, KEEP},
+    {"codeshell", TOKENIZER_SPLIT_STARCODER, 0},
+    {"exaone", TOKENIZER_SPLIT_STARCODER, 0},
+    {"minerva-7b", TOKENIZER_SPLIT_STARCODER, 0},
+    {"mellum2", TOKENIZER_SPLIT_STARCODER, 0},
+    {"falcon", TOKENIZER_SPLIT_FALCON, 0},
     /* Qwen2's split */
-    {"qwen2", TOK_SPLIT_QWEN2, KEEP},
-    {"deepseek-r1-qwen", TOK_SPLIT_QWEN2, KEEP},
-    {"kormo", TOK_SPLIT_QWEN2, KEEP},
-    {"f2llmv2", TOK_SPLIT_QWEN2, KEEP},
-    {"megrez", TOK_SPLIT_QWEN2, 0},
-    {"stablelm2", TOK_SPLIT_QWEN2, 0},
-    {"hunyuan", TOK_SPLIT_QWEN2, KEEP},
-    {"solar-open", TOK_SPLIT_QWEN2, KEEP},
-    {"grok-2", TOK_SPLIT_QWEN2, KEEP},
-    {"qwen35", TOK_SPLIT_QWEN35, KEEP},
-    {"laguna", TOK_SPLIT_LAGUNA, KEEP},
-    {"minicpm5", TOK_SPLIT_MINICPM5, IGN},
-    {"seed-coder", TOK_SPLIT_SEED_CODER, KEEP},
-    {"bailingmoe", TOK_SPLIT_BAILINGMOE, KEEP},
-    {"bailingmoe2", TOK_SPLIT_BAILINGMOE, KEEP},
-    {"llada-moe", TOK_SPLIT_BAILINGMOE, KEEP},
-    {"exaone-moe", TOK_SPLIT_EXAONE_MOE, 0},
+    {"qwen2", TOKENIZER_SPLIT_QWEN2, KEEP},
+    {"deepseek-r1-qwen", TOKENIZER_SPLIT_QWEN2, KEEP},
+    {"kormo", TOKENIZER_SPLIT_QWEN2, KEEP},
+    {"f2llmv2", TOKENIZER_SPLIT_QWEN2, KEEP},
+    {"megrez", TOKENIZER_SPLIT_QWEN2, 0},
+    {"stablelm2", TOKENIZER_SPLIT_QWEN2, 0},
+    {"hunyuan", TOKENIZER_SPLIT_QWEN2, KEEP},
+    {"solar-open", TOKENIZER_SPLIT_QWEN2, KEEP},
+    {"grok-2", TOKENIZER_SPLIT_QWEN2, KEEP},
+    {"qwen35", TOKENIZER_SPLIT_QWEN35, KEEP},
+    {"laguna", TOKENIZER_SPLIT_LAGUNA, KEEP},
+    {"minicpm5", TOKENIZER_SPLIT_MINICPM5, IGN},
+    {"seed-coder", TOKENIZER_SPLIT_SEED_CODER, KEEP},
+    {"bailingmoe", TOKENIZER_SPLIT_BAILINGMOE, KEEP},
+    {"bailingmoe2", TOKENIZER_SPLIT_BAILINGMOE, KEEP},
+    {"llada-moe", TOKENIZER_SPLIT_BAILINGMOE, KEEP},
+    {"exaone-moe", TOKENIZER_SPLIT_EXAONE_MOE, 0},
     /* o200k-style splits */
-    {"gpt-4o", TOK_SPLIT_GPT4O, KEEP},
-    {"llama4", TOK_SPLIT_GPT4O, KEEP},
-    {"kanana2", TOK_SPLIT_GPT4O, KEEP},
-    {"talkie", TOK_SPLIT_GPT4O, KEEP},
-    {"minimax-m2", TOK_SPLIT_GPT4O, KEEP},
-    {"tekken", TOK_SPLIT_TEKKEN, KEEP | IGN | BOS},
-    {"granite-embed-multi-97m", TOK_SPLIT_GRANITE_MULTI, KEEP | IGN},
-    {"tiny_aya", TOK_SPLIT_TINY_AYA, KEEP},
-    {"cohere2moe", TOK_SPLIT_TINY_AYA, KEEP},
-    {"youtu", TOK_SPLIT_YOUTU, KEEP | IGN},
+    {"gpt-4o", TOKENIZER_SPLIT_GPT4O, KEEP},
+    {"llama4", TOKENIZER_SPLIT_GPT4O, KEEP},
+    {"kanana2", TOKENIZER_SPLIT_GPT4O, KEEP},
+    {"talkie", TOKENIZER_SPLIT_GPT4O, KEEP},
+    {"minimax-m2", TOKENIZER_SPLIT_GPT4O, KEEP},
+    {"tekken", TOKENIZER_SPLIT_TEKKEN, KEEP | IGN | BOS},
+    {"granite-embed-multi-97m", TOKENIZER_SPLIT_GRANITE_MULTI, KEEP | IGN},
+    {"tiny_aya", TOKENIZER_SPLIT_TINY_AYA, KEEP},
+    {"cohere2moe", TOKENIZER_SPLIT_TINY_AYA, KEEP},
+    {"youtu", TOKENIZER_SPLIT_YOUTU, KEEP | IGN},
     /* sentence-punctuation splits */
-    {"bloom", TOK_SPLIT_BLOOM, 0},
-    {"gpt3-finnish", TOK_SPLIT_BLOOM, 0},
-    {"poro-chat", TOK_SPLIT_BLOOM, KEEP},
-    {"viking", TOK_SPLIT_VIKING, KEEP},
-    {"chameleon", TOK_SPLIT_CHAMELEON, KEEP | BOS},
-    {"superbpe", TOK_SPLIT_SUPERBPE, KEEP},
+    {"bloom", TOKENIZER_SPLIT_BLOOM, 0},
+    {"gpt3-finnish", TOKENIZER_SPLIT_BLOOM, 0},
+    {"poro-chat", TOKENIZER_SPLIT_BLOOM, KEEP},
+    {"viking", TOKENIZER_SPLIT_VIKING, KEEP},
+    {"chameleon", TOKENIZER_SPLIT_CHAMELEON, KEEP | BOS},
+    {"superbpe", TOKENIZER_SPLIT_SUPERBPE, KEEP},
     /* known to the reference, but not byte-level BPE there (spaces as U+2581, raw UTF-8
      * merges): refused by name rather than tokenized differently */
-    {"kimi-k2", TOK_SPLIT_KIMI_K2, KEEP},
-    {"afmoe", TOK_SPLIT_AFMOE, KEEP},
-    {"gemma4", TOK_SPLIT_DEFAULT, UNS},
-    {"granite-embed-multi-311m", TOK_SPLIT_DEFAULT, UNS},
-    {"sarvam-moe", TOK_SPLIT_DEFAULT, UNS},
-    {"whitespace", TOK_SPLIT_DEFAULT, UNS},
+    {"kimi-k2", TOKENIZER_SPLIT_KIMI_K2, KEEP},
+    {"afmoe", TOKENIZER_SPLIT_AFMOE, KEEP},
+    {"gemma4", TOKENIZER_SPLIT_DEFAULT, UNS},
+    {"granite-embed-multi-311m", TOKENIZER_SPLIT_DEFAULT, UNS},
+    {"sarvam-moe", TOKENIZER_SPLIT_DEFAULT, UNS},
+    {"whitespace", TOKENIZER_SPLIT_DEFAULT, UNS},
 };
 
 #undef IGN
@@ -349,7 +349,7 @@ static const struct tok_pre_info pre_names[] = {
 #undef KEEP
 #undef UNS
 
-const struct tok_pre_info *tok_pre_lookup(const char *name, size_t len)
+const struct tokenizer_pre_info *tokenizer_pre_lookup(const char *name, size_t len)
 {
     for (size_t i = 0; i < AR_ARRAY_LEN(pre_names); i++)
         if (strlen(pre_names[i].name) == len && memcmp(pre_names[i].name, name, len) == 0)
@@ -357,17 +357,17 @@ const struct tok_pre_info *tok_pre_lookup(const char *name, size_t len)
     return NULL;
 }
 
-size_t tok_pre_count(void)
+size_t tokenizer_pre_count(void)
 {
     return AR_ARRAY_LEN(pre_names);
 }
 
-const struct tok_pre_info *tok_pre_at(size_t i)
+const struct tokenizer_pre_info *tokenizer_pre_at(size_t i)
 {
     return i < AR_ARRAY_LEN(pre_names) ? &pre_names[i] : NULL;
 }
 
-int tok_split_patterns(enum tok_split split, const char *const **re)
+int tokenizer_split_patterns(enum tokenizer_split split, const char *const **re)
 {
     *re = rules[split].re;
     return rules[split].n;
@@ -375,6 +375,6 @@ int tok_split_patterns(enum tok_split split, const char *const **re)
 
 bool tokenizer_pre_known(const char *name)
 {
-    const struct tok_pre_info *p = name ? tok_pre_lookup(name, strlen(name)) : NULL;
-    return p && !(p->flags & TOK_PRE_UNSUPPORTED);
+    const struct tokenizer_pre_info *p = name ? tokenizer_pre_lookup(name, strlen(name)) : NULL;
+    return p && !(p->flags & TOKENIZER_PRE_UNSUPPORTED);
 }

@@ -11,85 +11,85 @@
 #include "base/utf8.h"
 #include "tokenizer.h"
 
-#define TOK_MAX_REGEX 8
+#define TOKENIZER_MAX_REGEX 8
 
 /* Split rules of byte-level BPE vocabularies: each is a sequence of regexes (pretok.c). */
-enum tok_split {
-    TOK_SPLIT_DEFAULT = 0,
-    TOK_SPLIT_GPT2,
-    TOK_SPLIT_LLAMA3,
-    TOK_SPLIT_QWEN2,
-    TOK_SPLIT_QWEN35,
-    TOK_SPLIT_GPT4O,
-    TOK_SPLIT_TEKKEN,
-    TOK_SPLIT_GRANITE_MULTI,
-    TOK_SPLIT_DEEPSEEK_LLM,
-    TOK_SPLIT_DEEPSEEK_CODER,
-    TOK_SPLIT_DEEPSEEK3,
-    TOK_SPLIT_SPARK2_5,
-    TOK_SPLIT_FALCON,
-    TOK_SPLIT_STARCODER,
-    TOK_SPLIT_BLOOM,
-    TOK_SPLIT_VIKING,
-    TOK_SPLIT_CHAMELEON,
-    TOK_SPLIT_JAIS2,
-    TOK_SPLIT_TINY_AYA,
-    TOK_SPLIT_YOUTU,
-    TOK_SPLIT_SUPERBPE,
-    TOK_SPLIT_BAILINGMOE,
-    TOK_SPLIT_SEED_CODER,
-    TOK_SPLIT_LAGUNA,
-    TOK_SPLIT_EXAONE_MOE,
-    TOK_SPLIT_MINICPM5,
-    TOK_SPLIT_AFMOE,
-    TOK_SPLIT_KIMI_K2,
-    TOK_SPLIT_COUNT
+enum tokenizer_split {
+    TOKENIZER_SPLIT_DEFAULT = 0,
+    TOKENIZER_SPLIT_GPT2,
+    TOKENIZER_SPLIT_LLAMA3,
+    TOKENIZER_SPLIT_QWEN2,
+    TOKENIZER_SPLIT_QWEN35,
+    TOKENIZER_SPLIT_GPT4O,
+    TOKENIZER_SPLIT_TEKKEN,
+    TOKENIZER_SPLIT_GRANITE_MULTI,
+    TOKENIZER_SPLIT_DEEPSEEK_LLM,
+    TOKENIZER_SPLIT_DEEPSEEK_CODER,
+    TOKENIZER_SPLIT_DEEPSEEK3,
+    TOKENIZER_SPLIT_SPARK2_5,
+    TOKENIZER_SPLIT_FALCON,
+    TOKENIZER_SPLIT_STARCODER,
+    TOKENIZER_SPLIT_BLOOM,
+    TOKENIZER_SPLIT_VIKING,
+    TOKENIZER_SPLIT_CHAMELEON,
+    TOKENIZER_SPLIT_JAIS2,
+    TOKENIZER_SPLIT_TINY_AYA,
+    TOKENIZER_SPLIT_YOUTU,
+    TOKENIZER_SPLIT_SUPERBPE,
+    TOKENIZER_SPLIT_BAILINGMOE,
+    TOKENIZER_SPLIT_SEED_CODER,
+    TOKENIZER_SPLIT_LAGUNA,
+    TOKENIZER_SPLIT_EXAONE_MOE,
+    TOKENIZER_SPLIT_MINICPM5,
+    TOKENIZER_SPLIT_AFMOE,
+    TOKENIZER_SPLIT_KIMI_K2,
+    TOKENIZER_SPLIT_COUNT
 };
 
 /* What a tokenizer.ggml.pre name brings besides its split (as the reference's loader). */
 enum {
-    TOK_PRE_IGNORE_MERGES = 1u << 0, /* a word that is a token is taken whole */
-    TOK_PRE_ADD_BOS = 1u << 1,       /* BOS by default (add_bos_token may still say no) */
-    TOK_PRE_KEEP_SPACES = 1u << 2,   /* no tokenization-space clean-up when detokenizing */
-    TOK_PRE_UNSUPPORTED = 1u << 3    /* known name whose tokenizer is not implemented here */
+    TOKENIZER_PRE_IGNORE_MERGES = 1u << 0, /* a word that is a token is taken whole */
+    TOKENIZER_PRE_ADD_BOS = 1u << 1,       /* BOS by default (add_bos_token may still say no) */
+    TOKENIZER_PRE_KEEP_SPACES = 1u << 2,   /* no tokenization-space clean-up when detokenizing */
+    TOKENIZER_PRE_UNSUPPORTED = 1u << 3    /* known name whose tokenizer is not implemented here */
 };
 
-struct tok_pre_info {
+struct tokenizer_pre_info {
     const char *name;
-    enum tok_split split;
+    enum tokenizer_split split;
     unsigned flags;
 };
 
 /* The entry of a tokenizer.ggml.pre name, or NULL (pretok.c). */
-const struct tok_pre_info *tok_pre_lookup(const char *name, size_t len);
-size_t tok_pre_count(void);
-const struct tok_pre_info *tok_pre_at(size_t i);
+const struct tokenizer_pre_info *tokenizer_pre_lookup(const char *name, size_t len);
+size_t tokenizer_pre_count(void);
+const struct tokenizer_pre_info *tokenizer_pre_at(size_t i);
 /* The regexes of a split rule, applied in sequence; returns their number. */
-int tok_split_patterns(enum tok_split split, const char *const **re);
+int tokenizer_split_patterns(enum tokenizer_split split, const char *const **re);
 
 /* A merge by ids: key = left << 32 | right. */
-struct tok_pair {
+struct tokenizer_pair {
     uint64_t key;
     int32_t rank, id; /* id: the merged token */
 };
-#define TOK_PAIR_EMPTY UINT64_MAX
+#define TOKENIZER_PAIR_EMPTY UINT64_MAX
 
-static inline uint32_t tok_pair_slot(uint64_t key, uint32_t mask)
+static inline uint32_t tokenizer_pair_slot(uint64_t key, uint32_t mask)
 {
     return (uint32_t)((key * 0x9e3779b97f4a7c15ull) >> 32) & mask;
 }
 
-static inline uint32_t tok_pair_bit(uint64_t key, uint32_t mask)
+static inline uint32_t tokenizer_pair_bit(uint64_t key, uint32_t mask)
 {
     return (uint32_t)((key * 0xc2b2ae3d27d4eb4full) >> 40) & mask;
 }
 
 /* The merge of tokens l and r, or NULL. */
-static inline const struct tok_pair *tok_pair_find(const struct tokenizer *tok, int32_t l,
-                                                   int32_t r);
+static inline const struct tokenizer_pair *tokenizer_pair_find(const struct tokenizer *tok,
+                                                               int32_t l, int32_t r);
 
 /* One BPE merge "left right": both strings live in tokenizer.merge_text. */
-struct tok_merge {
+struct tokenizer_merge {
     uint32_t off;   /* left starts at merge_text + off, right follows it directly */
     uint32_t n_left;
     uint32_t n_right;
@@ -97,7 +97,7 @@ struct tok_merge {
 
 struct tokenizer {
     enum tokenizer_kind kind;
-    enum tok_split split;
+    enum tokenizer_split split;
     bool clean_spaces; /* detokenize removes the spaces that tokenization put before " ." */
     int32_t n_vocab;
 
@@ -115,13 +115,14 @@ struct tokenizer {
     uint32_t hash_mask;  /* slots - 1 (power of two) */
 
     char *merge_text;         /* owned */
-    struct tok_merge *merges; /* owned, (n_merges), index = rank */
+    struct tokenizer_merge *merges; /* owned, (n_merges), index = rank */
     uint32_t n_merges;
     int32_t *merge_hash;      /* owned: ranks by (left, right), -1 = empty */
     uint32_t merge_mask;
     /* the same merges by token ids, when every byte and every merge result is a plain
      * token (real vocabularies): one probe of an inline table per candidate pair */
-    struct tok_pair *pairs;   /* owned, (pair_mask + 1) slots, key TOK_PAIR_EMPTY = empty */
+    struct tokenizer_pair
+        *pairs; /* owned, (pair_mask + 1) slots, key TOKENIZER_PAIR_EMPTY = empty */
     uint32_t pair_mask;
     uint64_t *pair_bits;      /* owned: one bit per hash of every merge's key, small enough
                                * to stay in cache; a clear bit answers "no merge" at once */
@@ -146,7 +147,7 @@ struct tokenizer {
     int32_t *eog; /* owned, (n_eog) */
     int32_t n_eog;
 
-    pcre2_code *re[TOK_MAX_REGEX];
+    pcre2_code *re[TOKENIZER_MAX_REGEX];
     int n_re;
     pcre2_general_context *gctx;
 
@@ -155,18 +156,18 @@ struct tokenizer {
     bool chat_known; /* the template was recognized (else ChatML is a fallback) */
 };
 
-static inline const struct tok_pair *tok_pair_find(const struct tokenizer *tok, int32_t l,
-                                                   int32_t r)
+static inline const struct tokenizer_pair *tokenizer_pair_find(const struct tokenizer *tok,
+                                                               int32_t l, int32_t r)
 {
     uint64_t key = (uint64_t)(uint32_t)l << 32 | (uint32_t)r;
-    uint32_t b = tok_pair_bit(key, tok->pair_bits_mask);
+    uint32_t b = tokenizer_pair_bit(key, tok->pair_bits_mask);
     if (!(tok->pair_bits[b >> 6] >> (b & 63) & 1))
         return NULL;
-    for (uint32_t i = tok_pair_slot(key, tok->pair_mask);; i = (i + 1) & tok->pair_mask) {
-        const struct tok_pair *p = &tok->pairs[i];
+    for (uint32_t i = tokenizer_pair_slot(key, tok->pair_mask);; i = (i + 1) & tok->pair_mask) {
+        const struct tokenizer_pair *p = &tok->pairs[i];
         if (p->key == key)
             return p;
-        if (p->key == TOK_PAIR_EMPTY)
+        if (p->key == TOKENIZER_PAIR_EMPTY)
             return NULL;
     }
 }
@@ -174,20 +175,19 @@ static inline const struct tok_pair *tok_pair_find(const struct tokenizer *tok, 
 /* The pre-tokenizer's words of text[0..len) of a BPE vocabulary, before any merge and
  * without special-token matching: *spans is a new array (ar_free) of *n (start, length)
  * pairs. Defined in encode.c; tests use it to see the split. */
-enum ar_status tok_pre_split(const struct tokenizer *tok, const char *text, size_t len,
-                             uint32_t **spans, size_t *n);
+enum ar_status tokenizer_pre_split(const struct tokenizer *tok, const char *text, size_t len,
+                                   uint32_t **spans, size_t *n);
 
 /* Switches a BPE tokenizer from the merges by ids to the merges by text (which give the
  * same tokens, more slowly). Defined in vocab.c; tests compare the two. */
-enum ar_status tok_use_text_merges(struct tokenizer *tok);
+enum ar_status tokenizer_use_text_merges(struct tokenizer *tok);
 
 /* Rank of merge (left, right), or -1. Defined in vocab.c. */
-int32_t tok_merge_rank(const struct tokenizer *tok, const char *left, size_t n_left,
-                       const char *right, size_t n_right);
-
+int32_t tokenizer_merge_rank(const struct tokenizer *tok, const char *left, size_t n_left,
+                             const char *right, size_t n_right);
 
 /* GPT-2 byte-level table: byte -> code point. */
-static inline uint32_t tok_byte_to_cp(uint8_t b)
+static inline uint32_t tokenizer_byte_to_cp(uint8_t b)
 {
     if ((b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174)
         return b;

@@ -58,8 +58,8 @@ static uint32_t merge_hash(const char *l, size_t nl, const char *r, size_t nr)
     return ar_fnv1a32(h, r, nr);
 }
 
-int32_t tok_merge_rank(const struct tokenizer *tok, const char *left, size_t n_left,
-                       const char *right, size_t n_right)
+int32_t tokenizer_merge_rank(const struct tokenizer *tok, const char *left, size_t n_left,
+                             const char *right, size_t n_right)
 {
     uint32_t i;
     if (!tok->merge_hash)
@@ -67,7 +67,7 @@ int32_t tok_merge_rank(const struct tokenizer *tok, const char *left, size_t n_l
     i = merge_hash(left, n_left, right, n_right) & tok->merge_mask;
     for (;;) {
         int32_t r = tok->merge_hash[i];
-        const struct tok_merge *m;
+        const struct tokenizer_merge *m;
         if (r < 0)
             return -1;
         m = &tok->merges[r];
@@ -215,7 +215,7 @@ static enum ar_status load_merges(struct tokenizer *tok, const struct gguf_file 
     if (total > UINT32_MAX)
         return ar_err_set(err, AR_EFORMAT, 0, "tokenizer.ggml.merges: too much text");
     tok->merge_text = ar_malloc(total ? total : 1);
-    tok->merges = ar_malloc((arr->n ? arr->n : 1) * sizeof(struct tok_merge));
+    tok->merges = ar_malloc((arr->n ? arr->n : 1) * sizeof(struct tokenizer_merge));
     if (!tok->merge_text || !tok->merges)
         return AR_ENOMEM;
 
@@ -225,7 +225,7 @@ static enum ar_status load_merges(struct tokenizer *tok, const struct gguf_file 
     for (uint64_t i = 0; i < arr->n; i++) {
         struct gguf_str s = gguf_arr_str(arr, i);
         const char *sp = s.len > 1 ? memchr(s.ptr + 1, ' ', s.len - 1) : NULL;
-        struct tok_merge *m = &tok->merges[n];
+        struct tokenizer_merge *m = &tok->merges[n];
         n++;
         m->off = (uint32_t)off;
         m->n_left = m->n_right = 0;
@@ -250,7 +250,7 @@ static enum ar_status setup_merge_hash(struct tokenizer *tok)
         return AR_ENOMEM;
     memset(tok->merge_hash, 0xff, ((size_t)tok->merge_mask + 1) * sizeof(int32_t));
     for (uint32_t r = 0; r < tok->n_merges; r++) {
-        const struct tok_merge *m = &tok->merges[r];
+        const struct tokenizer_merge *m = &tok->merges[r];
         const char *t = tok->merge_text + m->off;
         uint32_t slot;
         bool dup = false;
@@ -258,7 +258,7 @@ static enum ar_status setup_merge_hash(struct tokenizer *tok)
             continue;
         slot = merge_hash(t, m->n_left, t + m->n_left, m->n_right) & tok->merge_mask;
         while (tok->merge_hash[slot] >= 0) {
-            const struct tok_merge *o = &tok->merges[tok->merge_hash[slot]];
+            const struct tokenizer_merge *o = &tok->merges[tok->merge_hash[slot]];
             if (o->n_left == m->n_left && o->n_right == m->n_right &&
                 memcmp(tok->merge_text + o->off, t, m->n_left + m->n_right) == 0) {
                 dup = true; /* listed twice: the first rank stays */
@@ -275,19 +275,29 @@ static enum ar_status setup_merge_hash(struct tokenizer *tok)
 /* ---- special tokens ------------------------------------------------------------------------ */
 
 /* "<｜end▁of▁sentence｜>" (full-width bars, U+2581), in octal so no escape runs on */
-#define TOK_DEEPSEEK_EOS "<\357\275\234end\342\226\201of\342\226\201sentence\357\275\234>"
+#define TOKENIZER_DEEPSEEK_EOS "<\357\275\234end\342\226\201of\342\226\201sentence\357\275\234>"
 
 /* Texts that mark an end of turn, in order of preference for the eot id. */
 static const char *const eot_texts[] = {
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
-    "<|end_of_text|>", "<EOT>", "_<EOT>", TOK_DEEPSEEK_EOS,
-    "<end_of_utterance>",
+    "<|eot_id|>",      "<|im_end|>", "<|end|>", "<end_of_turn>",        "<|endoftext|>",
+    "<|end_of_text|>", "<EOT>",      "_<EOT>",  TOKENIZER_DEEPSEEK_EOS, "<end_of_utterance>",
 };
 /* Texts of tokens that end generation. */
 static const char *const eog_texts[] = {
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>",
-    "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "<|end_of_text|>",
-    "<end_of_utterance>", TOK_DEEPSEEK_EOS,
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<|return|>",
+    "<|call|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "</s>",
+    "<|eom_id|>",
+    "<EOT>",
+    "_<EOT>",
+    "<|end_of_text|>",
+    "<end_of_utterance>",
+    TOKENIZER_DEEPSEEK_EOS,
 };
 
 static int32_t find_cstr(const struct tokenizer *tok, const char *s)
@@ -460,7 +470,7 @@ static void setup_bytes(struct tokenizer *tok)
         tok->byte_id[b] = id;
     }
     for (int b = 0; b < 256; b++) {
-        uint32_t cp = tok_byte_to_cp((uint8_t)b);
+        uint32_t cp = tokenizer_byte_to_cp((uint8_t)b);
         if (cp < 0x80) { /* all table code points are below 0x800 */
             tok->byte_text[b][0] = (char)cp;
             tok->byte_text[b][1] = 0;
@@ -472,7 +482,7 @@ static void setup_bytes(struct tokenizer *tok)
     for (size_t i = 0; i < AR_ARRAY_LEN(tok->unbyte); i++)
         tok->unbyte[i] = -1;
     for (int b = 0; b < 256; b++)
-        tok->unbyte[tok_byte_to_cp((uint8_t)b)] = (int16_t)b;
+        tok->unbyte[tokenizer_byte_to_cp((uint8_t)b)] = (int16_t)b;
 }
 
 /* Writes the piece of token id to out (at most 3x the text length) and returns its length. */
@@ -549,7 +559,7 @@ static enum ar_status setup_pieces(struct tokenizer *tok)
     return AR_OK;
 }
 
-/* Merges by token ids (struct tok_pair). Left out (the string merges stay in use) when a
+/* Merges by token ids (struct tokenizer_pair). Left out (the string merges stay in use) when a
  * byte's character is not a plain token or a merge of two tokens gives no token at all,
  * where only the string path matches the reference. A merge may give a control token (Qwen3
  * spells "</s>" that way): the merger keeps it, and a word that ends on it falls back to the
@@ -576,7 +586,7 @@ static enum ar_status setup_pairs(struct tokenizer *tok)
         }
     }
     mask = pow2_at_least((uint64_t)tok->n_merges * 3 / 2 + 1) - 1;
-    tok->pairs = ar_malloc(((size_t)mask + 1) * sizeof(struct tok_pair));
+    tok->pairs = ar_malloc(((size_t)mask + 1) * sizeof(struct tokenizer_pair));
     /* 8 bits per merge (a few percent of false "maybe"), at least 64 */
     tok->pair_bits_mask = pow2_at_least((uint64_t)tok->n_merges * 8 + 64) - 1;
     tok->pair_bits = ar_calloc(((size_t)tok->pair_bits_mask + 1) / 64, sizeof(uint64_t));
@@ -584,9 +594,9 @@ static enum ar_status setup_pairs(struct tokenizer *tok)
         return AR_ENOMEM;
     tok->pair_mask = mask;
     for (size_t i = 0; i <= mask; i++)
-        tok->pairs[i].key = TOK_PAIR_EMPTY;
+        tok->pairs[i].key = TOKENIZER_PAIR_EMPTY;
     for (uint32_t r = 0; r < tok->n_merges; r++) {
-        const struct tok_merge *m = &tok->merges[r];
+        const struct tokenizer_merge *m = &tok->merges[r];
         const char *t = tok->merge_text + m->off;
         int32_t l, rt, id;
         uint64_t key;
@@ -606,7 +616,7 @@ static enum ar_status setup_pairs(struct tokenizer *tok)
             return AR_OK;
         }
         key = (uint64_t)(uint32_t)l << 32 | (uint32_t)rt;
-        for (i = tok_pair_slot(key, mask); tok->pairs[i].key != TOK_PAIR_EMPTY;
+        for (i = tokenizer_pair_slot(key, mask); tok->pairs[i].key != TOKENIZER_PAIR_EMPTY;
              i = (i + 1) & mask)
             if (tok->pairs[i].key == key)
                 break; /* listed twice: the first rank stays */
@@ -615,13 +625,13 @@ static enum ar_status setup_pairs(struct tokenizer *tok)
         tok->pairs[i].key = key;
         tok->pairs[i].rank = (int32_t)r;
         tok->pairs[i].id = id;
-        i = tok_pair_bit(key, tok->pair_bits_mask);
+        i = tokenizer_pair_bit(key, tok->pair_bits_mask);
         tok->pair_bits[i >> 6] |= 1ull << (i & 63);
     }
     return AR_OK;
 }
 
-enum ar_status tok_use_text_merges(struct tokenizer *tok)
+enum ar_status tokenizer_use_text_merges(struct tokenizer *tok)
 {
     ar_free(tok->pairs);
     ar_free(tok->pair_bits);
@@ -641,7 +651,7 @@ static enum ar_status choose_pre(struct tokenizer *tok, const struct gguf_file *
                                  const char *override, struct ar_err *err)
 {
     struct gguf_str s = {NULL, 0};
-    const struct tok_pre_info *p;
+    const struct tokenizer_pre_info *p;
     const char *what = override ? "--tokenizer-pre" : "tokenizer.ggml.pre";
     if (override) {
         s.ptr = override;
@@ -653,28 +663,28 @@ static enum ar_status choose_pre(struct tokenizer *tok, const struct gguf_file *
         s.ptr = "default";
         s.len = 7;
     }
-    p = tok_pre_lookup(s.ptr, s.len);
+    p = tokenizer_pre_lookup(s.ptr, s.len);
     if (!p)
         return ar_err_set(err, override ? AR_EINVAL : AR_EFORMAT, 0,
                           "%s: unknown pre-tokenizer '%.*s'%s", what, (int)AR_MIN(s.len, 64),
                           s.ptr,
                           override ? "" : " (refused rather than guessed; --tokenizer-pre NAME "
                                           "chooses one)");
-    if (p->flags & TOK_PRE_UNSUPPORTED)
+    if (p->flags & TOKENIZER_PRE_UNSUPPORTED)
         return ar_err_set(err, AR_ENOTSUP, 0, "%s: pre-tokenizer '%s' is not supported", what,
                           p->name);
     tok->split = p->split;
-    tok->ignore_merges = (p->flags & TOK_PRE_IGNORE_MERGES) != 0;
-    tok->add_bos = (p->flags & TOK_PRE_ADD_BOS) != 0;
-    tok->clean_spaces = !(p->flags & TOK_PRE_KEEP_SPACES);
+    tok->ignore_merges = (p->flags & TOKENIZER_PRE_IGNORE_MERGES) != 0;
+    tok->add_bos = (p->flags & TOKENIZER_PRE_ADD_BOS) != 0;
+    tok->clean_spaces = !(p->flags & TOKENIZER_PRE_KEEP_SPACES);
     return AR_OK;
 }
 
 static enum ar_status compile_regexes(struct tokenizer *tok, struct ar_err *err)
 {
     const char *const *pats;
-    size_t n = (size_t)tok_split_patterns(tok->split, &pats);
-    if (n > TOK_MAX_REGEX)
+    size_t n = (size_t)tokenizer_split_patterns(tok->split, &pats);
+    if (n > TOKENIZER_MAX_REGEX)
         return ar_err_set(err, AR_ENOTSUP, 0, "pre-tokenizer: too many patterns");
     tok->gctx = pcre2_general_context_create(pcre_alloc, pcre_free, NULL);
     if (!tok->gctx)
@@ -797,7 +807,7 @@ enum ar_status tokenizer_load_opts(const struct gguf_file *f, const struct token
         return ar_err_set(err, AR_EINVAL, 0, "tokenizer_load: NULL argument");
     *out = NULL;
     /* checked for every vocabulary, so that a typo is caught on an SPM model too */
-    if (opts && opts->pre && !tok_pre_lookup(opts->pre, strlen(opts->pre)))
+    if (opts && opts->pre && !tokenizer_pre_lookup(opts->pre, strlen(opts->pre)))
         return ar_err_set(err, AR_EINVAL, 0, "--tokenizer-pre: unknown pre-tokenizer '%.64s'",
                           opts->pre);
     tok = ar_calloc(1, sizeof(*tok));

@@ -259,7 +259,7 @@ static void err_set_formats_message(void **state)
 
 static void cpu_detection_is_consistent(void **state)
 {
-    const struct cpu_features *c = cpu_features_get();
+    const struct ar_cpu_features *c = ar_cpu_features_get();
     (void)state;
     /* implications that must hold whatever the machine */
     if (c->avx512vnni)
@@ -268,7 +268,7 @@ static void cpu_detection_is_consistent(void **state)
         assert_true(c->avx512f);
     if (c->avx2)
         assert_true(c->avx);
-    assert_ptr_equal(c, cpu_features_get());
+    assert_ptr_equal(c, ar_cpu_features_get());
 }
 
 int main(void)

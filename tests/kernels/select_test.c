@@ -26,7 +26,7 @@ static void count_warnings(enum ar_log_level level, const char *msg, void *user)
 }
 
 /* ---- what the CPU has, decided without src/base/cpu.c ------------------------------------
- * The selector's own check (cpu_features_get() + select.c) is what is under test, so the truth
+ * The selector's own check (ar_cpu_features_get() + select.c) is what is under test, so the truth
  * comes from elsewhere: the kernel's view in /proc/cpuinfo (flags the OS has enabled, XSAVE
  * state included), cross-checked against the compiler's __builtin_cpu_supports (its own cpuid
  * code in libgcc). The two must agree; a selector that misreads a cpuid bit then fails. */

@@ -200,9 +200,9 @@ static enum ar_status split_lines(void *user, uint64_t n, uint64_t *made)
     enum ar_status st, st2;
     (void)user;
     ar_alloc_fail_after(n);
-    st = rp_job_lines_check(job_body, strlen(job_body), "shop-1", true, &lines, &bad, &err);
+    st = reply_job_lines_check(job_body, strlen(job_body), "shop-1", true, &lines, &bad, &err);
     st2 = st == AR_OK
-              ? rp_job_lines_check(job_body, strlen(job_body), NULL, false, &lines2, &bad2, &err)
+              ? reply_job_lines_check(job_body, strlen(job_body), NULL, false, &lines2, &bad2, &err)
               : st;
     *made = ar_alloc_fail_after(0);
     if (st2 != AR_OK) {
@@ -219,7 +219,7 @@ static enum ar_status split_lines(void *user, uint64_t n, uint64_t *made)
 static void splitting_a_job_body_fails_cleanly(void **state)
 {
     (void)state;
-    th_fail_each_alloc("rp_job_lines_check", split_lines, NULL, 10000);
+    th_fail_each_alloc("reply_job_lines_check", split_lines, NULL, 10000);
 }
 
 /* A job of 3 new reviews (its own shop each attempt), created unarmed, run armed. A failed run

@@ -314,18 +314,18 @@ static void test_stats_from_registry(void **state)
 static void test_loopback_addresses(void **state)
 {
     (void)state;
-    assert_true(srv_address_is_loopback("127.0.0.1"));
-    assert_true(srv_address_is_loopback("127.255.0.9"));
-    assert_true(srv_address_is_loopback("::1"));
-    assert_true(srv_address_is_loopback("::ffff:127.0.0.1"));
-    assert_false(srv_address_is_loopback("128.0.0.1"));
-    assert_false(srv_address_is_loopback("10.0.0.1"));
-    assert_false(srv_address_is_loopback("::ffff:10.0.0.1"));
-    assert_false(srv_address_is_loopback("fd00::1"));
-    assert_false(srv_address_is_loopback("::"));
-    assert_false(srv_address_is_loopback("unknown"));
-    assert_false(srv_address_is_loopback(""));
-    assert_false(srv_address_is_loopback(NULL));
+    assert_true(server_address_is_loopback("127.0.0.1"));
+    assert_true(server_address_is_loopback("127.255.0.9"));
+    assert_true(server_address_is_loopback("::1"));
+    assert_true(server_address_is_loopback("::ffff:127.0.0.1"));
+    assert_false(server_address_is_loopback("128.0.0.1"));
+    assert_false(server_address_is_loopback("10.0.0.1"));
+    assert_false(server_address_is_loopback("::ffff:10.0.0.1"));
+    assert_false(server_address_is_loopback("fd00::1"));
+    assert_false(server_address_is_loopback("::"));
+    assert_false(server_address_is_loopback("unknown"));
+    assert_false(server_address_is_loopback(""));
+    assert_false(server_address_is_loopback(NULL));
 }
 
 /* An IPv4 address of this machine that is not a loopback one; false when it has none. */

@@ -1,7 +1,7 @@
 /* faults_test.c - the server's request handling under allocation failures (cJSON's included):
  * the n-th allocation fails for n = 1.. until the request succeeds untouched
  * (tests/harness/faults.h). Bodies are parsed and answers written (codec.c, JSON and
- * MessagePack), and the review routes below HTTP (srv_review_handle: one review, a batch, a
+ * MessagePack), and the review routes below HTTP (server_review_handle: one review, a batch, a
  * JSONL job) run over a reply service with a scripted generator and an in-memory SQLite store.
  * Each failed request must still be answered exactly once, with an error status and an error
  * body ({"error": ...}) or none at all when even that could not be built, never a success
@@ -91,11 +91,11 @@ static enum ar_status codec_round_trip(void *user, uint64_t n, uint64_t *made)
     enum ar_status st;
     (void)user;
     ar_alloc_fail_after(n);
-    st = codec_parse(CODEC_JSON, review_json, strlen(review_json), &j, NULL);
+    st = server_codec_parse(SERVER_CODEC_JSON, review_json, strlen(review_json), &j, NULL);
     if (st == AR_OK)
-        st = codec_write(CODEC_MSGPACK, j, &mp, &len);
+        st = server_codec_write(SERVER_CODEC_MSGPACK, j, &mp, &len);
     if (st == AR_OK)
-        st = codec_parse(CODEC_MSGPACK, mp, len, &back, NULL);
+        st = server_codec_parse(SERVER_CODEC_MSGPACK, mp, len, &back, NULL);
     *made = ar_alloc_fail_after(0);
     if (st != AR_OK)
         assert_int_equal(st, AR_ENOMEM);
@@ -139,15 +139,16 @@ static void on_answer(void *ctx, int status, cJSON *json, const char *text, size
     pthread_mutex_unlock(&a->mu);
 }
 
-/* One request through srv_review_handle, armed from the call until its answer arrived. */
-static void request(struct fx *x, enum srv_review_ep ep, const char *path, const cJSON *body,
+/* One request through server_review_handle, armed from the call until its answer arrived. */
+static void request(struct fx *x, enum server_review_ep ep, const char *path, const cJSON *body,
                     const char *raw, uint64_t n, uint64_t *made, struct answer *a)
 {
     memset(a, 0, sizeof(*a));
     pthread_mutex_init(&a->mu, NULL);
     pthread_cond_init(&a->cv, NULL);
     ar_alloc_fail_after(n);
-    srv_review_handle(x->svc, ep, path, body, raw, raw ? strlen(raw) : 0, NULL, on_answer, a, NULL);
+    server_review_handle(x->svc, ep, path, body, raw, raw ? strlen(raw) : 0, NULL, on_answer, a,
+                         NULL);
     pthread_mutex_lock(&a->mu);
     while (a->calls == 0)
         pthread_cond_wait(&a->cv, &a->mu);
@@ -192,7 +193,7 @@ static enum ar_status reply_route(void *user, uint64_t n, uint64_t *made)
     snprintf(text, sizeof(text), "第%llu次，味道不错", (unsigned long long)n);
     cJSON_ReplaceItemInObject(c->body, "text", cJSON_CreateString(text));
     cJSON_ReplaceItemInObject(c->body, "review_id", cJSON_CreateString(text));
-    request(c->x, SRV_REVIEW_REPLY, "/v1/reviews/reply", c->body, NULL, n, made, &a);
+    request(c->x, SERVER_REVIEW_REPLY, "/v1/reviews/reply", c->body, NULL, n, made, &a);
     st = judge(&a, n, "POST /v1/reviews/reply");
     if (st == AR_OK)
         assert_true(cJSON_IsString(cJSON_GetObjectItem(a.json, "reply")));
@@ -216,7 +217,7 @@ static enum ar_status batch_route(void *user, uint64_t n, uint64_t *made)
     enum ar_status st;
     snprintf(shop, sizeof(shop), "shop-%llu", (unsigned long long)n);
     cJSON_ReplaceItemInObject(c->body, "shop_id", cJSON_CreateString(shop));
-    request(c->x, SRV_REVIEW_BATCH, "/v1/reviews/batch", c->body, NULL, n, made, &a);
+    request(c->x, SERVER_REVIEW_BATCH, "/v1/reviews/batch", c->body, NULL, n, made, &a);
     st = judge(&a, n, "POST /v1/reviews/batch");
     if (st == AR_OK)
         assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(a.json, "results")), 3);
@@ -246,7 +247,7 @@ static enum ar_status job_route(void *user, uint64_t n, uint64_t *made)
     int64_t before, after, bytes;
     enum ar_status st;
     assert_int_equal(store_job_usage(c->x->store, "", &before, &bytes, NULL), AR_OK);
-    request(c->x, SRV_REVIEW_JOB_CREATE, "/v1/jobs", NULL, body, n, made, &a);
+    request(c->x, SERVER_REVIEW_JOB_CREATE, "/v1/jobs", NULL, body, n, made, &a);
     st = judge(&a, n, "POST /v1/jobs");
     assert_int_equal(store_job_usage(c->x->store, "", &after, &bytes, NULL), AR_OK);
     if (st != AR_OK && after != before)
@@ -315,7 +316,7 @@ static int disk_full_child(const char *dir)
         cJSON_AddStringToObject(body, "review_id", id);
         cJSON_AddStringToObject(body, "text", text);
         cJSON_AddNumberToObject(body, "rating", 4);
-        request(&x, SRV_REVIEW_REPLY, "/v1/reviews/reply", body, NULL, 0, &made, &a);
+        request(&x, SERVER_REVIEW_REPLY, "/v1/reviews/reply", body, NULL, 0, &made, &a);
         if (a.status != 200) {
             failed_at = i;
             if (a.status < 500 || !cJSON_IsObject(cJSON_GetObjectItem(a.json, "error")))
@@ -324,7 +325,7 @@ static int disk_full_child(const char *dir)
             rl.rlim_cur = rl.rlim_max;
             setrlimit(RLIMIT_FSIZE, &rl);
             cJSON_Delete(a.json);
-            request(&x, SRV_REVIEW_REPLY, "/v1/reviews/reply", body, NULL, 0, &made, &a);
+            request(&x, SERVER_REVIEW_REPLY, "/v1/reviews/reply", body, NULL, 0, &made, &a);
             if (a.status != 200 && rc == 0)
                 rc = 6;
         }

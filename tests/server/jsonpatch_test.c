@@ -31,18 +31,19 @@ static bool same(const cJSON *a, const cJSON *b)
     return eq;
 }
 
-/* Applies patch to doc; expects result r and, for JSONPATCH_OK, the document want. Checks
+/* Applies patch to doc; expects result r and, for SERVER_JSONPATCH_OK, the document want. Checks
  * that doc itself never changes. */
-static void check(const char *doc, const char *patch, enum jsonpatch_result r, const char *want)
+static void check(const char *doc, const char *patch, enum server_jsonpatch_result r,
+                  const char *want)
 {
     cJSON *d = parse(doc), *p = parse(patch), *before = cJSON_Duplicate(d, true), *out = NULL;
-    struct jsonpatch_err e;
-    enum jsonpatch_result got = jsonpatch_apply(d, p, NULL, &out, &e);
+    struct server_jsonpatch_err e;
+    enum server_jsonpatch_result got = server_jsonpatch_apply(d, p, NULL, &out, &e);
     if (got != r)
         fail_msg("%s on %s: result %d (%s), want %d", patch, doc, got, e.msg, r);
     assert_int_equal(e.result, got);
     assert_true(same(d, before));
-    if (r == JSONPATCH_OK) {
+    if (r == SERVER_JSONPATCH_OK) {
         cJSON *w = parse(want);
         if (!same(out, w)) {
             char *s = cJSON_PrintUnformatted(out);
@@ -65,35 +66,35 @@ static void a1_add_member(void **state)
 {
     (void)state;
     check("{\"foo\":\"bar\"}", "[{\"op\":\"add\",\"path\":\"/baz\",\"value\":\"qux\"}]",
-          JSONPATCH_OK, "{\"baz\":\"qux\",\"foo\":\"bar\"}");
+          SERVER_JSONPATCH_OK, "{\"baz\":\"qux\",\"foo\":\"bar\"}");
 }
 
 static void a2_add_array_element(void **state)
 {
     (void)state;
     check("{\"foo\":[\"bar\",\"baz\"]}", "[{\"op\":\"add\",\"path\":\"/foo/1\",\"value\":\"qux\"}]",
-          JSONPATCH_OK, "{\"foo\":[\"bar\",\"qux\",\"baz\"]}");
+          SERVER_JSONPATCH_OK, "{\"foo\":[\"bar\",\"qux\",\"baz\"]}");
 }
 
 static void a3_remove_member(void **state)
 {
     (void)state;
     check("{\"baz\":\"qux\",\"foo\":\"bar\"}", "[{\"op\":\"remove\",\"path\":\"/baz\"}]",
-          JSONPATCH_OK, "{\"foo\":\"bar\"}");
+          SERVER_JSONPATCH_OK, "{\"foo\":\"bar\"}");
 }
 
 static void a4_remove_array_element(void **state)
 {
     (void)state;
     check("{\"foo\":[\"bar\",\"qux\",\"baz\"]}", "[{\"op\":\"remove\",\"path\":\"/foo/1\"}]",
-          JSONPATCH_OK, "{\"foo\":[\"bar\",\"baz\"]}");
+          SERVER_JSONPATCH_OK, "{\"foo\":[\"bar\",\"baz\"]}");
 }
 
 static void a5_replace(void **state)
 {
     (void)state;
     check("{\"baz\":\"qux\",\"foo\":\"bar\"}",
-          "[{\"op\":\"replace\",\"path\":\"/baz\",\"value\":\"boo\"}]", JSONPATCH_OK,
+          "[{\"op\":\"replace\",\"path\":\"/baz\",\"value\":\"boo\"}]", SERVER_JSONPATCH_OK,
           "{\"baz\":\"boo\",\"foo\":\"bar\"}");
 }
 
@@ -101,7 +102,7 @@ static void a6_move_member(void **state)
 {
     (void)state;
     check("{\"foo\":{\"bar\":\"baz\",\"waldo\":\"fred\"},\"qux\":{\"corge\":\"grault\"}}",
-          "[{\"op\":\"move\",\"from\":\"/foo/waldo\",\"path\":\"/qux/thud\"}]", JSONPATCH_OK,
+          "[{\"op\":\"move\",\"from\":\"/foo/waldo\",\"path\":\"/qux/thud\"}]", SERVER_JSONPATCH_OK,
           "{\"foo\":{\"bar\":\"baz\"},\"qux\":{\"corge\":\"grault\",\"thud\":\"fred\"}}");
 }
 
@@ -109,7 +110,7 @@ static void a7_move_array_element(void **state)
 {
     (void)state;
     check("{\"foo\":[\"all\",\"grass\",\"cows\",\"eat\"]}",
-          "[{\"op\":\"move\",\"from\":\"/foo/1\",\"path\":\"/foo/3\"}]", JSONPATCH_OK,
+          "[{\"op\":\"move\",\"from\":\"/foo/1\",\"path\":\"/foo/3\"}]", SERVER_JSONPATCH_OK,
           "{\"foo\":[\"all\",\"cows\",\"eat\",\"grass\"]}");
 }
 
@@ -119,36 +120,36 @@ static void a8_test_succeeds(void **state)
     check("{\"baz\":\"qux\",\"foo\":[\"a\",2,\"c\"]}",
           "[{\"op\":\"test\",\"path\":\"/baz\",\"value\":\"qux\"},"
           "{\"op\":\"test\",\"path\":\"/foo/1\",\"value\":2}]",
-          JSONPATCH_OK, "{\"baz\":\"qux\",\"foo\":[\"a\",2,\"c\"]}");
+          SERVER_JSONPATCH_OK, "{\"baz\":\"qux\",\"foo\":[\"a\",2,\"c\"]}");
 }
 
 static void a9_test_fails(void **state)
 {
     (void)state;
     check("{\"baz\":\"qux\"}", "[{\"op\":\"test\",\"path\":\"/baz\",\"value\":\"bar\"}]",
-          JSONPATCH_ETEST, NULL);
+          SERVER_JSONPATCH_ETEST, NULL);
 }
 
 static void a10_add_nested_object(void **state)
 {
     (void)state;
     check("{\"foo\":\"bar\"}",
-          "[{\"op\":\"add\",\"path\":\"/child\",\"value\":{\"grandchild\":{}}}]", JSONPATCH_OK,
-          "{\"foo\":\"bar\",\"child\":{\"grandchild\":{}}}");
+          "[{\"op\":\"add\",\"path\":\"/child\",\"value\":{\"grandchild\":{}}}]",
+          SERVER_JSONPATCH_OK, "{\"foo\":\"bar\",\"child\":{\"grandchild\":{}}}");
 }
 
 static void a11_unknown_members_ignored(void **state)
 {
     (void)state;
     check("{\"foo\":\"bar\"}", "[{\"op\":\"add\",\"path\":\"/baz\",\"value\":\"qux\",\"xyz\":123}]",
-          JSONPATCH_OK, "{\"foo\":\"bar\",\"baz\":\"qux\"}");
+          SERVER_JSONPATCH_OK, "{\"foo\":\"bar\",\"baz\":\"qux\"}");
 }
 
 static void a12_add_to_missing_parent(void **state)
 {
     (void)state;
     check("{\"foo\":\"bar\"}", "[{\"op\":\"add\",\"path\":\"/baz/bat\",\"value\":\"qux\"}]",
-          JSONPATCH_EINVAL, NULL);
+          SERVER_JSONPATCH_EINVAL, NULL);
 }
 
 static void a13_member_named_twice(void **state)
@@ -156,29 +157,29 @@ static void a13_member_named_twice(void **state)
     (void)state;
     check("{\"foo\":\"bar\"}",
           "[{\"op\":\"add\",\"path\":\"/baz\",\"value\":\"qux\",\"op\":\"remove\"}]",
-          JSONPATCH_EINVAL, NULL);
+          SERVER_JSONPATCH_EINVAL, NULL);
 }
 
 static void a14_tilde_escapes(void **state)
 {
     (void)state;
     /* "~01" is "~1" (the key), not "~/" */
-    check("{\"/\":9,\"~1\":10}", "[{\"op\":\"test\",\"path\":\"/~01\",\"value\":10}]", JSONPATCH_OK,
-          "{\"/\":9,\"~1\":10}");
+    check("{\"/\":9,\"~1\":10}", "[{\"op\":\"test\",\"path\":\"/~01\",\"value\":10}]",
+          SERVER_JSONPATCH_OK, "{\"/\":9,\"~1\":10}");
 }
 
 static void a15_string_is_not_number(void **state)
 {
     (void)state;
     check("{\"/\":9,\"~1\":10}", "[{\"op\":\"test\",\"path\":\"/~01\",\"value\":\"10\"}]",
-          JSONPATCH_ETEST, NULL);
+          SERVER_JSONPATCH_ETEST, NULL);
 }
 
 static void a16_append_array_value(void **state)
 {
     (void)state;
     check("{\"foo\":[\"bar\"]}",
-          "[{\"op\":\"add\",\"path\":\"/foo/-\",\"value\":[\"abc\",\"def\"]}]", JSONPATCH_OK,
+          "[{\"op\":\"add\",\"path\":\"/foo/-\",\"value\":[\"abc\",\"def\"]}]", SERVER_JSONPATCH_OK,
           "{\"foo\":[\"bar\",[\"abc\",\"def\"]]}");
 }
 
@@ -198,10 +199,10 @@ static void pointers_of_rfc6901(void **state)
         {"/ ", 7, NULL},       {"/m~0n", 8, NULL}, {"/foo/1", -1, "baz"},
     };
     (void)state;
-    assert_ptr_equal(jsonpatch_get(d, ""), d);
-    assert_true(cJSON_IsArray(jsonpatch_get(d, "/foo")));
+    assert_ptr_equal(server_jsonpatch_get(d, ""), d);
+    assert_true(cJSON_IsArray(server_jsonpatch_get(d, "/foo")));
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-        const cJSON *v = jsonpatch_get(d, cases[i].ptr);
+        const cJSON *v = server_jsonpatch_get(d, cases[i].ptr);
         if (!v)
             fail_msg("%s: not found", cases[i].ptr);
         if (cases[i].str)
@@ -210,13 +211,13 @@ static void pointers_of_rfc6901(void **state)
             assert_true(cJSON_IsNumber(v) && v->valuedouble == cases[i].num);
     }
     /* not pointers, or nothing there */
-    assert_null(jsonpatch_get(d, "foo"));
-    assert_null(jsonpatch_get(d, "/foo/2"));
-    assert_null(jsonpatch_get(d, "/foo/01"));
-    assert_null(jsonpatch_get(d, "/foo/-"));
-    assert_null(jsonpatch_get(d, "/m~2n"));
-    assert_null(jsonpatch_get(d, "/m~"));
-    assert_null(jsonpatch_get(d, "/a/b"));
+    assert_null(server_jsonpatch_get(d, "foo"));
+    assert_null(server_jsonpatch_get(d, "/foo/2"));
+    assert_null(server_jsonpatch_get(d, "/foo/01"));
+    assert_null(server_jsonpatch_get(d, "/foo/-"));
+    assert_null(server_jsonpatch_get(d, "/m~2n"));
+    assert_null(server_jsonpatch_get(d, "/m~"));
+    assert_null(server_jsonpatch_get(d, "/a/b"));
     cJSON_Delete(d);
 }
 
@@ -226,77 +227,80 @@ static void add_replaces_and_bounds(void **state)
 {
     (void)state;
     /* add on an existing member replaces it */
-    check("{\"a\":1}", "[{\"op\":\"add\",\"path\":\"/a\",\"value\":2}]", JSONPATCH_OK, "{\"a\":2}");
+    check("{\"a\":1}", "[{\"op\":\"add\",\"path\":\"/a\",\"value\":2}]", SERVER_JSONPATCH_OK,
+          "{\"a\":2}");
     /* index == length appends; beyond it or a leading zero is an error */
-    check("{\"a\":[1]}", "[{\"op\":\"add\",\"path\":\"/a/1\",\"value\":2}]", JSONPATCH_OK,
+    check("{\"a\":[1]}", "[{\"op\":\"add\",\"path\":\"/a/1\",\"value\":2}]", SERVER_JSONPATCH_OK,
           "{\"a\":[1,2]}");
-    check("{\"a\":[1]}", "[{\"op\":\"add\",\"path\":\"/a/2\",\"value\":2}]", JSONPATCH_EINVAL,
-          NULL);
-    check("{\"a\":[1]}", "[{\"op\":\"add\",\"path\":\"/a/01\",\"value\":2}]", JSONPATCH_EINVAL,
-          NULL);
-    check("{\"a\":[1]}", "[{\"op\":\"add\",\"path\":\"/a/x\",\"value\":2}]", JSONPATCH_EINVAL,
-          NULL);
+    check("{\"a\":[1]}", "[{\"op\":\"add\",\"path\":\"/a/2\",\"value\":2}]",
+          SERVER_JSONPATCH_EINVAL, NULL);
+    check("{\"a\":[1]}", "[{\"op\":\"add\",\"path\":\"/a/01\",\"value\":2}]",
+          SERVER_JSONPATCH_EINVAL, NULL);
+    check("{\"a\":[1]}", "[{\"op\":\"add\",\"path\":\"/a/x\",\"value\":2}]",
+          SERVER_JSONPATCH_EINVAL, NULL);
     /* "" names the whole document */
-    check("{\"a\":1}", "[{\"op\":\"add\",\"path\":\"\",\"value\":{\"b\":2}}]", JSONPATCH_OK,
+    check("{\"a\":1}", "[{\"op\":\"add\",\"path\":\"\",\"value\":{\"b\":2}}]", SERVER_JSONPATCH_OK,
           "{\"b\":2}");
     /* a scalar has no children */
-    check("{\"a\":1}", "[{\"op\":\"add\",\"path\":\"/a/b\",\"value\":2}]", JSONPATCH_EINVAL, NULL);
+    check("{\"a\":1}", "[{\"op\":\"add\",\"path\":\"/a/b\",\"value\":2}]", SERVER_JSONPATCH_EINVAL,
+          NULL);
     /* missing value, bad pointer, unknown op, not an array, not an object */
-    check("{}", "[{\"op\":\"add\",\"path\":\"/a\"}]", JSONPATCH_EINVAL, NULL);
-    check("{}", "[{\"op\":\"add\",\"path\":\"a\",\"value\":1}]", JSONPATCH_EINVAL, NULL);
-    check("{}", "[{\"op\":\"add\",\"path\":\"/~x\",\"value\":1}]", JSONPATCH_EINVAL, NULL);
-    check("{}", "[{\"op\":\"merge\",\"path\":\"/a\",\"value\":1}]", JSONPATCH_EINVAL, NULL);
-    check("{}", "[{\"path\":\"/a\",\"value\":1}]", JSONPATCH_EINVAL, NULL);
-    check("{}", "[{\"op\":\"add\",\"value\":1}]", JSONPATCH_EINVAL, NULL);
-    check("{}", "{\"op\":\"add\",\"path\":\"/a\",\"value\":1}", JSONPATCH_EINVAL, NULL);
-    check("{}", "[1]", JSONPATCH_EINVAL, NULL);
+    check("{}", "[{\"op\":\"add\",\"path\":\"/a\"}]", SERVER_JSONPATCH_EINVAL, NULL);
+    check("{}", "[{\"op\":\"add\",\"path\":\"a\",\"value\":1}]", SERVER_JSONPATCH_EINVAL, NULL);
+    check("{}", "[{\"op\":\"add\",\"path\":\"/~x\",\"value\":1}]", SERVER_JSONPATCH_EINVAL, NULL);
+    check("{}", "[{\"op\":\"merge\",\"path\":\"/a\",\"value\":1}]", SERVER_JSONPATCH_EINVAL, NULL);
+    check("{}", "[{\"path\":\"/a\",\"value\":1}]", SERVER_JSONPATCH_EINVAL, NULL);
+    check("{}", "[{\"op\":\"add\",\"value\":1}]", SERVER_JSONPATCH_EINVAL, NULL);
+    check("{}", "{\"op\":\"add\",\"path\":\"/a\",\"value\":1}", SERVER_JSONPATCH_EINVAL, NULL);
+    check("{}", "[1]", SERVER_JSONPATCH_EINVAL, NULL);
     /* an empty patch changes nothing */
-    check("{\"a\":1}", "[]", JSONPATCH_OK, "{\"a\":1}");
+    check("{\"a\":1}", "[]", SERVER_JSONPATCH_OK, "{\"a\":1}");
 }
 
 static void remove_and_replace_need_a_target(void **state)
 {
     (void)state;
-    check("{\"a\":1}", "[{\"op\":\"remove\",\"path\":\"/b\"}]", JSONPATCH_EINVAL, NULL);
-    check("{\"a\":[1]}", "[{\"op\":\"remove\",\"path\":\"/a/1\"}]", JSONPATCH_EINVAL, NULL);
-    check("{\"a\":[1]}", "[{\"op\":\"remove\",\"path\":\"/a/-\"}]", JSONPATCH_EINVAL, NULL);
-    check("{\"a\":1}", "[{\"op\":\"remove\",\"path\":\"\"}]", JSONPATCH_EINVAL, NULL);
-    check("{\"a\":1}", "[{\"op\":\"replace\",\"path\":\"/b\",\"value\":2}]", JSONPATCH_EINVAL,
-          NULL);
-    check("{\"a\":[1,2,3]}", "[{\"op\":\"replace\",\"path\":\"/a/1\",\"value\":9}]", JSONPATCH_OK,
-          "{\"a\":[1,9,3]}");
-    check("{\"a\":[1,2,3]}", "[{\"op\":\"replace\",\"path\":\"/a/2\",\"value\":9}]", JSONPATCH_OK,
-          "{\"a\":[1,2,9]}");
-    check("{\"a\":1}", "[{\"op\":\"replace\",\"path\":\"\",\"value\":[1]}]", JSONPATCH_OK, "[1]");
+    check("{\"a\":1}", "[{\"op\":\"remove\",\"path\":\"/b\"}]", SERVER_JSONPATCH_EINVAL, NULL);
+    check("{\"a\":[1]}", "[{\"op\":\"remove\",\"path\":\"/a/1\"}]", SERVER_JSONPATCH_EINVAL, NULL);
+    check("{\"a\":[1]}", "[{\"op\":\"remove\",\"path\":\"/a/-\"}]", SERVER_JSONPATCH_EINVAL, NULL);
+    check("{\"a\":1}", "[{\"op\":\"remove\",\"path\":\"\"}]", SERVER_JSONPATCH_EINVAL, NULL);
+    check("{\"a\":1}", "[{\"op\":\"replace\",\"path\":\"/b\",\"value\":2}]",
+          SERVER_JSONPATCH_EINVAL, NULL);
+    check("{\"a\":[1,2,3]}", "[{\"op\":\"replace\",\"path\":\"/a/1\",\"value\":9}]",
+          SERVER_JSONPATCH_OK, "{\"a\":[1,9,3]}");
+    check("{\"a\":[1,2,3]}", "[{\"op\":\"replace\",\"path\":\"/a/2\",\"value\":9}]",
+          SERVER_JSONPATCH_OK, "{\"a\":[1,2,9]}");
+    check("{\"a\":1}", "[{\"op\":\"replace\",\"path\":\"\",\"value\":[1]}]", SERVER_JSONPATCH_OK,
+          "[1]");
 }
 
 static void move_and_copy(void **state)
 {
     (void)state;
-    check("{\"a\":{\"b\":1}}", "[{\"op\":\"copy\",\"from\":\"/a\",\"path\":\"/c\"}]", JSONPATCH_OK,
-          "{\"a\":{\"b\":1},\"c\":{\"b\":1}}");
+    check("{\"a\":{\"b\":1}}", "[{\"op\":\"copy\",\"from\":\"/a\",\"path\":\"/c\"}]",
+          SERVER_JSONPATCH_OK, "{\"a\":{\"b\":1},\"c\":{\"b\":1}}");
     /* a copy is a copy: changing it leaves the original */
     check("{\"a\":{\"b\":1}}",
           "[{\"op\":\"copy\",\"from\":\"/a\",\"path\":\"/c\"},"
           "{\"op\":\"replace\",\"path\":\"/c/b\",\"value\":2}]",
-          JSONPATCH_OK, "{\"a\":{\"b\":1},\"c\":{\"b\":2}}");
-    check("{\"a\":[1,2]}", "[{\"op\":\"copy\",\"from\":\"/a/0\",\"path\":\"/a/-\"}]", JSONPATCH_OK,
-          "{\"a\":[1,2,1]}");
-    check("{\"a\":1}", "[{\"op\":\"copy\",\"from\":\"/x\",\"path\":\"/c\"}]", JSONPATCH_EINVAL,
-          NULL);
-    check("{\"a\":1}", "[{\"op\":\"copy\",\"path\":\"/c\"}]", JSONPATCH_EINVAL, NULL);
+          SERVER_JSONPATCH_OK, "{\"a\":{\"b\":1},\"c\":{\"b\":2}}");
+    check("{\"a\":[1,2]}", "[{\"op\":\"copy\",\"from\":\"/a/0\",\"path\":\"/a/-\"}]",
+          SERVER_JSONPATCH_OK, "{\"a\":[1,2,1]}");
+    check("{\"a\":1}", "[{\"op\":\"copy\",\"from\":\"/x\",\"path\":\"/c\"}]",
+          SERVER_JSONPATCH_EINVAL, NULL);
+    check("{\"a\":1}", "[{\"op\":\"copy\",\"path\":\"/c\"}]", SERVER_JSONPATCH_EINVAL, NULL);
     /* a location cannot move into its own child; onto itself is nothing */
     check("{\"a\":{\"b\":1}}", "[{\"op\":\"move\",\"from\":\"/a\",\"path\":\"/a/c\"}]",
-          JSONPATCH_EINVAL, NULL);
-    check("{\"a\":{\"b\":1}}", "[{\"op\":\"move\",\"from\":\"/a\",\"path\":\"/a\"}]", JSONPATCH_OK,
-          "{\"a\":{\"b\":1}}");
+          SERVER_JSONPATCH_EINVAL, NULL);
+    check("{\"a\":{\"b\":1}}", "[{\"op\":\"move\",\"from\":\"/a\",\"path\":\"/a\"}]",
+          SERVER_JSONPATCH_OK, "{\"a\":{\"b\":1}}");
     /* "/ab" is not a child of "/a" */
     check("{\"a\":1,\"ab\":{}}", "[{\"op\":\"move\",\"from\":\"/a\",\"path\":\"/ab/x\"}]",
-          JSONPATCH_OK, "{\"ab\":{\"x\":1}}");
+          SERVER_JSONPATCH_OK, "{\"ab\":{\"x\":1}}");
     check("{\"a\":[1,2,3]}", "[{\"op\":\"move\",\"from\":\"/a/0\",\"path\":\"/a/-\"}]",
-          JSONPATCH_OK, "{\"a\":[2,3,1]}");
-    check("{\"a\":1}", "[{\"op\":\"move\",\"from\":\"/x\",\"path\":\"/b\"}]", JSONPATCH_EINVAL,
-          NULL);
+          SERVER_JSONPATCH_OK, "{\"a\":[2,3,1]}");
+    check("{\"a\":1}", "[{\"op\":\"move\",\"from\":\"/x\",\"path\":\"/b\"}]",
+          SERVER_JSONPATCH_EINVAL, NULL);
 }
 
 static void test_compares_json_values(void **state)
@@ -305,27 +309,29 @@ static void test_compares_json_values(void **state)
     /* objects in any member order, numbers by value */
     check("{\"a\":{\"x\":1,\"y\":[true,null]}}",
           "[{\"op\":\"test\",\"path\":\"/a\",\"value\":{\"y\":[true,null],\"x\":1.0}}]",
-          JSONPATCH_OK, "{\"a\":{\"x\":1,\"y\":[true,null]}}");
+          SERVER_JSONPATCH_OK, "{\"a\":{\"x\":1,\"y\":[true,null]}}");
     check("{\"a\":{\"x\":1}}", "[{\"op\":\"test\",\"path\":\"/a\",\"value\":{\"x\":1,\"y\":2}}]",
-          JSONPATCH_ETEST, NULL);
-    check("{\"a\":[1,2]}", "[{\"op\":\"test\",\"path\":\"/a\",\"value\":[2,1]}]", JSONPATCH_ETEST,
+          SERVER_JSONPATCH_ETEST, NULL);
+    check("{\"a\":[1,2]}", "[{\"op\":\"test\",\"path\":\"/a\",\"value\":[2,1]}]",
+          SERVER_JSONPATCH_ETEST, NULL);
+    check("{\"a\":[1,2]}", "[{\"op\":\"test\",\"path\":\"/a\",\"value\":[1,2,3]}]",
+          SERVER_JSONPATCH_ETEST, NULL);
+    check("{\"a\":true}", "[{\"op\":\"test\",\"path\":\"/a\",\"value\":1}]", SERVER_JSONPATCH_ETEST,
           NULL);
-    check("{\"a\":[1,2]}", "[{\"op\":\"test\",\"path\":\"/a\",\"value\":[1,2,3]}]", JSONPATCH_ETEST,
+    check("{\"a\":null}", "[{\"op\":\"test\",\"path\":\"/a\",\"value\":false}]",
+          SERVER_JSONPATCH_ETEST, NULL);
+    check("{\"a\":\"x\"}", "[{\"op\":\"test\",\"path\":\"/a\",\"value\":\"X\"}]",
+          SERVER_JSONPATCH_ETEST, NULL);
+    check("{}", "[{\"op\":\"test\",\"path\":\"/a\",\"value\":null}]", SERVER_JSONPATCH_EINVAL,
           NULL);
-    check("{\"a\":true}", "[{\"op\":\"test\",\"path\":\"/a\",\"value\":1}]", JSONPATCH_ETEST, NULL);
-    check("{\"a\":null}", "[{\"op\":\"test\",\"path\":\"/a\",\"value\":false}]", JSONPATCH_ETEST,
-          NULL);
-    check("{\"a\":\"x\"}", "[{\"op\":\"test\",\"path\":\"/a\",\"value\":\"X\"}]", JSONPATCH_ETEST,
-          NULL);
-    check("{}", "[{\"op\":\"test\",\"path\":\"/a\",\"value\":null}]", JSONPATCH_EINVAL, NULL);
     /* a name given twice counts once, with the value a pointer finds (the first) */
     check("{\"a\":{\"x\":1,\"x\":2}}", "[{\"op\":\"test\",\"path\":\"/a\",\"value\":{\"x\":1}}]",
-          JSONPATCH_OK, "{\"a\":{\"x\":1,\"x\":2}}");
+          SERVER_JSONPATCH_OK, "{\"a\":{\"x\":1,\"x\":2}}");
     check("{\"a\":{\"x\":1,\"x\":2}}", "[{\"op\":\"test\",\"path\":\"/a\",\"value\":{\"x\":2}}]",
-          JSONPATCH_ETEST, NULL);
+          SERVER_JSONPATCH_ETEST, NULL);
     check("{\"a\":{\"x\":1,\"x\":2}}", "[{\"op\":\"test\",\"path\":\"/a/x\",\"value\":1}]",
-          JSONPATCH_OK, "{\"a\":{\"x\":1,\"x\":2}}");
-    check("{\"a\":1}", "[{\"op\":\"test\",\"path\":\"\",\"value\":{\"a\":1}}]", JSONPATCH_OK,
+          SERVER_JSONPATCH_OK, "{\"a\":{\"x\":1,\"x\":2}}");
+    check("{\"a\":1}", "[{\"op\":\"test\",\"path\":\"\",\"value\":{\"a\":1}}]", SERVER_JSONPATCH_OK,
           "{\"a\":1}");
 }
 
@@ -338,16 +344,16 @@ static void all_or_nothing(void **state)
           "-\",\"value\":{\"role\":\"user\",\"content\":\"x\"}},"
           "{\"op\":\"remove\",\"path\":\"/messages/0\"},"
           "{\"op\":\"test\",\"path\":\"/messages/0/content\",\"value\":\"hi\"}]",
-          JSONPATCH_ETEST, NULL);
+          SERVER_JSONPATCH_ETEST, NULL);
     check("{\"a\":1}",
           "[{\"op\":\"replace\",\"path\":\"/a\",\"value\":2},{\"op\":\"remove\",\"path\":\"/zz\"}]",
-          JSONPATCH_EINVAL, NULL);
+          SERVER_JSONPATCH_EINVAL, NULL);
 }
 
 static void limits_hold_while_applying(void **state)
 {
-    struct jsonpatch_limits lim = {.max_depth = 6, .max_nodes = 200};
-    struct jsonpatch_err e;
+    struct server_jsonpatch_limits lim = {.max_depth = 6, .max_nodes = 200};
+    struct server_jsonpatch_err e;
     cJSON *d = parse("{\"a\":[1,2,3,4,5,6,7,8]}"), *out = NULL;
     /* each copy doubles the document: 9 -> 18 -> ... beyond 200 values */
     cJSON *p = parse("[{\"op\":\"copy\",\"from\":\"/a\",\"path\":\"/a/-\"},"
@@ -356,15 +362,15 @@ static void limits_hold_while_applying(void **state)
                      "{\"op\":\"copy\",\"from\":\"/a\",\"path\":\"/a/-\"},"
                      "{\"op\":\"copy\",\"from\":\"/a\",\"path\":\"/a/-\"}]");
     (void)state;
-    assert_int_equal(jsonpatch_apply(d, p, &lim, &out, &e), JSONPATCH_ETOOBIG);
+    assert_int_equal(server_jsonpatch_apply(d, p, &lim, &out, &e), SERVER_JSONPATCH_ETOOBIG);
     assert_null(out);
     cJSON_Delete(p);
     /* nesting: /a/8 is 2 tokens deep, a value 5 levels deep puts the leaf at 7 */
     p = parse("[{\"op\":\"add\",\"path\":\"/a/-\",\"value\":[[[[1]]]]}]");
-    assert_int_equal(jsonpatch_apply(d, p, &lim, &out, &e), JSONPATCH_ETOOBIG);
+    assert_int_equal(server_jsonpatch_apply(d, p, &lim, &out, &e), SERVER_JSONPATCH_ETOOBIG);
     cJSON_Delete(p);
     p = parse("[{\"op\":\"add\",\"path\":\"/a/-\",\"value\":[[[1]]]}]");
-    assert_int_equal(jsonpatch_apply(d, p, &lim, &out, &e), JSONPATCH_OK);
+    assert_int_equal(server_jsonpatch_apply(d, p, &lim, &out, &e), SERVER_JSONPATCH_OK);
     cJSON_Delete(out);
     cJSON_Delete(p);
     cJSON_Delete(d);

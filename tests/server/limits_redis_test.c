@@ -28,14 +28,14 @@ static const char *client(const char *name)
     return buf[i];
 }
 
-static struct srv_limiter *limiter(double rps, double burst, double tpm, const char *url,
-                                   struct metrics_registry *reg)
+static struct server_limiter *limiter(double rps, double burst, double tpm, const char *url,
+                                      struct metrics_registry *reg)
 {
-    struct srv_limiter *l = NULL;
+    struct server_limiter *l = NULL;
     struct ar_err err = {AR_OK, 0, {0}};
-    assert_int_equal(srv_limiter_create(rps, burst, tpm, &l), AR_OK);
-    if (url && srv_limiter_use_redis(l, url, reg, &err) != AR_OK)
-        fail_msg("srv_limiter_use_redis(%s): %s", url, err.msg);
+    assert_int_equal(server_limiter_create(rps, burst, tpm, &l), AR_OK);
+    if (url && server_limiter_use_redis(l, url, reg, &err) != AR_OK)
+        fail_msg("server_limiter_use_redis(%s): %s", url, err.msg);
     return l;
 }
 
@@ -66,8 +66,8 @@ static void same_answers(double rps, double burst, double tpm, const struct step
 {
     const char *url = th_env_url("AR_TEST_REDIS_URL");
     struct metrics_registry *reg = NULL;
-    struct srv_limiter *mem = limiter(rps, burst, tpm, NULL, NULL);
-    struct srv_limiter *red;
+    struct server_limiter *mem = limiter(rps, burst, tpm, NULL, NULL);
+    struct server_limiter *red;
     const char *who = client("same");
     char name[128];
     int n_refused = 0;
@@ -80,14 +80,15 @@ static void same_answers(double rps, double burst, double tpm, const struct step
         bool om = true, orr = true;
         switch (steps[i].op) {
         case REQ:
-            om = srv_limiter_request(mem, name, now, &rm);
-            orr = srv_limiter_request(red, name, now, &rr);
+            om = server_limiter_request(mem, name, now, &rm);
+            orr = server_limiter_request(red, name, now, &rr);
             break;
         case TOK:
         case TOK_CHARGE:
-            om = srv_limiter_tokens(mem, name, (int64_t)steps[i].arg, steps[i].op == TOK, now, &rm);
-            orr =
-                srv_limiter_tokens(red, name, (int64_t)steps[i].arg, steps[i].op == TOK, now, &rr);
+            om = server_limiter_tokens(mem, name, (int64_t)steps[i].arg, steps[i].op == TOK, now,
+                                       &rm);
+            orr = server_limiter_tokens(red, name, (int64_t)steps[i].arg, steps[i].op == TOK, now,
+                                        &rr);
             break;
         case SLEEP:
             th_sleep_s(steps[i].arg);
@@ -104,9 +105,9 @@ static void same_answers(double rps, double burst, double tpm, const struct step
     }
     assert_true(n_refused > 0);                    /* each script has refusals to compare */
     assert_true(registry_value(reg, ERRORS) == 0); /* every answer came from Redis */
-    assert_true(srv_limiter_backend_healthy(red));
-    srv_limiter_destroy(mem);
-    srv_limiter_destroy(red);
+    assert_true(server_limiter_backend_healthy(red));
+    server_limiter_destroy(mem);
+    server_limiter_destroy(red);
     metrics_registry_destroy(reg);
 }
 
@@ -133,7 +134,7 @@ static void redis_buckets_answer_as_the_in_process_ones(void **state)
 /* ---- two instances ------------------------------------------------------------------------ */
 
 struct hammer {
-    struct srv_limiter *l;
+    struct server_limiter *l;
     const char *client;
     double skew;     /* added to the clock this "instance" passes */
     int64_t tokens;  /* 0: requests; else admissions of this many tokens */
@@ -147,9 +148,10 @@ static void *hammer_run(void *arg)
     struct hammer *h = arg;
     double end = ar_time_s() + h->run_s, retry;
     while (ar_time_s() < end) {
-        bool ok = h->tokens ? srv_limiter_tokens(h->l, h->client, h->tokens, true,
-                                                 ar_time_s() + h->skew, &retry)
-                            : srv_limiter_request(h->l, h->client, ar_time_s() + h->skew, &retry);
+        bool ok = h->tokens
+                      ? server_limiter_tokens(h->l, h->client, h->tokens, true,
+                                              ar_time_s() + h->skew, &retry)
+                      : server_limiter_request(h->l, h->client, ar_time_s() + h->skew, &retry);
         h->admitted += ok;
         h->calls++;
         th_sleep_s(h->period_s);
@@ -180,7 +182,7 @@ static int pair_admits(double rps, double burst, double tpm, int64_t tokens, dou
     for (int i = 0; i < 2; i++) {
         pthread_join(th[i], NULL);
         assert_true(h[i].calls > 50); /* both really asked, all along */
-        srv_limiter_destroy(h[i].l);
+        server_limiter_destroy(h[i].l);
     }
     return h[0].admitted + h[1].admitted;
 }
@@ -220,13 +222,13 @@ static void two_instances_share_one_token_bucket(void **state)
 static void an_idle_client_key_expires_once_its_buckets_are_full(void **state)
 {
     const char *url = th_env_url("AR_TEST_REDIS_URL");
-    struct srv_limiter *l = limiter(100, 1, 0, url, NULL);
+    struct server_limiter *l = limiter(100, 1, 0, url, NULL);
     redisContext *rc = th_redis_direct(url);
     const char *who = client("idle");
     redisReply *r;
     double retry;
     (void)state;
-    assert_true(srv_limiter_request(l, who, 0, &retry));
+    assert_true(server_limiter_request(l, who, 0, &retry));
     /* one request out of a bucket of 1 at 100/s: full again in 10 ms, kept 1 s longer */
     r = redisCommand(rc, "PTTL ar:rl:%s", who);
     assert_int_equal(r->type, REDIS_REPLY_INTEGER);
@@ -241,14 +243,14 @@ static void an_idle_client_key_expires_once_its_buckets_are_full(void **state)
     assert_int_equal(r->integer, 0);
     freeReplyObject(r);
     redisFree(rc);
-    srv_limiter_destroy(l);
+    server_limiter_destroy(l);
 }
 
 static void a_flushed_script_is_sent_again(void **state)
 {
     const char *url = th_env_url("AR_TEST_REDIS_URL");
     struct metrics_registry *reg = NULL;
-    struct srv_limiter *l;
+    struct server_limiter *l;
     redisContext *rc = th_redis_direct(url);
     const char *who = client("flush");
     redisReply *r;
@@ -256,10 +258,10 @@ static void a_flushed_script_is_sent_again(void **state)
     (void)state;
     assert_int_equal(metrics_registry_create(&reg), AR_OK);
     l = limiter(1, 5, 0, url, reg);
-    assert_true(srv_limiter_request(l, who, 0, &retry));
+    assert_true(server_limiter_request(l, who, 0, &retry));
     freeReplyObject(redisCommand(rc, "SCRIPT FLUSH"));
-    assert_true(srv_limiter_request(l, who, 0, &retry)); /* NOSCRIPT, then EVAL */
-    assert_true(srv_limiter_request(l, who, 0, &retry)); /* EVALSHA again */
+    assert_true(server_limiter_request(l, who, 0, &retry)); /* NOSCRIPT, then EVAL */
+    assert_true(server_limiter_request(l, who, 0, &retry)); /* EVALSHA again */
     r = redisCommand(rc, "HGET ar:rl:%s r", who);
     assert_int_equal(r->type, REDIS_REPLY_STRING);
     /* three requests taken from 5 in Redis (plus a little refill at 1/s) */
@@ -267,21 +269,22 @@ static void a_flushed_script_is_sent_again(void **state)
     freeReplyObject(r);
     assert_true(registry_value(reg, ERRORS) == 0);
     redisFree(rc);
-    srv_limiter_destroy(l);
+    server_limiter_destroy(l);
     metrics_registry_destroy(reg);
 }
 
 static void bad_urls_are_rejected(void **state)
 {
-    struct srv_limiter *l = NULL;
+    struct server_limiter *l = NULL;
     struct ar_err err = {AR_OK, 0, {0}};
     struct server_params sp = server_default_params();
     struct server *s = (struct server *)1;
     (void)state;
-    assert_int_equal(srv_limiter_create(1, 1, 0, &l), AR_OK);
-    assert_int_equal(srv_limiter_use_redis(l, "redis://127.0.0.1:99999/0", NULL, &err), AR_EINVAL);
+    assert_int_equal(server_limiter_create(1, 1, 0, &l), AR_OK);
+    assert_int_equal(server_limiter_use_redis(l, "redis://127.0.0.1:99999/0", NULL, &err),
+                     AR_EINVAL);
     assert_non_null(strstr(err.msg, "port"));
-    srv_limiter_destroy(l);
+    server_limiter_destroy(l);
     sp.port = 0;
     sp.rate_rps = 1;
     sp.rate_redis_url = "rediss://127.0.0.1:6379/0";
@@ -295,7 +298,7 @@ static void bad_urls_are_rejected(void **state)
 static void without_redis_each_instance_limits_on_its_own_buckets(void **state)
 {
     struct metrics_registry *reg = NULL;
-    struct srv_limiter *l;
+    struct server_limiter *l;
     const char *who = client("outage");
     double retry, t0, worst = 0, t_back = -1;
     int admitted = 0, slow = 0;
@@ -305,14 +308,14 @@ static void without_redis_each_instance_limits_on_its_own_buckets(void **state)
     th_private_start(&th_priv, "redis");
     assert_int_equal(metrics_registry_create(&reg), AR_OK);
     l = limiter(5, 5, 0, th_priv.url, reg);
-    assert_true(srv_limiter_request(l, who, ar_time_s(), &retry)); /* through Redis */
-    assert_true(srv_limiter_backend_healthy(l));
+    assert_true(server_limiter_request(l, who, ar_time_s(), &retry)); /* through Redis */
+    assert_true(server_limiter_backend_healthy(l));
     th_private_stop(&th_priv);
     /* 8 calls at once: the instance's own fresh bucket of 5 decides, quickly */
     for (int i = 0; i < 8; i++) {
         t0 = ar_time_s();
         retry = -1;
-        if (srv_limiter_request(l, who, ar_time_s(), &retry))
+        if (server_limiter_request(l, who, ar_time_s(), &retry))
             admitted++;
         else
             assert_true(retry > 0.1 && retry <= 0.2 + 1e-9); /* (1 - level) / 5 */
@@ -323,14 +326,14 @@ static void without_redis_each_instance_limits_on_its_own_buckets(void **state)
     assert_int_equal(admitted, 5);
     assert_true(worst < 0.3);
     assert_true(slow <= 2);
-    assert_false(srv_limiter_backend_healthy(l));
+    assert_false(server_limiter_backend_healthy(l));
     assert_true(registry_value(reg, ERRORS) == 8);
 
     th_private_restart(&th_priv);
     t0 = ar_time_s();
     while (ar_time_s() - t0 < 5) {
-        srv_limiter_request(l, who, ar_time_s(), &retry);
-        if (srv_limiter_backend_healthy(l)) {
+        server_limiter_request(l, who, ar_time_s(), &retry);
+        if (server_limiter_backend_healthy(l)) {
             t_back = ar_time_s() - t0;
             break;
         }
@@ -345,7 +348,7 @@ static void without_redis_each_instance_limits_on_its_own_buckets(void **state)
     assert_int_equal(r->integer, 1);
     freeReplyObject(r);
     redisFree(rc);
-    srv_limiter_destroy(l);
+    server_limiter_destroy(l);
     metrics_registry_destroy(reg);
     th_private_cleanup(&th_priv);
 }

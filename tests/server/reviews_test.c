@@ -219,14 +219,15 @@ static void on_answer(void *ctx, int status, cJSON *json, const char *text, size
     pthread_mutex_unlock(&a->mu);
 }
 
-static void call(struct fx *x, enum srv_review_ep ep, const char *path, const char *json,
+static void call(struct fx *x, enum server_review_ep ep, const char *path, const char *json,
                  const char *raw, struct answer *a)
 {
     cJSON *body = json ? cJSON_Parse(json) : NULL;
     memset(a, 0, sizeof(*a));
     pthread_mutex_init(&a->mu, NULL);
     pthread_cond_init(&a->cv, NULL);
-    srv_review_handle(x->svc, ep, path, body, raw, raw ? strlen(raw) : 0, NULL, on_answer, a, NULL);
+    server_review_handle(x->svc, ep, path, body, raw, raw ? strlen(raw) : 0, NULL, on_answer, a,
+                         NULL);
     pthread_mutex_lock(&a->mu);
     while (!a->done)
         pthread_cond_wait(&a->cv, &a->mu);
@@ -248,7 +249,7 @@ static void handlers_answer_reviews_batches_and_jobs(void **state)
     struct answer a;
     char path[128], id[STORE_JOB_ID_LEN + 1];
 
-    call(x, SRV_REVIEW_REPLY, "/v1/reviews/reply",
+    call(x, SERVER_REVIEW_REPLY, "/v1/reviews/reply",
          "{\"shop_id\":\"s1\",\"review_id\":\"h1\",\"text\":\"Love it\",\"rating\":5}", NULL, &a);
     assert_int_equal(a.status, 200);
     assert_true(cJSON_IsString(cJSON_GetObjectItem(a.json, "reply")));
@@ -261,19 +262,19 @@ static void handlers_answer_reviews_batches_and_jobs(void **state)
     answer_fini(&a);
 
     /* a single review may name its review "id" too */
-    call(x, SRV_REVIEW_REPLY, "/v1/reviews/reply",
+    call(x, SERVER_REVIEW_REPLY, "/v1/reviews/reply",
          "{\"shop_id\":\"s1\",\"id\":\"h3\",\"text\":\"Nice\",\"rating\":5}", NULL, &a);
     assert_int_equal(a.status, 200);
     assert_string_equal(cJSON_GetObjectItem(a.json, "review_id")->valuestring, "h3");
     answer_fini(&a);
 
-    call(x, SRV_REVIEW_REPLY, "/v1/reviews/reply",
+    call(x, SERVER_REVIEW_REPLY, "/v1/reviews/reply",
          "{\"shop_id\":\"s1\",\"review_id\":\"h2\",\"rating\":5}", NULL, &a);
     assert_int_equal(a.status, 400);
     assert_non_null(cJSON_GetObjectItem(a.json, "error"));
     answer_fini(&a);
 
-    call(x, SRV_REVIEW_BATCH, "/v1/reviews/batch",
+    call(x, SERVER_REVIEW_BATCH, "/v1/reviews/batch",
          "{\"shop_id\":\"s1\",\"reviews\":[{\"review_id\":\"q1\",\"text\":\"好\",\"rating\":5},"
          "{\"review_id\":\"q2\",\"text\":\"好\",\"rating\":9},"
          "{\"review_id\":\"q1\",\"text\":\"好\",\"rating\":5},"
@@ -294,7 +295,7 @@ static void handlers_answer_reviews_batches_and_jobs(void **state)
     answer_fini(&a);
 
     /* a JSONL job with a malformed line and a blank line */
-    call(x, SRV_REVIEW_JOB_CREATE, "/v1/jobs", NULL,
+    call(x, SERVER_REVIEW_JOB_CREATE, "/v1/jobs", NULL,
          "{\"shop_id\":\"s1\",\"review_id\":\"j1\",\"text\":\"很好\",\"rating\":5}\n"
          "{not json\n"
          "\n"
@@ -307,7 +308,7 @@ static void handlers_answer_reviews_batches_and_jobs(void **state)
     assert_int_equal(reply_job_run(x->svc, id, NULL, NULL, NULL), AR_OK);
 
     snprintf(path, sizeof(path), "/v1/jobs/%s", id);
-    call(x, SRV_REVIEW_JOB_GET, path, NULL, NULL, &a);
+    call(x, SERVER_REVIEW_JOB_GET, path, NULL, NULL, &a);
     assert_int_equal(a.status, 200);
     assert_string_equal(cJSON_GetObjectItem(a.json, "status")->valuestring, "done");
     assert_int_equal(cJSON_GetObjectItem(a.json, "done")->valueint, 2);
@@ -320,7 +321,7 @@ static void handlers_answer_reviews_batches_and_jobs(void **state)
     assert_true(fx_metric(x, "autoreply_job_lines_total{outcome=\"error\"}") == -1);
 
     snprintf(path, sizeof(path), "/v1/jobs/%s/results", id);
-    call(x, SRV_REVIEW_JOB_GET, path, NULL, NULL, &a);
+    call(x, SERVER_REVIEW_JOB_GET, path, NULL, NULL, &a);
     assert_int_equal(a.status, 200);
     assert_string_equal(a.ctype, "application/x-ndjson");
     {
@@ -339,13 +340,13 @@ static void handlers_answer_reviews_batches_and_jobs(void **state)
     }
     answer_fini(&a);
 
-    call(x, SRV_REVIEW_JOB_GET, "/v1/jobs/0123456789abcdef0123456789abcdef", NULL, NULL, &a);
+    call(x, SERVER_REVIEW_JOB_GET, "/v1/jobs/0123456789abcdef0123456789abcdef", NULL, NULL, &a);
     assert_int_equal(a.status, 404);
     answer_fini(&a);
-    call(x, SRV_REVIEW_JOB_GET, "/v1/jobs/../etc", NULL, NULL, &a);
+    call(x, SERVER_REVIEW_JOB_GET, "/v1/jobs/../etc", NULL, NULL, &a);
     assert_int_equal(a.status, 404);
     answer_fini(&a);
-    call(x, SRV_REVIEW_JOB_CREATE, "/v1/jobs", "{\"reviews\": []}", NULL, &a);
+    call(x, SERVER_REVIEW_JOB_CREATE, "/v1/jobs", "{\"reviews\": []}", NULL, &a);
     assert_int_equal(a.status, 400);
     answer_fini(&a);
 }
@@ -362,8 +363,8 @@ static void rate_limited_review_over_the_handler_is_a_429(void **state)
     memset(&a, 0, sizeof(a));
     pthread_mutex_init(&a.mu, NULL);
     pthread_cond_init(&a.cv, NULL);
-    srv_review_handle(x->svc, SRV_REVIEW_REPLY, "/v1/reviews/reply", body, NULL, 0, c, on_answer,
-                      &a, NULL);
+    server_review_handle(x->svc, SERVER_REVIEW_REPLY, "/v1/reviews/reply", body, NULL, 0, c,
+                         on_answer, &a, NULL);
     pthread_mutex_lock(&a.mu);
     while (!a.done)
         pthread_cond_wait(&a.cv, &a.mu);

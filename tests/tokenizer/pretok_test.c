@@ -86,7 +86,7 @@ static void check_words(const char *pre, const char *text, const char *const *wa
     uint32_t *sp = NULL;
     size_t n = 0, n_want = 0, off = 0;
     bool ok;
-    assert_int_equal(tok_pre_split(tok, text, strlen(text), &sp, &n), AR_OK);
+    assert_int_equal(tokenizer_pre_split(tok, text, strlen(text), &sp, &n), AR_OK);
     while (want[n_want])
         n_want++;
     ok = n == n_want;
@@ -134,7 +134,7 @@ static void every_listed_name_is_known(void **state)
     assert_false(tokenizer_pre_known("gemma4")); /* not byte-level BPE */
     assert_false(tokenizer_pre_known("no-such-pre"));
     assert_false(tokenizer_pre_known(NULL));
-    assert_true(tok_pre_count() >= 87);
+    assert_true(tokenizer_pre_count() >= 87);
 }
 
 /* Every supported name compiles and splits any text into words that give the text back. */
@@ -144,15 +144,15 @@ static void every_name_compiles_and_splits_losslessly(void **state)
         "Hello WORLD, it's 1234567 \xe4\xbd\xa0\xe5\xa5\xbd\xef\xbc\x8c "
         "\xf0\x9f\x98\xb6\xe2\x80\x8d\xf0\x9f\x8c\xab\xef\xb8\x8f e\xcc\x81 \t\n\n  x~!";
     (void)state;
-    for (size_t i = 0; i < tok_pre_count(); i++) {
-        const struct tok_pre_info *p = tok_pre_at(i);
+    for (size_t i = 0; i < tokenizer_pre_count(); i++) {
+        const struct tokenizer_pre_info *p = tokenizer_pre_at(i);
         struct tokenizer *tok;
         uint32_t *sp = NULL;
         size_t n = 0, off = 0;
-        if (p->flags & TOK_PRE_UNSUPPORTED)
+        if (p->flags & TOKENIZER_PRE_UNSUPPORTED)
             continue;
         tok = tiny_with(p->name);
-        assert_int_equal(tok_pre_split(tok, text, sizeof(text) - 1, &sp, &n), AR_OK);
+        assert_int_equal(tokenizer_pre_split(tok, text, sizeof(text) - 1, &sp, &n), AR_OK);
         for (size_t k = 0; k < n; k++) {
             if (sp[2 * k] != off || sp[2 * k + 1] == 0)
                 fail_msg("%s: word %zu at %u (len %u), expected at %zu", p->name, k,
@@ -196,8 +196,8 @@ static void unknown_names_are_refused_and_overrides_work(void **state)
     assert_int_equal(load_tiny(NULL, NULL, &tok, &err), AR_OK);
     assert_int_equal(load_tiny("gpt-2", &(struct tokenizer_opts){"default"}, &dflt, &err),
                      AR_OK);
-    assert_int_equal(tok_pre_split(tok, text, strlen(text), &a, &na), AR_OK);
-    assert_int_equal(tok_pre_split(dflt, text, strlen(text), &b, &nb), AR_OK);
+    assert_int_equal(tokenizer_pre_split(tok, text, strlen(text), &a, &na), AR_OK);
+    assert_int_equal(tokenizer_pre_split(dflt, text, strlen(text), &b, &nb), AR_OK);
     assert_int_equal(na, nb);
     assert_memory_equal(a, b, na * 2 * sizeof(uint32_t));
     ar_free(a);
@@ -439,7 +439,7 @@ static void id_merges_equal_text_merges(void **state)
     (void)state;
     for (size_t v = 0; v < AR_ARRAY_LEN(vocabs); v++) {
         struct tokenizer *ids = load_real(vocabs[v]), *text = load_real(vocabs[v]);
-        assert_int_equal(tok_use_text_merges(text), AR_OK);
+        assert_int_equal(tokenizer_use_text_merges(text), AR_OK);
         for (int iter = 0; iter < 300; iter++) {
             char buf[600];
             size_t len = 0, n_parts = 1 + th_rng_u64(&r) % 40;
