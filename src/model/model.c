@@ -598,10 +598,9 @@ static void pack_one(struct model *m, struct model_mat *w, void *arg)
         void *dst = (uint8_t *)m->packed + p->size;
         kernels_pack_rows(w->type, w->data, w->row_size, w->n_in, w->n_out, dst);
         w->packed = dst;
-        /* the fast pass reads the copy from now on; the file's pages can go (those of a
-         * matrix that is also the embedding table stay: lookups read them) */
-        if (w->data != m->tok_embd.data)
-            gguf_release_range(m->file, w->data, w->row_size * (size_t)w->n_out);
+        /* the fast pass reads the copy from now on; the file's pages can go (where the matrix
+         * is also the embedding table, the lookups map back the few pages they read) */
+        gguf_release_range(m->file, w->data, w->row_size * (size_t)w->n_out);
     }
     p->size += (bytes + 63) & ~(size_t)63;
 }
