@@ -302,12 +302,13 @@ static long long serve_default(const char *help, const char *flag)
     if (!(line = strstr(help, key)))
         fail_msg("serve --help does not list %s", flag);
     eol = strchr(line, '\n');
+    /* the option table's help ends a line with "(default: VALUE)" */
     for (const char *p = line; p < eol; p++)
-        if (*p == '(')
-            open = p;
+        if (!strncmp(p, "(default: ", 10))
+            open = p + 10;
     if (!open)
         fail_msg("serve --help gives no default for %s", flag);
-    return strtoll(open + 1, NULL, 10);
+    return strtoll(open, NULL, 10);
 }
 
 /* ---- the shipped nginx config ---------------------------------------------------------------- */
