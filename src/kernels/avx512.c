@@ -405,6 +405,23 @@ AR_INLINE void ln_q8_0_rows(const int J, int kb, const uint8_t *wq, const size_t
         _mm512_mask_storeu_ps(y + (size_t)j * ldy, m, acc[j]);
 }
 
+/* ln_q8_0_rows over jn activation rows: groups of 8, then 4, then single rows */
+AR_INLINE void ln_rows_all(int kb, int jn, const uint8_t *wq, const size_t wbs, const __m512 *wd,
+                           const uint8_t *x, size_t x_row, const float *xd, const int32_t *xc,
+                           int xs, float *y, size_t ldy, __mmask16 m, bool first)
+{
+    int j = 0;
+    for (; j + 8 <= jn; j += 8)
+        ln_q8_0_rows(8, kb, wq, wbs, wd, x + (size_t)j * x_row, x_row, xd + j * xs, xc + j * xs,
+                     xs, y + (size_t)j * ldy, ldy, m, first);
+    for (; j + 4 <= jn; j += 4)
+        ln_q8_0_rows(4, kb, wq, wbs, wd, x + (size_t)j * x_row, x_row, xd + j * xs, xc + j * xs,
+                     xs, y + (size_t)j * ldy, ldy, m, first);
+    for (; j < jn; j++)
+        ln_q8_0_rows(1, kb, wq, wbs, wd, x + (size_t)j * x_row, x_row, xd + j * xs, xc + j * xs,
+                     xs, y + (size_t)j * ldy, ldy, m, first);
+}
+
 /* Scale and offset correction -off * sum(q) of blocks [b0, b0 + kb) of jn activation rows
  * (x: their block b0), row j's block b0 + b at j * xs + b. */
 AR_INLINE void ln_x_prep(int jn, int kb, const uint8_t *x, size_t x_row, int32_t off, float *xd,
@@ -450,18 +467,8 @@ AR_INLINE void ln_group(const int kind, int nr, int i0, int b0, int kb, int jn, 
         ln_rows_z(kind, rows, (size_t)b * bs, z);
         ln_transpose(z, &wv[8 * b]);
     }
-    float *yt = y + (size_t)i0;
-    const uint8_t *xb = x + (size_t)b0 * xbs;
-    int j = 0;
-    for (; j + 8 <= jn; j += 8)
-        ln_q8_0_rows(8, kb, (const uint8_t *)wv, 512, wd, xb + (size_t)j * x_row, x_row, xd + j * xs, xc + j * xs, xs,
-                     yt + (size_t)j * ldy, ldy, m, b0 == 0);
-    for (; j + 4 <= jn; j += 4)
-        ln_q8_0_rows(4, kb, (const uint8_t *)wv, 512, wd, xb + (size_t)j * x_row, x_row, xd + j * xs, xc + j * xs, xs,
-                     yt + (size_t)j * ldy, ldy, m, b0 == 0);
-    for (; j < jn; j++)
-        ln_q8_0_rows(1, kb, (const uint8_t *)wv, 512, wd, xb + (size_t)j * x_row, x_row, xd + j * xs, xc + j * xs, xs,
-                     yt + (size_t)j * ldy, ldy, m, b0 == 0);
+    ln_rows_all(kb, jn, (const uint8_t *)wv, 512, wd, x + (size_t)b0 * xbs, x_row, xd, xc, xs,
+                y + (size_t)i0, ldy, m, b0 == 0);
 }
 
 /* Few activation rows (at most LN_FEW, blocks at most LN_FEW_NB): each group of 16 weight rows
@@ -732,18 +739,8 @@ AR_INLINE void pk_gemm(const int kind, int nb, int nr, int nc, const uint8_t *wp
                 }
                 if (kind != LN_Q8_0)
                     wq = (const uint8_t *)wv;
-                const uint8_t *xb = x + (size_t)b0 * sizeof(struct block_q8_0);
-                float *yt = y + (size_t)i0;
-                int j = 0;
-                for (; j + 8 <= nc; j += 8)
-                    ln_q8_0_rows(8, kb, wq, wbs, wd, xb + (size_t)j * x_row, x_row, fxd + j * nb + b0,
-                                 fxc + j * nb + b0, nb, yt + (size_t)j * ldy, ldy, m, b0 == 0);
-                for (; j + 4 <= nc; j += 4)
-                    ln_q8_0_rows(4, kb, wq, wbs, wd, xb + (size_t)j * x_row, x_row, fxd + j * nb + b0,
-                                 fxc + j * nb + b0, nb, yt + (size_t)j * ldy, ldy, m, b0 == 0);
-                for (; j < nc; j++)
-                    ln_q8_0_rows(1, kb, wq, wbs, wd, xb + (size_t)j * x_row, x_row, fxd + j * nb + b0,
-                                 fxc + j * nb + b0, nb, yt + (size_t)j * ldy, ldy, m, b0 == 0);
+                ln_rows_all(kb, nc, wq, wbs, wd, x + (size_t)b0 * sizeof(struct block_q8_0), x_row,
+                            fxd + b0, fxc + b0, nb, y + (size_t)i0, ldy, m, b0 == 0);
             }
         }
         return;
@@ -775,18 +772,8 @@ AR_INLINE void pk_gemm(const int kind, int nb, int nr, int nc, const uint8_t *wp
                 }
                 if (kind != LN_Q8_0)
                     wq = (const uint8_t *)wv;
-                float *yt = y + (size_t)j0 * ldy + (size_t)i0;
-                const uint8_t *xb = xj0 + (size_t)b0 * sizeof(struct block_q8_0);
-                int j = 0;
-                for (; j + 8 <= jn; j += 8)
-                    ln_q8_0_rows(8, kb, wq, wbs, wd, xb + (size_t)j * x_row, x_row, xd + j * LN_KB,
-                                 xc + j * LN_KB, LN_KB, yt + (size_t)j * ldy, ldy, m, b0 == 0);
-                for (; j + 4 <= jn; j += 4)
-                    ln_q8_0_rows(4, kb, wq, wbs, wd, xb + (size_t)j * x_row, x_row, xd + j * LN_KB,
-                                 xc + j * LN_KB, LN_KB, yt + (size_t)j * ldy, ldy, m, b0 == 0);
-                for (; j < jn; j++)
-                    ln_q8_0_rows(1, kb, wq, wbs, wd, xb + (size_t)j * x_row, x_row, xd + j * LN_KB,
-                                 xc + j * LN_KB, LN_KB, yt + (size_t)j * ldy, ldy, m, b0 == 0);
+                ln_rows_all(kb, jn, wq, wbs, wd, xj0 + (size_t)b0 * sizeof(struct block_q8_0), x_row,
+                            xd, xc, LN_KB, y + (size_t)j0 * ldy + (size_t)i0, ldy, m, b0 == 0);
             }
         }
     }

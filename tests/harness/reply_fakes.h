@@ -11,6 +11,7 @@
 
 #include "base/hash.h"
 #include "reply/reply.h"
+#include "store/store.h"
 
 /* The built-in profiles with one generation per review (no candidates, no aspect notes): the
  * tests that count model calls per review or per job line. */
@@ -51,6 +52,48 @@ static inline bool th_budget_charge(void *user, int64_t n, bool admission, doubl
     }
     pthread_mutex_unlock(&b->mu);
     return ok;
+}
+
+/* A reply service over an in-memory store and a scripted generator, for the fault-injection
+ * tests: one worker, no sweeps or lease expiry during a test. */
+struct th_reply_fx {
+    struct store *store;
+    struct reply_profiles *profiles;
+    struct reply_service *svc;
+    struct reply_generator gen;
+};
+
+/* Fills *x (zeroed by the caller); single: th_profiles_single, else the built-in profiles.
+ * cJSON allocates through ar_malloc, so its allocations are injected too. */
+static inline int th_reply_fx_open(struct th_reply_fx *x,
+                                   enum ar_status (*generate)(struct reply_generator *,
+                                                              const struct reply_gen_request *,
+                                                              char **, size_t *),
+                                   bool single)
+{
+    struct reply_service_params p = reply_service_default_params();
+    ar_json_use_ar_alloc();
+    ar_log_set_level(AR_LOG_ERROR);
+    if (store_open(":memory:", &x->store, NULL) != AR_OK ||
+        (single ? th_profiles_single(&x->profiles) : reply_profiles_default(&x->profiles)) != AR_OK)
+        return -1;
+    x->gen.generate = generate;
+    x->gen.model_name = "fake";
+    p.profiles = x->profiles;
+    p.store = x->store;
+    p.gen = &x->gen;
+    p.n_workers = 1;
+    p.job_sweep_s = 86400;
+    p.claim_lease_s = 86400;
+    p.instance = "faults-test";
+    return reply_service_create(&p, &x->svc) == AR_OK ? 0 : -1;
+}
+
+static inline void th_reply_fx_close(struct th_reply_fx *x)
+{
+    reply_service_destroy(x->svc);
+    reply_profiles_destroy(x->profiles);
+    store_close(x->store);
 }
 
 #endif

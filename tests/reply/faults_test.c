@@ -29,32 +29,10 @@ static enum ar_status fake_generate(struct reply_generator *g, const struct repl
     return *text ? AR_OK : AR_ENOMEM;
 }
 
-struct fx {
-    struct store *store;
-    struct reply_profiles *profiles;
-    struct reply_service *svc;
-    struct reply_generator gen;
-};
-
 static int setup(void **state)
 {
-    struct fx *x = calloc(1, sizeof(*x));
-    struct reply_service_params p = reply_service_default_params();
-    ar_json_use_ar_alloc();
-    ar_log_set_level(AR_LOG_ERROR);
-    if (!x || store_open(":memory:", &x->store, NULL) != AR_OK ||
-        reply_profiles_default(&x->profiles) != AR_OK)
-        return -1;
-    x->gen.generate = fake_generate;
-    x->gen.model_name = "fake";
-    p.profiles = x->profiles;
-    p.store = x->store;
-    p.gen = &x->gen;
-    p.n_workers = 1;
-    p.job_sweep_s = 86400;
-    p.claim_lease_s = 86400;
-    p.instance = "faults-test";
-    if (reply_service_create(&p, &x->svc) != AR_OK)
+    struct th_reply_fx *x = calloc(1, sizeof(*x));
+    if (!x || th_reply_fx_open(x, fake_generate, false) != 0)
         return -1;
     *state = x;
     return 0;
@@ -62,11 +40,8 @@ static int setup(void **state)
 
 static int teardown(void **state)
 {
-    struct fx *x = *state;
-    reply_service_destroy(x->svc);
-    reply_profiles_destroy(x->profiles);
-    store_close(x->store);
-    free(x);
+    th_reply_fx_close(*state);
+    free(*state);
     return 0;
 }
 
@@ -77,7 +52,7 @@ static int teardown(void **state)
  * reply. */
 static enum ar_status answer_one(void *user, uint64_t n, uint64_t *made)
 {
-    struct fx *x = user;
+    struct th_reply_fx *x = user;
     char id[32], text[96];
     struct reply_review rv = {0};
     struct reply_result res;
@@ -152,7 +127,7 @@ static const char job_body[] =
  * exactly when the submit succeeded, and that job has its 3 lines. */
 static enum ar_status submit_job(void *user, uint64_t n, uint64_t *made)
 {
-    struct fx *x = user;
+    struct th_reply_fx *x = user;
     struct reply_job_opts o = {0};
     struct reply_job_outcome out;
     struct ar_err err = {0};
@@ -227,7 +202,7 @@ static void splitting_a_job_body_fails_cleanly(void **state)
  * done or failed. */
 static enum ar_status run_job(void *user, uint64_t n, uint64_t *made)
 {
-    struct fx *x = user;
+    struct th_reply_fx *x = user;
     char shop[32], job[STORE_JOB_ID_LEN + 1];
     struct store_job_info info;
     struct ar_err err = {0};

@@ -34,32 +34,10 @@ static enum ar_status fake_generate(struct reply_generator *g, const struct repl
     return *text ? AR_OK : AR_ENOMEM;
 }
 
-struct fx {
-    struct store *store;
-    struct reply_profiles *profiles;
-    struct reply_service *svc;
-    struct reply_generator gen;
-};
-
 static int setup(void **state)
 {
-    struct fx *x = calloc(1, sizeof(*x));
-    struct reply_service_params p = reply_service_default_params();
-    ar_json_use_ar_alloc();
-    ar_log_set_level(AR_LOG_ERROR);
-    if (!x || store_open(":memory:", &x->store, NULL) != AR_OK ||
-        th_profiles_single(&x->profiles) != AR_OK)
-        return -1;
-    x->gen.generate = fake_generate;
-    x->gen.model_name = "fake";
-    p.profiles = x->profiles;
-    p.store = x->store;
-    p.gen = &x->gen;
-    p.n_workers = 1;
-    p.job_sweep_s = 86400;
-    p.claim_lease_s = 86400;
-    p.instance = "faults-test";
-    if (reply_service_create(&p, &x->svc) != AR_OK)
+    struct th_reply_fx *x = calloc(1, sizeof(*x));
+    if (!x || th_reply_fx_open(x, fake_generate, true) != 0)
         return -1;
     *state = x;
     return 0;
@@ -67,11 +45,8 @@ static int setup(void **state)
 
 static int teardown(void **state)
 {
-    struct fx *x = *state;
-    reply_service_destroy(x->svc);
-    reply_profiles_destroy(x->profiles);
-    store_close(x->store);
-    free(x);
+    th_reply_fx_close(*state);
+    free(*state);
     return 0;
 }
 
@@ -140,7 +115,7 @@ static void on_answer(void *ctx, int status, cJSON *json, const char *text, size
 }
 
 /* One request through server_review_handle, armed from the call until its answer arrived. */
-static void request(struct fx *x, enum server_review_ep ep, const char *path, const cJSON *body,
+static void request(struct th_reply_fx *x, enum server_review_ep ep, const char *path, const cJSON *body,
                     const char *raw, uint64_t n, uint64_t *made, struct answer *a)
 {
     memset(a, 0, sizeof(*a));
@@ -179,7 +154,7 @@ static enum ar_status judge(const struct answer *a, uint64_t n, const char *what
 }
 
 struct route_ctx {
-    struct fx *x;
+    struct th_reply_fx *x;
     cJSON *body;
 };
 
@@ -281,7 +256,7 @@ static int disk_full_child(const char *dir)
     struct reply_service *svc = NULL;
     struct reply_generator gen = {fake_generate, NULL, "fake"};
     struct reply_service_params p = reply_service_default_params();
-    struct fx x;
+    struct th_reply_fx x;
     struct rlimit rl;
     static char text[REPLY_TEXT_MAX];
     char path[128];
