@@ -463,51 +463,6 @@ static void qkv_post_row(struct model_ctx *c, int64_t r, int g0, int g1)
     }
 }
 
-/* Attention work item it = (row, KV head), with thread ith's score rows (see stage_attn). */
-static void attn_item(struct model_ctx *c, int ith, int64_t it)
-{
-    const struct model_hparams *hp = &c->m->hp;
-    const struct kernel_ops *ops = c->ops;
-    int hd = hp->head_dim, n_q = hp->n_heads * hd;
-    int group = hp->n_heads / hp->n_kv_heads;
-    int bt = kv_params(c->kv)->block_tokens;
-    size_t row_size = kv_row_size(c->kv), es = c->kv_elem, cap = (size_t)c->score_cap;
-    enum ar_type kt = es == 4 ? AR_TYPE_F32 : AR_TYPE_F16;
-    float scale = (float)(1.0 / sqrt((double)hd));
-    float *scores = c->scores + (size_t)ith * (size_t)attn_tile_rows(c) * cap;
-    int64_t r = it / hp->n_kv_heads;
-    int kvh = (int)(it % hp->n_kv_heads);
-    const float *q = c->q + r * n_q + (int64_t)kvh * group * hd;
-    float *out = c->att + r * n_q + (int64_t)kvh * group * hd;
-    int32_t n_pos = c->b->pos[r] + 1;
-    const int32_t *tab = kv_seq_table(c->kv, c->seqs[c->b->seq[r]], c->layer);
-    size_t head_off = (size_t)kvh * (size_t)hd * es;
-    int swa = c->m->layers[c->layer].swa_window;
-    /* positions [first, n_pos) are visible: all, or the window's on a sliding layer (whose
-     * earlier blocks are never read) */
-    int32_t first = swa > 0 && n_pos > swa ? n_pos - swa : 0;
-
-    if (c->fuse_post) /* no other row of this batch reads this row's K/V */
-        qkv_post_row(c, r, kvh, kvh + 1);
-    for (int32_t t0 = first; t0 < n_pos;) {
-        int32_t bi = t0 / bt, in = t0 % bt, nt = AR_MIN(bt - in, n_pos - t0);
-        const uint8_t *kb = (const uint8_t *)kv_k_block(c->kv, c->layer, tab[bi]);
-        ops->attn_scores(hd, group, nt, q, kb + (size_t)in * row_size + head_off, row_size, kt,
-                         scale, scores + t0, cap);
-        t0 += nt;
-    }
-    for (int h = 0; h < group; h++)
-        ops->softmax(n_pos - first, scores + (size_t)h * cap + first);
-    memset(out, 0, (size_t)group * (size_t)hd * sizeof(float));
-    for (int32_t t0 = first; t0 < n_pos;) {
-        int32_t bi = t0 / bt, in = t0 % bt, nt = AR_MIN(bt - in, n_pos - t0);
-        const uint8_t *vb = (const uint8_t *)kv_v_block(c->kv, c->layer, tab[bi]);
-        ops->attn_values(hd, group, nt, scores + t0, cap, vb + (size_t)in * row_size + head_off,
-                         row_size, kt, out);
-        t0 += nt;
-    }
-}
-
 /* Splits the batch's rows into attention blocks (c->attn_blk): runs of consecutive rows of
  * one sequence at consecutive positions (prefill), at most attn_rows each; every other row is
  * a block of its own. Positions between a block's first row's first visible one and its last
@@ -526,9 +481,11 @@ static void plan_attn_blocks(struct model_ctx *c)
 
 /* Attention of the nr rows r0.. of one block (see plan_attn_blocks) for KV head kvh, in one
  * pass over their K/V blocks: their query vectors (nr x group) gathered into one tile, so each
- * key and value row is loaded and converted once for all of them. Each row's scores are
- * softmaxed over its own visible positions and zero at the block's others (which adds
- * nothing to its output). */
+ * key and value row is loaded and converted once for all of them (a lone row, decode's case,
+ * is read and written in place). Each row's scores are softmaxed over its own visible
+ * positions and zero at the block's others (which adds nothing to its output); for a lone
+ * row those are its visible positions, [first, pos + 1), the window's on a sliding layer
+ * (whose earlier blocks are never read). */
 static void attn_rows_item(struct model_ctx *c, int ith, int64_t r0, int nr, int kvh)
 {
     const struct model_hparams *hp = &c->m->hp;
@@ -542,6 +499,7 @@ static void attn_rows_item(struct model_ctx *c, int ith, int64_t r0, int nr, int
     float scale = (float)(1.0 / sqrt((double)hd));
     float *scores = c->scores + (size_t)ith * (size_t)attn_tile_rows(c) * cap;
     float *qt = c->attn_tile + (size_t)ith * 2 * tile, *ot = qt + tile;
+    bool in_place = nr == 1;
     /* the layer's block table (a sliding layer's: the local pool's) */
     const int32_t *tab = kv_seq_table(c->kv, c->seqs[c->b->seq[r0]], c->layer);
     size_t head_off = (size_t)kvh * (size_t)hd * es;
@@ -550,9 +508,14 @@ static void attn_rows_item(struct model_ctx *c, int ith, int64_t r0, int nr, int
     int32_t lo = swa > 0 && c->b->pos[r0] + 1 > swa ? c->b->pos[r0] + 1 - swa : 0;
     int32_t hi = c->b->pos[r0 + nr - 1] + 1;
 
-    for (int i = 0; i < nr; i++)
-        memcpy(qt + (size_t)i * group * hd, c->q + (r0 + i) * n_q + (int64_t)kvh * group * hd,
-               head_bytes);
+    if (in_place) {
+        qt = c->q + r0 * n_q + (int64_t)kvh * group * hd;
+        ot = c->att + r0 * n_q + (int64_t)kvh * group * hd;
+    } else {
+        for (int i = 0; i < nr; i++)
+            memcpy(qt + (size_t)i * group * hd, c->q + (r0 + i) * n_q + (int64_t)kvh * group * hd,
+                   head_bytes);
+    }
     for (int32_t t0 = lo; t0 < hi;) {
         int32_t bi = t0 / bt, in = t0 % bt, nt = AR_MIN(bt - in, hi - t0);
         const uint8_t *kb = (const uint8_t *)kv_k_block(c->kv, c->layer, tab[bi]);
@@ -578,7 +541,7 @@ static void attn_rows_item(struct model_ctx *c, int ith, int64_t r0, int nr, int
                          row_size, kt, ot);
         t0 += nt;
     }
-    for (int i = 0; i < nr; i++)
+    for (int i = 0; !in_place && i < nr; i++)
         memcpy(c->att + (r0 + i) * n_q + (int64_t)kvh * group * hd, ot + (size_t)i * group * hd,
                head_bytes);
 }
@@ -592,10 +555,9 @@ static void attn_unit(struct model_ctx *c, int ith, int64_t it)
 {
     int n_kv = c->m->hp.n_kv_heads;
     int32_t r0 = c->attn_blk[it / n_kv], nr = c->attn_blk[it / n_kv + 1] - r0;
-    if (nr == 1) /* decode: one row */
-        attn_item(c, ith, (int64_t)r0 * n_kv + it % n_kv);
-    else
-        attn_rows_item(c, ith, r0, nr, (int)(it % n_kv));
+    if (nr == 1 && c->fuse_post) /* decode: no other row of this batch reads its K/V */
+        qkv_post_row(c, r0, (int)(it % n_kv), (int)(it % n_kv) + 1);
+    attn_rows_item(c, ith, r0, nr, (int)(it % n_kv));
 }
 
 static int64_t attn_units(const struct model_ctx *c)
