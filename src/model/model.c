@@ -559,7 +559,7 @@ static enum ar_status load_ropes(struct model *m, struct ar_err *err)
 /* ---- packed weights -------------------------------------------------------------------- */
 
 /* Calls f on every weight matrix the fast pass multiplies by (not tok_embd, whose rows are
- * looked up; output may share its data, which stays as it is for the lookups). */
+ * looked up from the file; output may share its data). */
 static void each_mat(struct model *m, void (*f)(struct model *, struct model_mat *, void *),
                      void *arg)
 {
@@ -580,7 +580,8 @@ static void each_mat(struct model *m, void (*f)(struct model *, struct model_mat
         f(m, &m->output, arg);
 }
 
-/* The packed region's layout: each packable matrix's offset, 64-byte aligned. */
+/* Two passes of pack_one over the matrices: the first adds up the packed region's size (each
+ * packable matrix 64-byte aligned in it), the second (place) packs them into it. */
 struct pack_plan {
     const struct kernel_ops *ops;
     size_t size;
@@ -609,21 +610,21 @@ static void pack_one(struct model *m, struct model_mat *w, void *arg)
  * best (kernels.h, "x16"), in one anonymous mapping that may take transparent huge pages.
  * AR_PACK_WEIGHTS=0 in the environment keeps the file's layout. Out of memory is not an
  * error: the matrices then stay as they are. */
-static enum ar_status pack_weights(struct model *m)
+static void pack_weights(struct model *m)
 {
     struct pack_plan p = {.ops = kernels_get()};
     const char *env = getenv("AR_PACK_WEIGHTS");
     void *region;
     if (env && strcmp(env, "0") == 0)
-        return AR_OK;
+        return;
     each_mat(m, pack_one, &p);
     if (p.size == 0)
-        return AR_OK;
+        return;
     region = mmap(NULL, p.size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (region == MAP_FAILED) {
         ar_log(AR_LOG_WARN, "model: no memory to pack the weights (%zu bytes); using them as stored",
                p.size);
-        return AR_OK;
+        return;
     }
 #ifdef MADV_HUGEPAGE
     (void)madvise(region, p.size, MADV_HUGEPAGE);
@@ -635,7 +636,6 @@ static enum ar_status pack_weights(struct model *m)
     each_mat(m, pack_one, &p);
     if (mprotect(region, m->packed_size, PROT_READ) != 0)
         ar_log(AR_LOG_DEBUG, "model: packed weights stay writable");
-    return AR_OK;
 }
 
 enum ar_status model_load(const char *path, struct model **out, struct ar_err *err)
@@ -669,8 +669,7 @@ enum ar_status model_load_gguf(struct gguf_file *f, struct model **out, struct a
         goto fail;
     if ((st = load_ropes(m, err)) != AR_OK)
         goto fail;
-    if ((st = pack_weights(m)) != AR_OK)
-        goto fail;
+    pack_weights(m);
     *out = m;
     return AR_OK;
 fail:
