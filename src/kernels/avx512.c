@@ -422,6 +422,16 @@ AR_INLINE void ln_rows_all(int kb, int jn, const uint8_t *wq, const size_t wbs, 
                      xs, y + (size_t)j * ldy, ldy, m, first);
 }
 
+/* The sum of an activation block's 32 quants (exact: the bytes biased to unsigned, summed by
+ * vpsadbw, the bias taken off) */
+AR_INLINE int32_t q8_0_block_sum(const struct block_q8_0 *xb)
+{
+    __m256i q = _mm256_xor_si256(_mm256_loadu_si256(cv256(xb->qs)), _mm256_set1_epi8((char)0x80));
+    __m256i s = _mm256_sad_epu8(q, _mm256_setzero_si256());
+    __m128i h = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    return (int32_t)(_mm_cvtsi128_si64(h) + _mm_extract_epi64(h, 1)) - 32 * 128;
+}
+
 /* Scale and offset correction -off * sum(q) of blocks [b0, b0 + kb) of jn activation rows
  * (x: their block b0), row j's block b0 + b at j * xs + b. */
 AR_INLINE void ln_x_prep(int jn, int kb, const uint8_t *x, size_t x_row, int32_t off, float *xd,
@@ -430,12 +440,7 @@ AR_INLINE void ln_x_prep(int jn, int kb, const uint8_t *x, size_t x_row, int32_t
     for (int j = 0; j < jn; j++) {
         const struct block_q8_0 *xb = (const struct block_q8_0 *)(const void *)(x + (size_t)j * x_row);
         for (int b = 0; b < kb; b++) {
-            __m256i q = _mm256_xor_si256(_mm256_loadu_si256(cv256(xb[b].qs)),
-                                         _mm256_set1_epi8((char)0x80));
-            __m256i s = _mm256_sad_epu8(q, _mm256_setzero_si256());
-            __m128i h = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-            int32_t sum = (int32_t)(_mm_cvtsi128_si64(h) + _mm_extract_epi64(h, 1)) - 32 * 128;
-            xc[j * xs + b] = -off * sum;
+            xc[j * xs + b] = -off * q8_0_block_sum(&xb[b]);
             xd[j * xs + b] = f16_to_f32(xb[b].d);
         }
     }
@@ -542,11 +547,8 @@ AR_INLINE void ln_gemv(const int kind, int nb, int nr, const uint8_t *w, size_t 
             ln_rows_z(kind, rows, (size_t)b * bs, z);
             _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++)
                 pr[k] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), z[k], xx);
-            __m256i sd = _mm256_sad_epu8(_mm256_xor_si256(xq, _mm256_set1_epi8((char)0x80)),
-                                         _mm256_setzero_si256());
-            __m128i h = _mm_add_epi64(_mm256_castsi256_si128(sd), _mm256_extracti128_si256(sd, 1));
-            int32_t sum = (int32_t)(_mm_cvtsi128_si64(h) + _mm_extract_epi64(h, 1)) - 32 * 128;
-            __m512i p = _mm512_add_epi32(ln_rows_sum(pr), _mm512_set1_epi32(-off * sum));
+            __m512i p = _mm512_add_epi32(ln_rows_sum(pr),
+                                         _mm512_set1_epi32(-off * q8_0_block_sum(&xb[b])));
             acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p),
                                   _mm512_mul_ps(wd, _mm512_set1_ps(f16_to_f32(xb[b].d))), acc);
         }
@@ -683,11 +685,7 @@ AR_INLINE void pk_gemv(const int kind, int nb, int nr, const uint8_t *wp, size_t
         for (int b = 0; b < nb; b++) {
             __m512i v[8];
             const uint8_t *q = pk_block(kind, gq, b, v);
-            __m256i xq = _mm256_loadu_si256(cv256(xb[b].qs));
-            __m256i sd = _mm256_sad_epu8(_mm256_xor_si256(xq, _mm256_set1_epi8((char)0x80)),
-                                         _mm256_setzero_si256());
-            __m128i h = _mm_add_epi64(_mm256_castsi256_si128(sd), _mm256_extracti128_si256(sd, 1));
-            int32_t sum = (int32_t)(_mm_cvtsi128_si64(h) + _mm_extract_epi64(h, 1)) - 32 * 128;
+            int32_t sum = q8_0_block_sum(&xb[b]);
             __m512i d[8];
             _Pragma("GCC unroll 8") for (int t = 0; t < 8; t++)
                 d[t] = _mm512_dpbusd_epi32(_mm512_setzero_si512(),
