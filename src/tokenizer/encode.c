@@ -78,6 +78,7 @@ struct work {
     struct span *spans[2];
     size_t spans_cap[2];
     pcre2_match_data *md;
+    const uint8_t *word; /* BPE by ids: the bytes of the word being merged */
 };
 
 static void work_fini(struct work *w)
@@ -165,10 +166,14 @@ static enum ar_status split_chars(struct work *w, size_t m, int32_t *n_syms)
 
 typedef enum ar_status (*pair_fn)(const struct tokenizer *tok, struct work *w, int32_t l,
                                   int32_t r);
+typedef void (*prefetch_fn)(const struct tokenizer *tok, const struct work *w, int32_t l,
+                            int32_t r);
 
-/* Merges the best queued pair while one is left (both mergers share this loop). */
+/* Merges the best queued pair while one is left (both mergers share this loop). prefetch,
+ * when given, starts the memory loads of a merge's two new pairs before either is looked
+ * up, so that their cache misses overlap. */
 static enum ar_status merge_all(const struct tokenizer *tok, struct work *w, int32_t n_syms,
-                                pair_fn add)
+                                pair_fn add, prefetch_fn prefetch)
 {
     enum ar_status st;
     w->heap_n = 0;
@@ -187,6 +192,10 @@ static enum ar_status merge_all(const struct tokenizer *tok, struct work *w, int
         l->next = r->next;
         if (r->next >= 0)
             w->syms[r->next].prev = b.left;
+        if (prefetch) {
+            prefetch(tok, w, l->prev, b.left);
+            prefetch(tok, w, b.left, l->next);
+        }
         if ((st = add(tok, w, l->prev, b.left)) != AR_OK ||
             (st = add(tok, w, b.left, l->next)) != AR_OK)
             return st;
@@ -248,7 +257,7 @@ static enum ar_status spm_encode(const struct tokenizer *tok, struct work *w, co
         }
     }
     if ((st = split_chars(w, m, &n_syms)) != AR_OK ||
-        (st = merge_all(tok, w, n_syms, spm_pair)) != AR_OK)
+        (st = merge_all(tok, w, n_syms, spm_pair, NULL)) != AR_OK)
         return st;
     for (int32_t i = n_syms ? 0 : -1; i >= 0; i = w->syms[i].next) {
         const struct sym *s = &w->syms[i];
@@ -287,18 +296,112 @@ static enum ar_status bpe_pair(const struct tokenizer *tok, struct work *w, int3
     return heap_push(w, p);
 }
 
-static enum ar_status id_pair(const struct tokenizer *tok, struct work *w, int32_t l, int32_t r)
+/* Rank of the merge of adjacent symbols a and b of word, and its token in *merged; INT32_MAX
+ * when there is none. Two single bytes are looked up in the small byte table. */
+static int32_t id_rank(const struct tokenizer *tok, const uint8_t *word, const struct sym *a,
+                       const struct sym *b, int32_t *merged)
 {
     const struct tokenizer_pair *m;
+    if (a->n == 1 && b->n == 1) {
+        const struct tokenizer_byte_pair *p = &tok->byte_pairs[word[a->start] << 8 | word[b->start]];
+        *merged = p->id;
+        return p->rank < 0 ? INT32_MAX : p->rank;
+    }
+    m = tokenizer_pair_find(tok, a->id, b->id);
+    *merged = m ? m->id : -1;
+    return m ? m->rank : INT32_MAX;
+}
+
+static enum ar_status id_pair(const struct tokenizer *tok, struct work *w, int32_t l, int32_t r)
+{
     struct pair p;
-    if (l < 0 || r < 0 || !(m = tokenizer_pair_find(tok, w->syms[l].id, w->syms[r].id)))
+    int32_t rank;
+    if (l < 0 || r < 0 || (rank = id_rank(tok, w->word, &w->syms[l], &w->syms[r], &p.id)) ==
+                              INT32_MAX)
         return AR_OK;
-    p.p = -(double)m->rank;
+    p.p = -(double)rank;
     p.left = l;
     p.right = r;
     p.size = w->syms[l].n + w->syms[r].n;
-    p.id = m->id;
     return heap_push(w, p);
+}
+
+static void id_prefetch(const struct tokenizer *tok, const struct work *w, int32_t l, int32_t r)
+{
+    uint64_t key;
+    if (l < 0 || r < 0 || (w->syms[l].n == 1 && w->syms[r].n == 1))
+        return;
+    key = (uint64_t)(uint32_t)w->syms[l].id << 32 | (uint32_t)w->syms[r].id;
+    __builtin_prefetch(&tok->pair_bits[tokenizer_pair_bit(key, tok->pair_bits_mask) >> 6]);
+    __builtin_prefetch(&tok->pairs[tokenizer_pair_slot(key, tok->pair_mask)]);
+}
+
+/* Appends the token of merged symbol s of word; a control or unknown token (which plain text
+ * must not spell) gives the single-byte tokens of its text instead, as the string path. */
+static enum ar_status id_emit(const struct tokenizer *tok, const char *word, const struct sym *s,
+                              struct ivec *out)
+{
+    enum ar_status st;
+    if (!(tok->attr[s->id] & (TOKENIZER_ATTR_CONTROL | TOKENIZER_ATTR_UNKNOWN)))
+        return ivec_push(out, s->id);
+    for (uint32_t j = 0; j < s->n; j++)
+        for (int k = 0; k < 2; k++) {
+            int32_t b = tok->byte_fallback[(uint8_t)word[s->start + j]][k];
+            if (b >= 0 && (st = ivec_push(out, b)) != AR_OK)
+                return st;
+        }
+    return AR_OK;
+}
+
+/* Words up to this many bytes (nearly all) merge in arrays on the stack: one rank per
+ * adjacent pair, the best found by a scan. At this size that beats the heap, which pays for
+ * every candidate pair it queues and for the stale ones it pops. */
+#define SMALL_WORD 48
+
+/* The merger by ids for a word of 2..SMALL_WORD bytes, in the heap merger's order (lowest
+ * rank, then leftmost). */
+static enum ar_status id_word_small(const struct tokenizer *tok, const char *word, int32_t n,
+                                    struct ivec *out)
+{
+    const uint8_t *u = (const uint8_t *)word;
+    struct sym s[SMALL_WORD];
+    int32_t rank[SMALL_WORD], merged[SMALL_WORD]; /* of pair (i, i + 1) */
+    enum ar_status st;
+    for (int32_t i = 0; i < n; i++) {
+        s[i].start = (uint32_t)i;
+        s[i].n = 1;
+        s[i].id = tok->byte_tok[u[i]];
+    }
+    for (int32_t i = 0; i + 1 < n; i++)
+        rank[i] = id_rank(tok, u, &s[i], &s[i + 1], &merged[i]);
+    for (;;) {
+        int32_t best = -1, r = INT32_MAX;
+        for (int32_t i = 0; i + 1 < n; i++)
+            if (rank[i] < r) {
+                r = rank[i];
+                best = i;
+            }
+        if (best < 0)
+            break;
+        s[best].n += s[best + 1].n;
+        s[best].id = merged[best];
+        /* symbols after the pair move down one place, and so do their pairs */
+        memmove(&s[best + 1], &s[best + 2], (size_t)(n - best - 2) * sizeof(s[0]));
+        if (n - best - 3 > 0) {
+            memmove(&rank[best + 1], &rank[best + 2], (size_t)(n - best - 3) * sizeof(rank[0]));
+            memmove(&merged[best + 1], &merged[best + 2],
+                    (size_t)(n - best - 3) * sizeof(merged[0]));
+        }
+        n--;
+        if (best > 0)
+            rank[best - 1] = id_rank(tok, u, &s[best - 1], &s[best], &merged[best - 1]);
+        if (best + 1 < n)
+            rank[best] = id_rank(tok, u, &s[best], &s[best + 1], &merged[best]);
+    }
+    for (int32_t i = 0; i < n; i++)
+        if ((st = id_emit(tok, word, &s[i], out)) != AR_OK)
+            return st;
+    return AR_OK;
 }
 
 /* The merger by token ids: one symbol per byte (each byte is one character of GPT-2's
@@ -307,37 +410,24 @@ static enum ar_status bpe_word_ids(const struct tokenizer *tok, struct work *w, 
                                    size_t len, struct ivec *out)
 {
     int32_t n = (int32_t)len;
-    enum ar_status st = reserve((void **)&w->syms, &w->syms_cap, len, sizeof(struct sym));
-    if (st != AR_OK)
+    enum ar_status st;
+    if (len >= 2 && len <= SMALL_WORD)
+        return id_word_small(tok, word, n, out);
+    if ((st = reserve((void **)&w->syms, &w->syms_cap, len, sizeof(struct sym))) != AR_OK)
         return st;
+    w->word = (const uint8_t *)word;
     for (int32_t i = 0; i < n; i++) {
         w->syms[i].start = (uint32_t)i;
         w->syms[i].n = 1;
         w->syms[i].prev = i - 1;
         w->syms[i].next = i + 1 < n ? i + 1 : -1;
         w->syms[i].id = tok->byte_tok[(uint8_t)word[i]];
-        /* the first pairs are independent lookups: start their memory loads together */
-        if (i > 0) {
-            uint64_t key = (uint64_t)(uint32_t)w->syms[i - 1].id << 32 | (uint32_t)w->syms[i].id;
-            __builtin_prefetch(&tok->pair_bits[tokenizer_pair_bit(key, tok->pair_bits_mask) >> 6]);
-        }
     }
-    if ((st = merge_all(tok, w, n, id_pair)) != AR_OK)
+    if ((st = merge_all(tok, w, n, id_pair, id_prefetch)) != AR_OK)
         return st;
-    for (int32_t i = n ? 0 : -1; i >= 0; i = w->syms[i].next) {
-        const struct sym *s = &w->syms[i];
-        if (!(tok->attr[s->id] & (TOKENIZER_ATTR_CONTROL | TOKENIZER_ATTR_UNKNOWN))) {
-            if ((st = ivec_push(out, s->id)) != AR_OK)
-                return st;
-            continue;
-        }
-        for (uint32_t j = 0; j < s->n; j++) /* as the string path: its text's single bytes */
-            for (int k = 0; k < 2; k++) {
-                int32_t b = tok->byte_fallback[(uint8_t)word[s->start + j]][k];
-                if (b >= 0 && (st = ivec_push(out, b)) != AR_OK)
-                    return st;
-            }
-    }
+    for (int32_t i = n ? 0 : -1; i >= 0; i = w->syms[i].next)
+        if ((st = id_emit(tok, word, &w->syms[i], out)) != AR_OK)
+            return st;
     return AR_OK;
 }
 
@@ -348,9 +438,15 @@ static enum ar_status bpe_word(const struct tokenizer *tok, struct work *w, cons
     size_t m = 0;
     int32_t n_syms, id;
     enum ar_status st;
+    bool whole = tok->ignore_merges;
     if (tok->pairs && len == 1) /* a single byte is its own token, whole or merged */
         return ivec_push(out, tok->byte_tok[(uint8_t)word[0]]);
-    if (tok->pairs && !tok->ignore_merges)
+    /* ignore_merges: a word is looked up whole first, unless no token starting with its
+     * first byte is that long: long words, such as a Chinese clause, go straight to the
+     * merger */
+    if (tok->ignore_merges && len && len > tok->max_len_first[(uint8_t)word[0]])
+        whole = false;
+    if (tok->pairs && !whole)
         return bpe_word_ids(tok, w, word, len, out);
     if ((st = reserve((void **)&w->buf, &w->buf_cap, 2 * len + 1, 1)) != AR_OK)
         return st;
@@ -359,13 +455,12 @@ static enum ar_status bpe_word(const struct tokenizer *tok, struct work *w, cons
         memcpy(w->buf + m, c, 2);
         m += (size_t)(1 + ((uint8_t)c[0] >= 0x80));
     }
-    if (tok->ignore_merges && (!tok->pairs || m <= tok->max_text_len) &&
-        (id = find_plain(tok, w->buf, m)) >= 0)
+    if (whole && (id = find_plain(tok, w->buf, m)) >= 0)
         return ivec_push(out, id);
     if (tok->pairs)
         return bpe_word_ids(tok, w, word, len, out);
     if ((st = split_chars(w, m, &n_syms)) != AR_OK ||
-        (st = merge_all(tok, w, n_syms, bpe_pair)) != AR_OK)
+        (st = merge_all(tok, w, n_syms, bpe_pair, NULL)) != AR_OK)
         return st;
     for (int32_t i = n_syms ? 0 : -1; i >= 0; i = w->syms[i].next) {
         const struct sym *s = &w->syms[i];

@@ -88,6 +88,11 @@ static inline uint32_t tokenizer_pair_bit(uint64_t key, uint32_t mask)
 static inline const struct tokenizer_pair *tokenizer_pair_find(const struct tokenizer *tok,
                                                                int32_t l, int32_t r);
 
+/* The merge of two single-byte symbols (a pair of GPT-2 characters), or rank -1. */
+struct tokenizer_byte_pair {
+    int32_t rank, id;
+};
+
 /* One BPE merge "left right": both strings live in tokenizer.merge_text. */
 struct tokenizer_merge {
     uint32_t off;   /* left starts at merge_text + off, right follows it directly */
@@ -104,7 +109,9 @@ struct tokenizer {
     char *text;          /* owned: every token's text, each followed by a NUL */
     uint32_t *text_off;  /* owned, (n_vocab) */
     uint32_t *text_len;  /* owned, (n_vocab) */
-    uint32_t max_text_len; /* the longest token text: longer words are no token */
+    /* BPE: the most characters of a token whose text starts with the table character of
+     * byte b, [b]: a word of more bytes starting with b is no token */
+    uint32_t max_len_first[256];
     float *score;        /* owned, (n_vocab) */
     uint8_t *attr;       /* owned, (n_vocab) TOKENIZER_ATTR_* bits */
     char *piece;         /* owned: decoded bytes of every token, back to back */
@@ -121,12 +128,17 @@ struct tokenizer {
     uint32_t merge_mask;
     /* the same merges by token ids, when every byte and every merge result is a plain
      * token (real vocabularies): one probe of an inline table per candidate pair */
+    char *pair_mem; /* owned: the block that holds pairs, pair_bits and byte_pairs */
     struct tokenizer_pair
-        *pairs; /* owned, (pair_mask + 1) slots, key TOKENIZER_PAIR_EMPTY = empty */
+        *pairs; /* (pair_mask + 1) slots, key TOKENIZER_PAIR_EMPTY = empty */
     uint32_t pair_mask;
-    uint64_t *pair_bits;      /* owned: one bit per hash of every merge's key, small enough
+    uint64_t *pair_bits;      /* one bit per hash of every merge's key, small enough
                                * to stay in cache; a clear bit answers "no merge" at once */
     uint32_t pair_bits_mask;  /* bits - 1 */
+    /* the merges of two single bytes, (256 * 256) indexed by [left byte][right byte]: most
+     * lookups of a word's first pairs (every byte starts as its own symbol), answered from
+     * the few rows a script's bytes use instead of the large table */
+    struct tokenizer_byte_pair *byte_pairs;
     char byte_text[256][2];   /* UTF-8 of the GPT-2 character of each byte (1 or 2 bytes) */
     int32_t byte_tok[256];    /* token of the GPT-2 character of each byte (pairs only) */
     int32_t byte_fallback[256][2]; /* plain tokens of that character's single bytes, or -1 */

@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 
 #include "tokenizer_internal.h"
 
@@ -569,11 +570,62 @@ static bool plain_id(const struct tokenizer *tok, int32_t id)
     return id >= 0 && !(tok->attr[id] & (TOKENIZER_ATTR_CONTROL | TOKENIZER_ATTR_UNKNOWN));
 }
 
+#define HUGE_PAGE ((size_t)2 << 20)
+
+/* The merge tables by ids in one block: pairs ((mask + 1) slots, all empty), pair_bits (all
+ * clear) and byte_pairs. A block of megabytes (real vocabularies) starts on a 2 MiB boundary
+ * and asks for transparent huge pages: lookups probe it at random, and with 4 KiB pages
+ * nearly every probe would also miss the TLB. The hint is ignored where unsupported. */
+static enum ar_status pair_tables_alloc(struct tokenizer *tok, uint32_t mask)
+{
+    size_t n_pairs = ((size_t)mask + 1) * sizeof(struct tokenizer_pair);
+    size_t n_bits = ((size_t)tok->pair_bits_mask + 1) / 8;
+    size_t n_bytes = 256 * 256 * sizeof(struct tokenizer_byte_pair);
+    size_t size = n_pairs + n_bits + n_bytes;
+    size_t span = (size + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1);
+    bool huge = size >= 2 * HUGE_PAGE;
+    char *base;
+    if (!(tok->pair_mem = ar_malloc(huge ? span + HUGE_PAGE : size)))
+        return AR_ENOMEM;
+    base = tok->pair_mem;
+    if (huge) {
+        base += -(uintptr_t)base & (HUGE_PAGE - 1);
+#ifdef MADV_HUGEPAGE
+        (void)madvise(base, span, MADV_HUGEPAGE);
+#endif
+    }
+    tok->pairs = (struct tokenizer_pair *)(void *)base;
+    tok->pair_bits = (uint64_t *)(void *)(base + n_pairs);
+    tok->byte_pairs = (struct tokenizer_byte_pair *)(void *)(base + n_pairs + n_bits);
+    for (size_t i = 0; i <= mask; i++)
+        tok->pairs[i].key = TOKENIZER_PAIR_EMPTY;
+    memset(tok->pair_bits, 0, n_bits);
+    return AR_OK;
+}
+
+static void pair_tables_free(struct tokenizer *tok)
+{
+    ar_free(tok->pair_mem);
+    tok->pair_mem = NULL;
+    tok->pairs = NULL;
+    tok->pair_bits = NULL;
+    tok->byte_pairs = NULL;
+}
+
 static enum ar_status setup_pairs(struct tokenizer *tok)
 {
     uint32_t mask;
-    for (int32_t i = 0; i < tok->n_vocab; i++)
-        tok->max_text_len = AR_MAX(tok->max_text_len, tok->text_len[i]);
+    for (int32_t i = 0; i < tok->n_vocab; i++) {
+        const char *t = tok->text + tok->text_off[i];
+        uint32_t n = tok->text_len[i], chars = 0, cp = 0;
+        /* a word's text is its bytes' table characters: a token starting with another
+         * character is never a word */
+        if (!ar_utf8_decode(t, n, &cp) || cp >= AR_ARRAY_LEN(tok->unbyte) || tok->unbyte[cp] < 0)
+            continue;
+        for (uint32_t k = 0; k < n; k++) /* characters: bytes that start one */
+            chars += ((uint8_t)t[k] & 0xc0) != 0x80;
+        tok->max_len_first[tok->unbyte[cp]] = AR_MAX(tok->max_len_first[tok->unbyte[cp]], chars);
+    }
     for (int b = 0; b < 256; b++) {
         const char *c = tok->byte_text[b];
         size_t n = (uint8_t)c[0] >= 0x80 ? 2 : 1;
@@ -586,15 +638,11 @@ static enum ar_status setup_pairs(struct tokenizer *tok)
         }
     }
     mask = pow2_at_least((uint64_t)tok->n_merges * 3 / 2 + 1) - 1;
-    tok->pairs = ar_malloc(((size_t)mask + 1) * sizeof(struct tokenizer_pair));
     /* 8 bits per merge (a few percent of false "maybe"), at least 64 */
     tok->pair_bits_mask = pow2_at_least((uint64_t)tok->n_merges * 8 + 64) - 1;
-    tok->pair_bits = ar_calloc(((size_t)tok->pair_bits_mask + 1) / 64, sizeof(uint64_t));
-    if (!tok->pairs || !tok->pair_bits)
+    if (pair_tables_alloc(tok, mask) != AR_OK)
         return AR_ENOMEM;
     tok->pair_mask = mask;
-    for (size_t i = 0; i <= mask; i++)
-        tok->pairs[i].key = TOKENIZER_PAIR_EMPTY;
     for (uint32_t r = 0; r < tok->n_merges; r++) {
         const struct tokenizer_merge *m = &tok->merges[r];
         const char *t = tok->merge_text + m->off;
@@ -609,10 +657,7 @@ static enum ar_status setup_pairs(struct tokenizer *tok)
             continue; /* a side that is no token is never formed */
         id = tokenizer_find(tok, t, m->n_left + m->n_right);
         if (id < 0) {
-            ar_free(tok->pairs);
-            ar_free(tok->pair_bits);
-            tok->pairs = NULL;
-            tok->pair_bits = NULL;
+            pair_tables_free(tok);
             return AR_OK;
         }
         key = (uint64_t)(uint32_t)l << 32 | (uint32_t)rt;
@@ -628,15 +673,19 @@ static enum ar_status setup_pairs(struct tokenizer *tok)
         i = tokenizer_pair_bit(key, tok->pair_bits_mask);
         tok->pair_bits[i >> 6] |= 1ull << (i & 63);
     }
+    for (int a = 0; a < 256; a++)
+        for (int b = 0; b < 256; b++) {
+            const struct tokenizer_pair *p =
+                tokenizer_pair_find(tok, tok->byte_tok[a], tok->byte_tok[b]);
+            tok->byte_pairs[a << 8 | b].rank = p ? p->rank : -1;
+            tok->byte_pairs[a << 8 | b].id = p ? p->id : -1;
+        }
     return AR_OK;
 }
 
 enum ar_status tokenizer_use_text_merges(struct tokenizer *tok)
 {
-    ar_free(tok->pairs);
-    ar_free(tok->pair_bits);
-    tok->pairs = NULL;
-    tok->pair_bits = NULL;
+    pair_tables_free(tok);
     return tok->merge_hash || tok->kind != TOKENIZER_KIND_BPE ? AR_OK : setup_merge_hash(tok);
 }
 
@@ -836,8 +885,7 @@ void tokenizer_destroy(struct tokenizer *tok)
     ar_free(tok->special_lens);
     ar_free(tok->special_prio);
     ar_free(tok->special);
-    ar_free(tok->pairs);
-    ar_free(tok->pair_bits);
+    pair_tables_free(tok);
     ar_free(tok->merge_hash);
     ar_free(tok->merges);
     ar_free(tok->merge_text);
