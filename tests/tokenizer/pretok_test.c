@@ -466,6 +466,144 @@ static void id_merges_equal_text_merges(void **state)
     }
 }
 
+/* ---- the merger against a textbook BPE loop ---------------------------------------------- */
+
+#define REF_MAX 4096
+
+/* The tokens of one pre-token word of a byte-level BPE vocabulary by the textbook loop, written
+ * here without the library's merger: the word's bytes as GPT-2 table characters, then the
+ * adjacent pair of lowest merge rank (the leftmost of equals) merged until none is left, each
+ * symbol then looked up by its text. tok must use merges by text (tokenizer_merge_rank).
+ * Llama 3's ignore_merges takes a word that is a token whole; a symbol that is no plain token
+ * gives the plain single-byte tokens of its text. Returns the number of ids in out. */
+static size_t ref_word(const struct tokenizer *tok, const char *word, size_t len, int32_t *out)
+{
+    static char text[2 * REF_MAX];
+    static uint32_t start[REF_MAX], n[REF_MAX];
+    size_t m = 0, t = 0, k = 0;
+    int32_t id;
+    assert_true(len <= REF_MAX);
+    for (size_t i = 0; i < len; i++) {
+        start[m] = (uint32_t)t;
+        n[m] = (uint32_t)ar_utf8_encode(tokenizer_byte_to_cp((uint8_t)word[i]), text + t);
+        t += n[m++];
+    }
+    if (tok->ignore_merges && (id = tokenizer_find(tok, text, t)) >= 0 &&
+        !(tok->attr[id] & (TOKENIZER_ATTR_CONTROL | TOKENIZER_ATTR_UNKNOWN))) {
+        out[0] = id;
+        return 1;
+    }
+    for (;;) {
+        size_t best = m;
+        int32_t best_rank = -1;
+        for (size_t i = 0; i + 1 < m; i++) {
+            int32_t r = tokenizer_merge_rank(tok, text + start[i], n[i], text + start[i + 1],
+                                             n[i + 1]);
+            if (r >= 0 && (best_rank < 0 || r < best_rank)) {
+                best = i;
+                best_rank = r;
+            }
+        }
+        if (best == m)
+            break;
+        n[best] += n[best + 1]; /* symbols are neighbouring spans of text */
+        for (size_t i = best + 1; i + 1 < m; i++) {
+            start[i] = start[i + 1];
+            n[i] = n[i + 1];
+        }
+        m--;
+    }
+    for (size_t i = 0; i < m; i++) {
+        id = tokenizer_find(tok, text + start[i], n[i]);
+        if (id >= 0 && !(tok->attr[id] & (TOKENIZER_ATTR_CONTROL | TOKENIZER_ATTR_UNKNOWN))) {
+            out[k++] = id;
+            continue;
+        }
+        for (uint32_t j = 0; j < n[i]; j++) {
+            id = tokenizer_find(tok, text + start[i] + j, 1);
+            if (id >= 0 && !(tok->attr[id] & (TOKENIZER_ATTR_CONTROL | TOKENIZER_ATTR_UNKNOWN)))
+                out[k++] = id;
+        }
+    }
+    return k;
+}
+
+/* Tokenizes text with tok (merges by ids) and, word by word, with ref_word on text_tok;
+ * fails on the first difference. Counts the words of more than 48 bytes (the length up to
+ * which the library merges without its heap) in *n_long. */
+static void check_against_ref(const char *vocab, const struct tokenizer *tok,
+                              const struct tokenizer *text_tok, const char *text, size_t len,
+                              size_t *n_long)
+{
+    static int32_t want[2 * REF_MAX];
+    int32_t *got = NULL;
+    int64_t n_got = 0;
+    uint32_t *sp = NULL;
+    size_t n_sp = 0, n_want = 0;
+    assert_int_equal(tokenizer_encode(tok, text, len, false, false, &got, &n_got), AR_OK);
+    assert_int_equal(tokenizer_pre_split(text_tok, text, len, &sp, &n_sp), AR_OK);
+    for (size_t i = 0; i < n_sp; i++) {
+        assert_true(n_want + 2 * sp[2 * i + 1] <= AR_ARRAY_LEN(want));
+        n_want += ref_word(text_tok, text + sp[2 * i], sp[2 * i + 1], want + n_want);
+        *n_long += sp[2 * i + 1] > 48;
+    }
+    if ((size_t)n_got != n_want || (n_got && memcmp(got, want, n_want * sizeof(int32_t)) != 0))
+        fail_msg("%s: the merger and the textbook loop differ on \"%.*s\" (%lld vs %zu ids)",
+                 vocab, (int)len, text, (long long)n_got, n_want);
+    ar_free(got);
+    ar_free(sp);
+}
+
+/* The merger (stack arrays for short words, heap for long ones, the byte-pair table, the
+ * whole-word shortcut) gives the textbook loop's tokens on every real vocabulary: for random
+ * strings of the vocabulary's own pieces, long Chinese words (one pre-token word of up to
+ * 180 bytes) and long runs of one repeated character. */
+static void merger_equals_textbook_bpe(void **state)
+{
+    static const char *const vocabs[] = {"qwen3", "llama3", "gpt4o", "deepseek_v3"};
+    static const char *const runs[] = {"a", "\xe5\xa5\xbd", "=", " ", "0", "\xf0\x9f\x98\x82",
+                                       "\xc3\xa9", "ab"};
+    struct th_rng r = {0x7ac0ffeeu};
+    (void)state;
+    for (size_t v = 0; v < AR_ARRAY_LEN(vocabs); v++) {
+        struct tokenizer *tok = load_real(vocabs[v]), *text_tok = load_real(vocabs[v]);
+        size_t n_long = 0;
+        char buf[1024];
+        assert_int_equal(tokenizer_use_text_merges(text_tok), AR_OK);
+        for (int iter = 0; iter < 150; iter++) { /* the vocabulary's own pieces */
+            size_t len = 0, n_parts = 1 + th_rng_u64(&r) % 12;
+            for (size_t k = 0; k < n_parts; k++) {
+                int32_t id = (int32_t)(th_rng_u64(&r) % (uint64_t)tok->n_vocab);
+                const char *p = tok->piece + tok->piece_off[id];
+                size_t l = tok->piece_len[id];
+                if (!(tok->attr[id] & TOKENIZER_ATTR_NORMAL) || memchr(p, '<', l) ||
+                    len + l >= sizeof(buf))
+                    continue; /* user-defined texts would be matched before splitting */
+                memcpy(buf + len, p, l);
+                len += l;
+            }
+            check_against_ref(vocabs[v], tok, text_tok, buf, len, &n_long);
+        }
+        for (int iter = 0; iter < 60; iter++) { /* Chinese words of 1..60 characters */
+            size_t len = 0, n_chars = 1 + th_rng_u64(&r) % 60;
+            for (size_t k = 0; k < n_chars; k++) /* CJK unified ideographs, common ones first */
+                len += ar_utf8_encode(0x4e00 + (uint32_t)(th_rng_u64(&r) % (k & 1 ? 20992 : 600)),
+                                      buf + len);
+            check_against_ref(vocabs[v], tok, text_tok, buf, len, &n_long);
+        }
+        for (size_t k = 0; k < AR_ARRAY_LEN(runs); k++) /* one character repeated */
+            for (size_t reps = 1; reps <= 120; reps += 1 + reps / 8) {
+                size_t len = 0, l = strlen(runs[k]);
+                for (size_t i = 0; i < reps && len + l < sizeof(buf); i++, len += l)
+                    memcpy(buf + len, runs[k], l);
+                check_against_ref(vocabs[v], tok, text_tok, buf, len, &n_long);
+            }
+        assert_true(n_long >= 50); /* the heap path was exercised, not only the arrays */
+        tokenizer_destroy(tok);
+        tokenizer_destroy(text_tok);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -481,6 +619,7 @@ int main(void)
         cmocka_unit_test(llama3_detokenizer_cleans_tokenization_spaces),
         cmocka_unit_test(llama3_stream_keeps_pieces_and_utf8),
         cmocka_unit_test(id_merges_equal_text_merges),
+        cmocka_unit_test(merger_equals_textbook_bpe),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
