@@ -353,6 +353,53 @@ static enum ar_status id_emit(const struct tokenizer *tok, const char *word, con
     return AR_OK;
 }
 
+/* The length of the character at u[i] of a word of len bytes when the merger may start it as
+ * one symbol (a two- or three-byte character allowed between its neighbour bytes, see
+ * vocab.c's setup_chars), its token in *id; else 0. */
+static uint32_t whole_char(const struct tokenizer *tok, const uint8_t *u, size_t i, size_t len,
+                           int32_t *id)
+{
+    const struct tokenizer_char *c;
+    uint32_t cp, n;
+    int32_t k;
+    if (u[i] < 0xc2 || u[i] >= 0xf0) /* not the lead byte of a shortest 2- or 3-byte form */
+        return 0;
+    n = u[i] < 0xe0 ? 2 : 3;
+    if (i + n > len || (u[i + 1] & 0xc0) != 0x80 || (n == 3 && (u[i + 2] & 0xc0) != 0x80))
+        return 0;
+    cp = n == 2 ? (u[i] & 0x1fu) << 6 | (u[i + 1] & 0x3fu)
+                : (u[i] & 0x0fu) << 12 | (u[i + 1] & 0x3fu) << 6 | (u[i + 2] & 0x3fu);
+    if (cp < 0x800 && n == 3) /* overlong: not the bytes the table was built from */
+        return 0;
+    if ((k = tok->char_index[cp]) < 0)
+        return 0;
+    c = &tok->chars[k];
+    if (i > 0 && !(c->left[u[i - 1] >> 5] >> (u[i - 1] & 31) & 1))
+        return 0;
+    if (i + n < len && !(c->right[u[i + n] >> 5] >> (u[i + n] & 31) & 1))
+        return 0;
+    *id = c->id;
+    return n;
+}
+
+/* The first symbols of a word for the merger by ids: characters taken whole where allowed,
+ * else single bytes. Returns their number; s has room for len. */
+static int32_t first_syms(const struct tokenizer *tok, const char *word, size_t len,
+                          struct sym *s)
+{
+    const uint8_t *u = (const uint8_t *)word;
+    int32_t m = 0;
+    for (size_t i = 0; i < len; m++) {
+        int32_t id = tok->byte_tok[u[i]];
+        uint32_t n = tok->char_index ? whole_char(tok, u, i, len, &id) : 0;
+        s[m].start = (uint32_t)i;
+        s[m].n = n ? n : 1;
+        s[m].id = id;
+        i += s[m].n;
+    }
+    return m;
+}
+
 /* Words up to this many bytes (nearly all) merge in arrays on the stack: one rank per
  * adjacent pair, the best found by a scan. At this size that beats the heap, which pays for
  * every candidate pair it queues and for the stale ones it pops. */
@@ -367,11 +414,7 @@ static enum ar_status id_word_small(const struct tokenizer *tok, const char *wor
     struct sym s[SMALL_WORD];
     int32_t rank[SMALL_WORD], merged[SMALL_WORD]; /* of pair (i, i + 1) */
     enum ar_status st;
-    for (int32_t i = 0; i < n; i++) {
-        s[i].start = (uint32_t)i;
-        s[i].n = 1;
-        s[i].id = tok->byte_tok[u[i]];
-    }
+    n = first_syms(tok, word, (size_t)n, s);
     for (int32_t i = 0; i + 1 < n; i++)
         rank[i] = id_rank(tok, u, &s[i], &s[i + 1], &merged[i]);
     for (;;) {
@@ -416,12 +459,10 @@ static enum ar_status bpe_word_ids(const struct tokenizer *tok, struct work *w, 
     if ((st = reserve((void **)&w->syms, &w->syms_cap, len, sizeof(struct sym))) != AR_OK)
         return st;
     w->word = (const uint8_t *)word;
+    n = first_syms(tok, word, len, w->syms);
     for (int32_t i = 0; i < n; i++) {
-        w->syms[i].start = (uint32_t)i;
-        w->syms[i].n = 1;
         w->syms[i].prev = i - 1;
         w->syms[i].next = i + 1 < n ? i + 1 : -1;
-        w->syms[i].id = tok->byte_tok[(uint8_t)word[i]];
     }
     if ((st = merge_all(tok, w, n, id_pair, id_prefetch)) != AR_OK)
         return st;

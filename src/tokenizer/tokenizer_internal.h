@@ -93,6 +93,14 @@ struct tokenizer_byte_pair {
     int32_t rank, id;
 };
 
+/* A two- or three-byte character that the merger by ids may start as one symbol instead of
+ * its bytes (vocab.c's setup_chars says when that gives the same tokens). */
+struct tokenizer_char {
+    int32_t id;        /* the token the merges of its bytes alone end in */
+    uint32_t left[8];  /* bit b set: may be taken whole after byte b */
+    uint32_t right[8]; /* bit b set: may be taken whole before byte b */
+};
+
 /* One BPE merge "left right": both strings live in tokenizer.merge_text. */
 struct tokenizer_merge {
     uint32_t off;   /* left starts at merge_text + off, right follows it directly */
@@ -139,6 +147,11 @@ struct tokenizer {
      * lookups of a word's first pairs (every byte starts as its own symbol), answered from
      * the few rows a script's bytes use instead of the large table */
     struct tokenizer_byte_pair *byte_pairs;
+    /* characters taken whole (real vocabularies: most Chinese characters, which then cost no
+     * merges of their bytes): char_index[code point < 65536] is an index in chars or -1 */
+    int32_t *char_index;           /* owned, (65536), or NULL */
+    struct tokenizer_char *chars;  /* owned, (n_chars) */
+    int32_t n_chars;
     char byte_text[256][2];   /* UTF-8 of the GPT-2 character of each byte (1 or 2 bytes) */
     int32_t byte_tok[256];    /* token of the GPT-2 character of each byte (pairs only) */
     int32_t byte_fallback[256][2]; /* plain tokens of that character's single bytes, or -1 */

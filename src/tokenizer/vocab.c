@@ -605,11 +605,239 @@ static enum ar_status pair_tables_alloc(struct tokenizer *tok, uint32_t mask)
 
 static void pair_tables_free(struct tokenizer *tok)
 {
+    ar_free(tok->char_index);
+    ar_free(tok->chars);
+    tok->char_index = NULL;
+    tok->chars = NULL;
+    tok->n_chars = 0;
     ar_free(tok->pair_mem);
     tok->pair_mem = NULL;
     tok->pairs = NULL;
     tok->pair_bits = NULL;
     tok->byte_pairs = NULL;
+}
+
+/* ---- characters taken whole ------------------------------------------------------------------
+ *
+ * A Chinese character is three bytes, and merging them costs the merger about four lookups in
+ * the large merge table (two merges, each with its two new neighbour pairs). Starting such a
+ * character as one symbol gives the same tokens when nothing outside it can take part of it:
+ *   - its bytes alone merge into one token c, the highest rank on the way being R;
+ *   - no merge of rank <= R joins a symbol that holds its first byte on the way (or c) to
+ *     anything ending in the byte before it, nor one that holds its last byte (or c) to
+ *     anything starting with the byte after it.
+ * Then, in the merger's run, while the character is in pieces one of its own merges (rank
+ * <= R) is always pending, so no pair across its edges is ever the best; merges elsewhere
+ * happen as if it were whole (pairs with c rank above R); and once it is whole the two runs
+ * are the same. The left and right masks of struct tokenizer_char hold the bytes allowed
+ * next to it. */
+
+/* A merge seen from one of its sides: the token on the other side and the rank. */
+struct side {
+    int32_t other, rank;
+};
+
+/* The merges of the pair table by their left token ([0]) and by their right token ([1]):
+ * those of token t are list[k][off[k][t] .. off[k][t + 1]). */
+struct sides {
+    uint32_t *off[2];
+    struct side *list[2];
+};
+
+static void sides_free(struct sides *sd)
+{
+    for (int k = 0; k < 2; k++) {
+        ar_free(sd->off[k]);
+        ar_free(sd->list[k]);
+    }
+}
+
+static enum ar_status sides_build(const struct tokenizer *tok, struct sides *sd)
+{
+    size_t n = (size_t)tok->n_vocab, total = 0;
+    uint32_t *pos[2] = {NULL, NULL};
+    enum ar_status st = AR_ENOMEM;
+    memset(sd, 0, sizeof(*sd));
+    for (uint32_t i = 0; i <= tok->pair_mask; i++)
+        total += tok->pairs[i].key != TOKENIZER_PAIR_EMPTY;
+    for (int k = 0; k < 2; k++) {
+        sd->off[k] = ar_calloc(n + 1, sizeof(uint32_t));
+        sd->list[k] = ar_malloc((total ? total : 1) * sizeof(struct side));
+        pos[k] = ar_malloc((n + 1) * sizeof(uint32_t));
+        if (!sd->off[k] || !sd->list[k] || !pos[k])
+            goto done;
+    }
+    for (uint32_t i = 0; i <= tok->pair_mask; i++) {
+        uint64_t key = tok->pairs[i].key;
+        if (key == TOKENIZER_PAIR_EMPTY)
+            continue;
+        sd->off[0][(key >> 32) + 1]++;
+        sd->off[1][(uint32_t)key + 1]++;
+    }
+    for (int k = 0; k < 2; k++) {
+        for (size_t t = 1; t <= n; t++)
+            sd->off[k][t] += sd->off[k][t - 1];
+        memcpy(pos[k], sd->off[k], (n + 1) * sizeof(uint32_t));
+    }
+    for (uint32_t i = 0; i <= tok->pair_mask; i++) {
+        const struct tokenizer_pair *p = &tok->pairs[i];
+        uint32_t l = (uint32_t)(p->key >> 32), r = (uint32_t)p->key;
+        if (p->key == TOKENIZER_PAIR_EMPTY)
+            continue;
+        sd->list[0][pos[0][l]++] = (struct side){(int32_t)r, p->rank};
+        sd->list[1][pos[1][r]++] = (struct side){(int32_t)l, p->rank};
+    }
+    st = AR_OK;
+done:
+    ar_free(pos[0]);
+    ar_free(pos[1]);
+    if (st != AR_OK)
+        sides_free(sd);
+    return st;
+}
+
+/* The byte behind the first (last = false) or last character of token id's text, or -1 when
+ * that character is not one of the byte table's (such a token is never a word's symbol). */
+static int edge_byte(const struct tokenizer *tok, int32_t id, bool last)
+{
+    const char *t = tok->text + tok->text_off[id];
+    size_t n = tok->text_len[id], i = 0;
+    uint32_t cp = 0;
+    if (last && n)
+        for (i = n - 1; i > 0 && ((uint8_t)t[i] & 0xc0) == 0x80;)
+            i--;
+    if (!ar_utf8_decode(t + i, n - i, &cp) || cp >= AR_ARRAY_LEN(tok->unbyte))
+        return -1;
+    return tok->unbyte[cp];
+}
+
+/* The raw bytes of token id when its text is one 2- or 3-byte UTF-8 character spelled in the
+ * byte table; returns their number, else 0. */
+static int char_bytes(const struct tokenizer *tok, int32_t id, uint8_t b[3])
+{
+    const char *t = tok->text + tok->text_off[id];
+    size_t n = tok->text_len[id], i = 0;
+    int m = 0;
+    uint32_t cp;
+    while (i < n && m < 3) {
+        size_t l = ar_utf8_decode(t + i, n - i, &cp);
+        if (!l || cp >= AR_ARRAY_LEN(tok->unbyte) || tok->unbyte[cp] < 0)
+            return 0;
+        b[m++] = (uint8_t)tok->unbyte[cp];
+        i += l;
+    }
+    if (i < n || m < 2 || ar_utf8_decode((const char *)b, (size_t)m, &cp) != (size_t)m)
+        return 0;
+    return m;
+}
+
+/* Merges the n bytes b alone, as the merger would: returns the token they end in, or -1 if
+ * they do not end in one symbol. *max_rank: the highest rank merged; edge[0] / edge[1]: the
+ * symbols that held the first / last byte before the end (*n_edge[k] of them). */
+static int32_t merge_alone(const struct tokenizer *tok, const uint8_t *b, int n,
+                           int32_t *max_rank, int32_t edge[2][3], int n_edge[2])
+{
+    int32_t id[3];
+    int first[3], last[3], m = n;
+    *max_rank = -1;
+    for (int i = 0; i < n; i++) {
+        id[i] = tok->byte_tok[b[i]];
+        first[i] = last[i] = i;
+    }
+    edge[0][0] = id[0];
+    edge[1][0] = id[n - 1];
+    n_edge[0] = n_edge[1] = 1;
+    while (m > 1) {
+        const struct tokenizer_pair *best = NULL;
+        int at = 0;
+        for (int i = 0; i + 1 < m; i++) {
+            const struct tokenizer_pair *p = tokenizer_pair_find(tok, id[i], id[i + 1]);
+            if (p && (!best || p->rank < best->rank)) {
+                best = p;
+                at = i;
+            }
+        }
+        if (!best)
+            return -1;
+        *max_rank = AR_MAX(*max_rank, best->rank);
+        id[at] = best->id;
+        last[at] = last[at + 1];
+        for (int i = at + 1; i + 1 < m; i++) {
+            id[i] = id[i + 1];
+            first[i] = first[i + 1];
+            last[i] = last[i + 1];
+        }
+        if (--m == 1)
+            break;
+        if (first[at] == 0)
+            edge[0][n_edge[0]++] = id[at];
+        if (last[at] == n - 1)
+            edge[1][n_edge[1]++] = id[at];
+    }
+    return id[0];
+}
+
+/* Clears in mask the bytes next to which symbol p may merge at rank <= max_rank: k = 1 looks
+ * at merges with p on the right (the last byte of their left token), k = 0 the other way. */
+static void forbid(const struct tokenizer *tok, const struct sides *sd, int k, int32_t p,
+                   int32_t max_rank, uint32_t mask[8])
+{
+    for (uint32_t j = sd->off[k][p]; j < sd->off[k][p + 1]; j++) {
+        int b;
+        if (sd->list[k][j].rank > max_rank ||
+            (b = edge_byte(tok, sd->list[k][j].other, k == 1)) < 0)
+            continue;
+        mask[b >> 5] &= ~(1u << (b & 31));
+    }
+}
+
+static enum ar_status setup_chars(struct tokenizer *tok)
+{
+    struct sides sd;
+    int32_t cap = 0;
+    enum ar_status st = sides_build(tok, &sd);
+    if (st != AR_OK)
+        return st;
+    if (!(tok->char_index = ar_malloc(65536 * sizeof(int32_t)))) {
+        st = AR_ENOMEM;
+        goto done;
+    }
+    memset(tok->char_index, 0xff, 65536 * sizeof(int32_t));
+    for (int32_t t = 0; t < tok->n_vocab; t++) {
+        uint8_t b[3];
+        int n = char_bytes(tok, t, b), n_edge[2];
+        int32_t edge[2][3], max_rank, id;
+        uint32_t cp = 0;
+        struct tokenizer_char *c;
+        if (!n || (id = merge_alone(tok, b, n, &max_rank, edge, n_edge)) < 0)
+            continue;
+        ar_utf8_decode((const char *)b, (size_t)n, &cp);
+        if (tok->char_index[cp] >= 0)
+            continue; /* the same text twice */
+        if (tok->n_chars == cap) {
+            struct tokenizer_char *v;
+            cap = cap ? 2 * cap : 1024;
+            if (!(v = ar_realloc(tok->chars, (size_t)cap * sizeof(*v)))) {
+                st = AR_ENOMEM;
+                goto done;
+            }
+            tok->chars = v;
+        }
+        c = &tok->chars[tok->n_chars];
+        c->id = id;
+        memset(c->left, 0xff, sizeof(c->left));
+        memset(c->right, 0xff, sizeof(c->right));
+        forbid(tok, &sd, 1, id, max_rank, c->left);
+        forbid(tok, &sd, 0, id, max_rank, c->right);
+        for (int i = 0; i < n_edge[0]; i++)
+            forbid(tok, &sd, 1, edge[0][i], max_rank, c->left);
+        for (int i = 0; i < n_edge[1]; i++)
+            forbid(tok, &sd, 0, edge[1][i], max_rank, c->right);
+        tok->char_index[cp] = tok->n_chars++;
+    }
+done:
+    sides_free(&sd);
+    return st;
 }
 
 static enum ar_status setup_pairs(struct tokenizer *tok)
@@ -680,7 +908,7 @@ static enum ar_status setup_pairs(struct tokenizer *tok)
             tok->byte_pairs[a << 8 | b].rank = p ? p->rank : -1;
             tok->byte_pairs[a << 8 | b].id = p ? p->id : -1;
         }
-    return AR_OK;
+    return setup_chars(tok);
 }
 
 enum ar_status tokenizer_use_text_merges(struct tokenizer *tok)
