@@ -554,10 +554,11 @@ static void check_against_ref(const char *vocab, const struct tokenizer *tok,
     ar_free(sp);
 }
 
-/* The merger (stack arrays for short words, heap for long ones, the byte-pair table, the
- * whole-word shortcut) gives the textbook loop's tokens on every real vocabulary: for random
- * strings of the vocabulary's own pieces, long Chinese words (one pre-token word of up to
- * 180 bytes) and long runs of one repeated character. */
+/* The merger (stack arrays for short words, heap for long ones, the byte-pair table,
+ * characters taken whole, the whole-word shortcut) gives the textbook loop's tokens on every
+ * real vocabulary: for random strings of the vocabulary's own pieces (stray bytes and partial
+ * characters included), long Chinese words (one pre-token word of up to 180 bytes), Chinese
+ * characters between such pieces and long runs of one repeated character. */
 static void merger_equals_textbook_bpe(void **state)
 {
     static const char *const vocabs[] = {"qwen3", "llama3", "gpt4o", "deepseek_v3"};
@@ -591,6 +592,21 @@ static void merger_equals_textbook_bpe(void **state)
                                       buf + len);
             check_against_ref(vocabs[v], tok, text_tok, buf, len, &n_long);
         }
+        for (int iter = 0; iter < 150; iter++) { /* Chinese characters between pieces */
+            size_t len = 0, n_parts = 1 + th_rng_u64(&r) % 30;
+            for (size_t k = 0; k < n_parts && len + 64 < sizeof(buf); k++) {
+                int32_t id = (int32_t)(th_rng_u64(&r) % (uint64_t)tok->n_vocab);
+                size_t l = tok->piece_len[id];
+                if (k % 3 != 2) {
+                    len += ar_utf8_encode(0x4e00 + (uint32_t)(th_rng_u64(&r) % 3000), buf + len);
+                } else if ((tok->attr[id] & TOKENIZER_ATTR_NORMAL) && l < 48 &&
+                           !memchr(tok->piece + tok->piece_off[id], '<', l)) {
+                    memcpy(buf + len, tok->piece + tok->piece_off[id], l);
+                    len += l;
+                }
+            }
+            check_against_ref(vocabs[v], tok, text_tok, buf, len, &n_long);
+        }
         for (size_t k = 0; k < AR_ARRAY_LEN(runs); k++) /* one character repeated */
             for (size_t reps = 1; reps <= 120; reps += 1 + reps / 8) {
                 size_t len = 0, l = strlen(runs[k]);
@@ -599,6 +615,7 @@ static void merger_equals_textbook_bpe(void **state)
                 check_against_ref(vocabs[v], tok, text_tok, buf, len, &n_long);
             }
         assert_true(n_long >= 50); /* the heap path was exercised, not only the arrays */
+        assert_true(tok->n_chars > 1000); /* and characters were taken whole */
         tokenizer_destroy(tok);
         tokenizer_destroy(text_tok);
     }
