@@ -1,7 +1,9 @@
 /* encode.c - text -> token ids: special-token partitioning, the SPM bigram merger and the
  * byte-level BPE merger with its PCRE2 pre-tokenizer. Both mergers keep their symbols in a
  * linked list and their candidate pairs in a binary heap, so text is encoded in
- * O(n log n) time with no per-word cache. */
+ * O(n log n) time with no per-word cache; the BPE merger by token ids merges words of up to
+ * SMALL_WORD bytes in stack arrays instead, and starts characters that vocab.c allows whole
+ * as one symbol. */
 #include <stdlib.h>
 
 #include "tokenizer_internal.h"
@@ -799,8 +801,10 @@ static enum ar_status encode(const struct tokenizer *tok, const char *text, size
         if (st != AR_OK)
             goto done;
     }
-    if (add_special && tok->add_eos)
-        st = ivec_push(out, tok->eos);
+    if (add_special && tok->add_eos && (st = ivec_push(out, tok->eos)) != AR_OK)
+        goto done;
+    if (add_special && tok->add_sep) /* after EOS, as the reference */
+        st = ivec_push(out, tok->sep);
 done:
     work_fini(&w);
     ar_free(frags);

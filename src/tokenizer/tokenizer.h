@@ -105,7 +105,8 @@ const char *tokenizer_token_piece(const struct tokenizer *tok, int32_t id, size_
 /* ---- encoding --------------------------------------------------------------------------- */
 
 /* Tokenizes text[0..len) (any bytes; NUL is an ordinary byte). add_special adds BOS/EOS as
- * the vocabulary asks (tokenizer_add_bos/eos); parse_special matches control-token text such
+ * the vocabulary asks (tokenizer_add_bos/eos), and the separator token after them when its
+ * tokenizer.ggml.add_sep_token is true; parse_special matches control-token text such
  * as "<|im_start|>" to the token instead of spelling it out. On success *ids is a new array
  * of *n ids that the caller frees with ar_free (NULL when *n is 0). Linear time in len. */
 enum ar_status tokenizer_encode(const struct tokenizer *tok, const char *text, size_t len,

@@ -167,8 +167,8 @@ struct tokenizer {
     uint32_t special_lens_off[257]; /* lengths of specials starting with byte b are */
     uint32_t *special_lens;         /* special_lens[off[b] .. off[b+1]) (owned, distinct) */
 
-    bool add_bos, add_eos, add_space_prefix, ignore_merges;
-    int32_t bos, eos, eot, eom, unk, pad;
+    bool add_bos, add_eos, add_sep, add_space_prefix, ignore_merges;
+    int32_t bos, eos, eot, eom, unk, pad, sep; /* sep: the separator appended after EOS */
     int32_t *eog; /* owned, (n_eog) */
     int32_t n_eog;
 

@@ -1025,7 +1025,7 @@ static enum ar_status load(struct tokenizer *tok, const struct gguf_file *f, con
     if ((st = load_tokens(tok, f, err)) != AR_OK)
         return st;
 
-    tok->bos = tok->eos = tok->eot = tok->eom = tok->unk = tok->pad = -1;
+    tok->bos = tok->eos = tok->eot = tok->eom = tok->unk = tok->pad = tok->sep = -1;
     if (tok->kind == TOKENIZER_KIND_SPM) {
         /* SentencePiece defaults, used when the keys are absent */
         tok->bos = tok->n_vocab > 1 ? 1 : -1;
@@ -1044,8 +1044,11 @@ static enum ar_status load(struct tokenizer *tok, const struct gguf_file *f, con
         (st = read_id(f, "tokenizer.ggml.eom_token_id", tok->n_vocab, &tok->eom, err)) ||
         (st = read_id(f, "tokenizer.ggml.unknown_token_id", tok->n_vocab, &tok->unk, err)) ||
         (st = read_id(f, "tokenizer.ggml.padding_token_id", tok->n_vocab, &tok->pad, err)) ||
+        /* the key's spelling is the format's */
+        (st = read_id(f, "tokenizer.ggml.seperator_token_id", tok->n_vocab, &tok->sep, err)) ||
         (st = read_bool(f, "tokenizer.ggml.add_bos_token", &tok->add_bos, err)) ||
         (st = read_bool(f, "tokenizer.ggml.add_eos_token", &tok->add_eos, err)) ||
+        (st = read_bool(f, "tokenizer.ggml.add_sep_token", &tok->add_sep, err)) ||
         (st = read_bool(f, "tokenizer.ggml.add_space_prefix", &tok->add_space_prefix, err)))
         return st;
     if (tok->kind == TOKENIZER_KIND_BPE)
@@ -1054,6 +1057,10 @@ static enum ar_status load(struct tokenizer *tok, const struct gguf_file *f, con
         return ar_err_set(err, AR_EFORMAT, 0, "add_bos_token is set but there is no bos id");
     if (tok->add_eos && tok->eos < 0)
         return ar_err_set(err, AR_EFORMAT, 0, "add_eos_token is set but there is no eos id");
+    if (tok->add_sep && tok->sep < 0)
+        return ar_err_set(err, AR_EFORMAT, 0,
+                          "add_sep_token is set but there is no separator id "
+                          "(tokenizer.ggml.seperator_token_id)");
 
     if ((st = setup_eog(tok)) != AR_OK || (st = setup_specials(tok)) != AR_OK)
         return st;

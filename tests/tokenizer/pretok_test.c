@@ -466,6 +466,89 @@ static void id_merges_equal_text_merges(void **state)
     }
 }
 
+/* ---- the separator token ------------------------------------------------------------------ */
+
+/* Loads a four-token vocabulary ("a", "b", "ab", "</s>" = 3) with add_eos, add_sep and a
+ * separator id (sep < 0: no key); returns the status. */
+static enum ar_status load_sep(bool add_eos, bool add_sep, int sep, struct tokenizer **out,
+                               struct ar_err *err)
+{
+    static const struct gguf_str toks[] = {{"a", 1}, {"b", 1}, {"ab", 2}, {"</s>", 4}};
+    static const struct gguf_str merges[] = {{"a b", 3}};
+    struct gguf_writer *w = NULL;
+    struct gguf_file *f = NULL;
+    char dir[] = "/tmp/pretok_test_XXXXXX", path[64];
+    enum ar_status st;
+    assert_int_equal(gguf_writer_create(&w), AR_OK);
+    assert_int_equal(gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2"), AR_OK);
+    assert_int_equal(gguf_writer_set_str(w, "tokenizer.ggml.pre", "gpt-2"), AR_OK);
+    assert_int_equal(gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", toks, 4), AR_OK);
+    assert_int_equal(gguf_writer_set_arr_str(w, "tokenizer.ggml.merges", merges, 1), AR_OK);
+    assert_int_equal(gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", 3), AR_OK);
+    assert_int_equal(gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", false), AR_OK);
+    assert_int_equal(gguf_writer_set_bool(w, "tokenizer.ggml.add_eos_token", add_eos), AR_OK);
+    assert_int_equal(gguf_writer_set_bool(w, "tokenizer.ggml.add_sep_token", add_sep), AR_OK);
+    if (sep >= 0)
+        assert_int_equal(
+            gguf_writer_set_u32(w, "tokenizer.ggml.seperator_token_id", (uint32_t)sep), AR_OK);
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof(path), "%s/v.gguf", dir);
+    assert_int_equal(gguf_writer_write(w, path, NULL), AR_OK);
+    assert_int_equal(gguf_open(path, &f, err), AR_OK);
+    *out = NULL;
+    st = tokenizer_load(f, out, err);
+    gguf_close(f);
+    gguf_writer_destroy(w);
+    unlink(path);
+    rmdir(dir);
+    return st;
+}
+
+/* With tokenizer.ggml.add_sep_token the separator follows the text (and EOS) when special
+ * tokens are added, never otherwise; asking for it without a separator id is refused. */
+static void add_sep_appends_the_separator(void **state)
+{
+    static const struct {
+        bool add_eos, add_sep;
+        int sep;
+        int32_t want[3]; /* for "ab" with add_special, -1 ends */
+    } cases[] = {
+        {false, false, 0, {2, -1}},   /* a separator id alone adds nothing */
+        {false, true, 0, {2, 0, -1}}, /* "a" as the separator: any token may be it */
+        {true, true, 1, {2, 3, 1}},   /* EOS first, then the separator */
+        {true, false, -1, {2, 3, -1}},
+    };
+    (void)state;
+    for (size_t c = 0; c < AR_ARRAY_LEN(cases); c++) {
+        struct tokenizer *tok = NULL;
+        struct ar_err err = {0};
+        int32_t *ids = NULL;
+        int64_t n = 0, n_want = 0;
+        assert_int_equal(load_sep(cases[c].add_eos, cases[c].add_sep, cases[c].sep, &tok, &err),
+                         AR_OK);
+        while (n_want < 3 && cases[c].want[n_want] >= 0)
+            n_want++;
+        assert_int_equal(tokenizer_encode(tok, "ab", 2, true, false, &ids, &n), AR_OK);
+        assert_int_equal(n, n_want);
+        for (int64_t i = 0; i < n; i++)
+            assert_int_equal(ids[i], cases[c].want[i]);
+        ar_free(ids);
+        assert_int_equal(tokenizer_encode(tok, "ab", 2, false, false, &ids, &n), AR_OK);
+        assert_true(n == 1 && ids[0] == 2); /* without add_special: the text alone */
+        ar_free(ids);
+        tokenizer_destroy(tok);
+    }
+    {
+        struct tokenizer *tok = NULL;
+        struct ar_err err = {0};
+        assert_int_equal(load_sep(false, true, -1, &tok, &err), AR_EFORMAT);
+        assert_null(tok);
+        assert_non_null(strstr(err.msg, "seperator_token_id"));
+        assert_int_equal(load_sep(false, true, 9, &tok, &err), AR_EFORMAT); /* out of range */
+        assert_null(tok);
+    }
+}
+
 /* ---- the merger against a textbook BPE loop ---------------------------------------------- */
 
 #define REF_MAX 4096
@@ -637,6 +720,7 @@ int main(void)
         cmocka_unit_test(llama3_stream_keeps_pieces_and_utf8),
         cmocka_unit_test(id_merges_equal_text_merges),
         cmocka_unit_test(merger_equals_textbook_bpe),
+        cmocka_unit_test(add_sep_appends_the_separator),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
