@@ -1,9 +1,8 @@
 /* encode.c - text -> token ids: special-token partitioning, the SPM bigram merger and the
  * byte-level BPE merger with its PCRE2 pre-tokenizer. Both mergers keep their symbols in a
  * linked list and their candidate pairs in a binary heap, so text is encoded in
- * O(n log n) time with no per-word cache; the BPE merger by token ids merges words of up to
- * SMALL_WORD bytes in stack arrays instead, and starts characters that vocab.c allows whole
- * as one symbol. */
+ * O(n log n) time with no per-word cache; the BPE merger by token ids starts the characters
+ * that vocab.c allows whole as one symbol. */
 #include <stdlib.h>
 
 #include "tokenizer_internal.h"
@@ -168,14 +167,10 @@ static enum ar_status split_chars(struct work *w, size_t m, int32_t *n_syms)
 
 typedef enum ar_status (*pair_fn)(const struct tokenizer *tok, struct work *w, int32_t l,
                                   int32_t r);
-typedef void (*prefetch_fn)(const struct tokenizer *tok, const struct work *w, int32_t l,
-                            int32_t r);
 
-/* Merges the best queued pair while one is left (both mergers share this loop). prefetch,
- * when given, starts the memory loads of a merge's two new pairs before either is looked
- * up, so that their cache misses overlap. */
+/* Merges the best queued pair while one is left (both mergers share this loop). */
 static enum ar_status merge_all(const struct tokenizer *tok, struct work *w, int32_t n_syms,
-                                pair_fn add, prefetch_fn prefetch)
+                                pair_fn add)
 {
     enum ar_status st;
     w->heap_n = 0;
@@ -194,10 +189,6 @@ static enum ar_status merge_all(const struct tokenizer *tok, struct work *w, int
         l->next = r->next;
         if (r->next >= 0)
             w->syms[r->next].prev = b.left;
-        if (prefetch) {
-            prefetch(tok, w, l->prev, b.left);
-            prefetch(tok, w, b.left, l->next);
-        }
         if ((st = add(tok, w, l->prev, b.left)) != AR_OK ||
             (st = add(tok, w, b.left, l->next)) != AR_OK)
             return st;
@@ -259,7 +250,7 @@ static enum ar_status spm_encode(const struct tokenizer *tok, struct work *w, co
         }
     }
     if ((st = split_chars(w, m, &n_syms)) != AR_OK ||
-        (st = merge_all(tok, w, n_syms, spm_pair, NULL)) != AR_OK)
+        (st = merge_all(tok, w, n_syms, spm_pair)) != AR_OK)
         return st;
     for (int32_t i = n_syms ? 0 : -1; i >= 0; i = w->syms[i].next) {
         const struct sym *s = &w->syms[i];
@@ -328,16 +319,6 @@ static enum ar_status id_pair(const struct tokenizer *tok, struct work *w, int32
     return heap_push(w, p);
 }
 
-static void id_prefetch(const struct tokenizer *tok, const struct work *w, int32_t l, int32_t r)
-{
-    uint64_t key;
-    if (l < 0 || r < 0 || (w->syms[l].n == 1 && w->syms[r].n == 1))
-        return;
-    key = (uint64_t)(uint32_t)w->syms[l].id << 32 | (uint32_t)w->syms[r].id;
-    __builtin_prefetch(&tok->pair_bits[tokenizer_pair_bit(key, tok->pair_bits_mask) >> 6]);
-    __builtin_prefetch(&tok->pairs[tokenizer_pair_slot(key, tok->pair_mask)]);
-}
-
 /* Appends the token of merged symbol s of word; a control or unknown token (which plain text
  * must not spell) gives the single-byte tokens of its text instead, as the string path. */
 static enum ar_status id_emit(const struct tokenizer *tok, const char *word, const struct sym *s,
@@ -402,62 +383,14 @@ static int32_t first_syms(const struct tokenizer *tok, const char *word, size_t 
     return m;
 }
 
-/* Words up to this many bytes (nearly all) merge in arrays on the stack: one rank per
- * adjacent pair, the best found by a scan. At this size that beats the heap, which pays for
- * every candidate pair it queues and for the stale ones it pops. */
-#define SMALL_WORD 48
-
-/* The merger by ids for a word of 2..SMALL_WORD bytes, in the heap merger's order (lowest
- * rank, then leftmost). */
-static enum ar_status id_word_small(const struct tokenizer *tok, const char *word, int32_t n,
-                                    struct ivec *out)
-{
-    const uint8_t *u = (const uint8_t *)word;
-    struct sym s[SMALL_WORD];
-    int32_t rank[SMALL_WORD], merged[SMALL_WORD]; /* of pair (i, i + 1) */
-    enum ar_status st;
-    n = first_syms(tok, word, (size_t)n, s);
-    for (int32_t i = 0; i + 1 < n; i++)
-        rank[i] = id_rank(tok, u, &s[i], &s[i + 1], &merged[i]);
-    for (;;) {
-        int32_t best = -1, r = INT32_MAX;
-        for (int32_t i = 0; i + 1 < n; i++)
-            if (rank[i] < r) {
-                r = rank[i];
-                best = i;
-            }
-        if (best < 0)
-            break;
-        s[best].n += s[best + 1].n;
-        s[best].id = merged[best];
-        /* symbols after the pair move down one place, and so do their pairs */
-        memmove(&s[best + 1], &s[best + 2], (size_t)(n - best - 2) * sizeof(s[0]));
-        if (n - best - 3 > 0) {
-            memmove(&rank[best + 1], &rank[best + 2], (size_t)(n - best - 3) * sizeof(rank[0]));
-            memmove(&merged[best + 1], &merged[best + 2],
-                    (size_t)(n - best - 3) * sizeof(merged[0]));
-        }
-        n--;
-        if (best > 0)
-            rank[best - 1] = id_rank(tok, u, &s[best - 1], &s[best], &merged[best - 1]);
-        if (best + 1 < n)
-            rank[best] = id_rank(tok, u, &s[best], &s[best + 1], &merged[best]);
-    }
-    for (int32_t i = 0; i < n; i++)
-        if ((st = id_emit(tok, word, &s[i], out)) != AR_OK)
-            return st;
-    return AR_OK;
-}
-
 /* The merger by token ids: one symbol per byte (each byte is one character of GPT-2's
- * table), merged as the string merger would, without building or hashing any text. */
+ * table) or per character taken whole, merged as the string merger would, without building
+ * or hashing any text. */
 static enum ar_status bpe_word_ids(const struct tokenizer *tok, struct work *w, const char *word,
                                    size_t len, struct ivec *out)
 {
     int32_t n = (int32_t)len;
     enum ar_status st;
-    if (len >= 2 && len <= SMALL_WORD)
-        return id_word_small(tok, word, n, out);
     if ((st = reserve((void **)&w->syms, &w->syms_cap, len, sizeof(struct sym))) != AR_OK)
         return st;
     w->word = (const uint8_t *)word;
@@ -466,7 +399,7 @@ static enum ar_status bpe_word_ids(const struct tokenizer *tok, struct work *w, 
         w->syms[i].prev = i - 1;
         w->syms[i].next = i + 1 < n ? i + 1 : -1;
     }
-    if ((st = merge_all(tok, w, n, id_pair, id_prefetch)) != AR_OK)
+    if ((st = merge_all(tok, w, n, id_pair)) != AR_OK)
         return st;
     for (int32_t i = n ? 0 : -1; i >= 0; i = w->syms[i].next)
         if ((st = id_emit(tok, word, &w->syms[i], out)) != AR_OK)
@@ -503,7 +436,7 @@ static enum ar_status bpe_word(const struct tokenizer *tok, struct work *w, cons
     if (tok->pairs)
         return bpe_word_ids(tok, w, word, len, out);
     if ((st = split_chars(w, m, &n_syms)) != AR_OK ||
-        (st = merge_all(tok, w, n_syms, bpe_pair, NULL)) != AR_OK)
+        (st = merge_all(tok, w, n_syms, bpe_pair)) != AR_OK)
         return st;
     for (int32_t i = n_syms ? 0 : -1; i >= 0; i = w->syms[i].next) {
         const struct sym *s = &w->syms[i];

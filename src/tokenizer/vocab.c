@@ -4,7 +4,6 @@
 #include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
-#include <sys/mman.h>
 
 #include "tokenizer_internal.h"
 
@@ -570,30 +569,17 @@ static bool plain_id(const struct tokenizer *tok, int32_t id)
     return id >= 0 && !(tok->attr[id] & (TOKENIZER_ATTR_CONTROL | TOKENIZER_ATTR_UNKNOWN));
 }
 
-#define HUGE_PAGE ((size_t)2 << 20)
-
 /* The merge tables by ids in one block: pairs ((mask + 1) slots, all empty), pair_bits (all
- * clear) and byte_pairs. A block of megabytes (real vocabularies) starts on a 2 MiB boundary
- * and asks for transparent huge pages: lookups probe it at random, and with 4 KiB pages
- * nearly every probe would also miss the TLB. The hint is ignored where unsupported. */
+ * clear) and byte_pairs. */
 static enum ar_status pair_tables_alloc(struct tokenizer *tok, uint32_t mask)
 {
     size_t n_pairs = ((size_t)mask + 1) * sizeof(struct tokenizer_pair);
     size_t n_bits = ((size_t)tok->pair_bits_mask + 1) / 8;
     size_t n_bytes = 256 * 256 * sizeof(struct tokenizer_byte_pair);
-    size_t size = n_pairs + n_bits + n_bytes;
-    size_t span = (size + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1);
-    bool huge = size >= 2 * HUGE_PAGE;
     char *base;
-    if (!(tok->pair_mem = ar_malloc(huge ? span + HUGE_PAGE : size)))
+    if (!(tok->pair_mem = ar_malloc(n_pairs + n_bits + n_bytes)))
         return AR_ENOMEM;
     base = tok->pair_mem;
-    if (huge) {
-        base += -(uintptr_t)base & (HUGE_PAGE - 1);
-#ifdef MADV_HUGEPAGE
-        (void)madvise(base, span, MADV_HUGEPAGE);
-#endif
-    }
     tok->pairs = (struct tokenizer_pair *)(void *)base;
     tok->pair_bits = (uint64_t *)(void *)(base + n_pairs);
     tok->byte_pairs = (struct tokenizer_byte_pair *)(void *)(base + n_pairs + n_bits);
