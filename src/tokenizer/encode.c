@@ -79,7 +79,6 @@ struct work {
     struct span *spans[2];
     size_t spans_cap[2];
     pcre2_match_data *md;
-    const uint8_t *word; /* BPE by ids: the bytes of the word being merged */
 };
 
 static void work_fini(struct work *w)
@@ -289,51 +288,18 @@ static enum ar_status bpe_pair(const struct tokenizer *tok, struct work *w, int3
     return heap_push(w, p);
 }
 
-/* Rank of the merge of adjacent symbols a and b of word, and its token in *merged; INT32_MAX
- * when there is none. Two single bytes are looked up in the small byte table. */
-static int32_t id_rank(const struct tokenizer *tok, const uint8_t *word, const struct sym *a,
-                       const struct sym *b, int32_t *merged)
-{
-    const struct tokenizer_pair *m;
-    if (a->n == 1 && b->n == 1) {
-        const struct tokenizer_byte_pair *p = &tok->byte_pairs[word[a->start] << 8 | word[b->start]];
-        *merged = p->id;
-        return p->rank < 0 ? INT32_MAX : p->rank;
-    }
-    m = tokenizer_pair_find(tok, a->id, b->id);
-    *merged = m ? m->id : -1;
-    return m ? m->rank : INT32_MAX;
-}
-
 static enum ar_status id_pair(const struct tokenizer *tok, struct work *w, int32_t l, int32_t r)
 {
+    const struct tokenizer_pair *m;
     struct pair p;
-    int32_t rank;
-    if (l < 0 || r < 0 || (rank = id_rank(tok, w->word, &w->syms[l], &w->syms[r], &p.id)) ==
-                              INT32_MAX)
+    if (l < 0 || r < 0 || !(m = tokenizer_pair_find(tok, w->syms[l].id, w->syms[r].id)))
         return AR_OK;
-    p.p = -(double)rank;
+    p.p = -(double)m->rank;
     p.left = l;
     p.right = r;
     p.size = w->syms[l].n + w->syms[r].n;
+    p.id = m->id;
     return heap_push(w, p);
-}
-
-/* Appends the token of merged symbol s of word; a control or unknown token (which plain text
- * must not spell) gives the single-byte tokens of its text instead, as the string path. */
-static enum ar_status id_emit(const struct tokenizer *tok, const char *word, const struct sym *s,
-                              struct ivec *out)
-{
-    enum ar_status st;
-    if (!(tok->attr[s->id] & (TOKENIZER_ATTR_CONTROL | TOKENIZER_ATTR_UNKNOWN)))
-        return ivec_push(out, s->id);
-    for (uint32_t j = 0; j < s->n; j++)
-        for (int k = 0; k < 2; k++) {
-            int32_t b = tok->byte_fallback[(uint8_t)word[s->start + j]][k];
-            if (b >= 0 && (st = ivec_push(out, b)) != AR_OK)
-                return st;
-        }
-    return AR_OK;
 }
 
 /* The length of the character at u[i] of a word of len bytes when the merger may start it as
@@ -389,21 +355,36 @@ static int32_t first_syms(const struct tokenizer *tok, const char *word, size_t 
 static enum ar_status bpe_word_ids(const struct tokenizer *tok, struct work *w, const char *word,
                                    size_t len, struct ivec *out)
 {
-    int32_t n = (int32_t)len;
-    enum ar_status st;
-    if ((st = reserve((void **)&w->syms, &w->syms_cap, len, sizeof(struct sym))) != AR_OK)
+    int32_t n;
+    enum ar_status st = reserve((void **)&w->syms, &w->syms_cap, len, sizeof(struct sym));
+    if (st != AR_OK)
         return st;
-    w->word = (const uint8_t *)word;
     n = first_syms(tok, word, len, w->syms);
     for (int32_t i = 0; i < n; i++) {
         w->syms[i].prev = i - 1;
         w->syms[i].next = i + 1 < n ? i + 1 : -1;
+        /* the first pairs are independent lookups: start their memory loads together */
+        if (i > 0) {
+            uint64_t key = (uint64_t)(uint32_t)w->syms[i - 1].id << 32 | (uint32_t)w->syms[i].id;
+            __builtin_prefetch(&tok->pair_bits[tokenizer_pair_bit(key, tok->pair_bits_mask) >> 6]);
+        }
     }
     if ((st = merge_all(tok, w, n, id_pair)) != AR_OK)
         return st;
-    for (int32_t i = n ? 0 : -1; i >= 0; i = w->syms[i].next)
-        if ((st = id_emit(tok, word, &w->syms[i], out)) != AR_OK)
-            return st;
+    for (int32_t i = n ? 0 : -1; i >= 0; i = w->syms[i].next) {
+        const struct sym *s = &w->syms[i];
+        if (!(tok->attr[s->id] & (TOKENIZER_ATTR_CONTROL | TOKENIZER_ATTR_UNKNOWN))) {
+            if ((st = ivec_push(out, s->id)) != AR_OK)
+                return st;
+            continue;
+        }
+        for (uint32_t j = 0; j < s->n; j++) /* as the string path: its text's single bytes */
+            for (int k = 0; k < 2; k++) {
+                int32_t b = tok->byte_fallback[(uint8_t)word[s->start + j]][k];
+                if (b >= 0 && (st = ivec_push(out, b)) != AR_OK)
+                    return st;
+            }
+    }
     return AR_OK;
 }
 

@@ -88,11 +88,6 @@ static inline uint32_t tokenizer_pair_bit(uint64_t key, uint32_t mask)
 static inline const struct tokenizer_pair *tokenizer_pair_find(const struct tokenizer *tok,
                                                                int32_t l, int32_t r);
 
-/* The merge of two single-byte symbols (a pair of GPT-2 characters), or rank -1. */
-struct tokenizer_byte_pair {
-    int32_t rank, id;
-};
-
 /* A two- or three-byte character that the merger by ids may start as one symbol instead of
  * its bytes (vocab.c's setup_chars says when that gives the same tokens). */
 struct tokenizer_char {
@@ -136,17 +131,12 @@ struct tokenizer {
     uint32_t merge_mask;
     /* the same merges by token ids, when every byte and every merge result is a plain
      * token (real vocabularies): one probe of an inline table per candidate pair */
-    char *pair_mem; /* owned: the block that holds pairs, pair_bits and byte_pairs */
     struct tokenizer_pair
-        *pairs; /* (pair_mask + 1) slots, key TOKENIZER_PAIR_EMPTY = empty */
+        *pairs; /* owned, (pair_mask + 1) slots, key TOKENIZER_PAIR_EMPTY = empty */
     uint32_t pair_mask;
-    uint64_t *pair_bits;      /* one bit per hash of every merge's key, small enough
+    uint64_t *pair_bits;      /* owned: one bit per hash of every merge's key, small enough
                                * to stay in cache; a clear bit answers "no merge" at once */
     uint32_t pair_bits_mask;  /* bits - 1 */
-    /* the merges of two single bytes, (256 * 256) indexed by [left byte][right byte]: most
-     * lookups of a word's first pairs (every byte starts as its own symbol), answered from
-     * the few rows a script's bytes use instead of the large table */
-    struct tokenizer_byte_pair *byte_pairs;
     /* characters taken whole (real vocabularies: most Chinese characters, which then cost no
      * merges of their bytes): char_index[code point < 65536] is an index in chars or -1 */
     int32_t *char_index;           /* owned, (65536), or NULL */

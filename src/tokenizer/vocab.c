@@ -569,26 +569,6 @@ static bool plain_id(const struct tokenizer *tok, int32_t id)
     return id >= 0 && !(tok->attr[id] & (TOKENIZER_ATTR_CONTROL | TOKENIZER_ATTR_UNKNOWN));
 }
 
-/* The merge tables by ids in one block: pairs ((mask + 1) slots, all empty), pair_bits (all
- * clear) and byte_pairs. */
-static enum ar_status pair_tables_alloc(struct tokenizer *tok, uint32_t mask)
-{
-    size_t n_pairs = ((size_t)mask + 1) * sizeof(struct tokenizer_pair);
-    size_t n_bits = ((size_t)tok->pair_bits_mask + 1) / 8;
-    size_t n_bytes = 256 * 256 * sizeof(struct tokenizer_byte_pair);
-    char *base;
-    if (!(tok->pair_mem = ar_malloc(n_pairs + n_bits + n_bytes)))
-        return AR_ENOMEM;
-    base = tok->pair_mem;
-    tok->pairs = (struct tokenizer_pair *)(void *)base;
-    tok->pair_bits = (uint64_t *)(void *)(base + n_pairs);
-    tok->byte_pairs = (struct tokenizer_byte_pair *)(void *)(base + n_pairs + n_bits);
-    for (size_t i = 0; i <= mask; i++)
-        tok->pairs[i].key = TOKENIZER_PAIR_EMPTY;
-    memset(tok->pair_bits, 0, n_bits);
-    return AR_OK;
-}
-
 static void pair_tables_free(struct tokenizer *tok)
 {
     ar_free(tok->char_index);
@@ -596,11 +576,10 @@ static void pair_tables_free(struct tokenizer *tok)
     tok->char_index = NULL;
     tok->chars = NULL;
     tok->n_chars = 0;
-    ar_free(tok->pair_mem);
-    tok->pair_mem = NULL;
+    ar_free(tok->pairs);
+    ar_free(tok->pair_bits);
     tok->pairs = NULL;
     tok->pair_bits = NULL;
-    tok->byte_pairs = NULL;
 }
 
 /* ---- characters taken whole ------------------------------------------------------------------
@@ -854,9 +833,13 @@ static enum ar_status setup_pairs(struct tokenizer *tok)
     mask = pow2_at_least((uint64_t)tok->n_merges * 3 / 2 + 1) - 1;
     /* 8 bits per merge (a few percent of false "maybe"), at least 64 */
     tok->pair_bits_mask = pow2_at_least((uint64_t)tok->n_merges * 8 + 64) - 1;
-    if (pair_tables_alloc(tok, mask) != AR_OK)
+    tok->pairs = ar_malloc(((size_t)mask + 1) * sizeof(struct tokenizer_pair));
+    tok->pair_bits = ar_calloc(((size_t)tok->pair_bits_mask + 1) / 64, sizeof(uint64_t));
+    if (!tok->pairs || !tok->pair_bits)
         return AR_ENOMEM;
     tok->pair_mask = mask;
+    for (size_t i = 0; i <= mask; i++)
+        tok->pairs[i].key = TOKENIZER_PAIR_EMPTY;
     for (uint32_t r = 0; r < tok->n_merges; r++) {
         const struct tokenizer_merge *m = &tok->merges[r];
         const char *t = tok->merge_text + m->off;
@@ -887,13 +870,6 @@ static enum ar_status setup_pairs(struct tokenizer *tok)
         i = tokenizer_pair_bit(key, tok->pair_bits_mask);
         tok->pair_bits[i >> 6] |= 1ull << (i & 63);
     }
-    for (int a = 0; a < 256; a++)
-        for (int b = 0; b < 256; b++) {
-            const struct tokenizer_pair *p =
-                tokenizer_pair_find(tok, tok->byte_tok[a], tok->byte_tok[b]);
-            tok->byte_pairs[a << 8 | b].rank = p ? p->rank : -1;
-            tok->byte_pairs[a << 8 | b].id = p ? p->id : -1;
-        }
     return setup_chars(tok);
 }
 
