@@ -591,11 +591,13 @@ static void pair_tables_free(struct tokenizer *tok)
  *   - no merge of rank <= R joins a symbol that holds its first byte on the way (or c) to
  *     anything ending in the byte before it, nor one that holds its last byte (or c) to
  *     anything starting with the byte after it.
- * Then, in the merger's run, while the character is in pieces one of its own merges (rank
- * <= R) is always pending, so no pair across its edges is ever the best; merges elsewhere
- * happen as if it were whole (pairs with c rank above R); and once it is whole the two runs
- * are the same. The left and right masks of struct tokenizer_char hold the bytes allowed
- * next to it. */
+ * Then, in the merger's run from single bytes, while the character is in pieces one of its
+ * own merges (rank <= R) is always pending, so no pair across its edges is ever the best; a
+ * merge taken elsewhere meanwhile ranks below that pending one, so also below any pair with
+ * c (rank > R), and the run that starts with c whole takes it too, in the same order; once
+ * the character is whole the two runs are the same. The left and right masks of struct
+ * tokenizer_char hold the bytes allowed next to it. Tests hold the result to a textbook
+ * merge loop (pretok_test). */
 
 /* A merge seen from one of its sides: the token on the other side and the rank. */
 struct side {
