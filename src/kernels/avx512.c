@@ -777,23 +777,16 @@ AR_INLINE void pk_gemm(const int kind, int nb, int nr, int nc, const uint8_t *wp
     }
 }
 
-static void q8_0_gemm_packed(int n, int nr, int nc, const void *wp, const void *x, size_t x_row,
-                             float *y, size_t ldy)
-{
-    pk_gemm(LN_Q8_0, n / QK8_0, nr, nc, wp, x, x_row, y, ldy);
-}
-
-static void q4_0_gemm_packed(int n, int nr, int nc, const void *wp, const void *x, size_t x_row,
-                             float *y, size_t ldy)
-{
-    pk_gemm(LN_Q4_0, n / QK4_0, nr, nc, wp, x, x_row, y, ldy);
-}
-
-static void q5_0_gemm_packed(int n, int nr, int nc, const void *wp, const void *x, size_t x_row,
-                             float *y, size_t ldy)
-{
-    pk_gemm(LN_Q5_0, n / QK5_0, nr, nc, wp, x, x_row, y, ldy);
-}
+/* the table's entry for one packed type: GEMM (pk_gemm, pkk_gemm) of KIND over blocks of QK */
+#define DEFINE_GEMM_PACKED(NAME, GEMM, KIND, QK)                                                   \
+    static void NAME##_gemm_packed(int n, int nr, int nc, const void *wp, const void *x,          \
+                                   size_t x_row, float *y, size_t ldy)                             \
+    {                                                                                              \
+        GEMM(KIND, n / (QK), nr, nc, wp, x, x_row, y, ldy);                                        \
+    }
+DEFINE_GEMM_PACKED(q8_0, pk_gemm, LN_Q8_0, QK8_0)
+DEFINE_GEMM_PACKED(q4_0, pk_gemm, LN_Q4_0, QK4_0)
+DEFINE_GEMM_PACKED(q5_0, pk_gemm, LN_Q5_0, QK5_0)
 
 #endif
 
@@ -1488,23 +1481,9 @@ AR_INLINE void pkk_gemm(const int kind, int nb, int nr, int nc, const uint8_t *w
     }
 }
 
-static void q4_K_gemm_packed(int n, int nr, int nc, const void *wp, const void *x, size_t x_row,
-                             float *y, size_t ldy)
-{
-    pkk_gemm(LK_Q4_K, n / QK_K, nr, nc, wp, x, x_row, y, ldy);
-}
-
-static void q5_K_gemm_packed(int n, int nr, int nc, const void *wp, const void *x, size_t x_row,
-                             float *y, size_t ldy)
-{
-    pkk_gemm(LK_Q5_K, n / QK_K, nr, nc, wp, x, x_row, y, ldy);
-}
-
-static void q6_K_gemm_packed(int n, int nr, int nc, const void *wp, const void *x, size_t x_row,
-                             float *y, size_t ldy)
-{
-    pkk_gemm(LK_Q6_K, n / QK_K, nr, nc, wp, x, x_row, y, ldy);
-}
+DEFINE_GEMM_PACKED(q4_K, pkk_gemm, LK_Q4_K, QK_K)
+DEFINE_GEMM_PACKED(q5_K, pkk_gemm, LK_Q5_K, QK_K)
+DEFINE_GEMM_PACKED(q6_K, pkk_gemm, LK_Q6_K, QK_K)
 #endif
 
 /* ---- attention over one KV head --------------------------------------------------------------
