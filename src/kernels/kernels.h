@@ -117,17 +117,25 @@ void kernels_dequantize_row(enum ar_type t, const void *src, float *dst, int64_t
 /* Packed weights ("x16"): a matrix's rows in groups of 16 (the last group filled up by
  * repeating its last row), each group stored whole and in order, so that the 16 rows a lane
  * kernel computes at once are one contiguous stream instead of 16:
- *   group g (rows 16g..16g+15), nb = n / 32 blocks, at byte g * kernels_packed_group(t, n),
- *   block after block, each as many bytes as the 16 rows' blocks in the file:
- *     lane vectors of 64 bytes, vector v's 4-byte lane r holding row r's bytes 4v..4v+3 of:
- *       Q8_0: its 32 quants as unsigned q + 128 (8 vectors);
- *       Q4_0, Q5_0: its 16 nibble bytes as stored (low nibble quant i, high nibble quant
- *       i + 16; 4 vectors);
- *     Q5_0 then the high-bit plane, 64 bytes: byte 4r + j holds in bit v the high bit of
- *       row r's quant 4v + j (lane vector v's byte j once unpacked);
- *     then the 16 rows' scales d (f16).
- * Types: Q8_0, Q4_0, Q5_0 (kernels_packed_group returns 0 for others or n not a multiple of
- * 32). Packing is a copy in another order: kernels_unpack_row gives the rows back. */
+ *   group g (rows 16g..16g+15) at byte g * kernels_packed_group(t, n), block after block
+ *   (32 elements; K-quants: super-blocks of 256), each as many bytes as the 16 rows' blocks
+ *   in the file. A block holds the rows' fields one after another, each field of the 16 rows
+ *   side by side: quants as lane vectors of 64 bytes (vector v's 4-byte lane r holding row
+ *   r's bytes 4v..4v+3 of the field), f16 scales as 16 x 2 bytes, Q6_K's int8 scales as
+ *   byte planes (plane s: the 16 rows' scale s). Per type:
+ *     Q8_0: its 32 quants as unsigned q + 128 (8 vectors), d;
+ *     Q4_0: its 16 nibble bytes as stored (low nibble quant i, high nibble quant i + 16;
+ *       4 vectors), d;
+ *     Q5_0: its nibbles (4 vectors), then the high-bit plane, 64 bytes: byte 4r + j holds in
+ *       bit v the high bit of row r's quant 4v + j (lane vector v's byte j once unpacked), d;
+ *     Q4_K: the 12 bytes of 6-bit scales and mins (3 vectors), d, dmin, qs (32 vectors);
+ *     Q5_K: scales and mins (3 vectors), d, dmin, qh (8 vectors), qs (32 vectors);
+ *     Q6_K: scales (16 byte planes), d, then per half of the super-block (elements 0..127,
+ *       128..255) its ql bytes 0..31 (8 vectors), its 32 bytes of qh (8 vectors), its ql
+ *       bytes 32..63 (8 vectors); then 32 zero bytes, so that blocks stay 64-byte aligned
+ *       (the only bytes packing adds). 
+ * kernels_packed_group returns 0 for other types or n not a multiple of the block. Packing is
+ * a copy in another order (Q6_K: plus its padding): kernels_unpack_row gives the rows back. */
 #define KERNELS_PACK_ROWS 16
 size_t kernels_packed_group(enum ar_type t, int64_t n);
 /* Bytes of nr rows packed (0 when t cannot be packed or on overflow). */

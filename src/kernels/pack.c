@@ -1,39 +1,96 @@
 /* pack.c - the packed weight layout (kernels.h, "x16") and its reference: packing and
- * unpacking byte by byte, and the reference packed gemm (unpack the tile's rows, then the
- * reference gemm), which the SIMD packed kernels are held to. */
+ * unpacking byte by byte from one table of fields per type, and the reference packed gemm
+ * (unpack the tile's rows, then the reference gemm), which the SIMD packed kernels are held
+ * to. */
 #include <string.h>
 
 #include "kernels_internal.h"
 #include "quants.h"
 
-/* Bytes of one block of one row other than its scale d (its quants: Q5_0's high bits
- * included), so a group's block holds 16 of these and 16 scales: 16 rows' bytes. */
-static size_t quant_bytes(enum ar_type t)
+/* How the bytes of one field of a row's block move into a group's block: `unit` bytes of a
+ * row stay together, the 16 rows' units side by side (4: a lane vector of 64 bytes, lane r
+ * row r; 2: 16 f16 scales, one vector's worth when converted; 1: a byte per row), so byte k
+ * of row r lands at (k / unit) * 16 * unit + r * unit + k % unit within the field's region.
+ * The regions follow one another in the table's order. */
+enum pk_xform {
+    PK_COPY,
+    PK_FLIP,  /* Q8_0 quants: signed -> unsigned + 128 */
+    PK_PLANE, /* Q5_0 high bits (4 bytes): byte j holds in bit v the high bit of quant 4v + j */
+};
+
+struct pk_field {
+    uint16_t src, len; /* bytes [src, src + len) of the row's block */
+    uint8_t unit, xform;
+};
+
+struct pk_layout {
+    uint16_t qk, bytes; /* elements and bytes of one row's block */
+    uint16_t pad;       /* zero bytes after a group's block (keeps blocks 64-byte aligned) */
+    uint8_t nf;
+    struct pk_field f[8];
+};
+
+/* The layouts (kernels.h). Offsets are those of quants.h's blocks. */
+static const struct pk_layout *layout(enum ar_type t)
 {
+    static const struct pk_layout q8_0 = {32, 34, 0, 2, {{2, 32, 4, PK_FLIP}, {0, 2, 2, PK_COPY}}};
+    static const struct pk_layout q4_0 = {32, 18, 0, 2, {{2, 16, 4, PK_COPY}, {0, 2, 2, PK_COPY}}};
+    static const struct pk_layout q5_0 = {
+        32, 22, 0, 3, {{6, 16, 4, PK_COPY}, {2, 4, 4, PK_PLANE}, {0, 2, 2, PK_COPY}}};
+    /* K-quants: the scales first (Q4_K/Q5_K's 12 bytes of packed 6-bit scales and mins as
+     * three lane vectors of 32-bit words; Q6_K's 16 int8 scales as byte planes), d (and dmin),
+     * then the quants as lane vectors in the order the kernel first reads them, so that a
+     * group's super-block is one ascending stream: Q5_K's qh (read with every part of qs),
+     * qs; Q6_K per half of the super-block (elements 0..127, 128..255) the first 32 bytes of
+     * its ql, its 32 bytes of qh, the other 32 of ql (then 32 bytes of padding) */
+    static const struct pk_layout q4_K = {
+        256, 144, 0, 4,
+        {{4, 12, 4, PK_COPY}, {0, 2, 2, PK_COPY}, {2, 2, 2, PK_COPY}, {16, 128, 4, PK_COPY}}};
+    static const struct pk_layout q5_K = {256, 176, 0, 5,
+                                          {{4, 12, 4, PK_COPY},
+                                           {0, 2, 2, PK_COPY},
+                                           {2, 2, 2, PK_COPY},
+                                           {16, 32, 4, PK_COPY},
+                                           {48, 128, 4, PK_COPY}}};
+    static const struct pk_layout q6_K = {256, 210, 32, 8,
+                                          {{192, 16, 1, PK_COPY},
+                                           {208, 2, 2, PK_COPY},
+                                           {0, 32, 4, PK_COPY},
+                                           {128, 32, 4, PK_COPY},
+                                           {32, 32, 4, PK_COPY},
+                                           {64, 32, 4, PK_COPY},
+                                           {160, 32, 4, PK_COPY},
+                                           {96, 32, 4, PK_COPY}}};
     switch (t) {
     case AR_TYPE_Q8_0:
-        return QK8_0;
+        return &q8_0;
     case AR_TYPE_Q4_0:
-        return QK4_0 / 2;
+        return &q4_0;
     case AR_TYPE_Q5_0:
-        return QK5_0 / 2 + 4;
+        return &q5_0;
+    case AR_TYPE_Q4_K:
+        return &q4_K;
+    case AR_TYPE_Q5_K:
+        return &q5_K;
+    case AR_TYPE_Q6_K:
+        return &q6_K;
     default:
-        return 0;
+        return NULL;
     }
 }
 
-/* bytes of one block of a group: 16 rows' quants and their 16 scales */
-static size_t block_bytes(size_t q)
+/* bytes of one block of a group */
+static size_t group_block(const struct pk_layout *l)
 {
-    return KERNELS_PACK_ROWS * q + 2 * KERNELS_PACK_ROWS;
+    return KERNELS_PACK_ROWS * (size_t)l->bytes + l->pad;
 }
 
 size_t kernels_packed_group(enum ar_type t, int64_t n)
 {
-    size_t q = quant_bytes(t);
-    if (!q || n < 32 || n % 32 != 0)
+    const struct pk_layout *l = layout(t);
+    if (!l || n < l->qk || n % l->qk != 0)
         return 0;
-    return (size_t)(n / 32) * block_bytes(q);
+    return (size_t)(n / l->qk) * group_block(l);
 }
 
 size_t kernels_packed_size(enum ar_type t, int64_t n, int64_t nr)
@@ -52,26 +109,14 @@ size_t kernels_packed_offset(enum ar_type t, int64_t n, int64_t i)
     return (size_t)(i / KERNELS_PACK_ROWS) * kernels_packed_group(t, n);
 }
 
-/* Within block b of a group (q = quant_bytes): where row r keeps byte k of its lane vectors
- * (k < 32 for Q8_0, < 16 for Q4_0's and Q5_0's nibbles), Q5_0's high-bit byte j (< 4), and
- * its scale. */
-static size_t lane_at(size_t q, int b, int r, size_t k)
+/* Where byte k of field f of row r sits in a group's block, whose field f starts at `region` */
+static size_t field_at(const struct pk_field *f, size_t region, int r, size_t k)
 {
-    return (size_t)b * block_bytes(q) + (k / 4) * 64 + (size_t)r * 4 + k % 4;
+    return region + (k / f->unit) * KERNELS_PACK_ROWS * f->unit + (size_t)r * f->unit +
+           k % f->unit;
 }
 
-static size_t high_at(size_t q, int b, int r, int j)
-{
-    return (size_t)b * block_bytes(q) + 256 + (size_t)r * 4 + (size_t)j;
-}
-
-static size_t scale_at(size_t q, int b, int r)
-{
-    return (size_t)b * block_bytes(q) + KERNELS_PACK_ROWS * q + (size_t)r * 2;
-}
-
-/* Q5_0's high bits (qh: bit i is quant i's bit 4) as the group's plane: byte j of row r
- * holds in bit v the high bit of quant 4v + j (v < 8: lane vector v's byte j). */
+/* Q5_0's high bits qh (bit i: quant i's bit 4) as the plane's byte j (bit v: quant 4v + j) */
 static uint8_t high_plane_byte(uint32_t qh, int j)
 {
     uint8_t e = 0;
@@ -80,36 +125,57 @@ static uint8_t high_plane_byte(uint32_t qh, int j)
     return e;
 }
 
+/* One field of one row's block: src (the row's bytes) -> the group's block gb */
+static void field_pack(const struct pk_field *f, size_t region, int r, const uint8_t *src,
+                       uint8_t *gb)
+{
+    if (f->xform == PK_PLANE) {
+        uint32_t qh = (uint32_t)src[0] | (uint32_t)src[1] << 8 | (uint32_t)src[2] << 16 |
+                      (uint32_t)src[3] << 24;
+        for (int j = 0; j < 4; j++)
+            gb[field_at(f, region, r, (size_t)j)] = high_plane_byte(qh, j);
+        return;
+    }
+    for (size_t k = 0; k < f->len; k++)
+        gb[field_at(f, region, r, k)] = (uint8_t)(src[k] ^ (f->xform == PK_FLIP ? 0x80 : 0));
+}
+
+static void field_unpack(const struct pk_field *f, size_t region, int r, const uint8_t *gb,
+                         uint8_t *dst)
+{
+    if (f->xform == PK_PLANE) {
+        uint32_t qh = 0;
+        for (int j = 0; j < 4; j++)
+            for (int v = 0; v < 8; v++)
+                qh |= (uint32_t)((gb[field_at(f, region, r, (size_t)j)] >> v) & 1u) << (4 * v + j);
+        for (int k = 0; k < 4; k++)
+            dst[k] = (uint8_t)(qh >> (8 * k));
+        return;
+    }
+    for (size_t k = 0; k < f->len; k++)
+        dst[k] = (uint8_t)(gb[field_at(f, region, r, k)] ^ (f->xform == PK_FLIP ? 0x80 : 0));
+}
+
 void kernels_pack_rows(enum ar_type t, const void *w, size_t w_row, int64_t n, int64_t nr,
                        void *dst)
 {
-    size_t q = quant_bytes(t), g = kernels_packed_group(t, n), bs = 2 + q;
-    size_t lanes = t == AR_TYPE_Q5_0 ? QK5_0 / 2 : q; /* lane bytes (Q5_0: its nibbles) */
-    size_t qs_off = t == AR_TYPE_Q5_0 ? 6 : 2;      /* where the lane bytes sit in a block */
-    int nb = (int)(n / 32);
-    /* Q8_0: signed -> unsigned + 128, four bytes at a time */
-    uint32_t flip = t == AR_TYPE_Q8_0 ? 0x80808080u : 0;
+    const struct pk_layout *l = layout(t);
+    size_t g = kernels_packed_group(t, n);
     if (!g)
         return;
     for (int64_t g0 = 0; g0 < nr; g0 += KERNELS_PACK_ROWS) {
         uint8_t *gp = (uint8_t *)dst + (size_t)(g0 / KERNELS_PACK_ROWS) * g;
         for (int r = 0; r < KERNELS_PACK_ROWS; r++) {
+            /* rows past the last repeat it */
             const uint8_t *row = (const uint8_t *)w + (size_t)AR_MIN(g0 + r, nr - 1) * w_row;
-            for (int b = 0; b < nb; b++) {
-                const uint8_t *blk = row + (size_t)b * bs; /* d (f16), [qh], the quants */
-                uint8_t *qd = gp + lane_at(q, b, r, 0);
-                memcpy(gp + scale_at(q, b, r), blk, 2);
-                for (size_t k = 0; k < lanes; k += 4) { /* lane r of vector k / 4 */
-                    uint32_t v;
-                    memcpy(&v, blk + qs_off + k, 4);
-                    v ^= flip;
-                    memcpy(qd + (k / 4) * 64, &v, 4);
-                }
-                if (t == AR_TYPE_Q5_0) {
-                    uint32_t qh = (uint32_t)blk[2] | (uint32_t)blk[3] << 8 |
-                                  (uint32_t)blk[4] << 16 | (uint32_t)blk[5] << 24;
-                    for (int j = 0; j < 4; j++)
-                        gp[high_at(q, b, r, j)] = high_plane_byte(qh, j);
+            for (int64_t b = 0; b < n / l->qk; b++) {
+                uint8_t *gb = gp + (size_t)b * group_block(l);
+                size_t region = 0;
+                if (r == 0)
+                    memset(gb + KERNELS_PACK_ROWS * (size_t)l->bytes, 0, l->pad);
+                for (int i = 0; i < l->nf; i++) {
+                    field_pack(&l->f[i], region, r, row + (size_t)b * l->bytes + l->f[i].src, gb);
+                    region += KERNELS_PACK_ROWS * (size_t)l->f[i].len;
                 }
             }
         }
@@ -118,25 +184,17 @@ void kernels_pack_rows(enum ar_type t, const void *w, size_t w_row, int64_t n, i
 
 void kernels_unpack_row(enum ar_type t, const void *wp, int64_t n, int64_t i, void *dst)
 {
-    size_t q = quant_bytes(t), bs = 2 + q;
-    size_t lanes = t == AR_TYPE_Q5_0 ? QK5_0 / 2 : q, qs_off = t == AR_TYPE_Q5_0 ? 6 : 2;
-    int nb = (int)(n / 32), r = (int)(i % KERNELS_PACK_ROWS);
+    const struct pk_layout *l = layout(t);
     const uint8_t *gp = (const uint8_t *)wp + kernels_packed_offset(t, n, i);
-    uint8_t flip = t == AR_TYPE_Q8_0 ? 0x80 : 0;
-    if (!q)
+    int r = (int)(i % KERNELS_PACK_ROWS);
+    if (!kernels_packed_group(t, n))
         return;
-    for (int b = 0; b < nb; b++) {
-        uint8_t *blk = (uint8_t *)dst + (size_t)b * bs;
-        memcpy(blk, gp + scale_at(q, b, r), 2);
-        for (size_t k = 0; k < lanes; k++)
-            blk[qs_off + k] = (uint8_t)(gp[lane_at(q, b, r, k)] ^ flip);
-        if (t == AR_TYPE_Q5_0) {
-            uint32_t qh = 0;
-            for (int j = 0; j < 4; j++)
-                for (int v = 0; v < 8; v++)
-                    qh |= (uint32_t)((gp[high_at(q, b, r, j)] >> v) & 1u) << (4 * v + j);
-            for (int k = 0; k < 4; k++)
-                blk[2 + k] = (uint8_t)(qh >> (8 * k));
+    for (int64_t b = 0; b < n / l->qk; b++) {
+        const uint8_t *gb = gp + (size_t)b * group_block(l);
+        size_t region = 0;
+        for (int k = 0; k < l->nf; k++) {
+            field_unpack(&l->f[k], region, r, gb, (uint8_t *)dst + (size_t)b * l->bytes + l->f[k].src);
+            region += KERNELS_PACK_ROWS * (size_t)l->f[k].len;
         }
     }
 }
@@ -148,7 +206,7 @@ static void gemm_packed_ref(enum ar_type t, int n, int nr, int nc, const void *w
 {
     const struct kernel_ops *ref = kernels_ref();
     size_t row = ar_type_row_size(t, n);
-    uint8_t buf[REF_ROWS * (2 + QK8_0) * 64]; /* 16 rows of up to 2048 elements */
+    uint8_t buf[REF_ROWS * (2 + QK8_0) * 64]; /* 16 rows of up to 2048 Q8_0 elements */
     int step = row * REF_ROWS <= sizeof(buf) ? REF_ROWS : (int)AR_MAX(1, sizeof(buf) / row);
     for (int i0 = 0; i0 < nr; i0 += step) {
         int k = AR_MIN(step, nr - i0);
@@ -169,27 +227,25 @@ static void gemm_packed_ref(enum ar_type t, int n, int nr, int nc, const void *w
     }
 }
 
-static void q8_0_gemm_packed_ref(int n, int nr, int nc, const void *wp, const void *x,
-                                 size_t x_row, float *y, size_t ldy)
-{
-    gemm_packed_ref(AR_TYPE_Q8_0, n, nr, nc, wp, x, x_row, y, ldy);
-}
-
-static void q4_0_gemm_packed_ref(int n, int nr, int nc, const void *wp, const void *x,
-                                 size_t x_row, float *y, size_t ldy)
-{
-    gemm_packed_ref(AR_TYPE_Q4_0, n, nr, nc, wp, x, x_row, y, ldy);
-}
-
-static void q5_0_gemm_packed_ref(int n, int nr, int nc, const void *wp, const void *x,
-                                 size_t x_row, float *y, size_t ldy)
-{
-    gemm_packed_ref(AR_TYPE_Q5_0, n, nr, nc, wp, x, x_row, y, ldy);
-}
+#define DEFINE_PACKED_REF(NAME, T)                                                                 \
+    static void NAME##_gemm_packed_ref(int n, int nr, int nc, const void *wp, const void *x,      \
+                                       size_t x_row, float *y, size_t ldy)                         \
+    {                                                                                              \
+        gemm_packed_ref(T, n, nr, nc, wp, x, x_row, y, ldy);                                       \
+    }
+DEFINE_PACKED_REF(q8_0, AR_TYPE_Q8_0)
+DEFINE_PACKED_REF(q4_0, AR_TYPE_Q4_0)
+DEFINE_PACKED_REF(q5_0, AR_TYPE_Q5_0)
+DEFINE_PACKED_REF(q4_K, AR_TYPE_Q4_K)
+DEFINE_PACKED_REF(q5_K, AR_TYPE_Q5_K)
+DEFINE_PACKED_REF(q6_K, AR_TYPE_Q6_K)
 
 void kernels_fill_packed_ref(struct kernel_ops *ops)
 {
     ops->gemm_packed[AR_TYPE_Q8_0] = q8_0_gemm_packed_ref;
     ops->gemm_packed[AR_TYPE_Q4_0] = q4_0_gemm_packed_ref;
     ops->gemm_packed[AR_TYPE_Q5_0] = q5_0_gemm_packed_ref;
+    ops->gemm_packed[AR_TYPE_Q4_K] = q4_K_gemm_packed_ref;
+    ops->gemm_packed[AR_TYPE_Q5_K] = q5_K_gemm_packed_ref;
+    ops->gemm_packed[AR_TYPE_Q6_K] = q6_K_gemm_packed_ref;
 }

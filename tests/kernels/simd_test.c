@@ -379,18 +379,22 @@ static void packed_gemm_equals_gemm_on_the_unpacked_rows(void **state)
 {
     const struct kernel_ops *vs[MAX_VARIANTS];
     int nv = kernels_variants(vs, MAX_VARIANTS), checked = 0, packed_variants = 0;
-    static const enum ar_type types[] = {AR_TYPE_Q8_0, AR_TYPE_Q4_0, AR_TYPE_Q5_0};
+    static const enum ar_type types[] = {AR_TYPE_Q8_0, AR_TYPE_Q4_0, AR_TYPE_Q5_0,
+                                         AR_TYPE_Q4_K, AR_TYPE_Q5_K, AR_TYPE_Q6_K};
     static const int nrs[] = {1, 15, 16, 17, 40, 67};
     static const int ncs[] = {1, 2, 5, 8, 13, 16, 17, 33, 70};
     static const int nbs[] = {1, 3, 8, 9, 24};
     (void)state;
-    assert_int_equal(kernels_packed_group(AR_TYPE_Q6_K, 256), 0);
+    assert_int_equal(kernels_packed_group(AR_TYPE_Q4_1, 256), 0);
+    assert_int_equal(kernels_packed_group(AR_TYPE_F16, 256), 0);
     assert_int_equal(kernels_packed_group(AR_TYPE_Q8_0, 48), 0);
+    assert_int_equal(kernels_packed_group(AR_TYPE_Q6_K, 384), 0);
     for (int ti = 0; ti < COUNT(types); ti++) {
         enum ar_type t = types[ti];
         for (int bi = 0; bi < COUNT(nbs); bi++) {
-            int n = 32 * nbs[bi], nr_max = 67, nc_max = 70;
-            size_t w_row = ar_type_row_size(t, n), x_row = ar_type_row_size(AR_TYPE_Q8_0, n);
+            int n = ar_type_info(t)->block_size * nbs[bi], nr_max = 67, nc_max = 70;
+            size_t w_row = ar_type_row_size(t, n);
+            size_t x_row = ar_type_row_size(kernels_vec_dot_type(t), n);
             size_t psize = kernels_packed_size(t, n, nr_max);
             struct th_rng r = {0x9ac4edu + (uint64_t)(ti * 31 + bi)};
             uint8_t *w = malloc(w_row * nr_max), *x = malloc(x_row * nc_max);
@@ -398,8 +402,10 @@ static void packed_gemm_equals_gemm_on_the_unpacked_rows(void **state)
             float *y1 = malloc(sizeof(float) * nr_max * nc_max);
             float *y2 = malloc(sizeof(float) * nr_max * nc_max);
             assert_true(w && x && wp && back && y1 && y2);
-            /* a copy in another order: 16 rows' bytes per group, nothing added */
-            assert_int_equal(psize, w_row * (size_t)((nr_max + 15) / 16 * 16));
+            /* a copy in another order: 16 rows' bytes per group, nothing added but Q6_K's
+             * 32 bytes per block of a group */
+            assert_int_equal(psize, (w_row + (t == AR_TYPE_Q6_K ? 2 * (size_t)nbs[bi] : 0)) *
+                                        (size_t)((nr_max + 15) / 16 * 16));
             for (int i = 0; i < nr_max; i++)
                 make_weight_row(&r, t, n, w + (size_t)i * w_row);
             for (int j = 0; j < nc_max; j++)
