@@ -1,7 +1,7 @@
 /* kernels.h - compute on tensor types: dequantize, quantize, dot products and matrix tiles,
  * plus the few f32 vector ops of a transformer layer. Every operation has a scalar reference
- * (ref.c, the spec); SIMD variants (avx2.c, avx512.c, avx512_vnni.c) are chosen at run time
- * from the CPU features. Kernels know nothing of models or threads: callers split rows. */
+ * (ref.c, the spec); SIMD variants (avx2.c, avx512.c, avx512_vnni.c, avx512_bf16.c) are
+ * chosen at run time from the CPU features. Kernels know nothing of models or threads: callers split rows. */
 #ifndef AR_KERNELS_H
 #define AR_KERNELS_H
 
@@ -22,7 +22,7 @@
 enum ar_type kernels_vec_dot_type(enum ar_type t);
 
 struct kernel_ops {
-    const char *name; /* "ref", "avx2", "avx512", "avx512_vnni" */
+    const char *name; /* "ref", "avx2", "avx512", "avx512_vnni", "avx512_bf16" */
 
     /* Per weight type t (indexed by enum ar_type); n is a multiple of t's block size. */
     /* x: row of n elements of type t -> y: n floats. */
@@ -100,8 +100,8 @@ struct kernel_ops {
 /* The reference table (every entry set). */
 const struct kernel_ops *kernels_ref(void);
 /* The best table for this CPU, with every entry a variant lacks filled from the next best
- * (finally from ref). AR_KERNELS=ref|avx2|avx512|avx512_vnni in the environment forces one
- * (falling back to ref with a warning when the CPU lacks it). Thread-safe. */
+ * (finally from ref). AR_KERNELS=ref|avx2|avx512|avx512_vnni|avx512_bf16 in the environment
+ * forces one (falling back to ref with a warning when the CPU lacks it). Thread-safe. */
 const struct kernel_ops *kernels_get(void);
 /* All variants this CPU can run, best first, each completed as above; returns the count.
  * Used by tests to hold each variant to the reference. */
@@ -126,8 +126,10 @@ void kernels_dequantize_row(enum ar_type t, const void *src, float *dst, int64_t
  *     Q5_0 then the high-bit plane, 64 bytes: byte 4r + j holds in bit v the high bit of
  *       row r's quant 4v + j (lane vector v's byte j once unpacked);
  *     then the 16 rows' scales d (f16).
- * Types: Q8_0, Q4_0, Q5_0 (kernels_packed_group returns 0 for others or n not a multiple of
- * 32). Packing is a copy in another order: kernels_unpack_row gives the rows back. */
+ *   F16, BF16: no blocks; unit u (F16: element u, 2 bytes; BF16: elements 2u, 2u + 1, 4 bytes)
+ *     of the 16 rows at byte 16 u |unit|, row r's at + r |unit|.
+ * Types: Q8_0, Q4_0, Q5_0, F16, BF16 (kernels_packed_group returns 0 for others or n not a
+ * multiple of 32). Packing is a copy in another order: kernels_unpack_row gives the rows back. */
 #define KERNELS_PACK_ROWS 16
 size_t kernels_packed_group(enum ar_type t, int64_t n);
 /* Bytes of nr rows packed (0 when t cannot be packed or on overflow). */

@@ -6,6 +6,35 @@
 #include "kernels_internal.h"
 #include "quants.h"
 
+/* ---- F16, BF16: units of 2 (one element) or 4 bytes (a pair) of 16 rows side by side ---- */
+
+static size_t float_unit(enum ar_type t)
+{
+    return t == AR_TYPE_F16 ? 2 : t == AR_TYPE_BF16 ? 4 : 0;
+}
+
+static void float_pack_rows(size_t us, const void *w, size_t w_row, int64_t n, int64_t nr,
+                            void *dst)
+{
+    size_t row = (size_t)n * 2, group = row * KERNELS_PACK_ROWS;
+    for (int64_t g0 = 0; g0 < nr; g0 += KERNELS_PACK_ROWS) {
+        uint8_t *gp = (uint8_t *)dst + (size_t)(g0 / KERNELS_PACK_ROWS) * group;
+        for (int r = 0; r < KERNELS_PACK_ROWS; r++) {
+            const uint8_t *src = (const uint8_t *)w + (size_t)AR_MIN(g0 + r, nr - 1) * w_row;
+            for (size_t u = 0; u < row / us; u++)
+                memcpy(gp + (u * KERNELS_PACK_ROWS + (size_t)r) * us, src + u * us, us);
+        }
+    }
+}
+
+static void float_unpack_row(size_t us, const void *wp, int64_t n, int64_t i, void *dst)
+{
+    size_t row = (size_t)n * 2, r = (size_t)(i % KERNELS_PACK_ROWS);
+    const uint8_t *gp = (const uint8_t *)wp + kernels_packed_offset(AR_TYPE_F16, n, i);
+    for (size_t u = 0; u < row / us; u++)
+        memcpy((uint8_t *)dst + u * us, gp + (u * KERNELS_PACK_ROWS + r) * us, us);
+}
+
 /* Bytes of one block of one row other than its scale d (its quants: Q5_0's high bits
  * included), so a group's block holds 16 of these and 16 scales: 16 rows' bytes. */
 static size_t quant_bytes(enum ar_type t)
@@ -31,6 +60,8 @@ static size_t block_bytes(size_t q)
 size_t kernels_packed_group(enum ar_type t, int64_t n)
 {
     size_t q = quant_bytes(t);
+    if (float_unit(t) && n >= 32 && n % 32 == 0)
+        return (size_t)n * 2 * KERNELS_PACK_ROWS;
     if (!q || n < 32 || n % 32 != 0)
         return 0;
     return (size_t)(n / 32) * block_bytes(q);
@@ -91,6 +122,10 @@ void kernels_pack_rows(enum ar_type t, const void *w, size_t w_row, int64_t n, i
     uint32_t flip = t == AR_TYPE_Q8_0 ? 0x80808080u : 0;
     if (!g)
         return;
+    if (float_unit(t)) {
+        float_pack_rows(float_unit(t), w, w_row, n, nr, dst);
+        return;
+    }
     for (int64_t g0 = 0; g0 < nr; g0 += KERNELS_PACK_ROWS) {
         uint8_t *gp = (uint8_t *)dst + (size_t)(g0 / KERNELS_PACK_ROWS) * g;
         for (int r = 0; r < KERNELS_PACK_ROWS; r++) {
@@ -123,6 +158,10 @@ void kernels_unpack_row(enum ar_type t, const void *wp, int64_t n, int64_t i, vo
     int nb = (int)(n / 32), r = (int)(i % KERNELS_PACK_ROWS);
     const uint8_t *gp = (const uint8_t *)wp + kernels_packed_offset(t, n, i);
     uint8_t flip = t == AR_TYPE_Q8_0 ? 0x80 : 0;
+    if (float_unit(t) && kernels_packed_group(t, n)) {
+        float_unpack_row(float_unit(t), wp, n, i, dst);
+        return;
+    }
     if (!q)
         return;
     for (int b = 0; b < nb; b++) {
@@ -187,8 +226,22 @@ static void q5_0_gemm_packed_ref(int n, int nr, int nc, const void *wp, const vo
     gemm_packed_ref(AR_TYPE_Q5_0, n, nr, nc, wp, x, x_row, y, ldy);
 }
 
+static void f16_gemm_packed_ref(int n, int nr, int nc, const void *wp, const void *x,
+                                size_t x_row, float *y, size_t ldy)
+{
+    gemm_packed_ref(AR_TYPE_F16, n, nr, nc, wp, x, x_row, y, ldy);
+}
+
+static void bf16_gemm_packed_ref(int n, int nr, int nc, const void *wp, const void *x,
+                                 size_t x_row, float *y, size_t ldy)
+{
+    gemm_packed_ref(AR_TYPE_BF16, n, nr, nc, wp, x, x_row, y, ldy);
+}
+
 void kernels_fill_packed_ref(struct kernel_ops *ops)
 {
+    ops->gemm_packed[AR_TYPE_F16] = f16_gemm_packed_ref;
+    ops->gemm_packed[AR_TYPE_BF16] = bf16_gemm_packed_ref;
     ops->gemm_packed[AR_TYPE_Q8_0] = q8_0_gemm_packed_ref;
     ops->gemm_packed[AR_TYPE_Q4_0] = q4_0_gemm_packed_ref;
     ops->gemm_packed[AR_TYPE_Q5_0] = q5_0_gemm_packed_ref;

@@ -1,0 +1,250 @@
+/* float512.h - F16 and BF16 weight rows for the 512-bit variants: vec_dot, gemm on the file's
+ * rows and gemm_packed on the "x16" layout (kernels.h). Included by avx512.c only, so that it
+ * is compiled once per variant with that variant's flags; where __AVX512BF16__ is defined
+ * (avx512_bf16.c) BF16 products go through vdpbf16ps, else BF16 is widened to floats.
+ *
+ * One order of operations for every entry, so that a product is bit for bit the same in a
+ * vec_dot, in any tile of gemm and in gemm_packed (the batch-independence rule, kernels.h):
+ *   16 chains per (weight row, activation row); chain c sums, in order, the terms of the
+ *   elements k with k mod 16 == c (F16, BF16 widened) or of the element pairs (2v, 2v + 1)
+ *   with v mod 16 == c (vdpbf16ps: one instruction adds a pair's two exact products);
+ *   a short last step (n not a multiple of the step) adds zeros to the chains it lacks;
+ *   then s = ((c0 + c8) + (c4 + c12)) + ((c2 + c10) + (c6 + c14)) + ... as hsum16 pairs them:
+ *   c + (c + 8), then + 4, + 2, + 1.
+ * A row of the file fills one zmm per step (lane = chain); a packed group holds 16 rows per
+ * element (F16) or pair (BF16), so there a zmm is one element of 16 rows (lane = row) and the
+ * 16 chains are 16 accumulators, reduced across registers in the same pairing. */
+
+/* (c + 8), (c + 4), (c + 2), (c + 1) over the 16 lanes */
+AR_INLINE float hsum16(__m512 v)
+{
+    __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+    __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+    return _mm_cvtss_f32(_mm_add_ss(c, _mm_movehdup_ps(c)));
+}
+
+/* the same pairing across 16 accumulators: lane r of the result is row r's sum */
+AR_INLINE __m512 hsum16_across(__m512 *acc)
+{
+    for (int c = 0; c < 8; c++)
+        acc[c] = _mm512_add_ps(acc[c], acc[c + 8]);
+    for (int c = 0; c < 4; c++)
+        acc[c] = _mm512_add_ps(acc[c], acc[c + 4]);
+    for (int c = 0; c < 2; c++)
+        acc[c] = _mm512_add_ps(acc[c], acc[c + 2]);
+    return _mm512_add_ps(acc[0], acc[1]);
+}
+
+/* 16 elements (fewer: zeros after m) of a row at any byte offset, as floats */
+AR_INLINE __m512 f16x16(const uint8_t *p, int m)
+{
+    __m256i h = m >= 16 ? _mm256_loadu_si256(cv256(p))
+                        : _mm256_maskz_loadu_epi16((__mmask16)((1u << m) - 1u), p);
+    return _mm512_cvtph_ps(h);
+}
+
+AR_INLINE __m512 bf16x16(const uint8_t *p, int m)
+{
+    __m256i h = m >= 16 ? _mm256_loadu_si256(cv256(p))
+                        : _mm256_maskz_loadu_epi16((__mmask16)((1u << m) - 1u), p);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+#ifdef __AVX512BF16__
+/* 32 elements (16 pairs; fewer: zeros after m) */
+AR_INLINE __m512bh bf16x32(const uint8_t *p, int m)
+{
+    __m512i h = m >= 32 ? _mm512_loadu_si512(p)
+                        : _mm512_maskz_loadu_epi16((__mmask32)((1ull << m) - 1u), p);
+    return (__m512bh)h;
+}
+#define FL_BF16_STEP 32
+#else
+#define FL_BF16_STEP 16
+#endif
+
+/* ---- the file's rows: register tiles of RW weight rows x RX activation rows -------------- */
+
+AR_INLINE void fl_tile(const bool BF16, const int RW, const int RX, int n, const uint8_t *w,
+                       size_t w_row, const uint8_t *x, size_t x_row, float *y, size_t ldy)
+{
+    __m512 acc[4][4];
+    const int step = BF16 ? FL_BF16_STEP : 16;
+    for (int i = 0; i < RW; i++)
+        for (int j = 0; j < RX; j++)
+            acc[i][j] = _mm512_setzero_ps();
+    for (int k = 0; k < n; k += step) {
+        int m = n - k;
+        size_t off = (size_t)k * 2;
+#ifdef __AVX512BF16__
+        if (BF16) {
+            __m512bh xv[4];
+            for (int j = 0; j < RX; j++)
+                xv[j] = bf16x32(x + (size_t)j * x_row + off, m);
+            for (int i = 0; i < RW; i++) {
+                __m512bh wv = bf16x32(w + (size_t)i * w_row + off, m);
+                for (int j = 0; j < RX; j++)
+                    acc[i][j] = _mm512_dpbf16_ps(acc[i][j], wv, xv[j]);
+            }
+            continue;
+        }
+#endif
+        __m512 xv[4];
+        for (int j = 0; j < RX; j++)
+            xv[j] = BF16 ? bf16x16(x + (size_t)j * x_row + off, m)
+                         : f16x16(x + (size_t)j * x_row + off, m);
+        for (int i = 0; i < RW; i++) {
+            __m512 wv = BF16 ? bf16x16(w + (size_t)i * w_row + off, m)
+                             : f16x16(w + (size_t)i * w_row + off, m);
+            for (int j = 0; j < RX; j++)
+                acc[i][j] = _mm512_fmadd_ps(wv, xv[j], acc[i][j]);
+        }
+    }
+    for (int i = 0; i < RW; i++)
+        for (int j = 0; j < RX; j++)
+            y[(size_t)j * ldy + (size_t)i] = hsum16(acc[i][j]);
+}
+
+AR_INLINE void fl_gemm(const bool BF16, int n, int nr, int nc, const void *w, size_t w_row,
+                       const void *x, size_t x_row, float *y, size_t ldy)
+{
+    const uint8_t *wb = w, *xb = x;
+    int j = 0;
+    for (; j + 4 <= nc; j += 4) {
+        int i = 0;
+        for (; i + 4 <= nr; i += 4)
+            fl_tile(BF16, 4, 4, n, wb + (size_t)i * w_row, w_row, xb + (size_t)j * x_row, x_row,
+                    y + (size_t)j * ldy + (size_t)i, ldy);
+        for (; i < nr; i++)
+            fl_tile(BF16, 1, 4, n, wb + (size_t)i * w_row, w_row, xb + (size_t)j * x_row, x_row,
+                    y + (size_t)j * ldy + (size_t)i, ldy);
+    }
+    for (; j < nc; j++) {
+        int i = 0;
+        for (; i + 4 <= nr; i += 4)
+            fl_tile(BF16, 4, 1, n, wb + (size_t)i * w_row, w_row, xb + (size_t)j * x_row, x_row,
+                    y + (size_t)j * ldy + (size_t)i, ldy);
+        for (; i < nr; i++)
+            fl_tile(BF16, 1, 1, n, wb + (size_t)i * w_row, w_row, xb + (size_t)j * x_row, x_row,
+                    y + (size_t)j * ldy + (size_t)i, ldy);
+    }
+}
+
+static void f16_gemm512(int n, int nr, int nc, const void *w, size_t w_row, const void *x,
+                        size_t x_row, float *y, size_t ldy)
+{
+    fl_gemm(false, n, nr, nc, w, w_row, x, x_row, y, ldy);
+}
+
+static void bf16_gemm512(int n, int nr, int nc, const void *w, size_t w_row, const void *x,
+                         size_t x_row, float *y, size_t ldy)
+{
+    fl_gemm(true, n, nr, nc, w, w_row, x, x_row, y, ldy);
+}
+
+static void f16_vec_dot512(int n, float *s, const void *x, const void *y)
+{
+    fl_tile(false, 1, 1, n, x, 0, y, 0, s, 1);
+}
+
+static void bf16_vec_dot512(int n, float *s, const void *x, const void *y)
+{
+    fl_tile(true, 1, 1, n, x, 0, y, 0, s, 1);
+}
+
+/* ---- packed groups (n a multiple of 32): one activation row against a group's 16 rows ----
+ * F16: element k of the 16 rows is 32 bytes at 32k; BF16: pair v is 64 bytes at 64v (lane r:
+ * row r's elements 2v, 2v + 1). The group is read once, front to back, per activation row. */
+
+static __m512 f16_group_row(int n, const uint8_t *gp, const uint8_t *x)
+{
+    __m512 acc[16];
+    for (int c = 0; c < 16; c++)
+        acc[c] = _mm512_setzero_ps();
+    for (int k = 0; k < n; k += 16, gp += 16 * 32) {
+        /* element c of the 16 in every lane: within each 128-bit lane, then across them */
+        __m512 xv = f16x16(x + (size_t)k * 2, 16);
+        _Pragma("GCC unroll 16") for (int c = 0; c < 16; c++)
+        {
+            __m512 xc = _mm512_shuffle_f32x4(_mm512_permute_ps(xv, (c % 4) * 0x55),
+                                             _mm512_permute_ps(xv, (c % 4) * 0x55), (c / 4) * 0x55);
+            acc[c] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256(cv256(gp + c * 32))),
+                                     xc, acc[c]);
+        }
+    }
+    return hsum16_across(acc);
+}
+
+static __m512 bf16_group_row(int n, const uint8_t *gp, const uint8_t *x)
+{
+    __m512 acc[16];
+    for (int c = 0; c < 16; c++)
+        acc[c] = _mm512_setzero_ps();
+#ifdef __AVX512BF16__
+    /* 16 pairs per round: pair v into chain v mod 16 */
+    for (int k = 0; k < n; k += 32, gp += 16 * 64, x += 64) {
+        for (int c = 0; c < 16; c++) {
+            int32_t xp;
+            memcpy(&xp, x + c * 4, 4);
+            acc[c] = _mm512_dpbf16_ps(acc[c], (__m512bh)_mm512_loadu_si512(gp + c * 64),
+                                      (__m512bh)_mm512_set1_epi32(xp));
+        }
+    }
+#else
+    /* 8 pairs per round: element 2v into chain 2v mod 16, element 2v + 1 into the next */
+    const __m512i hi = _mm512_set1_epi32((int32_t)0xffff0000u);
+    for (int k = 0; k < n; k += 16, gp += 8 * 64, x += 32) {
+        for (int c = 0; c < 8; c++) {
+            uint32_t xp;
+            __m512i wv = _mm512_loadu_si512(gp + c * 64);
+            memcpy(&xp, x + c * 4, 4);
+            acc[2 * c] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(wv, 16)),
+                                         _mm512_set1_ps(ar_bf16_to_f32((ar_bf16)(xp & 0xffffu))),
+                                         acc[2 * c]);
+            acc[2 * c + 1] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(wv, hi)),
+                                             _mm512_set1_ps(ar_bf16_to_f32((ar_bf16)(xp >> 16))),
+                                             acc[2 * c + 1]);
+        }
+    }
+#endif
+    return hsum16_across(acc);
+}
+
+AR_INLINE void fl_gemm_packed(const bool BF16, int n, int nr, int nc, const void *wp,
+                              const void *x, size_t x_row, float *y, size_t ldy)
+{
+    const uint8_t *gp = wp;
+    size_t group = (size_t)n * 2 * KERNELS_PACK_ROWS;
+    for (int i = 0; i < nr; i += KERNELS_PACK_ROWS, gp += group) {
+        int rows = AR_MIN(KERNELS_PACK_ROWS, nr - i);
+        __mmask16 keep = (__mmask16)((1u << rows) - 1u);
+        for (int j = 0; j < nc; j++) {
+            const uint8_t *xj = (const uint8_t *)x + (size_t)j * x_row;
+            __m512 s = BF16 ? bf16_group_row(n, gp, xj) : f16_group_row(n, gp, xj);
+            _mm512_mask_storeu_ps(y + (size_t)j * ldy + (size_t)i, keep, s);
+        }
+    }
+}
+
+static void f16_gemm_packed512(int n, int nr, int nc, const void *wp, const void *x,
+                               size_t x_row, float *y, size_t ldy)
+{
+    fl_gemm_packed(false, n, nr, nc, wp, x, x_row, y, ldy);
+}
+
+static void bf16_gemm_packed512(int n, int nr, int nc, const void *wp, const void *x,
+                                size_t x_row, float *y, size_t ldy)
+{
+    fl_gemm_packed(true, n, nr, nc, wp, x, x_row, y, ldy);
+}
+
+static void fill_float512(struct kernel_ops *ops)
+{
+    ops->vec_dot[AR_TYPE_F16] = f16_vec_dot512;
+    ops->vec_dot[AR_TYPE_BF16] = bf16_vec_dot512;
+    ops->gemm[AR_TYPE_F16] = f16_gemm512;
+    ops->gemm[AR_TYPE_BF16] = bf16_gemm512;
+    ops->gemm_packed[AR_TYPE_F16] = f16_gemm_packed512;
+    ops->gemm_packed[AR_TYPE_BF16] = bf16_gemm_packed512;
+}
