@@ -157,20 +157,25 @@ static void bf16_vec_dot512(int n, float *s, const void *x, const void *y)
  * F16: element k of the 16 rows is 32 bytes at 32k; BF16: pair v is 64 bytes at 64v (lane r:
  * row r's elements 2v, 2v + 1). The group is read once, front to back, per activation row. */
 
+/* activation elements converted to floats at a time (on the stack), then broadcast from there */
+#define FL_X_CHUNK 1024
+
 static __m512 f16_group_row(int n, const uint8_t *gp, const uint8_t *x)
 {
     __m512 acc[16];
+    float xf[FL_X_CHUNK] __attribute__((aligned(64)));
     for (int c = 0; c < 16; c++)
         acc[c] = _mm512_setzero_ps();
-    for (int k = 0; k < n; k += 16, gp += 16 * 32) {
-        /* element c of the 16 in every lane: within each 128-bit lane, then across them */
-        __m512 xv = f16x16(x + (size_t)k * 2, 16);
-        _Pragma("GCC unroll 16") for (int c = 0; c < 16; c++)
-        {
-            __m512 xc = _mm512_shuffle_f32x4(_mm512_permute_ps(xv, (c % 4) * 0x55),
-                                             _mm512_permute_ps(xv, (c % 4) * 0x55), (c / 4) * 0x55);
-            acc[c] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256(cv256(gp + c * 32))),
-                                     xc, acc[c]);
+    for (int k0 = 0; k0 < n; k0 += FL_X_CHUNK) {
+        int m = AR_MIN(FL_X_CHUNK, n - k0);
+        for (int k = 0; k < m; k += 16)
+            _mm512_store_ps(xf + k, f16x16(x + (size_t)(k0 + k) * 2, 16));
+        for (int k = 0; k < m; k += 16, gp += 16 * 32) {
+            _Pragma("GCC unroll 16") for (int c = 0; c < 16; c++)
+            {
+                __m512 wv = _mm512_cvtph_ps(_mm256_loadu_si256(cv256(gp + c * 32)));
+                acc[c] = _mm512_fmadd_ps(wv, _mm512_set1_ps(xf[k + c]), acc[c]);
+            }
         }
     }
     return hsum16_across(acc);
