@@ -111,6 +111,11 @@ AR_INLINE void fl_gemm(const bool BF16, int n, int nr, int nc, const void *w, si
 {
     const uint8_t *wb = w, *xb = x;
     int j = 0;
+    if (nc == 1) { /* a row at a time: one address stream (side by side rows stream slower) */
+        for (int i = 0; i < nr; i++)
+            fl_tile(BF16, 1, 1, n, wb + (size_t)i * w_row, w_row, xb, x_row, y + i, ldy);
+        return;
+    }
     for (; j + 4 <= nc; j += 4) {
         int i = 0;
         for (; i + 4 <= nr; i += 4)
