@@ -137,61 +137,6 @@ AR_INLINE void q8_0_block(const struct block_q8_0 *w, const struct block_q8_0 *x
 }
 DEFINE_GEMM(q8_0, struct block_q8_0, struct block_q8_0, q8_0_block, QK8_0)
 
-/* ---- Q8_0 from packed weights (kernels.h "x16") -------------------------------------------
- * Bit for bit q8_0_gemm: q8_0_block's lane l (quants 4l..4l+3 of a block, the same byte pairs
- * into maddubs) is accumulator l here, with one row per lane, and hsum_ps's pairing (l + 4),
- * (l + 2), (l + 1) is done across the accumulators. Eight accumulators per column take half
- * the 16 ymm registers, so a group is done as two halves of 8 rows (the second half reads the
- * group again, from cache). */
-#define Q8_0_PK_BLOCK (KERNELS_PACK_ROWS * (QK8_0 + 2)) /* one block of a group: 544 bytes */
-
-/* rows 8h..8h+7 of the group at gp against one activation row of nb blocks */
-AR_INLINE __m256 q8_0_packed_half(int nb, const uint8_t *gp, int h, const struct block_q8_0 *x)
-{
-    const __m256i flip = _mm256_set1_epi8((char)0x80); /* stored as q + 128: back to q */
-    __m256 acc[8];
-    for (int v = 0; v < 8; v++)
-        acc[v] = _mm256_setzero_ps();
-    for (int b = 0; b < nb; b++, gp += Q8_0_PK_BLOCK) {
-        __m128i dh = _mm_loadu_si128((const __m128i *)(const void *)(gp + 16 * QK8_0 + 16 * h));
-        __m256 d = _mm256_mul_ps(_mm256_cvtph_ps(dh), _mm256_set1_ps(f16_to_f32(x[b].d)));
-        _Pragma("GCC unroll 8") for (int v = 0; v < 8; v++)
-        {
-            int32_t xq;
-            memcpy(&xq, x[b].qs + 4 * v, 4);
-            __m256i w = _mm256_xor_si256(
-                _mm256_loadu_si256((const __m256i *)(const void *)(gp + 64 * v + 32 * h)), flip);
-            __m256i p = dot_s8s8(w, _mm256_set1_epi32(xq));
-            acc[v] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), d, acc[v]);
-        }
-    }
-    for (int v = 0; v < 4; v++)
-        acc[v] = _mm256_add_ps(acc[v], acc[v + 4]);
-    for (int v = 0; v < 2; v++)
-        acc[v] = _mm256_add_ps(acc[v], acc[v + 2]);
-    return _mm256_add_ps(acc[0], acc[1]);
-}
-
-static void q8_0_gemm_packed(int n, int nr, int nc, const void *wp, const void *x, size_t x_row,
-                             float *y, size_t ldy)
-{
-    const uint8_t *gp = wp;
-    int nb = n / QK8_0;
-    for (int i = 0; i < nr; i += KERNELS_PACK_ROWS, gp += (size_t)nb * Q8_0_PK_BLOCK) {
-        int rows = AR_MIN(KERNELS_PACK_ROWS, nr - i);
-        for (int j = 0; j < nc; j++) {
-            const struct block_q8_0 *xj =
-                (const struct block_q8_0 *)(const void *)((const uint8_t *)x + (size_t)j * x_row);
-            float *yj = y + (size_t)j * ldy + (size_t)i;
-            for (int h = 0; 8 * h < rows; h++) {
-                float s[8];
-                _mm256_storeu_ps(s, q8_0_packed_half(nb, gp, h, xj));
-                memcpy(yj + 8 * h, s, sizeof(float) * (size_t)AR_MIN(8, rows - 8 * h));
-            }
-        }
-    }
-}
-
 /* Elements 0..15 are the low nibbles, 16..31 the high nibbles: one 256-bit vector of q - 8. */
 AR_INLINE __m256i q4_0_unpack(const uint8_t *qs)
 {
@@ -842,7 +787,6 @@ void kernels_fill_avx2(struct kernel_ops *ops)
     ops->gemm[AR_TYPE_Q4_K] = q4_K_gemm;
     ops->gemm[AR_TYPE_Q5_K] = q5_K_gemm;
     ops->gemm[AR_TYPE_Q6_K] = q6_K_gemm;
-    ops->gemm_packed[AR_TYPE_Q8_0] = q8_0_gemm_packed;
 
     ops->dot_f32 = dot_f32;
     ops->dot_f16_f32 = dot_f16_f32;
