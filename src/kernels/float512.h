@@ -71,39 +71,39 @@ AR_INLINE void fl_tile(const bool BF16, const int RW, const int RX, int n, const
 {
     __m512 acc[4][4];
     const int step = BF16 ? FL_BF16_STEP : 16;
-    for (int i = 0; i < RW; i++)
-        for (int j = 0; j < RX; j++)
-            acc[i][j] = _mm512_setzero_ps();
+    _Pragma("GCC unroll 4") for (int i = 0; i < RW; i++)
+        _Pragma("GCC unroll 4") for (int j = 0; j < RX; j++) acc[i][j] = _mm512_setzero_ps();
     for (int k = 0; k < n; k += step) {
         int m = n - k;
         size_t off = (size_t)k * 2;
 #ifdef __AVX512BF16__
         if (BF16) {
             __m512bh xv[4];
-            for (int j = 0; j < RX; j++)
-                xv[j] = bf16x32(x + (size_t)j * x_row + off, m);
-            for (int i = 0; i < RW; i++) {
+            _Pragma("GCC unroll 4") for (int j = 0; j < RX; j++) xv[j] =
+                bf16x32(x + (size_t)j * x_row + off, m);
+            _Pragma("GCC unroll 4") for (int i = 0; i < RW; i++)
+            {
                 __m512bh wv = bf16x32(w + (size_t)i * w_row + off, m);
-                for (int j = 0; j < RX; j++)
-                    acc[i][j] = _mm512_dpbf16_ps(acc[i][j], wv, xv[j]);
+                _Pragma("GCC unroll 4") for (int j = 0; j < RX; j++) acc[i][j] =
+                    _mm512_dpbf16_ps(acc[i][j], wv, xv[j]);
             }
             continue;
         }
 #endif
         __m512 xv[4];
-        for (int j = 0; j < RX; j++)
-            xv[j] = BF16 ? bf16x16(x + (size_t)j * x_row + off, m)
-                         : f16x16(x + (size_t)j * x_row + off, m);
-        for (int i = 0; i < RW; i++) {
+        _Pragma("GCC unroll 4") for (int j = 0; j < RX; j++) xv[j] =
+            BF16 ? bf16x16(x + (size_t)j * x_row + off, m) : f16x16(x + (size_t)j * x_row + off, m);
+        _Pragma("GCC unroll 4") for (int i = 0; i < RW; i++)
+        {
             __m512 wv = BF16 ? bf16x16(w + (size_t)i * w_row + off, m)
                              : f16x16(w + (size_t)i * w_row + off, m);
-            for (int j = 0; j < RX; j++)
-                acc[i][j] = _mm512_fmadd_ps(wv, xv[j], acc[i][j]);
+            _Pragma("GCC unroll 4") for (int j = 0; j < RX; j++) acc[i][j] =
+                _mm512_fmadd_ps(wv, xv[j], acc[i][j]);
         }
     }
-    for (int i = 0; i < RW; i++)
-        for (int j = 0; j < RX; j++)
-            y[(size_t)j * ldy + (size_t)i] = hsum16(acc[i][j]);
+    _Pragma("GCC unroll 4") for (int i = 0; i < RW; i++)
+        _Pragma("GCC unroll 4") for (int j = 0; j < RX; j++) y[(size_t)j * ldy + (size_t)i] =
+            hsum16(acc[i][j]);
 }
 
 AR_INLINE void fl_gemm(const bool BF16, int n, int nr, int nc, const void *w, size_t w_row,
