@@ -27,6 +27,7 @@ LDLIBS_ALL := $(PKG_LIBS) -lm -pthread $(LDLIBS)
 FLAGS_avx2        := -mavx2 -mfma -mf16c
 FLAGS_avx512      := -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512dq
 FLAGS_avx512_vnni := $(FLAGS_avx512) -mavx512vnni
+FLAGS_avx512_bf16 := $(FLAGS_avx512_vnni) -mavx512bf16
 
 # Modules in layer order (ARCHITECTURE.md) and what each may use: DEPS_<module> is what the
 # files of src/<module>/ may include (tools/check-includes.sh, docs/architecture.md "Who may use

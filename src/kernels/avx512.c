@@ -1779,6 +1779,10 @@ static void attn_values(int hd, int nq, int nt, const float *s, size_t s_stride,
     }
 }
 
+/* ---- F16 and BF16 rows ---------------------------------------------------------------------- */
+
+#include "float512.h"
+
 /* ---- the table ------------------------------------------------------------------------------ */
 
 /* ---- int8 peak loop (kernels.h int8_peak): the instruction the Q8_0 kernels multiply with,
@@ -1873,6 +1877,8 @@ void kernels_fill_avx512(struct kernel_ops *ops)
     ops->gemm[AR_TYPE_Q5_K] = q5_K_gemm;
     ops->gemm[AR_TYPE_Q6_K] = q6_K_gemm;
 #endif
+
+    fill_float512(ops);
 
     ops->attn_scores = attn_scores;
     ops->attn_values = attn_values;

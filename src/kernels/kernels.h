@@ -1,7 +1,8 @@
 /* kernels.h - compute on tensor types: dequantize, quantize, dot products and matrix tiles,
  * plus the few f32 vector ops of a transformer layer. Every operation has a scalar reference
- * (ref.c, the spec); SIMD variants (avx2.c, avx512.c, avx512_vnni.c) are chosen at run time
- * from the CPU features. Kernels know nothing of models or threads: callers split rows. */
+ * (ref.c, the spec); SIMD variants (avx2.c, avx512.c, avx512_vnni.c, avx512_bf16.c) are
+ * chosen at run time from the CPU features. Kernels know nothing of models or threads:
+ * callers split rows. */
 #ifndef AR_KERNELS_H
 #define AR_KERNELS_H
 
@@ -22,7 +23,7 @@
 enum ar_type kernels_vec_dot_type(enum ar_type t);
 
 struct kernel_ops {
-    const char *name; /* "ref", "avx2", "avx512", "avx512_vnni" */
+    const char *name; /* "ref", "avx2", "avx512", "avx512_vnni", "avx512_bf16" */
 
     /* Per weight type t (indexed by enum ar_type); n is a multiple of t's block size. */
     /* x: row of n elements of type t -> y: n floats. */
@@ -100,8 +101,8 @@ struct kernel_ops {
 /* The reference table (every entry set). */
 const struct kernel_ops *kernels_ref(void);
 /* The best table for this CPU, with every entry a variant lacks filled from the next best
- * (finally from ref). AR_KERNELS=ref|avx2|avx512|avx512_vnni in the environment forces one
- * (falling back to ref with a warning when the CPU lacks it). Thread-safe. */
+ * (finally from ref). AR_KERNELS=ref|avx2|avx512|avx512_vnni|avx512_bf16 in the environment
+ * forces one (falling back to ref with a warning when the CPU lacks it). Thread-safe. */
 const struct kernel_ops *kernels_get(void);
 /* All variants this CPU can run, best first, each completed as above; returns the count.
  * Used by tests to hold each variant to the reference. */
@@ -133,7 +134,9 @@ void kernels_dequantize_row(enum ar_type t, const void *src, float *dst, int64_t
  *     Q6_K: scales (16 byte planes), d, then per half of the super-block (elements 0..127,
  *       128..255) its ql bytes 0..31 (8 vectors), its 32 bytes of qh (8 vectors), its ql
  *       bytes 32..63 (8 vectors); then 32 zero bytes, so that blocks stay 64-byte aligned
- *       (the only bytes packing adds). 
+ *       (the only bytes packing adds);
+ *     F16: its 64 bytes as 32 units of one element (2 bytes), 16 rows' units side by side;
+ *     BF16: the same in units of a pair of elements (4 bytes, as vdpbf16ps multiplies them).
  * kernels_packed_group returns 0 for other types or n not a multiple of the block. Packing is
  * a copy in another order (Q6_K: plus its padding): kernels_unpack_row gives the rows back. */
 #define KERNELS_PACK_ROWS 16

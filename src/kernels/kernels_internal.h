@@ -13,6 +13,7 @@ void kernels_fill_packed_ref(struct kernel_ops *ops);  /* pack.c: ref's gemm_pac
 void kernels_fill_avx2(struct kernel_ops *ops);        /* avx2.c: needs avx2 fma f16c */
 void kernels_fill_avx512(struct kernel_ops *ops);      /* avx512.c: + avx512f/bw/vl/dq */
 void kernels_fill_avx512_vnni(struct kernel_ops *ops); /* avx512_vnni.c: + avx512vnni */
+void kernels_fill_avx512_bf16(struct kernel_ops *ops); /* avx512_bf16.c: + avx512bf16 */
 
 /* GELU in its tanh form: sqrt(2/pi) and the cubic's coefficient (see gelu_mul). */
 #define KERNELS_GELU_K 0.7978845608028654f

@@ -61,7 +61,15 @@ static const struct pk_layout *layout(enum ar_type t)
                                            {64, 32, 4, PK_COPY},
                                            {160, 32, 4, PK_COPY},
                                            {96, 32, 4, PK_COPY}}};
+    /* F16, BF16: 32 elements a block, the 16 rows side by side one element (F16) or one pair
+     * of elements (BF16, as vdpbf16ps multiplies them) at a time */
+    static const struct pk_layout f16 = {32, 64, 0, 1, {{0, 64, 2, PK_COPY}}};
+    static const struct pk_layout bf16 = {32, 64, 0, 1, {{0, 64, 4, PK_COPY}}};
     switch (t) {
+    case AR_TYPE_F16:
+        return &f16;
+    case AR_TYPE_BF16:
+        return &bf16;
     case AR_TYPE_Q8_0:
         return &q8_0;
     case AR_TYPE_Q4_0:
@@ -233,6 +241,8 @@ static void gemm_packed_ref(enum ar_type t, int n, int nr, int nc, const void *w
     {                                                                                              \
         gemm_packed_ref(T, n, nr, nc, wp, x, x_row, y, ldy);                                       \
     }
+DEFINE_PACKED_REF(f16, AR_TYPE_F16)
+DEFINE_PACKED_REF(bf16, AR_TYPE_BF16)
 DEFINE_PACKED_REF(q8_0, AR_TYPE_Q8_0)
 DEFINE_PACKED_REF(q4_0, AR_TYPE_Q4_0)
 DEFINE_PACKED_REF(q5_0, AR_TYPE_Q5_0)
@@ -242,6 +252,8 @@ DEFINE_PACKED_REF(q6_K, AR_TYPE_Q6_K)
 
 void kernels_fill_packed_ref(struct kernel_ops *ops)
 {
+    ops->gemm_packed[AR_TYPE_F16] = f16_gemm_packed_ref;
+    ops->gemm_packed[AR_TYPE_BF16] = bf16_gemm_packed_ref;
     ops->gemm_packed[AR_TYPE_Q8_0] = q8_0_gemm_packed_ref;
     ops->gemm_packed[AR_TYPE_Q4_0] = q4_0_gemm_packed_ref;
     ops->gemm_packed[AR_TYPE_Q5_0] = q5_0_gemm_packed_ref;

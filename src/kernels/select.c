@@ -1,17 +1,19 @@
 /* select.c - builds the kernel tables once from the CPU features and picks one: ref, then
- * avx2, avx512, avx512_vnni, each starting as a copy of the next lower table so that entries an
- * ISA file leaves NULL fall back. AR_KERNELS=<name> forces a table. AMX is never used. */
+ * avx2, avx512, avx512_vnni, avx512_bf16, each starting as a copy of the next lower table so
+ * that entries an ISA file leaves NULL fall back. AR_KERNELS=<name> forces a table. AMX is never used. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kernels_internal.h"
 
-enum { V_REF, V_AVX2, V_AVX512, V_AVX512_VNNI, V_COUNT };
+enum { V_REF, V_AVX2, V_AVX512, V_AVX512_VNNI, V_AVX512_BF16, V_COUNT };
 
-static const char *const variant_names[V_COUNT] = {"ref", "avx2", "avx512", "avx512_vnni"};
+static const char *const variant_names[V_COUNT] = {"ref", "avx2", "avx512", "avx512_vnni",
+                                                   "avx512_bf16"};
 static void (*const variant_fill[V_COUNT])(struct kernel_ops *) = {
-    kernels_fill_ref, kernels_fill_avx2, kernels_fill_avx512, kernels_fill_avx512_vnni};
+    kernels_fill_ref, kernels_fill_avx2, kernels_fill_avx512, kernels_fill_avx512_vnni,
+    kernels_fill_avx512_bf16};
 
 static struct kernel_ops tables[V_COUNT];
 static bool table_ok[V_COUNT];
@@ -31,6 +33,8 @@ static bool cpu_can_run(int v, const struct ar_cpu_features *cpu)
         return avx512;
     case V_AVX512_VNNI:
         return avx512 && cpu->avx512vnni;
+    case V_AVX512_BF16:
+        return avx512 && cpu->avx512vnni && cpu->avx512bf16;
     default:
         return false;
     }
@@ -69,6 +73,7 @@ static void gemm_loop(void (*dot)(int, float *, const void *, const void *), int
 GEMM_WRAP_ALL(V_AVX2)
 GEMM_WRAP_ALL(V_AVX512)
 GEMM_WRAP_ALL(V_AVX512_VNNI)
+GEMM_WRAP_ALL(V_AVX512_BF16)
 
 typedef void (*gemm_fn)(int, int, int, const void *, size_t, const void *, size_t, float *, size_t);
 #define GEMM_ROW(v)                                                                                \
@@ -82,6 +87,7 @@ static const gemm_fn gemm_wrappers[V_COUNT][AR_TYPE_COUNT] = {
     [V_AVX2] = GEMM_ROW(V_AVX2),
     [V_AVX512] = GEMM_ROW(V_AVX512),
     [V_AVX512_VNNI] = GEMM_ROW(V_AVX512_VNNI),
+    [V_AVX512_BF16] = GEMM_ROW(V_AVX512_BF16),
 };
 
 /* ---- building ------------------------------------------------------------------------------ */
@@ -163,7 +169,8 @@ static void build_tables(void)
             if (strcmp(env, variant_names[v]) == 0)
                 want = v;
         if (want < 0) {
-            AR_WARN("AR_KERNELS=%s is not a kernel variant (ref, avx2, avx512, avx512_vnni); "
+            AR_WARN("AR_KERNELS=%s is not a kernel variant (ref, avx2, avx512, avx512_vnni, "
+                    "avx512_bf16); "
                     "using ref",
                     env);
             chosen = V_REF;

@@ -91,6 +91,7 @@ static bool cpu_has(const char *name)
     bool f_512vl = feature("avx512vl", __builtin_cpu_supports("avx512vl"));
     bool f_512dq = feature("avx512dq", __builtin_cpu_supports("avx512dq"));
     bool vnni = feature("avx512_vnni", __builtin_cpu_supports("avx512vnni"));
+    bool bf16 = feature("avx512_bf16", __builtin_cpu_supports("avx512bf16"));
     bool avx2 = f_avx2 && f_fma && f_f16c;
     bool avx512 = avx2 && f_512f && f_512bw && f_512vl && f_512dq;
     if (strcmp(name, "ref") == 0)
@@ -101,6 +102,8 @@ static bool cpu_has(const char *name)
         return avx512;
     if (strcmp(name, "avx512_vnni") == 0)
         return avx512 && vnni;
+    if (strcmp(name, "avx512_bf16") == 0)
+        return avx512 && vnni && bf16;
     return false;
 }
 
@@ -110,8 +113,9 @@ static void independent_feature_sources_agree(void **state)
     (void)state;
     if (cpuinfo_has("fpu") < 0)
         th_skip_hw("no /proc/cpuinfo flags to cross-check __builtin_cpu_supports against");
-    print_message("independent view: avx2 %d, avx512 %d, avx512_vnni %d\n", cpu_has("avx2"),
-                  cpu_has("avx512"), cpu_has("avx512_vnni"));
+    print_message("independent view: avx2 %d, avx512 %d, avx512_vnni %d, avx512_bf16 %d\n",
+                  cpu_has("avx2"), cpu_has("avx512"), cpu_has("avx512_vnni"),
+                  cpu_has("avx512_bf16"));
 }
 
 /* In a child: set AR_KERNELS=value, call kernels_get() and check it names `want`, and that a
@@ -157,7 +161,7 @@ static void unknown_ar_kernels_name_warns_and_uses_ref(void **state)
 
 static void ar_kernels_names_each_variant_or_falls_back(void **state)
 {
-    static const char *names[] = {"avx2", "avx512", "avx512_vnni"};
+    static const char *names[] = {"avx2", "avx512", "avx512_vnni", "avx512_bf16"};
     (void)state;
     for (size_t i = 0; i < AR_ARRAY_LEN(names); i++) {
         bool has = cpu_has(names[i]);
@@ -167,7 +171,8 @@ static void ar_kernels_names_each_variant_or_falls_back(void **state)
 
 static void default_choice_is_the_best_the_cpu_supports(void **state)
 {
-    const char *best = cpu_has("avx512_vnni") ? "avx512_vnni"
+    const char *best = cpu_has("avx512_bf16")   ? "avx512_bf16"
+                       : cpu_has("avx512_vnni") ? "avx512_vnni"
                        : cpu_has("avx512")    ? "avx512"
                        : cpu_has("avx2")      ? "avx2"
                                               : "ref";
@@ -178,10 +183,10 @@ static void default_choice_is_the_best_the_cpu_supports(void **state)
 
 /* ---- which variant supplied each entry --------------------------------------------------- */
 
-static const char *const order[] = {"ref", "avx2", "avx512", "avx512_vnni"};
+static const char *const order[] = {"ref", "avx2", "avx512", "avx512_vnni", "avx512_bf16"};
 static void (*const fills[])(struct kernel_ops *) = {kernels_fill_ref, kernels_fill_avx2,
-                                                     kernels_fill_avx512,
-                                                     kernels_fill_avx512_vnni};
+                                                     kernels_fill_avx512, kernels_fill_avx512_vnni,
+                                                     kernels_fill_avx512_bf16};
 
 static int variant_index(const char *name)
 {

@@ -21,7 +21,7 @@ static const int tile_sizes[] = {1, 2, 3, 4, 5, 7, 8, 9, 16, 17};
 /* The SIMD variants this build has (kernels_internal.h). Each per-variant test case runs once
  * per name (its state), and skips, counted by tests/run.sh, when the CPU lacks that variant:
  * a test that compared nothing never passes. */
-static const char *const simd_names[] = {"avx2", "avx512", "avx512_vnni"};
+static const char *const simd_names[] = {"avx2", "avx512", "avx512_vnni", "avx512_bf16"};
 
 /* The variant the test case is for (*state names it; "ref" for the cases that also hold the
  * reference to an independent truth) as a one-entry list; skips the case when the CPU cannot
@@ -379,20 +379,22 @@ static void packed_gemm_equals_gemm_on_the_unpacked_rows(void **state)
 {
     const struct kernel_ops *vs[MAX_VARIANTS];
     int nv = kernels_variants(vs, MAX_VARIANTS), checked = 0, packed_variants = 0;
-    static const enum ar_type types[] = {AR_TYPE_Q8_0, AR_TYPE_Q4_0, AR_TYPE_Q5_0,
-                                         AR_TYPE_Q4_K, AR_TYPE_Q5_K, AR_TYPE_Q6_K};
+    static const enum ar_type types[] = {AR_TYPE_Q8_0, AR_TYPE_Q4_0, AR_TYPE_Q5_0, AR_TYPE_Q4_K,
+                                         AR_TYPE_Q5_K, AR_TYPE_Q6_K, AR_TYPE_F16, AR_TYPE_BF16};
     static const int nrs[] = {1, 15, 16, 17, 40, 67};
     static const int ncs[] = {1, 2, 5, 8, 13, 16, 17, 33, 70};
     static const int nbs[] = {1, 3, 8, 9, 24};
     (void)state;
     assert_int_equal(kernels_packed_group(AR_TYPE_Q4_1, 256), 0);
-    assert_int_equal(kernels_packed_group(AR_TYPE_F16, 256), 0);
     assert_int_equal(kernels_packed_group(AR_TYPE_Q8_0, 48), 0);
     assert_int_equal(kernels_packed_group(AR_TYPE_Q6_K, 384), 0);
+    assert_int_equal(kernels_packed_group(AR_TYPE_F16, 48), 0);
+    assert_int_equal(kernels_packed_group(AR_TYPE_F32, 64), 0);
     for (int ti = 0; ti < COUNT(types); ti++) {
         enum ar_type t = types[ti];
         for (int bi = 0; bi < COUNT(nbs); bi++) {
-            int n = ar_type_info(t)->block_size * nbs[bi], nr_max = 67, nc_max = 70;
+            /* blocks of 32 elements (F16/BF16 too), K-quants' super-blocks of 256 */
+            int n = AR_MAX(32, ar_type_info(t)->block_size) * nbs[bi], nr_max = 67, nc_max = 70;
             size_t w_row = ar_type_row_size(t, n);
             size_t x_row = ar_type_row_size(kernels_vec_dot_type(t), n);
             size_t psize = kernels_packed_size(t, n, nr_max);
