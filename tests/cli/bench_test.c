@@ -13,7 +13,7 @@
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 #define MODEL "fixtures/models/tiny-qwen2-q4_k_m.gguf"
 
-static const char *const variants[] = {"ref", "avx2", "avx512", "avx512_vnni"};
+static const char *const variants[] = {"ref", "avx2", "avx512", "avx512_vnni", "avx512_bf16"};
 
 static bool is_variant(const cJSON *s)
 {
