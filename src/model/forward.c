@@ -597,9 +597,11 @@ static void stage_attn(void *arg, int ith, int nth)
     struct model_ctx *c = arg;
     int64_t i0, i1, n_items = attn_units(c);
     (void)nth;
+    /* last units first: a prefill's later blocks see the most positions, so the claims that
+     * end the stage are its shortest and the threads finish together */
     while (claim(c, n_items, AR_MAX(1, n_items / (8 * c->nth)), &i0, &i1))
         for (int64_t it = i0; it < i1; it++)
-            attn_unit(c, ith, it);
+            attn_unit(c, ith, n_items - 1 - it);
 }
 
 /* ---- matmul stage -------------------------------------------------------------------- */
