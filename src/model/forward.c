@@ -156,7 +156,10 @@ enum { PH_QKV, PH_ATTN, PH_WO, PH_GU, PH_DOWN, PH_PER_LAYER };
 /* Prefill attention tiles hold at most this many query vectors (rows x heads per KV head), and
  * at most ATTN_MAX_ROWS rows. */
 #define ATTN_TILE_Q 64
-#define ATTN_MAX_ROWS 16
+#define ATTN_MAX_ROWS 32
+/* Rows of a block that see only part of a K/V span (the causal diagonal) go in runs of this
+ * many, each over the positions its last row sees. */
+#define ATTN_DIAG_ROWS 4
 
 /* ---- allocation ---------------------------------------------------------------------- */
 
@@ -506,19 +509,41 @@ static void plan_attn_blocks(struct model_ctx *c)
     c->n_attn_blk = n;
 }
 
+/* The calls that cover positions [t0, t0 + nt) for the nr rows of a block whose row i is at
+ * position p0 + i: the rows that see all of them in one call, the others in runs of
+ * ATTN_DIAG_ROWS rows over the positions the run's last row sees; rows that see none are left
+ * out (their scores there are zero and add nothing). Each call is (first row, end row,
+ * positions) in sp; returns their number (at most 1 + ceil(nr / ATTN_DIAG_ROWS)). */
+static int attn_spans(int32_t p0, int nr, int32_t t0, int32_t nt, int sp[][3])
+{
+    int first = AR_MIN(nr, AR_MAX(0, t0 - p0));
+    int all = AR_MIN(nr, AR_MAX(first, t0 + nt - 1 - p0)), n = 0;
+    if (all < nr) {
+        sp[n][0] = all, sp[n][1] = nr, sp[n][2] = nt;
+        n++;
+    }
+    for (int i = first; i < all; i += ATTN_DIAG_ROWS) {
+        int e = AR_MIN(i + ATTN_DIAG_ROWS, all);
+        sp[n][0] = i, sp[n][1] = e, sp[n][2] = p0 + e - t0; /* row e - 1 sees [t0, p0 + e) */
+        n++;
+    }
+    return n;
+}
+
 /* Attention of the nr rows r0.. of one block (see plan_attn_blocks) for KV head kvh, in one
  * pass over their K/V blocks: their query vectors (nr x group) gathered into one tile, so each
  * key and value row is loaded and converted once for all of them (a lone row, decode's case,
  * is read and written in place). Each row's scores are softmaxed over its own visible
- * positions and zero at the block's others (which adds nothing to its output); for a lone
- * row those are its visible positions, [first, pos + 1), the window's on a sliding layer
- * (whose earlier blocks are never read). */
+ * positions and zero at the block's others (which adds nothing to its output); where the
+ * causal diagonal crosses a K/V block, rows are taken in runs that stop at what they see
+ * (attn_spans). For a lone row those are its visible positions, [first, pos + 1), the
+ * window's on a sliding layer (whose earlier blocks are never read). */
 static void attn_rows_item(struct model_ctx *c, int ith, int64_t r0, int nr, int kvh)
 {
     const struct model_hparams *hp = &c->m->hp;
     const struct kernel_ops *ops = c->ops;
     int hd = hp->head_dim, n_q = hp->n_heads * hd;
-    int group = hp->n_heads / hp->n_kv_heads, nv = nr * group;
+    int group = hp->n_heads / hp->n_kv_heads;
     int bt = kv_params(c->kv)->block_tokens;
     size_t row_size = kv_row_size(c->kv), es = c->kv_elem, cap = (size_t)score_ld(c->score_cap);
     size_t tile = (size_t)attn_tile_rows(c) * (size_t)hd, head_bytes = (size_t)group * hd * 4;
@@ -533,7 +558,8 @@ static void attn_rows_item(struct model_ctx *c, int ith, int64_t r0, int nr, int
     int swa = c->m->layers[c->layer].swa_window;
     /* positions [lo, hi) are visible to some row of the block */
     int32_t lo = swa > 0 && c->b->pos[r0] + 1 > swa ? c->b->pos[r0] + 1 - swa : 0;
-    int32_t hi = c->b->pos[r0 + nr - 1] + 1;
+    int32_t hi = c->b->pos[r0 + nr - 1] + 1, p0 = c->b->pos[r0];
+    int sp[1 + ATTN_MAX_ROWS][3];
 
     if (in_place) {
         qt = c->q + r0 * c->q_ld + (int64_t)kvh * group * hd;
@@ -546,8 +572,13 @@ static void attn_rows_item(struct model_ctx *c, int ith, int64_t r0, int nr, int
     for (int32_t t0 = lo; t0 < hi;) {
         int32_t bi = t0 / bt, in = t0 % bt, nt = AR_MIN(bt - in, hi - t0);
         const uint8_t *kb = (const uint8_t *)kv_k_block(c->kv, c->layer, tab[bi]);
-        ops->attn_scores(hd, nv, nt, qt, kb + (size_t)in * row_size + head_off, row_size, kt,
-                         scale, scores + t0, cap);
+        int n_sp = attn_spans(p0, nr, t0, nt, sp);
+        for (int j = 0; j < n_sp; j++) {
+            size_t v0 = (size_t)sp[j][0] * (size_t)group;
+            ops->attn_scores(hd, (sp[j][1] - sp[j][0]) * group, sp[j][2], qt + v0 * (size_t)hd,
+                             kb + (size_t)in * row_size + head_off, row_size, kt, scale,
+                             scores + v0 * cap + t0, cap);
+        }
         t0 += nt;
     }
     for (int i = 0; i < nr; i++) {
@@ -564,8 +595,13 @@ static void attn_rows_item(struct model_ctx *c, int ith, int64_t r0, int nr, int
     for (int32_t t0 = lo; t0 < hi;) {
         int32_t bi = t0 / bt, in = t0 % bt, nt = AR_MIN(bt - in, hi - t0);
         const uint8_t *vb = (const uint8_t *)kv_v_block(c->kv, c->layer, tab[bi]);
-        ops->attn_values(hd, nv, nt, scores + t0, cap, vb + (size_t)in * row_size + head_off,
-                         row_size, kt, ot);
+        int n_sp = attn_spans(p0, nr, t0, nt, sp);
+        for (int j = 0; j < n_sp; j++) {
+            size_t v0 = (size_t)sp[j][0] * (size_t)group;
+            ops->attn_values(hd, (sp[j][1] - sp[j][0]) * group, sp[j][2], scores + v0 * cap + t0,
+                             cap, vb + (size_t)in * row_size + head_off, row_size, kt,
+                             ot + v0 * (size_t)hd);
+        }
         t0 += nt;
     }
     for (int i = 0; !in_place && i < nr; i++)
