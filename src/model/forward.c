@@ -171,9 +171,9 @@ static int attn_tile_rows(const struct model_ctx *c)
 }
 
 /* Floats from one score row to the next for a capacity of cap positions: 64 bytes more than
- * cap, so that the rows of a tile (cap a power of two: a multiple of 4 KiB apart) do not all
- * fall into the same L1 sets, where the score stores and the value pass's reads of 16 to 64
- * rows at one position evicted each other. */
+ * cap, so that the rows of a tile (cap is mostly a power of two, rows a multiple of 4 KiB
+ * apart) do not all fall into the same L1 sets, where the score stores and the value pass's
+ * reads of up to 64 rows at one position evicted each other. */
 static int64_t score_ld(int64_t cap)
 {
     return cap + 16;
@@ -566,8 +566,8 @@ static void attn_rows_item(struct model_ctx *c, int ith, int64_t r0, int nr, int
         ot = c->att + r0 * n_q + (int64_t)kvh * group * hd;
     } else {
         for (int i = 0; i < nr; i++)
-            memcpy(qt + (size_t)i * group * hd, c->q + (r0 + i) * c->q_ld + (int64_t)kvh * group * hd,
-                   head_bytes);
+            memcpy(qt + (size_t)i * group * hd,
+                   c->q + (r0 + i) * c->q_ld + (int64_t)kvh * group * hd, head_bytes);
     }
     for (int32_t t0 = lo; t0 < hi;) {
         int32_t bi = t0 / bt, in = t0 % bt, nt = AR_MIN(bt - in, hi - t0);
@@ -862,8 +862,9 @@ static void run_moe(struct model_ctx *c, const struct model_layer *L)
         const uint8_t *xu = vt_u == vt_g ? c->moe_act : c->moe_act_up;
         if (cnt == 0)
             continue;
-        c->moe_items[n_items++] = (struct mm_item){&L->exp_gate[e], c->moe_gate + p0 * c->ffe_ld,
-                                                   (size_t)c->ffe_ld, c->moe_act + p0 * rg, rg, cnt};
+        c->moe_items[n_items++] =
+            (struct mm_item){&L->exp_gate[e], c->moe_gate + p0 * c->ffe_ld, (size_t)c->ffe_ld,
+                             c->moe_act + p0 * rg, rg, cnt};
         c->moe_items[n_items++] = (struct mm_item){&L->exp_up[e], c->moe_up + p0 * c->ffe_ld,
                                                    (size_t)c->ffe_ld, xu + p0 * ru, ru, cnt};
     }
@@ -880,8 +881,9 @@ static void run_moe(struct model_ctx *c, const struct model_layer *L)
         size_t rd = vt_d == AR_TYPE_F32 ? (size_t)n_ff * 4 : c->act_row;
         if (cnt == 0)
             continue;
-        c->moe_items[n_items++] = (struct mm_item){&L->exp_down[e], c->moe_down + p0 * c->embd_ld,
-                                                   (size_t)c->embd_ld, c->moe_act + p0 * rd, rd, cnt};
+        c->moe_items[n_items++] =
+            (struct mm_item){&L->exp_down[e], c->moe_down + p0 * c->embd_ld, (size_t)c->embd_ld,
+                             c->moe_act + p0 * rd, rd, cnt};
     }
     run_mm_stage(c, c->moe_items, n_items);
 
