@@ -56,11 +56,14 @@ struct model_ctx {
     float *gate;    /* owned, n_ff */
     float *up;      /* owned, n_ff */
     float *hid;     /* owned, n_ff: silu(gate) * up */
+    /* row strides (floats) of the matmul outputs proj, q, k and v, gate and up, moe_gate and
+     * moe_up, moe_down: out_ld of their widths */
+    int64_t embd_ld, q_ld, kv_ld, ff_ld, ffe_ld;
     float *rope;    /* owned, n_rope * rope_dim: (cos, sin) pairs per rotated pair and rope
                      * (global, local), set per pass */
     uint8_t *act;   /* owned, act_row bytes per row: input rows in a vec_dot type */
     size_t act_row; /* max bytes of one converted input row over all matrices */
-    float *scores;  /* owned, (nth * attn_tile_rows, score_cap) */
+    float *scores;  /* owned, (nth * attn_tile_rows, score_ld(score_cap)) */
     int64_t score_cap;
     /* prefill attention (see attn_rows_item): blocks of rows sharing one pass over K/V */
     int attn_rows;      /* rows per block at most */
@@ -81,9 +84,9 @@ struct model_ctx {
     struct mm_item *moe_items; /* owned, (2 * n_expert) */
     uint8_t *moe_act;    /* owned, (P, act_row): gate/up inputs, then down inputs */
     uint8_t *moe_act_up; /* owned, (P, act_row): up's inputs when its type differs from gate's */
-    float *moe_gate;     /* owned, (P, n_ff_exp) */
-    float *moe_up;       /* owned, (P, n_ff_exp) */
-    float *moe_down;     /* owned, (P, n_embd): each pair's expert output */
+    float *moe_gate;     /* owned, (P, ffe_ld) */
+    float *moe_up;       /* owned, (P, ffe_ld) */
+    float *moe_down;     /* owned, (P, embd_ld): each pair's expert output */
     int moe_pairs;       /* pairs of the running step */
 
     /* What act holds now: rows of `act_src` converted to act_type (NULL: nothing). */
@@ -153,7 +156,10 @@ enum { PH_QKV, PH_ATTN, PH_WO, PH_GU, PH_DOWN, PH_PER_LAYER };
 /* Prefill attention tiles hold at most this many query vectors (rows x heads per KV head), and
  * at most ATTN_MAX_ROWS rows. */
 #define ATTN_TILE_Q 64
-#define ATTN_MAX_ROWS 16
+#define ATTN_MAX_ROWS 32
+/* Rows of a block that see only part of a K/V span (the causal diagonal) go in runs of this
+ * many, each over the positions its last row sees. */
+#define ATTN_DIAG_ROWS 4
 
 /* ---- allocation ---------------------------------------------------------------------- */
 
@@ -164,6 +170,15 @@ static int attn_tile_rows(const struct model_ctx *c)
     return c->attn_rows * (c->m->hp.n_heads / c->m->hp.n_kv_heads);
 }
 
+/* Floats from one score row to the next for a capacity of cap positions: 64 bytes more than
+ * cap, so that the rows of a tile (cap is mostly a power of two, rows a multiple of 4 KiB
+ * apart) do not all fall into the same L1 sets, where the score stores and the value pass's
+ * reads of up to 64 rows at one position evicted each other. */
+static int64_t score_ld(int64_t cap)
+{
+    return cap + 16;
+}
+
 static enum ar_status alloc_rows(float **p, int n_rows, int64_t width)
 {
     uint64_t bytes;
@@ -172,6 +187,17 @@ static enum ar_status alloc_rows(float **p, int n_rows, int64_t width)
         return AR_ENOMEM;
     *p = ar_malloc_aligned((size_t)bytes);
     return *p ? AR_OK : AR_ENOMEM;
+}
+
+/* The row stride (floats) of a matmul's output rows of n floats: n rounded up to an odd
+ * multiple of 64 bytes. The gemm kernels update 8 output rows at a time, a tile of up to 64
+ * rows per call; at widths that are multiples of 4 KiB (1024, 2048, 3072 floats: Qwen3's)
+ * those rows all fell into the same L1 sets and evicted each other at every pass (measured:
+ * the same Q8_0 tile ran 1.1-2x slower than with the rows 64 bytes further apart). */
+static int64_t out_ld(int64_t n)
+{
+    int64_t ld = (n + 15) / 16 * 16;
+    return ld / 16 % 2 ? ld : ld + 16;
 }
 
 static size_t mat_act_row(const struct model_mat *w)
@@ -215,18 +241,23 @@ enum ar_status model_ctx_create(const struct model *m, int n_batch_max, struct a
                                        AR_MAX(mat_act_row(&L->exp_up[e]),
                                               mat_act_row(&L->exp_down[e]))));
     }
+    c->embd_ld = out_ld(hp->n_embd);
+    c->q_ld = out_ld(n_q);
+    c->kv_ld = out_ld(n_kv);
+    c->ff_ld = out_ld(hp->n_ff);
+    c->ffe_ld = out_ld(hp->n_ff_exp);
     /* grown on demand by ensure_scores; a huge context_length must not cost memory up front */
     c->score_cap = AR_MAX(AR_MIN(hp->n_ctx_train, 4096), 16);
     c->attn_rows = AR_MIN(AR_MIN(ATTN_MAX_ROWS, n_batch_max),
                           AR_MAX(1, ATTN_TILE_Q / (hp->n_heads / hp->n_kv_heads)));
 
     if (alloc_rows(&c->x, n_batch_max, hp->n_embd) || alloc_rows(&c->xn, n_batch_max, hp->n_embd) ||
-        alloc_rows(&c->proj, n_batch_max, hp->n_embd) || alloc_rows(&c->q, n_batch_max, n_q) ||
-        alloc_rows(&c->k, n_batch_max, n_kv) || alloc_rows(&c->v, n_batch_max, n_kv) ||
-        alloc_rows(&c->att, n_batch_max, n_q) || alloc_rows(&c->gate, n_batch_max, hp->n_ff) ||
-        alloc_rows(&c->up, n_batch_max, hp->n_ff) || alloc_rows(&c->hid, n_batch_max, hp->n_ff) ||
+        alloc_rows(&c->proj, n_batch_max, c->embd_ld) || alloc_rows(&c->q, n_batch_max, c->q_ld) ||
+        alloc_rows(&c->k, n_batch_max, c->kv_ld) || alloc_rows(&c->v, n_batch_max, c->kv_ld) ||
+        alloc_rows(&c->att, n_batch_max, n_q) || alloc_rows(&c->gate, n_batch_max, c->ff_ld) ||
+        alloc_rows(&c->up, n_batch_max, c->ff_ld) || alloc_rows(&c->hid, n_batch_max, hp->n_ff) ||
         alloc_rows(&c->rope, n_batch_max, (int64_t)m->n_rope * hp->rope_dim) ||
-        alloc_rows(&c->scores, c->nth * attn_tile_rows(c), c->score_cap) ||
+        alloc_rows(&c->scores, c->nth * attn_tile_rows(c), score_ld(c->score_cap)) ||
         alloc_rows(&c->attn_tile, c->nth * 2 * attn_tile_rows(c), hp->head_dim))
         goto fail;
     if (!(c->attn_blk = ar_malloc((size_t)(n_batch_max + 1) * sizeof(*c->attn_blk))))
@@ -244,9 +275,9 @@ enum ar_status model_ctx_create(const struct model *m, int n_batch_max, struct a
         int64_t pairs = (int64_t)n_batch_max * hp->n_expert_used;
         if (alloc_rows(&c->moe_logits, n_batch_max, hp->n_expert) ||
             alloc_rows(&c->moe_w, n_batch_max, hp->n_expert_used) ||
-            alloc_rows(&c->moe_gate, (int)pairs, hp->n_ff_exp) ||
-            alloc_rows(&c->moe_up, (int)pairs, hp->n_ff_exp) ||
-            alloc_rows(&c->moe_down, (int)pairs, hp->n_embd) ||
+            alloc_rows(&c->moe_gate, (int)pairs, c->ffe_ld) ||
+            alloc_rows(&c->moe_up, (int)pairs, c->ffe_ld) ||
+            alloc_rows(&c->moe_down, (int)pairs, c->embd_ld) ||
             !(c->moe_sel = ar_malloc((size_t)pairs * sizeof(*c->moe_sel))) ||
             !(c->moe_order = ar_malloc((size_t)pairs * sizeof(*c->moe_order))) ||
             !(c->moe_pos = ar_malloc((size_t)pairs * sizeof(*c->moe_pos))) ||
@@ -335,7 +366,7 @@ static enum ar_status ensure_scores(struct model_ctx *c, int64_t n)
         return AR_OK;
     while (cap < n)
         cap *= 2;
-    if (alloc_rows(&s, c->nth * attn_tile_rows(c), cap) != AR_OK)
+    if (alloc_rows(&s, c->nth * attn_tile_rows(c), score_ld(cap)) != AR_OK)
         return AR_ENOMEM;
     ar_free_aligned(c->scores);
     c->scores = s;
@@ -422,11 +453,10 @@ static void qkv_post_row(struct model_ctx *c, int64_t r, int g0, int g1)
     const struct model_hparams *hp = &c->m->hp;
     const struct model_layer *L = &c->m->layers[c->layer];
     int hd = hp->head_dim, group = hp->n_heads / hp->n_kv_heads;
-    int n_q = hp->n_heads * hd, n_kv = hp->n_kv_heads * hd;
     int q0 = g0 * group * hd, q1 = g1 * group * hd, k0 = g0 * hd, k1 = g1 * hd;
     int bt = kv_params(c->kv)->block_tokens;
     size_t row_size = kv_row_size(c->kv);
-    float *q = c->q + r * n_q, *k = c->k + r * n_kv, *v = c->v + r * n_kv;
+    float *q = c->q + r * c->q_ld, *k = c->k + r * c->kv_ld, *v = c->v + r * c->kv_ld;
     const float *csp = c->rope + (r * c->m->n_rope + L->rope) * hp->rope_dim;
     int32_t pos = c->b->pos[r];
     const struct kv_seq *s = c->seqs[c->b->seq[r]];
@@ -479,21 +509,43 @@ static void plan_attn_blocks(struct model_ctx *c)
     c->n_attn_blk = n;
 }
 
+/* The calls that cover positions [t0, t0 + nt) for the nr rows of a block whose row i is at
+ * position p0 + i: the rows that see all of them in one call, the others in runs of
+ * ATTN_DIAG_ROWS rows over the positions the run's last row sees; rows that see none are left
+ * out (their scores there are zero and add nothing). Each call is (first row, end row,
+ * positions) in sp; returns their number (at most 1 + ceil(nr / ATTN_DIAG_ROWS)). */
+static int attn_spans(int32_t p0, int nr, int32_t t0, int32_t nt, int sp[][3])
+{
+    int first = AR_MIN(nr, AR_MAX(0, t0 - p0));
+    int all = AR_MIN(nr, AR_MAX(first, t0 + nt - 1 - p0)), n = 0;
+    if (all < nr) {
+        sp[n][0] = all, sp[n][1] = nr, sp[n][2] = nt;
+        n++;
+    }
+    for (int i = first; i < all; i += ATTN_DIAG_ROWS) {
+        int e = AR_MIN(i + ATTN_DIAG_ROWS, all);
+        sp[n][0] = i, sp[n][1] = e, sp[n][2] = p0 + e - t0; /* row e - 1 sees [t0, p0 + e) */
+        n++;
+    }
+    return n;
+}
+
 /* Attention of the nr rows r0.. of one block (see plan_attn_blocks) for KV head kvh, in one
  * pass over their K/V blocks: their query vectors (nr x group) gathered into one tile, so each
  * key and value row is loaded and converted once for all of them (a lone row, decode's case,
  * is read and written in place). Each row's scores are softmaxed over its own visible
- * positions and zero at the block's others (which adds nothing to its output); for a lone
- * row those are its visible positions, [first, pos + 1), the window's on a sliding layer
- * (whose earlier blocks are never read). */
+ * positions and zero at the block's others (which adds nothing to its output); where the
+ * causal diagonal crosses a K/V block, rows are taken in runs that stop at what they see
+ * (attn_spans). For a lone row those are its visible positions, [first, pos + 1), the
+ * window's on a sliding layer (whose earlier blocks are never read). */
 static void attn_rows_item(struct model_ctx *c, int ith, int64_t r0, int nr, int kvh)
 {
     const struct model_hparams *hp = &c->m->hp;
     const struct kernel_ops *ops = c->ops;
     int hd = hp->head_dim, n_q = hp->n_heads * hd;
-    int group = hp->n_heads / hp->n_kv_heads, nv = nr * group;
+    int group = hp->n_heads / hp->n_kv_heads;
     int bt = kv_params(c->kv)->block_tokens;
-    size_t row_size = kv_row_size(c->kv), es = c->kv_elem, cap = (size_t)c->score_cap;
+    size_t row_size = kv_row_size(c->kv), es = c->kv_elem, cap = (size_t)score_ld(c->score_cap);
     size_t tile = (size_t)attn_tile_rows(c) * (size_t)hd, head_bytes = (size_t)group * hd * 4;
     enum ar_type kt = es == 4 ? AR_TYPE_F32 : AR_TYPE_F16;
     float scale = (float)(1.0 / sqrt((double)hd));
@@ -506,21 +558,27 @@ static void attn_rows_item(struct model_ctx *c, int ith, int64_t r0, int nr, int
     int swa = c->m->layers[c->layer].swa_window;
     /* positions [lo, hi) are visible to some row of the block */
     int32_t lo = swa > 0 && c->b->pos[r0] + 1 > swa ? c->b->pos[r0] + 1 - swa : 0;
-    int32_t hi = c->b->pos[r0 + nr - 1] + 1;
+    int32_t hi = c->b->pos[r0 + nr - 1] + 1, p0 = c->b->pos[r0];
+    int sp[1 + ATTN_MAX_ROWS][3];
 
     if (in_place) {
-        qt = c->q + r0 * n_q + (int64_t)kvh * group * hd;
+        qt = c->q + r0 * c->q_ld + (int64_t)kvh * group * hd;
         ot = c->att + r0 * n_q + (int64_t)kvh * group * hd;
     } else {
         for (int i = 0; i < nr; i++)
-            memcpy(qt + (size_t)i * group * hd, c->q + (r0 + i) * n_q + (int64_t)kvh * group * hd,
-                   head_bytes);
+            memcpy(qt + (size_t)i * group * hd,
+                   c->q + (r0 + i) * c->q_ld + (int64_t)kvh * group * hd, head_bytes);
     }
     for (int32_t t0 = lo; t0 < hi;) {
         int32_t bi = t0 / bt, in = t0 % bt, nt = AR_MIN(bt - in, hi - t0);
         const uint8_t *kb = (const uint8_t *)kv_k_block(c->kv, c->layer, tab[bi]);
-        ops->attn_scores(hd, nv, nt, qt, kb + (size_t)in * row_size + head_off, row_size, kt,
-                         scale, scores + t0, cap);
+        int n_sp = attn_spans(p0, nr, t0, nt, sp);
+        for (int j = 0; j < n_sp; j++) {
+            size_t v0 = (size_t)sp[j][0] * (size_t)group;
+            ops->attn_scores(hd, (sp[j][1] - sp[j][0]) * group, sp[j][2], qt + v0 * (size_t)hd,
+                             kb + (size_t)in * row_size + head_off, row_size, kt, scale,
+                             scores + v0 * cap + t0, cap);
+        }
         t0 += nt;
     }
     for (int i = 0; i < nr; i++) {
@@ -537,8 +595,13 @@ static void attn_rows_item(struct model_ctx *c, int ith, int64_t r0, int nr, int
     for (int32_t t0 = lo; t0 < hi;) {
         int32_t bi = t0 / bt, in = t0 % bt, nt = AR_MIN(bt - in, hi - t0);
         const uint8_t *vb = (const uint8_t *)kv_v_block(c->kv, c->layer, tab[bi]);
-        ops->attn_values(hd, nv, nt, scores + t0, cap, vb + (size_t)in * row_size + head_off,
-                         row_size, kt, ot);
+        int n_sp = attn_spans(p0, nr, t0, nt, sp);
+        for (int j = 0; j < n_sp; j++) {
+            size_t v0 = (size_t)sp[j][0] * (size_t)group;
+            ops->attn_values(hd, (sp[j][1] - sp[j][0]) * group, sp[j][2], scores + v0 * cap + t0,
+                             cap, vb + (size_t)in * row_size + head_off, row_size, kt,
+                             ot + v0 * (size_t)hd);
+        }
         t0 += nt;
     }
     for (int i = 0; !in_place && i < nr; i++)
@@ -570,9 +633,11 @@ static void stage_attn(void *arg, int ith, int nth)
     struct model_ctx *c = arg;
     int64_t i0, i1, n_items = attn_units(c);
     (void)nth;
+    /* last units first: a prefill's later blocks see the most positions, so the claims that
+     * end the stage are its shortest and the threads finish together */
     while (claim(c, n_items, AR_MAX(1, n_items / (8 * c->nth)), &i0, &i1))
         for (int64_t it = i0; it < i1; it++)
-            attn_unit(c, ith, it);
+            attn_unit(c, ith, n_items - 1 - it);
 }
 
 /* ---- matmul stage -------------------------------------------------------------------- */
@@ -716,8 +781,8 @@ static void stage_moe_act(void *arg, int ith, int nth)
     (void)ith, (void)nth;
     while (claim(c, c->moe_pairs, AR_MAX(1, c->moe_pairs / (4 * c->nth)), &p0, &p1)) {
         for (int64_t p = p0; p < p1; p++) {
-            float *g = c->moe_gate + p * n; /* act(gate) * up in place of gate */
-            model_act_mul(c->ops, hp->act, (int)n, g, g, c->moe_up + p * n);
+            float *g = c->moe_gate + p * c->ffe_ld; /* act(gate) * up in place of gate */
+            model_act_mul(c->ops, hp->act, (int)n, g, g, c->moe_up + p * c->ffe_ld);
             if (vt == AR_TYPE_F32)
                 memcpy(c->moe_act + (size_t)p * row, g, (size_t)n * sizeof(float));
             else
@@ -797,10 +862,11 @@ static void run_moe(struct model_ctx *c, const struct model_layer *L)
         const uint8_t *xu = vt_u == vt_g ? c->moe_act : c->moe_act_up;
         if (cnt == 0)
             continue;
-        c->moe_items[n_items++] = (struct mm_item){&L->exp_gate[e], c->moe_gate + p0 * n_ff,
-                                                   (size_t)n_ff, c->moe_act + p0 * rg, rg, cnt};
-        c->moe_items[n_items++] = (struct mm_item){&L->exp_up[e], c->moe_up + p0 * n_ff,
-                                                   (size_t)n_ff, xu + p0 * ru, ru, cnt};
+        c->moe_items[n_items++] =
+            (struct mm_item){&L->exp_gate[e], c->moe_gate + p0 * c->ffe_ld, (size_t)c->ffe_ld,
+                             c->moe_act + p0 * rg, rg, cnt};
+        c->moe_items[n_items++] = (struct mm_item){&L->exp_up[e], c->moe_up + p0 * c->ffe_ld,
+                                                   (size_t)c->ffe_ld, xu + p0 * ru, ru, cnt};
     }
     run_mm_stage(c, c->moe_items, n_items);
 
@@ -815,15 +881,16 @@ static void run_moe(struct model_ctx *c, const struct model_layer *L)
         size_t rd = vt_d == AR_TYPE_F32 ? (size_t)n_ff * 4 : c->act_row;
         if (cnt == 0)
             continue;
-        c->moe_items[n_items++] = (struct mm_item){&L->exp_down[e], c->moe_down + p0 * n_embd,
-                                                   (size_t)n_embd, c->moe_act + p0 * rd, rd, cnt};
+        c->moe_items[n_items++] =
+            (struct mm_item){&L->exp_down[e], c->moe_down + p0 * c->embd_ld, (size_t)c->embd_ld,
+                             c->moe_act + p0 * rd, rd, cnt};
     }
     run_mm_stage(c, c->moe_items, n_items);
 
     for (int r = 0; r < n_rows; r++) {
         for (int j = 0; j < k; j++)
-            outs[j] = c->moe_down + (size_t)c->moe_pos[r * k + j] * (size_t)n_embd;
-        model_moe_combine(hp, outs, c->moe_w + (size_t)r * k, c->proj + r * n_embd);
+            outs[j] = c->moe_down + (size_t)c->moe_pos[r * k + j] * (size_t)c->embd_ld;
+        model_moe_combine(hp, outs, c->moe_w + (size_t)r * k, c->proj + r * c->embd_ld);
     }
 }
 
@@ -889,23 +956,23 @@ static int ph_mats(const struct model_ctx *c, int p, struct mm_item *it)
     }
     switch (p % PH_PER_LAYER) {
     case PH_QKV:
-        it[0] = (struct mm_item){.w = &L->wq, .out = c->q, .ldy = (size_t)L->wq.n_out};
-        it[1] = (struct mm_item){.w = &L->wk, .out = c->k, .ldy = (size_t)L->wk.n_out};
-        it[2] = (struct mm_item){.w = &L->wv, .out = c->v, .ldy = (size_t)L->wv.n_out};
+        it[0] = (struct mm_item){.w = &L->wq, .out = c->q, .ldy = (size_t)c->q_ld};
+        it[1] = (struct mm_item){.w = &L->wk, .out = c->k, .ldy = (size_t)c->kv_ld};
+        it[2] = (struct mm_item){.w = &L->wv, .out = c->v, .ldy = (size_t)c->kv_ld};
         return 3;
     case PH_WO:
-        it[0] = (struct mm_item){.w = &L->wo, .out = c->proj, .ldy = (size_t)hp->n_embd};
+        it[0] = (struct mm_item){.w = &L->wo, .out = c->proj, .ldy = (size_t)c->embd_ld};
         return 1;
     case PH_GU:
         if (L->exp_gate)
             return 0;
-        it[0] = (struct mm_item){.w = &L->wgate, .out = c->gate, .ldy = (size_t)hp->n_ff};
-        it[1] = (struct mm_item){.w = &L->wup, .out = c->up, .ldy = (size_t)hp->n_ff};
+        it[0] = (struct mm_item){.w = &L->wgate, .out = c->gate, .ldy = (size_t)c->ff_ld};
+        it[1] = (struct mm_item){.w = &L->wup, .out = c->up, .ldy = (size_t)c->ff_ld};
         return 2;
     case PH_DOWN:
         if (L->exp_gate)
             return 0;
-        it[0] = (struct mm_item){.w = &L->wdown, .out = c->proj, .ldy = (size_t)hp->n_embd};
+        it[0] = (struct mm_item){.w = &L->wdown, .out = c->proj, .ldy = (size_t)c->embd_ld};
         return 1;
     default:
         return 0;
@@ -970,16 +1037,16 @@ static void tail_rows(struct model_ctx *c, int p, int64_t r0, int64_t r1)
                 qkv_post_row(c, r, 0, hp->n_kv_heads);
             break;
         case PH_WO:
-            add_block_output(c, x, c->proj + r * n, L->post_attn_norm);
+            add_block_output(c, x, c->proj + r * c->embd_ld, L->post_attn_norm);
             c->ops->rmsnorm((int)n, xn, x, L->ffn_norm, hp->rms_eps);
             break;
         case PH_GU:
             if (!L->exp_gate)
-                model_act_mul(c->ops, hp->act, (int)f, c->hid + r * f, c->gate + r * f,
-                              c->up + r * f);
+                model_act_mul(c->ops, hp->act, (int)f, c->hid + r * f, c->gate + r * c->ff_ld,
+                              c->up + r * c->ff_ld);
             break;
         case PH_DOWN:
-            add_block_output(c, x, c->proj + r * n, L->post_ffn_norm);
+            add_block_output(c, x, c->proj + r * c->embd_ld, L->post_ffn_norm);
             c->ops->rmsnorm((int)n, xn, x,
                             l + 1 < hp->n_layers ? m->layers[l + 1].attn_norm : m->output_norm,
                             hp->rms_eps);
