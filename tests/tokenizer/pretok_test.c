@@ -17,22 +17,30 @@
 
 /* Loads a three-token byte-level BPE vocabulary whose tokenizer.ggml.pre is pre (NULL: no
  * key), with opts; returns the status and the tokenizer in *out (NULL on failure). */
-static enum ar_status load_tiny(const char *pre, const struct tokenizer_opts *opts,
-                                struct tokenizer **out, struct ar_err *err)
+/* A writer holding the first n of "a", "b", "ab", "</s>" as a gpt2 vocabulary with the merge
+ * "a b" (pre: tokenizer.ggml.pre, NULL for none); the caller adds keys. */
+static struct gguf_writer *tiny_writer(const char *pre, uint64_t n)
 {
-    static const struct gguf_str toks[] = {{"a", 1}, {"b", 1}, {"ab", 2}};
+    static const struct gguf_str toks[] = {{"a", 1}, {"b", 1}, {"ab", 2}, {"</s>", 4}};
     static const struct gguf_str merges[] = {{"a b", 3}};
     struct gguf_writer *w = NULL;
-    struct gguf_file *f = NULL;
-    char dir[] = "/tmp/pretok_test_XXXXXX", path[64];
-    enum ar_status st;
     assert_int_equal(gguf_writer_create(&w), AR_OK);
     assert_int_equal(gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2"), AR_OK);
     if (pre)
         assert_int_equal(gguf_writer_set_str(w, "tokenizer.ggml.pre", pre), AR_OK);
-    assert_int_equal(gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", toks, 3), AR_OK);
+    assert_int_equal(gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", toks, n), AR_OK);
     assert_int_equal(gguf_writer_set_arr_str(w, "tokenizer.ggml.merges", merges, 1), AR_OK);
-    assert_int_equal(gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", 0), AR_OK);
+    return w;
+}
+
+/* Writes w to a temporary file, loads a tokenizer from it with opts and destroys w; returns
+ * the load's status. */
+static enum ar_status load_written(struct gguf_writer *w, const struct tokenizer_opts *opts,
+                                   struct tokenizer **out, struct ar_err *err)
+{
+    struct gguf_file *f = NULL;
+    char dir[] = "/tmp/pretok_test_XXXXXX", path[64];
+    enum ar_status st;
     assert_non_null(mkdtemp(dir));
     snprintf(path, sizeof(path), "%s/v.gguf", dir);
     assert_int_equal(gguf_writer_write(w, path, NULL), AR_OK);
@@ -44,6 +52,14 @@ static enum ar_status load_tiny(const char *pre, const struct tokenizer_opts *op
     unlink(path);
     rmdir(dir);
     return st;
+}
+
+static enum ar_status load_tiny(const char *pre, const struct tokenizer_opts *opts,
+                                struct tokenizer **out, struct ar_err *err)
+{
+    struct gguf_writer *w = tiny_writer(pre, 3);
+    assert_int_equal(gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", 0), AR_OK);
+    return load_written(w, opts, out, err);
 }
 
 static struct tokenizer *tiny_with(const char *pre)
@@ -473,17 +489,7 @@ static void id_merges_equal_text_merges(void **state)
 static enum ar_status load_sep(bool add_eos, bool add_sep, int sep, struct tokenizer **out,
                                struct ar_err *err)
 {
-    static const struct gguf_str toks[] = {{"a", 1}, {"b", 1}, {"ab", 2}, {"</s>", 4}};
-    static const struct gguf_str merges[] = {{"a b", 3}};
-    struct gguf_writer *w = NULL;
-    struct gguf_file *f = NULL;
-    char dir[] = "/tmp/pretok_test_XXXXXX", path[64];
-    enum ar_status st;
-    assert_int_equal(gguf_writer_create(&w), AR_OK);
-    assert_int_equal(gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2"), AR_OK);
-    assert_int_equal(gguf_writer_set_str(w, "tokenizer.ggml.pre", "gpt-2"), AR_OK);
-    assert_int_equal(gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", toks, 4), AR_OK);
-    assert_int_equal(gguf_writer_set_arr_str(w, "tokenizer.ggml.merges", merges, 1), AR_OK);
+    struct gguf_writer *w = tiny_writer("gpt-2", 4);
     assert_int_equal(gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", 3), AR_OK);
     assert_int_equal(gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", false), AR_OK);
     assert_int_equal(gguf_writer_set_bool(w, "tokenizer.ggml.add_eos_token", add_eos), AR_OK);
@@ -491,17 +497,7 @@ static enum ar_status load_sep(bool add_eos, bool add_sep, int sep, struct token
     if (sep >= 0)
         assert_int_equal(
             gguf_writer_set_u32(w, "tokenizer.ggml.seperator_token_id", (uint32_t)sep), AR_OK);
-    assert_non_null(mkdtemp(dir));
-    snprintf(path, sizeof(path), "%s/v.gguf", dir);
-    assert_int_equal(gguf_writer_write(w, path, NULL), AR_OK);
-    assert_int_equal(gguf_open(path, &f, err), AR_OK);
-    *out = NULL;
-    st = tokenizer_load(f, out, err);
-    gguf_close(f);
-    gguf_writer_destroy(w);
-    unlink(path);
-    rmdir(dir);
-    return st;
+    return load_written(w, NULL, out, err);
 }
 
 /* With tokenizer.ggml.add_sep_token the separator follows the text (and EOS) when special
