@@ -1247,66 +1247,6 @@ AR_INLINE void lk_rows(const int kind, const int J, const struct lk_wt *wt, cons
     }
 }
 
-AR_INLINE void lk_gemm(const int kind, int nb, int nr, int nc, const uint8_t *w, size_t w_row,
-                       const uint8_t *x, size_t x_row, float *y, size_t ldy)
-{
-    const size_t bs = kind == LK_Q4_K   ? sizeof(struct block_q4_K)
-                      : kind == LK_Q5_K ? sizeof(struct block_q5_K)
-                                        : sizeof(struct block_q6_K);
-    const size_t xbs = sizeof(struct block_q8_K);
-    struct lk_wt wt;
-    for (int j0 = 0; j0 < nc; j0 += LN_JC) {
-        int jn = AR_MIN(LN_JC, nc - j0);
-        const uint8_t *xj0 = x + (size_t)j0 * x_row;
-        for (int i0 = 0; i0 < nr; i0 += 16) {
-            int rn = AR_MIN(16, nr - i0);
-            __mmask16 m = (__mmask16)((1u << rn) - 1u);
-            const uint8_t *rows[16];
-            float *yt = y + (size_t)j0 * ldy + (size_t)i0;
-            for (int r = 0; r < 16; r++)
-                rows[r] = w + (size_t)(i0 + AR_MIN(r, rn - 1)) * w_row;
-            for (int b = 0; b < nb; b++) {
-                const uint8_t *xb = xj0 + (size_t)b * xbs;
-                int j = 0;
-                lk_unpack(kind, rows, (size_t)b * bs, &wt);
-                for (; j + 4 <= jn; j += 4)
-                    lk_rows(kind, 4, &wt, NULL, xb + (size_t)j * x_row, x_row, yt + (size_t)j * ldy, ldy,
-                            m, b == 0);
-                for (; j < jn; j++)
-                    lk_rows(kind, 1, &wt, NULL, xb + (size_t)j * x_row, x_row, yt + (size_t)j * ldy, ldy,
-                            m, b == 0);
-            }
-        }
-    }
-}
-
-static void q4_K_gemm_best(int n, int nr, int nc, const void *w, size_t w_row, const void *x,
-                           size_t x_row, float *y, size_t ldy)
-{
-    if (nc >= LK_MIN_NC)
-        lk_gemm(LK_Q4_K, n / QK_K, nr, nc, w, w_row, x, x_row, y, ldy);
-    else
-        q4_K_gemm(n, nr, nc, w, w_row, x, x_row, y, ldy);
-}
-
-static void q5_K_gemm_best(int n, int nr, int nc, const void *w, size_t w_row, const void *x,
-                           size_t x_row, float *y, size_t ldy)
-{
-    if (nc >= LK_MIN_NC)
-        lk_gemm(LK_Q5_K, n / QK_K, nr, nc, w, w_row, x, x_row, y, ldy);
-    else
-        q5_K_gemm(n, nr, nc, w, w_row, x, x_row, y, ldy);
-}
-
-static void q6_K_gemm_best(int n, int nr, int nc, const void *w, size_t w_row, const void *x,
-                           size_t x_row, float *y, size_t ldy)
-{
-    if (nc >= LK_MIN_NC)
-        lk_gemm(LK_Q6_K, n / QK_K, nr, nc, w, w_row, x, x_row, y, ldy);
-    else
-        q6_K_gemm(n, nr, nc, w, w_row, x, x_row, y, ldy);
-}
-
 /* ---- packed K-quants (kernels.h, "x16") -------------------------------------------------------
  * The lane kernels' arithmetic (lk_rows) over super-blocks already in lane order: a group's 16
  * rows are one stream, the quants need only their nibbles and high bits separated, and the
@@ -1369,17 +1309,16 @@ AR_INLINE __m512i lane_byte(__m512i v, int k)
  * k_scales_mins on 16 rows' words at once. */
 AR_INLINE void pkk_scales(const int kind, const uint8_t *p, struct lk_wt *wt)
 {
-    const uint8_t *s = p;
     if (kind == LK_Q6_K) {
         _Pragma("GCC unroll 16") for (int k = 0; k < 16; k++)
-            wt->sc[k] = _mm512_cvtepi8_epi32(_mm_loadu_si128(cv128(s + 16 * k)));
+            wt->sc[k] = _mm512_cvtepi8_epi32(_mm_loadu_si128(cv128(p + 16 * k)));
         wt->d = _mm512_cvtph_ps(_mm256_loadu_si256(cv256(p + PKK_D(kind))));
         return;
     }
     const __m512i m6 = _mm512_set1_epi32(0x3f3f3f3f), m4 = _mm512_set1_epi32(0x0f0f0f0f),
                   t2 = _mm512_set1_epi32(0x30303030);
-    __m512i a = _mm512_loadu_si512((const void *)s), b = _mm512_loadu_si512((const void *)(s + 64)),
-            c = _mm512_loadu_si512((const void *)(s + 128));
+    __m512i a = _mm512_loadu_si512((const void *)p), b = _mm512_loadu_si512((const void *)(p + 64)),
+            c = _mm512_loadu_si512((const void *)(p + 128));
     __m512i sc_lo = _mm512_and_si512(a, m6), m_lo = _mm512_and_si512(b, m6);
     __m512i sc_hi = _mm512_or_si512(_mm512_and_si512(c, m4),
                                     _mm512_and_si512(_mm512_srli_epi32(a, 2), t2));
@@ -1407,6 +1346,74 @@ AR_INLINE void pkk_unpack(const int kind, const uint8_t *p, struct lk_wt *wt)
     _Pragma("GCC unroll 8") for (int g = 0; g < 8; g++) pkk_group(kind, p, g, &wt->v[8 * g]);
     pkk_scales(kind, p, wt);
 }
+
+/* Many activation rows: each super-block of 16 weight rows unpacked once per LN_JC activation
+ * rows, from the file's rows (w_row apart; transposed by lk_unpack) or, when packed, from the
+ * packed groups (kernels.h, "x16"; pkk_unpack). */
+AR_INLINE void lk_gemm(const int kind, const bool packed, int nb, int nr, int nc,
+                       const uint8_t *w, size_t w_row, const uint8_t *x, size_t x_row, float *y,
+                       size_t ldy)
+{
+    const size_t bs = kind == LK_Q4_K   ? sizeof(struct block_q4_K)
+                      : kind == LK_Q5_K ? sizeof(struct block_q5_K)
+                                        : sizeof(struct block_q6_K);
+    const size_t xbs = sizeof(struct block_q8_K), gsz = (size_t)nb * PKK_B(kind);
+    struct lk_wt wt;
+    for (int j0 = 0; j0 < nc; j0 += LN_JC) {
+        int jn = AR_MIN(LN_JC, nc - j0);
+        const uint8_t *xj0 = x + (size_t)j0 * x_row;
+        for (int i0 = 0; i0 < nr; i0 += 16) {
+            int rn = AR_MIN(16, nr - i0);
+            __mmask16 m = (__mmask16)((1u << rn) - 1u);
+            const uint8_t *rows[16], *gq = w + (size_t)(i0 / 16) * gsz;
+            float *yt = y + (size_t)j0 * ldy + (size_t)i0;
+            for (int r = 0; r < 16 && !packed; r++)
+                rows[r] = w + (size_t)(i0 + AR_MIN(r, rn - 1)) * w_row;
+            for (int b = 0; b < nb; b++) {
+                const uint8_t *xb = xj0 + (size_t)b * xbs;
+                int j = 0;
+                if (packed)
+                    pkk_unpack(kind, gq + (size_t)b * PKK_B(kind), &wt);
+                else
+                    lk_unpack(kind, rows, (size_t)b * bs, &wt);
+                for (; j + 4 <= jn; j += 4)
+                    lk_rows(kind, 4, &wt, NULL, xb + (size_t)j * x_row, x_row, yt + (size_t)j * ldy,
+                            ldy, m, b == 0);
+                for (; j < jn; j++)
+                    lk_rows(kind, 1, &wt, NULL, xb + (size_t)j * x_row, x_row, yt + (size_t)j * ldy,
+                            ldy, m, b == 0);
+            }
+        }
+    }
+}
+
+static void q4_K_gemm_best(int n, int nr, int nc, const void *w, size_t w_row, const void *x,
+                           size_t x_row, float *y, size_t ldy)
+{
+    if (nc >= LK_MIN_NC)
+        lk_gemm(LK_Q4_K, false, n / QK_K, nr, nc, w, w_row, x, x_row, y, ldy);
+    else
+        q4_K_gemm(n, nr, nc, w, w_row, x, x_row, y, ldy);
+}
+
+static void q5_K_gemm_best(int n, int nr, int nc, const void *w, size_t w_row, const void *x,
+                           size_t x_row, float *y, size_t ldy)
+{
+    if (nc >= LK_MIN_NC)
+        lk_gemm(LK_Q5_K, false, n / QK_K, nr, nc, w, w_row, x, x_row, y, ldy);
+    else
+        q5_K_gemm(n, nr, nc, w, w_row, x, x_row, y, ldy);
+}
+
+static void q6_K_gemm_best(int n, int nr, int nc, const void *w, size_t w_row, const void *x,
+                           size_t x_row, float *y, size_t ldy)
+{
+    if (nc >= LK_MIN_NC)
+        lk_gemm(LK_Q6_K, false, n / QK_K, nr, nc, w, w_row, x, x_row, y, ldy);
+    else
+        q6_K_gemm(n, nr, nc, w, w_row, x, x_row, y, ldy);
+}
+
 
 /* J (1..4) activation rows of the packed super-block p, the quants read in registers */
 AR_INLINE void pkk_few(const int kind, int J, const struct lk_wt *wt, const uint8_t *p,
@@ -1439,44 +1446,24 @@ AR_INLINE void pkk_gemm(const int kind, int nb, int nr, int nc, const uint8_t *w
 {
     const size_t pbs = PKK_B(kind), gsz = (size_t)nb * pbs, xbs = sizeof(struct block_q8_K);
     struct lk_wt wt;
-    if (nc < LK_MIN_NC) {
-        /* few rows (decode): group after group in address order, each super-block's quants
-         * taken into registers once per 4 activation rows (past the matrix's end the prefetch
-         * reads nothing: prefetches do not fault) */
-        for (int i0 = 0; i0 < nr; i0 += 16) {
-            const uint8_t *gq = wp + (size_t)(i0 / 16) * gsz;
-            __mmask16 m = (__mmask16)((1u << AR_MIN(16, nr - i0)) - 1u);
-            for (int b = 0; b < nb; b++) {
-                const uint8_t *p = gq + (size_t)b * pbs, *xb = x + (size_t)b * xbs;
-                for (size_t o = 0; o < pbs; o += 64)
-                    _mm_prefetch((const char *)p + PKK_AHEAD * pbs + o, _MM_HINT_T1);
-                pkk_scales(kind, p, &wt);
-                for (int j = 0; j < nc; j += 4)
-                    pkk_few(kind, AR_MIN(4, nc - j), &wt, p, xb + (size_t)j * x_row, x_row,
-                            y + (size_t)j * ldy + (size_t)i0, ldy, m, b == 0);
-            }
-        }
+    if (nc >= LK_MIN_NC) {
+        lk_gemm(kind, true, nb, nr, nc, wp, 0, x, x_row, y, ldy);
         return;
     }
-    /* many rows: as lk_gemm, each super-block unpacked once per LN_JC activation rows */
-    for (int j0 = 0; j0 < nc; j0 += LN_JC) {
-        int jn = AR_MIN(LN_JC, nc - j0);
-        const uint8_t *xj0 = x + (size_t)j0 * x_row;
-        for (int i0 = 0; i0 < nr; i0 += 16) {
-            const uint8_t *gq = wp + (size_t)(i0 / 16) * gsz;
-            __mmask16 m = (__mmask16)((1u << AR_MIN(16, nr - i0)) - 1u);
-            float *yt = y + (size_t)j0 * ldy + (size_t)i0;
-            for (int b = 0; b < nb; b++) {
-                const uint8_t *xb = xj0 + (size_t)b * xbs;
-                int j = 0;
-                pkk_unpack(kind, gq + (size_t)b * pbs, &wt);
-                for (; j + 4 <= jn; j += 4)
-                    lk_rows(kind, 4, &wt, NULL, xb + (size_t)j * x_row, x_row, yt + (size_t)j * ldy,
-                            ldy, m, b == 0);
-                for (; j < jn; j++)
-                    lk_rows(kind, 1, &wt, NULL, xb + (size_t)j * x_row, x_row, yt + (size_t)j * ldy,
-                            ldy, m, b == 0);
-            }
+    /* few rows (decode): group after group in address order, each super-block's quants taken
+     * into registers once per 4 activation rows (past the matrix's end the prefetch reads
+     * nothing: prefetches do not fault) */
+    for (int i0 = 0; i0 < nr; i0 += 16) {
+        const uint8_t *gq = wp + (size_t)(i0 / 16) * gsz;
+        __mmask16 m = (__mmask16)((1u << AR_MIN(16, nr - i0)) - 1u);
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *p = gq + (size_t)b * pbs, *xb = x + (size_t)b * xbs;
+            for (size_t o = 0; o < pbs; o += 64)
+                _mm_prefetch((const char *)p + PKK_AHEAD * pbs + o, _MM_HINT_T1);
+            pkk_scales(kind, p, &wt);
+            for (int j = 0; j < nc; j += 4)
+                pkk_few(kind, AR_MIN(4, nc - j), &wt, p, xb + (size_t)j * x_row, x_row,
+                        y + (size_t)j * ldy + (size_t)i0, ldy, m, b == 0);
         }
     }
 }
