@@ -105,6 +105,17 @@ AR_INLINE void fl_tile(const bool BF16, const int RW, const int RX, int n, const
             hsum8(acc[i][j]);
 }
 
+/* RX activation rows (x) against all nr weight rows: tiles of 4, then single rows */
+AR_INLINE void fl_cols(const bool BF16, const int RX, int n, int nr, const uint8_t *w,
+                       size_t w_row, const uint8_t *x, size_t x_row, float *y, size_t ldy)
+{
+    int i = 0;
+    for (; i + 4 <= nr; i += 4)
+        fl_tile(BF16, 4, RX, n, w + (size_t)i * w_row, w_row, x, x_row, y + i, ldy);
+    for (; i < nr; i++)
+        fl_tile(BF16, 1, RX, n, w + (size_t)i * w_row, w_row, x, x_row, y + i, ldy);
+}
+
 AR_INLINE void fl_gemm(const bool BF16, int n, int nr, int nc, const void *w, size_t w_row,
                        const void *x, size_t x_row, float *y, size_t ldy)
 {
@@ -115,24 +126,10 @@ AR_INLINE void fl_gemm(const bool BF16, int n, int nr, int nc, const void *w, si
             fl_tile(BF16, 1, 1, n, wb + (size_t)i * w_row, w_row, xb, x_row, y + i, ldy);
         return;
     }
-    for (; j + 4 <= nc; j += 4) {
-        int i = 0;
-        for (; i + 4 <= nr; i += 4)
-            fl_tile(BF16, 4, 4, n, wb + (size_t)i * w_row, w_row, xb + (size_t)j * x_row, x_row,
-                    y + (size_t)j * ldy + (size_t)i, ldy);
-        for (; i < nr; i++)
-            fl_tile(BF16, 1, 4, n, wb + (size_t)i * w_row, w_row, xb + (size_t)j * x_row, x_row,
-                    y + (size_t)j * ldy + (size_t)i, ldy);
-    }
-    for (; j < nc; j++) {
-        int i = 0;
-        for (; i + 4 <= nr; i += 4)
-            fl_tile(BF16, 4, 1, n, wb + (size_t)i * w_row, w_row, xb + (size_t)j * x_row, x_row,
-                    y + (size_t)j * ldy + (size_t)i, ldy);
-        for (; i < nr; i++)
-            fl_tile(BF16, 1, 1, n, wb + (size_t)i * w_row, w_row, xb + (size_t)j * x_row, x_row,
-                    y + (size_t)j * ldy + (size_t)i, ldy);
-    }
+    for (; j + 4 <= nc; j += 4)
+        fl_cols(BF16, 4, n, nr, wb, w_row, xb + (size_t)j * x_row, x_row, y + (size_t)j * ldy, ldy);
+    for (; j < nc; j++)
+        fl_cols(BF16, 1, n, nr, wb, w_row, xb + (size_t)j * x_row, x_row, y + (size_t)j * ldy, ldy);
 }
 
 static void f16_gemm512(int n, int nr, int nc, const void *w, size_t w_row, const void *x,
