@@ -133,6 +133,36 @@ static uint8_t high_plane_byte(uint32_t qh, int j)
     return e;
 }
 
+/* n units of `unit` bytes from s (s_step apart) to d (d_step apart), each byte XORed with
+ * flip; `unit` is a constant at each call, so the inner loop is a 1-, 2- or 4-byte move */
+static inline void move_units(uint8_t *d, size_t d_step, const uint8_t *s, size_t s_step,
+                              size_t n, const size_t unit, uint8_t flip)
+{
+    for (size_t u = 0; u < n; u++, d += d_step, s += s_step)
+        for (size_t k = 0; k < unit; k++)
+            d[k] = (uint8_t)(s[k] ^ flip);
+}
+
+/* A field's units from s (s_step apart) to d (d_step apart), Q8_0's flipped: in a group's
+ * block a row's units are 16 units apart */
+static void field_move(const struct pk_field *f, uint8_t *d, size_t d_step, const uint8_t *s,
+                       size_t s_step)
+{
+    size_t n = f->len / f->unit;
+    uint8_t flip = f->xform == PK_FLIP ? 0x80 : 0;
+    switch (f->unit) {
+    case 4:
+        move_units(d, d_step, s, s_step, n, 4, flip);
+        break;
+    case 2:
+        move_units(d, d_step, s, s_step, n, 2, flip);
+        break;
+    default:
+        move_units(d, d_step, s, s_step, n, 1, flip);
+        break;
+    }
+}
+
 /* One field of one row's block: src (the row's bytes) -> the group's block gb */
 static void field_pack(const struct pk_field *f, size_t region, int r, const uint8_t *src,
                        uint8_t *gb)
@@ -144,8 +174,8 @@ static void field_pack(const struct pk_field *f, size_t region, int r, const uin
             gb[field_at(f, region, r, (size_t)j)] = high_plane_byte(qh, j);
         return;
     }
-    for (size_t k = 0; k < f->len; k++)
-        gb[field_at(f, region, r, k)] = (uint8_t)(src[k] ^ (f->xform == PK_FLIP ? 0x80 : 0));
+    field_move(f, gb + field_at(f, region, r, 0), KERNELS_PACK_ROWS * (size_t)f->unit, src,
+               f->unit);
 }
 
 static void field_unpack(const struct pk_field *f, size_t region, int r, const uint8_t *gb,
@@ -160,8 +190,8 @@ static void field_unpack(const struct pk_field *f, size_t region, int r, const u
             dst[k] = (uint8_t)(qh >> (8 * k));
         return;
     }
-    for (size_t k = 0; k < f->len; k++)
-        dst[k] = (uint8_t)(gb[field_at(f, region, r, k)] ^ (f->xform == PK_FLIP ? 0x80 : 0));
+    field_move(f, dst, f->unit, gb + field_at(f, region, r, 0),
+               KERNELS_PACK_ROWS * (size_t)f->unit);
 }
 
 void kernels_pack_rows(enum ar_type t, const void *w, size_t w_row, int64_t n, int64_t nr,
