@@ -63,7 +63,7 @@ struct model_ctx {
                      * (global, local), set per pass */
     uint8_t *act;   /* owned, act_row bytes per row: input rows in a vec_dot type */
     size_t act_row; /* max bytes of one converted input row over all matrices */
-    float *scores;  /* owned, (nth * attn_tile_rows, score_ld(score_cap)) */
+    float *scores;  /* owned, (nth * attn_tile_rows, out_ld(score_cap)) */
     int64_t score_cap;
     /* prefill attention (see attn_rows_item): blocks of rows sharing one pass over K/V */
     int attn_rows;      /* rows per block at most */
@@ -170,15 +170,6 @@ static int attn_tile_rows(const struct model_ctx *c)
     return c->attn_rows * (c->m->hp.n_heads / c->m->hp.n_kv_heads);
 }
 
-/* Floats from one score row to the next for a capacity of cap positions: 64 bytes more than
- * cap, so that the rows of a tile (cap is mostly a power of two, rows a multiple of 4 KiB
- * apart) do not all fall into the same L1 sets, where the score stores and the value pass's
- * reads of up to 64 rows at one position evicted each other. */
-static int64_t score_ld(int64_t cap)
-{
-    return cap + 16;
-}
-
 static enum ar_status alloc_rows(float **p, int n_rows, int64_t width)
 {
     uint64_t bytes;
@@ -189,11 +180,13 @@ static enum ar_status alloc_rows(float **p, int n_rows, int64_t width)
     return *p ? AR_OK : AR_ENOMEM;
 }
 
-/* The row stride (floats) of a matmul's output rows of n floats: n rounded up to an odd
- * multiple of 64 bytes. The gemm kernels update 8 output rows at a time, a tile of up to 64
- * rows per call; at widths that are multiples of 4 KiB (1024, 2048, 3072 floats: Qwen3's)
- * those rows all fell into the same L1 sets and evicted each other at every pass (measured:
- * the same Q8_0 tile ran 1.1-2x slower than with the rows 64 bytes further apart). */
+/* The row stride (floats) of rows of n floats that kernels write many of at once: n rounded
+ * up to an odd multiple of 64 bytes. The gemm kernels update 8 output rows at a time, a tile
+ * of up to 64 rows per call; at widths that are multiples of 4 KiB (1024, 2048, 3072 floats:
+ * Qwen3's) those rows all fell into the same L1 sets and evicted each other at every pass
+ * (measured: the same Q8_0 tile ran 1.1-2x slower than with the rows 64 bytes further apart).
+ * The attention score rows (a power-of-two capacity of positions) likewise: their stores and
+ * the value pass's reads of up to 64 rows at one position evicted each other. */
 static int64_t out_ld(int64_t n)
 {
     int64_t ld = (n + 15) / 16 * 16;
@@ -257,7 +250,7 @@ enum ar_status model_ctx_create(const struct model *m, int n_batch_max, struct a
         alloc_rows(&c->att, n_batch_max, n_q) || alloc_rows(&c->gate, n_batch_max, c->ff_ld) ||
         alloc_rows(&c->up, n_batch_max, c->ff_ld) || alloc_rows(&c->hid, n_batch_max, hp->n_ff) ||
         alloc_rows(&c->rope, n_batch_max, (int64_t)m->n_rope * hp->rope_dim) ||
-        alloc_rows(&c->scores, c->nth * attn_tile_rows(c), score_ld(c->score_cap)) ||
+        alloc_rows(&c->scores, c->nth * attn_tile_rows(c), out_ld(c->score_cap)) ||
         alloc_rows(&c->attn_tile, c->nth * 2 * attn_tile_rows(c), hp->head_dim))
         goto fail;
     if (!(c->attn_blk = ar_malloc((size_t)(n_batch_max + 1) * sizeof(*c->attn_blk))))
@@ -366,7 +359,7 @@ static enum ar_status ensure_scores(struct model_ctx *c, int64_t n)
         return AR_OK;
     while (cap < n)
         cap *= 2;
-    if (alloc_rows(&s, c->nth * attn_tile_rows(c), score_ld(cap)) != AR_OK)
+    if (alloc_rows(&s, c->nth * attn_tile_rows(c), out_ld(cap)) != AR_OK)
         return AR_ENOMEM;
     ar_free_aligned(c->scores);
     c->scores = s;
@@ -545,7 +538,7 @@ static void attn_rows_item(struct model_ctx *c, int ith, int64_t r0, int nr, int
     int hd = hp->head_dim, n_q = hp->n_heads * hd;
     int group = hp->n_heads / hp->n_kv_heads;
     int bt = kv_params(c->kv)->block_tokens;
-    size_t row_size = kv_row_size(c->kv), es = c->kv_elem, cap = (size_t)score_ld(c->score_cap);
+    size_t row_size = kv_row_size(c->kv), es = c->kv_elem, cap = (size_t)out_ld(c->score_cap);
     size_t tile = (size_t)attn_tile_rows(c) * (size_t)hd, head_bytes = (size_t)group * hd * 4;
     enum ar_type kt = es == 4 ? AR_TYPE_F32 : AR_TYPE_F16;
     float scale = (float)(1.0 / sqrt((double)hd));
