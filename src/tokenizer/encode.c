@@ -309,18 +309,13 @@ static uint32_t whole_char(const struct tokenizer *tok, const uint8_t *u, size_t
                            int32_t *id)
 {
     const struct tokenizer_char *c;
-    uint32_t cp, n;
+    uint32_t cp;
+    size_t n;
     int32_t k;
-    if (u[i] < 0xc2 || u[i] >= 0xf0) /* not the lead byte of a shortest 2- or 3-byte form */
+    if (u[i] < 0xc2 || u[i] >= 0xf0) /* not the lead byte of a 2- or 3-byte character */
         return 0;
-    n = u[i] < 0xe0 ? 2 : 3;
-    if (i + n > len || (u[i + 1] & 0xc0) != 0x80 || (n == 3 && (u[i + 2] & 0xc0) != 0x80))
-        return 0;
-    cp = n == 2 ? (u[i] & 0x1fu) << 6 | (u[i + 1] & 0x3fu)
-                : (u[i] & 0x0fu) << 12 | (u[i + 1] & 0x3fu) << 6 | (u[i + 2] & 0x3fu);
-    if (cp < 0x800 && n == 3) /* overlong: not the bytes the table was built from */
-        return 0;
-    if ((k = tok->char_index[cp]) < 0)
+    /* well-formed only: the table was built from such characters */
+    if (!(n = ar_utf8_decode((const char *)u + i, len - i, &cp)) || (k = tok->char_index[cp]) < 0)
         return 0;
     c = &tok->chars[k];
     if (i > 0 && !(c->left[u[i - 1] >> 5] >> (u[i - 1] & 31) & 1))
@@ -328,7 +323,7 @@ static uint32_t whole_char(const struct tokenizer *tok, const uint8_t *u, size_t
     if (i + n < len && !(c->right[u[i + n] >> 5] >> (u[i + n] & 31) & 1))
         return 0;
     *id = c->id;
-    return n;
+    return (uint32_t)n;
 }
 
 /* The first symbols of a word for the merger by ids: characters taken whole where allowed,
