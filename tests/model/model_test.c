@@ -563,7 +563,8 @@ static void two_threads_give_bit_identical_logits(void **state)
 static void packed_weights_give_identical_logits(void **state)
 {
     static const char *names[] = {"tiny-llama-q8_0", "tiny-qwen2-q4_0", "tiny-qwen2-q4_k_m",
-                                  "tiny-llama-q4_k_m", "tiny-qwen2-q6_k", "tiny-llama-q6_k"};
+                                  "tiny-llama-q4_k_m", "tiny-qwen2-q6_k", "tiny-llama-q6_k",
+                                  "tiny-llama-f16", "tiny-qwen2-bf16"};
     (void)state;
     for (size_t k = 0; k < AR_ARRAY_LEN(names); k++) {
         struct model *mp, *mf;
@@ -577,8 +578,8 @@ static void packed_weights_give_identical_logits(void **state)
         mf = load_fixture(names[k]);
         assert_int_equal(unsetenv("AR_PACK_WEIGHTS"), 0);
         assert_int_equal(model_packed_bytes(mf), 0);
-        /* Q8_0, Q4_0 and K-quant matrices have a packed gemm in the reference table at least
-         * (the fixtures' widths are multiples of 256) */
+        /* Q8_0, Q4_0, K-quant, F16 and BF16 matrices have a packed gemm in the reference
+         * table at least (the fixtures' widths are multiples of 256) */
         assert_true(model_packed_bytes(mp) >= model_weight_bytes(mp) / 2);
         nv = model_hparams(mp)->n_vocab;
         lp = malloc(sizeof(float) * (size_t)nv * (size_t)n);
