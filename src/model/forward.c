@@ -531,6 +531,17 @@ static int attn_spans(int32_t p0, int nr, int32_t t0, int32_t nt, int sp[][3])
  * causal diagonal crosses a K/V block, rows are taken in runs that stop at what they see
  * (attn_spans). For a lone row those are its visible positions, [first, pos + 1), the
  * window's on a sliding layer (whose earlier blocks are never read). */
+/* Asks for rows [in, in + n) of one head's K or V in a cache block: n rows of `bytes`, row_size
+ * apart. A head's rows lie 2-4 KiB apart, every one or two on another 4 KiB page, which the
+ * hardware prefetchers do not follow; asking for a block's rows ahead turns the cache misses
+ * of a long context into one overlapped wave per block. */
+static void prefetch_head_rows(const uint8_t *block, int in, int n, size_t row_size, size_t bytes)
+{
+    for (int t = in; t < in + n; t++)
+        for (size_t o = 0; o < bytes; o += 64)
+            __builtin_prefetch(block + (size_t)t * row_size + o, 0, 2);
+}
+
 static void attn_rows_item(struct model_ctx *c, int ith, int64_t r0, int nr, int kvh)
 {
     const struct model_hparams *hp = &c->m->hp;
@@ -562,10 +573,19 @@ static void attn_rows_item(struct model_ctx *c, int ith, int64_t r0, int nr, int
             memcpy(qt + (size_t)i * group * hd,
                    c->q + (r0 + i) * c->q_ld + (int64_t)kvh * group * hd, head_bytes);
     }
+    if (lo < hi)
+        prefetch_head_rows((const uint8_t *)kv_k_block(c->kv, c->layer, tab[lo / bt]) + head_off,
+                           lo % bt, AR_MIN(bt - lo % bt, hi - lo), row_size, (size_t)hd * es);
     for (int32_t t0 = lo; t0 < hi;) {
         int32_t bi = t0 / bt, in = t0 % bt, nt = AR_MIN(bt - in, hi - t0);
         const uint8_t *kb = (const uint8_t *)kv_k_block(c->kv, c->layer, tab[bi]);
         int n_sp = attn_spans(p0, nr, t0, nt, sp);
+        /* the next block's keys, and this block's values for the second pass */
+        if (t0 + nt < hi)
+            prefetch_head_rows((const uint8_t *)kv_k_block(c->kv, c->layer, tab[bi + 1]) + head_off,
+                               0, AR_MIN(bt, hi - t0 - nt), row_size, (size_t)hd * es);
+        prefetch_head_rows((const uint8_t *)kv_v_block(c->kv, c->layer, tab[bi]) + head_off, in, nt,
+                           row_size, (size_t)hd * es);
         for (int j = 0; j < n_sp; j++) {
             size_t v0 = (size_t)sp[j][0] * (size_t)group;
             ops->attn_scores(hd, (sp[j][1] - sp[j][0]) * group, sp[j][2], qt + v0 * (size_t)hd,
