@@ -90,7 +90,10 @@ static void check_bench_json(const char *kernels, const char *want)
             peaks++;
         } else if (test->valuestring[0] == 'p' && test->valuestring[1] == 'p') {
             double f = num(j, "int8_fraction"), i8 = num(j, "int8_gops");
-            if (!(f > 0 && f < 1.5))
+            /* a native table's peak is its instruction's real rate, which the kernels cannot
+             * pass by much; the ref table's "peak" is a scalar loop that a sanitized build can
+             * time below the rate its (compiler-vectorized) gemm reaches (CI saw 1.52) */
+            if (!(f > 0 && (want || f < 1.5)))
                 fail_msg("%s: int8_fraction %g", test->valuestring, f);
             /* the matrix part of the FLOPs is at most all of them (printed to 0.1) */
             assert_true(i8 > 0 && i8 <= num(j, "gflops_per_s") + 0.1);
