@@ -623,7 +623,7 @@ int cmd_bench(int argc, char **argv)
                    tg_med, reps, wbytes, wbytes_all, rss_kb);
             for (int i = 0; i < nb; i++)
                 printf("{\"model\":\"%s\",\"arch\":\"%s\",\"type\":\"%s\",\"threads\":%d,"
-                       "\"test\":\"batch\",\"batch\":%d,\"step_ms\":%.3f,\"ratio_vs_b1\":%.3f,"
+                       "\"test\":\"batch\",\"batch\":%d,\"step_ms\":%.6f,\"ratio_vs_b1\":%.3f,"
                        "\"tokens_per_s\":%.2f}\n",
                        base_name(path), model_arch_name(hp->arch), type, nt, batch[i],
                        step_s[i] * 1e3, step_s[i] / step_s[0], (double)batch[i] / step_s[i]);
