@@ -523,14 +523,6 @@ static int attn_spans(int32_t p0, int nr, int32_t t0, int32_t nt, int sp[][3])
     return n;
 }
 
-/* Attention of the nr rows r0.. of one block (see plan_attn_blocks) for KV head kvh, in one
- * pass over their K/V blocks: their query vectors (nr x group) gathered into one tile, so each
- * key and value row is loaded and converted once for all of them (a lone row, decode's case,
- * is read and written in place). Each row's scores are softmaxed over its own visible
- * positions and zero at the block's others (which adds nothing to its output); where the
- * causal diagonal crosses a K/V block, rows are taken in runs that stop at what they see
- * (attn_spans). For a lone row those are its visible positions, [first, pos + 1), the
- * window's on a sliding layer (whose earlier blocks are never read). */
 /* Asks for rows [in, in + n) of one head's K or V in a cache block: n rows of `bytes`, row_size
  * apart. A head's rows lie 2-4 KiB apart, every one or two on another 4 KiB page, which the
  * hardware prefetchers do not follow; asking for a block's rows ahead turns the cache misses
@@ -542,6 +534,14 @@ static void prefetch_head_rows(const uint8_t *block, int in, int n, size_t row_s
             __builtin_prefetch(block + (size_t)t * row_size + o, 0, 2);
 }
 
+/* Attention of the nr rows r0.. of one block (see plan_attn_blocks) for KV head kvh, in one
+ * pass over their K/V blocks: their query vectors (nr x group) gathered into one tile, so each
+ * key and value row is loaded and converted once for all of them (a lone row, decode's case,
+ * is read and written in place). Each row's scores are softmaxed over its own visible
+ * positions and zero at the block's others (which adds nothing to its output); where the
+ * causal diagonal crosses a K/V block, rows are taken in runs that stop at what they see
+ * (attn_spans). For a lone row those are its visible positions, [first, pos + 1), the
+ * window's on a sliding layer (whose earlier blocks are never read). */
 static void attn_rows_item(struct model_ctx *c, int ith, int64_t r0, int nr, int kvh)
 {
     const struct model_hparams *hp = &c->m->hp;
@@ -558,7 +558,7 @@ static void attn_rows_item(struct model_ctx *c, int ith, int64_t r0, int nr, int
     bool in_place = nr == 1;
     /* the layer's block table (a sliding layer's: the local pool's) */
     const int32_t *tab = kv_seq_table(c->kv, c->seqs[c->b->seq[r0]], c->layer);
-    size_t head_off = (size_t)kvh * (size_t)hd * es;
+    size_t head_row = (size_t)hd * es, head_off = (size_t)kvh * head_row;
     int swa = c->m->layers[c->layer].swa_window;
     /* positions [lo, hi) are visible to some row of the block */
     int32_t lo = swa > 0 && c->b->pos[r0] + 1 > swa ? c->b->pos[r0] + 1 - swa : 0;
@@ -575,7 +575,7 @@ static void attn_rows_item(struct model_ctx *c, int ith, int64_t r0, int nr, int
     }
     if (lo < hi)
         prefetch_head_rows((const uint8_t *)kv_k_block(c->kv, c->layer, tab[lo / bt]) + head_off,
-                           lo % bt, AR_MIN(bt - lo % bt, hi - lo), row_size, (size_t)hd * es);
+                           lo % bt, AR_MIN(bt - lo % bt, hi - lo), row_size, head_row);
     for (int32_t t0 = lo; t0 < hi;) {
         int32_t bi = t0 / bt, in = t0 % bt, nt = AR_MIN(bt - in, hi - t0);
         const uint8_t *kb = (const uint8_t *)kv_k_block(c->kv, c->layer, tab[bi]);
@@ -583,9 +583,9 @@ static void attn_rows_item(struct model_ctx *c, int ith, int64_t r0, int nr, int
         /* the next block's keys, and this block's values for the second pass */
         if (t0 + nt < hi)
             prefetch_head_rows((const uint8_t *)kv_k_block(c->kv, c->layer, tab[bi + 1]) + head_off,
-                               0, AR_MIN(bt, hi - t0 - nt), row_size, (size_t)hd * es);
+                               0, AR_MIN(bt, hi - t0 - nt), row_size, head_row);
         prefetch_head_rows((const uint8_t *)kv_v_block(c->kv, c->layer, tab[bi]) + head_off, in, nt,
-                           row_size, (size_t)hd * es);
+                           row_size, head_row);
         for (int j = 0; j < n_sp; j++) {
             size_t v0 = (size_t)sp[j][0] * (size_t)group;
             ops->attn_scores(hd, (sp[j][1] - sp[j][0]) * group, sp[j][2], qt + v0 * (size_t)hd,
