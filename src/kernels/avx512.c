@@ -1423,33 +1423,20 @@ AR_INLINE void lk_gemm(const int kind, const bool packed, int nb, int nr, int nc
     }
 }
 
-static void q4_K_gemm_best(int n, int nr, int nc, const void *w, size_t w_row, const void *x,
-                           size_t x_row, float *y, size_t ldy)
-{
-    if (nc >= LK_MIN_NC)
-        lk_gemm(LK_Q4_K, false, n / QK_K, nr, nc, w, w_row, x, x_row, y, ldy);
-    else
-        q4_K_gemm(n, nr, nc, w, w_row, x, x_row, y, ldy);
-}
-
-static void q5_K_gemm_best(int n, int nr, int nc, const void *w, size_t w_row, const void *x,
-                           size_t x_row, float *y, size_t ldy)
-{
-    if (nc >= LK_MIN_NC)
-        lk_gemm(LK_Q5_K, false, n / QK_K, nr, nc, w, w_row, x, x_row, y, ldy);
-    else
-        q5_K_gemm(n, nr, nc, w, w_row, x, x_row, y, ldy);
-}
-
-static void q6_K_gemm_best(int n, int nr, int nc, const void *w, size_t w_row, const void *x,
-                           size_t x_row, float *y, size_t ldy)
-{
-    if (nc >= LK_MIN_NC)
-        lk_gemm(LK_Q6_K, false, n / QK_K, nr, nc, w, w_row, x, x_row, y, ldy);
-    else
-        q6_K_gemm(n, nr, nc, w, w_row, x, x_row, y, ldy);
-}
-
+/* The table's K-quant gemm: the lane gemm from LK_MIN_NC activation rows, the register tiles
+ * below (both give the same bits) */
+#define DEFINE_GEMM_BEST_K(NAME, KIND)                                                             \
+    static void NAME##_gemm_best(int n, int nr, int nc, const void *w, size_t w_row,               \
+                                 const void *x, size_t x_row, float *y, size_t ldy)                \
+    {                                                                                              \
+        if (nc >= LK_MIN_NC)                                                                       \
+            lk_gemm(KIND, false, n / QK_K, nr, nc, w, w_row, x, x_row, y, ldy);                    \
+        else                                                                                       \
+            NAME##_gemm(n, nr, nc, w, w_row, x, x_row, y, ldy);                                    \
+    }
+DEFINE_GEMM_BEST_K(q4_K, LK_Q4_K)
+DEFINE_GEMM_BEST_K(q5_K, LK_Q5_K)
+DEFINE_GEMM_BEST_K(q6_K, LK_Q6_K)
 
 /* J (1..4) activation rows of the packed super-block p, the quants read in registers */
 AR_INLINE void pkk_few(const int kind, int J, const struct lk_wt *wt, const uint8_t *p,
