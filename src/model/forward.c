@@ -112,6 +112,7 @@ struct model_ctx {
     int n_mm;
     int64_t *mm_units; /* owned, (max items + 1): first work unit of each item (mm_plan) */
     int64_t *mm_call;  /* owned, (max items): weight rows per unit of each item */
+    int64_t *mm_cspan; /* owned, (max items): input rows per unit of each item */
     int mm_max;        /* items a stage may hold */
     const void *mm_x; /* input rows */
     size_t mm_x_row;  /* bytes between input rows */
@@ -262,7 +263,8 @@ enum ar_status model_ctx_create(const struct model *m, int n_batch_max, struct a
         goto fail;
     c->mm_max = AR_MAX(MM_MAX_MATS, 2 * hp->n_expert);
     if (!(c->mm_units = ar_malloc((size_t)(c->mm_max + 1) * sizeof(*c->mm_units))) ||
-        !(c->mm_call = ar_malloc((size_t)c->mm_max * sizeof(*c->mm_call))))
+        !(c->mm_call = ar_malloc((size_t)c->mm_max * sizeof(*c->mm_call))) ||
+        !(c->mm_cspan = ar_malloc((size_t)c->mm_max * sizeof(*c->mm_cspan))))
         goto fail;
     if (hp->n_expert > 0) {
         int64_t pairs = (int64_t)n_batch_max * hp->n_expert_used;
@@ -332,6 +334,7 @@ void model_ctx_destroy(struct model_ctx *c)
     ar_free(c->out_rows);
     ar_free(c->mm_units);
     ar_free(c->mm_call);
+    ar_free(c->mm_cspan);
     ar_free_aligned(c->moe_logits);
     ar_free_aligned(c->moe_w);
     ar_free_aligned(c->moe_gate);
@@ -696,9 +699,10 @@ static void stage_matmul(void *arg, int ith, int nth)
     const void *mm_x = c->mm_x;
     size_t mm_x_row = c->mm_x_row;
     (void)ith, (void)nth;
-    /* work units: blocks of mm_call rows weight rows, numbered across the stage's matrices
-     * (see run_mm_stage) */
-    const int64_t *units = c->mm_units, *call = c->mm_call;
+    /* work units: blocks of mm_call weight rows times mm_cspan input rows, numbered across the
+     * stage's matrices, the input spans of one block of weight rows next to each other (see
+     * run_mm_stage) */
+    const int64_t *units = c->mm_units, *call = c->mm_call, *cspan = c->mm_cspan;
     int64_t u0, u1;
     while (claim(c, units[c->n_mm], 1, &u0, &u1)) {
         int k = 0;
@@ -706,17 +710,35 @@ static void stage_matmul(void *arg, int ith, int nth)
             k++;
         const struct mm_item *it = &c->mm[k];
         const struct model_mat *w = it->w;
-        int64_t i = (u0 - units[k]) * call[k];
-        int nr = (int)AR_MIN(call[k], w->n_out - i);
         const void *x = it->x ? it->x : mm_x;
         size_t x_row = it->x ? it->x_row : mm_x_row;
         int cols = it->x ? it->n_cols : n_cols;
-        for (int j = 0; j < cols; j += MM_TILE_COLS) {
-            int nc = AR_MIN(MM_TILE_COLS, cols - j);
+        int64_t spans = (cols + cspan[k] - 1) / cspan[k], u = u0 - units[k];
+        int64_t i = u / spans * call[k];
+        int nr = (int)AR_MIN(call[k], w->n_out - i);
+        int j0 = (int)(u % spans * cspan[k]), j1 = (int)AR_MIN(j0 + cspan[k], cols);
+        for (int j = j0; j < j1; j += MM_TILE_COLS) {
+            int nc = AR_MIN(MM_TILE_COLS, j1 - j);
             mat_gemm(c, w, i, nr, nc, (const uint8_t *)x + (size_t)j * x_row, x_row,
                      it->out + (size_t)j * it->ldy + i, it->ldy);
         }
     }
+}
+
+/* Input rows per matmul unit: all of them, unless the matrix has too few blocks of weight rows
+ * to give every thread MM_UNITS_PER_THREAD units; then spans of whole MM_TILE_COLS tiles, as
+ * long as needed for that. A thread's last claim ends a stage while the others may already
+ * wait: one unit in eight per thread costs at most 1/16 of the stage on average, where a
+ * 896-row matrix cut in 7 blocks of 128 rows for 2 threads kept one of them idle for 1/8. The
+ * weight rows of a unit are read once per unit, so more spans read them more often (from L3 or
+ * memory, a small share of prefill's work per byte). */
+#define MM_UNITS_PER_THREAD 8
+static int64_t mm_col_span(int64_t row_units, int n_cols, int nth)
+{
+    int64_t tiles = (n_cols + MM_TILE_COLS - 1) / MM_TILE_COLS, want = MM_UNITS_PER_THREAD * nth;
+    int64_t spans = nth > 1 ? AR_MIN(tiles, (want + row_units - 1) / row_units) : 1;
+    int64_t per = (tiles + spans - 1) / spans;
+    return AR_MAX(per, 1) * MM_TILE_COLS;
 }
 
 /* Runs the n items (at most mm_max) as one matmul stage: numbers their work units. */
@@ -728,9 +750,12 @@ static void run_mm_stage(struct model_ctx *c, const struct mm_item *items, int n
     c->mm_units[0] = 0;
     for (int k = 0; k < n; k++) {
         int cols = items[k].x ? items[k].n_cols : c->n_rows;
+        int64_t row_units;
         c->mm_call[k] = mm_call_rows(items[k].w, cols, c->nth);
+        row_units = (items[k].w->n_out + c->mm_call[k] - 1) / c->mm_call[k];
+        c->mm_cspan[k] = mm_col_span(row_units, cols, c->nth);
         c->mm_units[k + 1] =
-            c->mm_units[k] + (items[k].w->n_out + c->mm_call[k] - 1) / c->mm_call[k];
+            c->mm_units[k] + row_units * ((cols + c->mm_cspan[k] - 1) / c->mm_cspan[k]);
     }
     run_stage(c, stage_matmul);
 }
