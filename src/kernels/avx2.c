@@ -1,8 +1,10 @@
 /* avx2.c - SIMD kernels for CPUs with avx2 + fma + f16c, chosen at run time by select.c.
  * Every entry matches ref.c: quantizers byte for byte, integer-sum dot products up to the
- * order of the float accumulation. gemm works in register tiles (TILE_RW weight rows by
- * TILE_RX activation rows) so that each weight block fetched from memory serves several
- * activation rows; with one activation row it is a GEMV that streams TILE_RW rows at once. */
+ * order of the float accumulation. Q8_0, Q4_0 and Q5_0 weights go through lane kernels (8
+ * weight rows in the lanes of a vector, packed at load or gathered from the file's layout);
+ * the other types through register tiles (TILE_RW weight rows by TILE_RX activation rows) so
+ * that each weight block fetched from memory serves several activation rows; with one
+ * activation row a tile is a GEMV over one weight row. */
 #include <immintrin.h>
 #include <math.h>
 #include <string.h>
@@ -31,12 +33,6 @@ AR_INLINE float f16_to_f32(ar_f16 h)
 AR_INLINE __m256i dot_u8s8(__m256i u, __m256i s)
 {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
-}
-
-/* Signed 8-bit dot product per int32 lane: |w| * (x with w's sign). */
-AR_INLINE __m256i dot_s8s8(__m256i w, __m256i x)
-{
-    return dot_u8s8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
 }
 
 /* ---- register tiles ------------------------------------------------------------------------
@@ -126,36 +122,7 @@ AR_INLINE void prefetch_bytes(const uint8_t *p, size_t size)
     DEFINE_TILE(NAME, WT, XT, BLOCK, 1, 1)                                                         \
     DEFINE_GEMM_LOOP(NAME, QK)
 
-/* ---- Q8_0 and Q4_0 weights against Q8_0 activations ---------------------------------------- */
-
-AR_INLINE void q8_0_block(const struct block_q8_0 *w, const struct block_q8_0 *x, __m256 *acc)
-{
-    __m256i p = dot_s8s8(_mm256_loadu_si256((const __m256i *)(const void *)w->qs),
-                         _mm256_loadu_si256((const __m256i *)(const void *)x->qs));
-    __m256 d = _mm256_set1_ps(f16_to_f32(w->d) * f16_to_f32(x->d));
-    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), d, *acc);
-}
-DEFINE_GEMM(q8_0, struct block_q8_0, struct block_q8_0, q8_0_block, QK8_0)
-
-/* Elements 0..15 are the low nibbles, 16..31 the high nibbles: one 256-bit vector of q - 8. */
-AR_INLINE __m256i q4_0_unpack(const uint8_t *qs)
-{
-    __m128i raw = _mm_loadu_si128((const __m128i *)(const void *)qs);
-    __m256i q = _mm256_set_m128i(_mm_srli_epi16(raw, 4), raw);
-    q = _mm256_and_si256(q, _mm256_set1_epi8(0x0f));
-    return _mm256_sub_epi8(q, _mm256_set1_epi8(8));
-}
-
-AR_INLINE void q4_0_block(const struct block_q4_0 *w, const struct block_q8_0 *x, __m256 *acc)
-{
-    __m256i p =
-        dot_s8s8(q4_0_unpack(w->qs), _mm256_loadu_si256((const __m256i *)(const void *)x->qs));
-    __m256 d = _mm256_set1_ps(f16_to_f32(w->d) * f16_to_f32(x->d));
-    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), d, *acc);
-}
-DEFINE_GEMM(q4_0, struct block_q4_0, struct block_q8_0, q4_0_block, QK4_0)
-
-/* ---- Q4_1, Q5_0, Q5_1 against Q8_0 activations ---------------------------------------------- */
+/* ---- Q4_1, Q5_1 against Q8_0 activations (Q8_0, Q4_0, Q5_0: the lane kernels below) -------- */
 
 /* The 32 nibbles of qs (0..15) in element order: low nibbles (0..15) in the lower lane, high
  * nibbles (16..31) in the upper. */
@@ -199,21 +166,289 @@ AR_INLINE void q4_1_block(const struct block_q4_1 *w, const struct block_q8_0 *x
 }
 DEFINE_GEMM(q4_1, struct block_q4_1, struct block_q8_0, q4_1_block, QK4_1)
 
-AR_INLINE void q5_0_block(const struct block_q5_0 *w, const struct block_q8_0 *x, __m256 *acc)
-{
-    __m256i q = _mm256_or_si256(nibbles_unpack(w->qs), q5_high_bits(w->qh));
-    __m256i p = dot_s8s8(_mm256_sub_epi8(q, _mm256_set1_epi8(16)),
-                         _mm256_loadu_si256((const __m256i *)(const void *)x->qs));
-    __m256 d = _mm256_set1_ps(f16_to_f32(w->d) * f16_to_f32(x->d));
-    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), d, *acc);
-}
-DEFINE_GEMM(q5_0, struct block_q5_0, struct block_q8_0, q5_0_block, QK5_0)
-
 AR_INLINE void q5_1_block(const struct block_q5_1 *w, const struct block_q8_0 *x, __m256 *acc)
 {
     affine_block(_mm256_or_si256(nibbles_unpack(w->qs), q5_high_bits(w->qh)), w->d, w->m, x, acc);
 }
 DEFINE_GEMM(q5_1, struct block_q5_1, struct block_q8_0, q5_1_block, QK5_1)
+
+/* ---- Q8_0, Q4_0, Q5_0: 8 weight rows in the lanes of one vector -----------------------------
+ * A vector's 4-byte lane r holds 4 consecutive quants of weight row r, so one vpmaddubsw
+ * against 4 bytes of an activation row broadcast to every lane advances 8 rows at once, with
+ * no horizontal sums. The weights come packed (kernels.h, "x16": a group of 16 rows is one
+ * stream, its lane vectors 64 bytes, the lower 32 for rows 0..7 and the upper for 8..15) or,
+ * from the file's layout, gathered a lane vector at a time (vpgatherdd: 8 rows' dwords).
+ * Per output and block: the exact int32 sum of the products (Q4_0, Q5_0: the unsigned quants
+ * against the activations, then - off * sum(activations); Q8_0: |q| against x with q's sign,
+ * each pair at most 2 * 128 * 127, within int16), then acc = fma(float(sum), d_w * d_x, acc),
+ * blocks in order: the arithmetic of the AVX-512 lane kernels, so every split of rows or
+ * columns, packed or not, gives the same bits. Decode reads each packed group once in
+ * address order (both halves of a block together); activation rows go LN8_J at a time. */
+
+enum { LN8_Q8_0, LN8_Q4_0, LN8_Q5_0 };
+
+#define LN8_J 2
+/* blocks per pass: their activation scales and sums prepared once per pass */
+#define LN8_CHUNK 1024
+
+/* bytes of one block of a packed group: quants, then (Q5_0) the high-bit plane, then 16 d */
+#define LN8_PQ(kind) ((kind) == LN8_Q8_0 ? 512 : (kind) == LN8_Q5_0 ? 320 : 256)
+#define LN8_PB(kind) (LN8_PQ(kind) + 32)
+
+AR_INLINE int32_t load_i32(const void *p)
+{
+    int32_t v;
+    memcpy(&v, p, sizeof(v));
+    return v;
+}
+
+/* Where one half (8 rows) of a group's block comes from: packed, the block (p); from the
+ * file, the block of the half's first row (p) and the 8 rows' offsets from it (vidx). */
+struct ln8_src {
+    const uint8_t *p;
+    __m256i vidx;
+};
+
+/* The dword at byte off of each of the 8 rows' block (packed: lane vector at pk_off) */
+AR_INLINE __m256i ln8_dwords(const bool packed, const struct ln8_src *s, int h, size_t pk_off,
+                             size_t file_off)
+{
+    if (packed)
+        return _mm256_loadu_si256((const __m256i *)(const void *)(s->p + pk_off + 32 * (size_t)h));
+    return _mm256_i32gather_epi32((const int *)(const void *)(s->p + file_off), s->vidx, 1);
+}
+
+/* The 8 rows' block scales d as floats */
+AR_INLINE __m256 ln8_scales(const int kind, const bool packed, const struct ln8_src *s, int h)
+{
+    if (packed)
+        return _mm256_cvtph_ps(
+            _mm_loadu_si128((const __m128i *)(const void *)(s->p + LN8_PQ(kind) + 16 * (size_t)h)));
+    /* d is each block's first field: the low halves of the gathered dwords */
+    const __m256i lo16 = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1,
+                                          0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1);
+    __m256i d = _mm256_shuffle_epi8(ln8_dwords(false, s, h, 0, 0), lo16);
+    d = _mm256_permute4x64_epi64(d, 0x08);
+    return _mm256_cvtph_ps(_mm256_castsi256_si128(d));
+}
+
+/* Q5_0's fifth bits of lane vector u (quants 4u..4u+3 of each row) at bit 4 of each byte:
+ * packed, from the high-bit plane e (bit u of each byte); from the file, from each row's qh
+ * (bit 4u + j of the dword for byte j) */
+AR_INLINE __m256i ln8_q5_high(const bool packed, __m256i e, int u)
+{
+    const __m256i b4 = _mm256_set1_epi8(0x10);
+    if (packed)
+        return _mm256_and_si256(u <= 4 ? _mm256_slli_epi16(e, 4 - u) : _mm256_srli_epi16(e, u - 4),
+                                b4);
+    /* the nibble of bits 4u..4u+3, its bit j moved to bit 0 of byte j, then to bit 4 */
+    __m256i t = _mm256_and_si256(_mm256_srli_epi32(e, 4 * u), _mm256_set1_epi32(0xf));
+    t = _mm256_and_si256(_mm256_mullo_epi32(t, _mm256_set1_epi32(0x00204081)),
+                         _mm256_set1_epi32(0x01010101));
+    return _mm256_slli_epi32(t, 4);
+}
+
+/* J activation rows (quants xq[j], block b of row j at xq[j] + b * sizeof(struct block_q8_0),
+ * scales and offset sums xd/xs at j * LN8_CHUNK + b) against blocks [0, kb) of one group's
+ * two halves (src[2]; step: bytes from one block to the next): acc[j][h] as above. */
+AR_INLINE void ln8_blocks(const int kind, const bool packed, const int J, int kb,
+                          struct ln8_src src[2], size_t step, const int8_t *const xq[LN8_J],
+                          const float *xd, const int32_t *xs, __m256 acc[LN8_J][2])
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    const size_t xbs = sizeof(struct block_q8_0);
+    for (int b = 0; b < kb; b++) {
+        __m256i p[LN8_J][2];
+        _Pragma("GCC unroll 4") for (int j = 0; j < J; j++) p[j][0] = p[j][1] =
+            _mm256_setzero_si256();
+        if (kind == LN8_Q8_0) {
+            _Pragma("GCC unroll 8") for (int t = 0; t < 8; t++)
+            {
+                __m256i w[2], a[2];
+                _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++)
+                {
+                    w[h] = ln8_dwords(packed, &src[h], h, 64 * (size_t)t, 2 + 4 * (size_t)t);
+                    if (packed) /* stored as q + 128 */
+                        w[h] = _mm256_xor_si256(w[h], _mm256_set1_epi8((char)0x80));
+                    a[h] = _mm256_sign_epi8(w[h], w[h]);
+                }
+                _Pragma("GCC unroll 4") for (int j = 0; j < J; j++)
+                {
+                    __m256i xb = _mm256_set1_epi32(load_i32(xq[j] + (size_t)b * xbs + 4 * t));
+                    _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) p[j][h] = _mm256_add_epi32(
+                        p[j][h], _mm256_madd_epi16(
+                                     _mm256_maddubs_epi16(a[h], _mm256_sign_epi8(xb, w[h])), ones));
+                }
+            }
+        } else {
+            /* nibble vector t holds lane vectors t (low nibbles) and t + 4 (high); int16 sums of
+             * up to 16 products: Q4_0 16 * 15 * 127, Q5_0 (8 at a time) 8 * 31 * 127 */
+            const int per = kind == LN8_Q4_0 ? 4 : 2;
+            __m256i e[2];
+            if (kind == LN8_Q5_0)
+                _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) e[h] =
+                    ln8_dwords(packed, &src[h], h, 256, 2);
+            __m256i s16[LN8_J][2];
+            _Pragma("GCC unroll 4") for (int t = 0; t < 4; t++)
+            {
+                __m256i lo[2], hi[2];
+                _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++)
+                {
+                    __m256i q = ln8_dwords(packed, &src[h], h, 64 * (size_t)t,
+                                           (kind == LN8_Q5_0 ? 6 : 2) + 4 * (size_t)t);
+                    lo[h] = _mm256_and_si256(q, m4);
+                    hi[h] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+                    if (kind == LN8_Q5_0) {
+                        lo[h] = _mm256_or_si256(lo[h], ln8_q5_high(packed, e[h], t));
+                        hi[h] = _mm256_or_si256(hi[h], ln8_q5_high(packed, e[h], t + 4));
+                    }
+                }
+                _Pragma("GCC unroll 4") for (int j = 0; j < J; j++)
+                {
+                    const int8_t *q = xq[j] + (size_t)b * xbs;
+                    __m256i xa = _mm256_set1_epi32(load_i32(q + 4 * t));
+                    __m256i xb = _mm256_set1_epi32(load_i32(q + 16 + 4 * t));
+                    _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++)
+                    {
+                        __m256i d = _mm256_add_epi16(_mm256_maddubs_epi16(lo[h], xa),
+                                                     _mm256_maddubs_epi16(hi[h], xb));
+                        s16[j][h] = t % per == 0 ? d : _mm256_add_epi16(s16[j][h], d);
+                        if (t % per == per - 1)
+                            p[j][h] = _mm256_add_epi32(p[j][h], _mm256_madd_epi16(s16[j][h], ones));
+                    }
+                }
+            }
+        }
+        __m256 wd[2];
+        _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) wd[h] =
+            ln8_scales(kind, packed, &src[h], h);
+        _Pragma("GCC unroll 4") for (int j = 0; j < J; j++)
+        {
+            __m256 xdb = _mm256_set1_ps(xd[j * LN8_CHUNK + b]);
+            __m256i off = _mm256_set1_epi32(xs[j * LN8_CHUNK + b]);
+            _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) acc[j][h] =
+                _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(p[j][h], off)),
+                                _mm256_mul_ps(wd[h], xdb), acc[j][h]);
+        }
+        _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) src[h].p += step;
+    }
+}
+
+/* The sum of an activation block's 32 quants (exact) */
+AR_INLINE int32_t q8_0_block_sum(const struct block_q8_0 *xb)
+{
+    __m256i q = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(const void *)xb->qs),
+                                 _mm256_set1_epi8((char)0x80));
+    __m256i s = _mm256_sad_epu8(q, _mm256_setzero_si256());
+    __m128i h = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    return (int32_t)(_mm_cvtsi128_si64(h) + _mm_extract_epi64(h, 1)) - 32 * 128;
+}
+
+/* The first n (any count) of 8 floats at p: loaded, the rest zero; stored, the rest untouched */
+AR_INLINE __m256i ln8_mask(int n)
+{
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+AR_INLINE __m256 ln8_load(const float *p, int n)
+{
+    return n >= 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, ln8_mask(n));
+}
+
+AR_INLINE void ln8_store(float *p, int n, __m256 v)
+{
+    if (n >= 8)
+        _mm256_storeu_ps(p, v);
+    else if (n > 0)
+        _mm256_maskstore_ps(p, ln8_mask(n), v);
+}
+
+/* Rows [0, nr) of w (packed: the group stream, kernels.h "x16"; else the file's rows, w_row
+ * bytes apart) times nc activation rows: y[j * ldy + i]. */
+AR_INLINE void ln8_gemm(const int kind, const bool packed, int nb, int nr, int nc, const uint8_t *w,
+                        size_t w_row, const uint8_t *x, size_t x_row, float *y, size_t ldy)
+{
+    static _Thread_local float fxd[LN8_J * LN8_CHUNK];
+    static _Thread_local int32_t fxs[LN8_J * LN8_CHUNK];
+    const int32_t off = kind == LN8_Q8_0 ? 0 : kind == LN8_Q5_0 ? 16 : 8;
+    const size_t bs = kind == LN8_Q8_0   ? sizeof(struct block_q8_0)
+                      : kind == LN8_Q5_0 ? sizeof(struct block_q5_0)
+                                         : sizeof(struct block_q4_0);
+    const size_t gsz = (size_t)nb * LN8_PB(kind);
+    for (int j0 = 0; j0 < nc; j0 += LN8_J) {
+        int jn = AR_MIN(LN8_J, nc - j0);
+        for (int c0 = 0; c0 < nb; c0 += LN8_CHUNK) {
+            int kb = AR_MIN(LN8_CHUNK, nb - c0);
+            const int8_t *xq[LN8_J];
+            for (int j = 0; j < jn; j++) {
+                const struct block_q8_0 *xb =
+                    (const struct block_q8_0 *)(const void *)(x + (size_t)(j0 + j) * x_row) + c0;
+                xq[j] = xb->qs;
+                for (int b = 0; b < kb; b++) {
+                    fxd[j * LN8_CHUNK + b] = f16_to_f32(xb[b].d);
+                    fxs[j * LN8_CHUNK + b] = off ? -off * q8_0_block_sum(&xb[b]) : 0;
+                }
+            }
+            for (int i0 = 0; i0 < nr; i0 += 16) {
+                int rn = AR_MIN(16, nr - i0);
+                struct ln8_src src[2];
+                size_t step = packed ? LN8_PB(kind) : bs;
+                __m256 acc[LN8_J][2];
+                if (packed) {
+                    src[0].p = src[1].p = w + (size_t)(i0 / 16) * gsz + (size_t)c0 * LN8_PB(kind);
+                } else {
+                    /* the rows' offsets from the group's first; rows past the last repeat it,
+                     * as packing does */
+                    int32_t o[16];
+                    for (int r = 0; r < 16; r++)
+                        o[r] = (int32_t)((size_t)AR_MIN(r, rn - 1) * w_row);
+                    for (int h = 0; h < 2; h++) {
+                        src[h].p = w + (size_t)i0 * w_row + (size_t)c0 * bs;
+                        src[h].vidx =
+                            _mm256_loadu_si256((const __m256i *)(const void *)(o + 8 * h));
+                    }
+                }
+                for (int j = 0; j < jn; j++)
+                    for (int h = 0; h < 2; h++)
+                        acc[j][h] = _mm256_setzero_ps();
+                if (c0 > 0) {
+                    for (int j = 0; j < jn; j++)
+                        for (int h = 0; h < 2; h++)
+                            acc[j][h] =
+                                ln8_load(y + (size_t)(j0 + j) * ldy + (size_t)i0 + 8 * (size_t)h,
+                                         rn - 8 * h);
+                }
+                if (jn == 2)
+                    ln8_blocks(kind, packed, 2, kb, src, step, xq, fxd, fxs, acc);
+                else
+                    ln8_blocks(kind, packed, 1, kb, src, step, xq, fxd, fxs, acc);
+                for (int j = 0; j < jn; j++)
+                    for (int h = 0; h < 2; h++)
+                        ln8_store(y + (size_t)(j0 + j) * ldy + (size_t)i0 + 8 * (size_t)h,
+                                  rn - 8 * h, acc[j][h]);
+            }
+        }
+    }
+}
+
+#define DEFINE_LN8(NAME, KIND, WT)                                                                 \
+    static void NAME##_gemm(int n, int nr, int nc, const void *w, size_t w_row, const void *x,     \
+                            size_t x_row, float *y, size_t ldy)                                    \
+    {                                                                                              \
+        ln8_gemm(KIND, false, n / 32, nr, nc, w, w_row, x, x_row, y, ldy);                         \
+    }                                                                                              \
+    static void NAME##_gemm_packed(int n, int nr, int nc, const void *wp, const void *x,           \
+                                   size_t x_row, float *y, size_t ldy)                             \
+    {                                                                                              \
+        ln8_gemm(KIND, true, n / 32, nr, nc, wp, 0, x, x_row, y, ldy);                             \
+    }                                                                                              \
+    static void NAME##_vec_dot(int n, float *s, const void *w, const void *x)                      \
+    {                                                                                              \
+        ln8_gemm(KIND, false, n / 32, 1, 1, w, sizeof(WT), x, 0, s, 1);                            \
+    }
+DEFINE_LN8(q8_0, LN8_Q8_0, struct block_q8_0)
+DEFINE_LN8(q4_0, LN8_Q4_0, struct block_q4_0)
+DEFINE_LN8(q5_0, LN8_Q5_0, struct block_q5_0)
 
 /* ---- K-quants against Q8_K activations ------------------------------------------------------ */
 
@@ -787,6 +1022,9 @@ void kernels_fill_avx2(struct kernel_ops *ops)
     ops->gemm[AR_TYPE_Q4_K] = q4_K_gemm;
     ops->gemm[AR_TYPE_Q5_K] = q5_K_gemm;
     ops->gemm[AR_TYPE_Q6_K] = q6_K_gemm;
+    ops->gemm_packed[AR_TYPE_Q8_0] = q8_0_gemm_packed;
+    ops->gemm_packed[AR_TYPE_Q4_0] = q4_0_gemm_packed;
+    ops->gemm_packed[AR_TYPE_Q5_0] = q5_0_gemm_packed;
 
     ops->dot_f32 = dot_f32;
     ops->dot_f16_f32 = dot_f16_f32;
