@@ -450,6 +450,311 @@ DEFINE_LN8(q8_0, LN8_Q8_0, struct block_q8_0)
 DEFINE_LN8(q4_0, LN8_Q4_0, struct block_q4_0)
 DEFINE_LN8(q5_0, LN8_Q5_0, struct block_q5_0)
 
+/* ---- Q4_K and Q6_K: 8 weight rows in the lanes of one vector --------------------------------
+ * As the lane kernels above, over super-blocks of 256 (kernels.h, "x16": scales first, then d
+ * (and dmin), then the quants as lane vectors; or gathered from the file's rows). Per output
+ * and super-block the exact int32 sum of Q4_K's sum_j sc_j * sum(q * x over sub-block j),
+ * and of its mins sum_j m_j * (activation sum of sub-block j); or Q6_K's
+ * sum_s sc_s * (sum(q * x) - 32 * bsum_s); then acc = fma(float(isum), d * xd, acc) and for
+ * Q4_K acc = fnmadd(float(mins), dmin * xd, acc): the arithmetic of the AVX-512 lane kernels,
+ * so packed and unpacked, any split, and vec_dot give the same bits. The int16 sums of
+ * vpmaddubsw stay within range: Q4_K 16 products of 15 * 127 before one vpmaddwd by the
+ * sub-block's scale, Q6_K 4 products of 63 * 127. */
+
+enum { LK8_Q4_K, LK8_Q6_K };
+
+/* bytes of a packed super-block of 16 rows, and where its fields lie (kernels.h) */
+#define LK8_PB(kind) ((kind) == LK8_Q4_K ? 2304 : 3392)
+#define LK8_QL6(hh)                                                                                \
+    (288 + 1536 * (size_t)(hh)) /* ql 0..31 of half hh; its qh 512 on, ql 32.. 1024 on */
+
+/* One half's (8 rows') int16 pairs for vpmaddwd, built from the rows' scale bytes:
+ * pair (lane byte a, lane byte b) of v as int16s, unsigned (Q4_K) or signed (Q6_K) */
+AR_INLINE __m256i lk8_pair(__m256i v, int a, int b, bool sign)
+{
+    /* each byte to the high byte of its int16, then shifted down */
+    const __m256i sel =
+        _mm256_setr_epi8(-1, (char)a, -1, (char)b, -1, (char)(4 + a), -1, (char)(4 + b), -1,
+                         (char)(8 + a), -1, (char)(8 + b), -1, (char)(12 + a), -1, (char)(12 + b),
+                         -1, (char)a, -1, (char)b, -1, (char)(4 + a), -1, (char)(4 + b), -1,
+                         (char)(8 + a), -1, (char)(8 + b), -1, (char)(12 + a), -1, (char)(12 + b));
+    __m256i t = _mm256_shuffle_epi8(v, sel);
+    return sign ? _mm256_srai_epi16(t, 8) : _mm256_srli_epi16(t, 8);
+}
+
+/* Q4_K: the rows' 8 six-bit scales (sc) and mins (mn), bytes k of each lane: sc[0] = sc0..3,
+ * sc[1] = sc4..7, mn likewise (from the 12 bytes' three dwords a, b, c) */
+AR_INLINE void lk8_q4k_scales(__m256i a, __m256i b, __m256i c, __m256i sc[2], __m256i mn[2])
+{
+    const __m256i m6 = _mm256_set1_epi8(0x3f), m4 = _mm256_set1_epi8(0x0f),
+                  t2 = _mm256_set1_epi8(0x30);
+    sc[0] = _mm256_and_si256(a, m6);
+    mn[0] = _mm256_and_si256(b, m6);
+    sc[1] = _mm256_or_si256(_mm256_and_si256(c, m4), _mm256_and_si256(_mm256_srli_epi32(a, 2), t2));
+    mn[1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(c, 4), m4),
+                            _mm256_and_si256(_mm256_srli_epi32(b, 2), t2));
+}
+
+/* Q6_K: the rows' int8 scales a and b of a super-block as an int16 pair per lane (packed: byte
+ * planes of 16 rows at 16 * s; file: the 16 bytes at 192) */
+AR_INLINE __m256i lk8_q6k_scale_pair(const bool packed, const struct ln8_src *s, int h, int a,
+                                     int b)
+{
+    if (packed) {
+        __m128i pa =
+            _mm_loadl_epi64((const __m128i *)(const void *)(s->p + 16 * (size_t)a + 8 * (size_t)h));
+        __m128i pb =
+            _mm_loadl_epi64((const __m128i *)(const void *)(s->p + 16 * (size_t)b + 8 * (size_t)h));
+        return _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(pa, pb));
+    }
+    /* one gather per dword of scales; a and b share it when they lie in the same dword */
+    __m256i va = ln8_dwords(false, s, h, 0, 192 + 4 * (size_t)(a / 4));
+    __m256i vb = a / 4 == b / 4 ? va : ln8_dwords(false, s, h, 0, 192 + 4 * (size_t)(b / 4));
+    return _mm256_or_si256(
+        _mm256_and_si256(lk8_pair(va, a % 4, a % 4, true), _mm256_set1_epi32(0xffff)),
+        _mm256_andnot_si256(_mm256_set1_epi32(0xffff), lk8_pair(vb, b % 4, b % 4, true)));
+}
+
+/* Software prefetch into L2 of the packed super-block LK8_AHEAD further on, an eighth of its
+ * lines per group g: as on AVX-512 (see PKK_AHEAD there), a super-block takes long enough
+ * to compute that the hardware prefetchers fall behind the stream. Past the matrix's end it
+ * reads nothing (prefetches do not fault). */
+#define LK8_AHEAD 8
+AR_INLINE void lk8_prefetch(const bool packed, const uint8_t *p, size_t bytes, int g)
+{
+    if (!packed)
+        return;
+    size_t lines = bytes / 64;
+    for (size_t l = lines * (size_t)g / 8; l < lines * (size_t)(g + 1) / 8; l++)
+        _mm_prefetch((const char *)p + 64 * l, _MM_HINT_T1);
+}
+
+/* J activation rows (their super-blocks at xb[j]) against kb super-blocks of one group's two
+ * halves (src; step bytes apart): acc[j][h] as above. */
+AR_INLINE void lk8_blocks(const int kind, const bool packed, const int J, int kb,
+                          struct ln8_src src[2], size_t step,
+                          const struct block_q8_K *const xb0[LN8_J], __m256 acc[LN8_J][2])
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
+    for (int b = 0; b < kb; b++) {
+        const struct block_q8_K *xb[LN8_J];
+        __m256i isum[LN8_J][2], ms[LN8_J][2];
+        _Pragma("GCC unroll 4") for (int j = 0; j < J; j++)
+        {
+            xb[j] = xb0[j] + b;
+            isum[j][0] = isum[j][1] = ms[j][0] = ms[j][1] = _mm256_setzero_si256();
+        }
+        if (kind == LK8_Q4_K) {
+            __m256i sc[2][2], mn[2][2];
+            _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) lk8_q4k_scales(
+                ln8_dwords(packed, &src[h], h, 0, 4), ln8_dwords(packed, &src[h], h, 64, 8),
+                ln8_dwords(packed, &src[h], h, 128, 12), sc[h], mn[h]);
+            for (int g = 0; g < 8; g++) {
+                __m256i s16[LN8_J][2];
+                lk8_prefetch(packed, src[0].p + LK8_AHEAD * step, LK8_PB(kind), g);
+                _Pragma("GCC unroll 8") for (int t = 0; t < 8; t++)
+                {
+                    __m256i w[2];
+                    _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++)
+                    {
+                        w[h] = ln8_dwords(packed, &src[h], h,
+                                          256 + 512 * (size_t)(g / 2) + 64 * (size_t)t,
+                                          16 + 32 * (size_t)(g / 2) + 4 * (size_t)t);
+                        if (g & 1)
+                            w[h] = _mm256_srli_epi16(w[h], 4);
+                        w[h] = _mm256_and_si256(w[h], m4);
+                    }
+                    _Pragma("GCC unroll 4") for (int j = 0; j < J; j++)
+                    {
+                        __m256i xv = _mm256_set1_epi32(load_i32(xb[j]->qs + 32 * g + 4 * t));
+                        _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++)
+                        {
+                            __m256i d = _mm256_maddubs_epi16(w[h], xv);
+                            s16[j][h] = t == 0 ? d : _mm256_add_epi16(s16[j][h], d);
+                        }
+                    }
+                }
+                _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++)
+                {
+                    __m256i scp = lk8_pair(sc[h][g / 4], g % 4, g % 4, false);
+                    _Pragma("GCC unroll 4") for (int j = 0; j < J; j++) isum[j][h] =
+                        _mm256_add_epi32(isum[j][h], _mm256_madd_epi16(s16[j][h], scp));
+                }
+            }
+            /* mins: pairs (m_2u, m_2u+1) against the activation sums of sub-blocks 2u, 2u + 1 */
+            _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++)
+            {
+                __m256i mp[2];
+                _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) mp[h] =
+                    lk8_pair(mn[h][u / 2], 2 * (u % 2), 2 * (u % 2) + 1, false);
+                _Pragma("GCC unroll 4") for (int j = 0; j < J; j++)
+                {
+                    const int16_t *bs = xb[j]->bsums;
+                    int32_t s0 = bs[4 * u] + bs[4 * u + 1], s1 = bs[4 * u + 2] + bs[4 * u + 3];
+                    __m256i sp = _mm256_set1_epi32((int32_t)(((uint32_t)s1 << 16) | (uint16_t)s0));
+                    _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) ms[j][h] =
+                        _mm256_add_epi32(ms[j][h], _mm256_madd_epi16(mp[h], sp));
+                }
+            }
+        } else {
+            for (int g = 0; g < 8; g++) {
+                const int hh = g / 4, k = g % 4;
+                __m256i s16[LN8_J][2];
+                lk8_prefetch(packed, src[0].p + LK8_AHEAD * step, LK8_PB(kind), g);
+                _Pragma("GCC unroll 8") for (int t = 0; t < 8; t++)
+                {
+                    __m256i w[2];
+                    _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++)
+                    {
+                        __m256i l =
+                            ln8_dwords(packed, &src[h], h,
+                                       LK8_QL6(hh) + 1024 * (size_t)(k % 2) + 64 * (size_t)t,
+                                       64 * (size_t)hh + 32 * (size_t)(k % 2) + 4 * (size_t)t);
+                        __m256i q =
+                            ln8_dwords(packed, &src[h], h, LK8_QL6(hh) + 512 + 64 * (size_t)t,
+                                       128 + 32 * (size_t)hh + 4 * (size_t)t);
+                        if (k >= 2)
+                            l = _mm256_srli_epi16(l, 4);
+                        q = k < 2 ? _mm256_slli_epi16(q, 4 - 2 * k)
+                                  : _mm256_srli_epi16(q, 2 * k - 4);
+                        w[h] = _mm256_or_si256(_mm256_and_si256(l, m4), _mm256_and_si256(q, m30));
+                    }
+                    _Pragma("GCC unroll 4") for (int j = 0; j < J; j++)
+                    {
+                        __m256i xv = _mm256_set1_epi32(load_i32(xb[j]->qs + 32 * g + 4 * t));
+                        _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++)
+                        {
+                            __m256i d = _mm256_maddubs_epi16(w[h], xv);
+                            s16[j][h] = t % 2 == 0 ? d : _mm256_add_epi16(s16[j][h], d);
+                        }
+                    }
+                    if (t % 2 == 1) {
+                        /* sub-block s = 2g + t / 4 of 16 elements, its scale as an int16 pair */
+                        int sb = 2 * g + t / 4;
+                        _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++)
+                        {
+                            __m256i scp = lk8_q6k_scale_pair(packed, &src[h], h, sb, sb);
+                            _Pragma("GCC unroll 4") for (int j = 0; j < J; j++) isum[j][h] =
+                                _mm256_add_epi32(isum[j][h], _mm256_madd_epi16(s16[j][h], scp));
+                        }
+                    }
+                }
+            }
+            /* - 32 * sum_s sc_s * bsum_s, the scales in pairs (2u, 2u + 1) */
+            _Pragma("GCC unroll 8") for (int u = 0; u < 8; u++)
+            {
+                __m256i sp2[2];
+                _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) sp2[h] =
+                    lk8_q6k_scale_pair(packed, &src[h], h, 2 * u, 2 * u + 1);
+                _Pragma("GCC unroll 4") for (int j = 0; j < J; j++)
+                {
+                    const int16_t *bs = xb[j]->bsums;
+                    __m256i bp = _mm256_set1_epi32(
+                        (int32_t)(((uint32_t)(uint16_t)bs[2 * u + 1] << 16) | (uint16_t)bs[2 * u]));
+                    _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) ms[j][h] =
+                        _mm256_add_epi32(ms[j][h], _mm256_madd_epi16(sp2[h], bp));
+                }
+            }
+            _Pragma("GCC unroll 4") for (int j = 0; j < J; j++)
+                _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) isum[j][h] =
+                    _mm256_sub_epi32(isum[j][h], _mm256_slli_epi32(ms[j][h], 5));
+        }
+        _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++)
+        {
+            __m256 wd, wmin = _mm256_setzero_ps();
+            if (packed) {
+                const uint8_t *dp = src[h].p + (kind == LK8_Q4_K ? 192 : 256) + 16 * (size_t)h;
+                wd = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)dp));
+                if (kind == LK8_Q4_K)
+                    wmin =
+                        _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(dp + 32)));
+            } else {
+                /* Q4_K: d and dmin the dword at 0; Q6_K: d the low half of the dword at 208 */
+                const __m256i lo16 =
+                    _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1, 0, 1,
+                                     4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1);
+                const __m256i hi16 =
+                    _mm256_setr_epi8(2, 3, 6, 7, 10, 11, 14, 15, -1, -1, -1, -1, -1, -1, -1, -1, 2,
+                                     3, 6, 7, 10, 11, 14, 15, -1, -1, -1, -1, -1, -1, -1, -1);
+                __m256i dw = ln8_dwords(false, &src[h], h, 0, kind == LK8_Q4_K ? 0 : 208);
+                wd = _mm256_cvtph_ps(_mm256_castsi256_si128(
+                    _mm256_permute4x64_epi64(_mm256_shuffle_epi8(dw, lo16), 0x08)));
+                if (kind == LK8_Q4_K)
+                    wmin = _mm256_cvtph_ps(_mm256_castsi256_si128(
+                        _mm256_permute4x64_epi64(_mm256_shuffle_epi8(dw, hi16), 0x08)));
+            }
+            _Pragma("GCC unroll 4") for (int j = 0; j < J; j++)
+            {
+                __m256 xd = _mm256_set1_ps(xb[j]->d);
+                acc[j][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[j][h]), _mm256_mul_ps(wd, xd),
+                                            acc[j][h]);
+                if (kind == LK8_Q4_K)
+                    acc[j][h] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(ms[j][h]),
+                                                 _mm256_mul_ps(wmin, xd), acc[j][h]);
+            }
+        }
+        _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) src[h].p += step;
+    }
+}
+
+/* Rows [0, nr) of w (packed or the file's rows) times nc Q8_K activation rows */
+AR_INLINE void lk8_gemm(const int kind, const bool packed, int nb, int nr, int nc, const uint8_t *w,
+                        size_t w_row, const uint8_t *x, size_t x_row, float *y, size_t ldy)
+{
+    const size_t bs = kind == LK8_Q4_K ? sizeof(struct block_q4_K) : sizeof(struct block_q6_K);
+    const size_t gsz = (size_t)nb * LK8_PB(kind);
+    for (int j0 = 0; j0 < nc; j0 += LN8_J) {
+        int jn = AR_MIN(LN8_J, nc - j0);
+        const struct block_q8_K *xb[LN8_J];
+        for (int j = 0; j < jn; j++)
+            xb[j] = (const struct block_q8_K *)(const void *)(x + (size_t)(j0 + j) * x_row);
+        for (int i0 = 0; i0 < nr; i0 += 16) {
+            int rn = AR_MIN(16, nr - i0);
+            struct ln8_src src[2];
+            __m256 acc[LN8_J][2];
+            if (packed) {
+                src[0].p = src[1].p = w + (size_t)(i0 / 16) * gsz;
+            } else {
+                int32_t o[16];
+                for (int r = 0; r < 16; r++)
+                    o[r] = (int32_t)((size_t)AR_MIN(r, rn - 1) * w_row);
+                for (int h = 0; h < 2; h++) {
+                    src[h].p = w + (size_t)i0 * w_row;
+                    src[h].vidx = _mm256_loadu_si256((const __m256i *)(const void *)(o + 8 * h));
+                }
+            }
+            for (int j = 0; j < jn; j++)
+                acc[j][0] = acc[j][1] = _mm256_setzero_ps();
+            if (jn == 2)
+                lk8_blocks(kind, packed, 2, nb, src, packed ? LK8_PB(kind) : bs, xb, acc);
+            else
+                lk8_blocks(kind, packed, 1, nb, src, packed ? LK8_PB(kind) : bs, xb, acc);
+            for (int j = 0; j < jn; j++)
+                for (int h = 0; h < 2; h++)
+                    ln8_store(y + (size_t)(j0 + j) * ldy + (size_t)i0 + 8 * (size_t)h, rn - 8 * h,
+                              acc[j][h]);
+        }
+    }
+}
+
+#define DEFINE_LK8(NAME, KIND, WT)                                                                 \
+    static void NAME##_gemm(int n, int nr, int nc, const void *w, size_t w_row, const void *x,     \
+                            size_t x_row, float *y, size_t ldy)                                    \
+    {                                                                                              \
+        lk8_gemm(KIND, false, n / QK_K, nr, nc, w, w_row, x, x_row, y, ldy);                       \
+    }                                                                                              \
+    static void NAME##_gemm_packed(int n, int nr, int nc, const void *wp, const void *x,           \
+                                   size_t x_row, float *y, size_t ldy)                             \
+    {                                                                                              \
+        lk8_gemm(KIND, true, n / QK_K, nr, nc, wp, 0, x, x_row, y, ldy);                           \
+    }                                                                                              \
+    static void NAME##_vec_dot(int n, float *s, const void *w, const void *x)                      \
+    {                                                                                              \
+        lk8_gemm(KIND, false, n / QK_K, 1, 1, w, sizeof(WT), x, 0, s, 1);                          \
+    }
+DEFINE_LK8(q4_K, LK8_Q4_K, struct block_q4_K)
+DEFINE_LK8(q6_K, LK8_Q6_K, struct block_q6_K)
+
 /* ---- K-quants against Q8_K activations ------------------------------------------------------ */
 
 /* The 8 six-bit scales and mins of a Q4_K/Q5_K block (layout in ref.c's k_scale_min). */
@@ -510,53 +815,11 @@ AR_INLINE void qk45_block(ar_f16 dh, ar_f16 dminh, const uint8_t *scales, const 
     *acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_set1_ps(dmin), *acc);
 }
 
-AR_INLINE void q4_K_block(const struct block_q4_K *w, const struct block_q8_K *x, __m256 *acc)
-{
-    qk45_block(w->d, w->dmin, w->scales, w->qs, NULL, x, acc);
-}
-DEFINE_GEMM(q4_K, struct block_q4_K, struct block_q8_K, q4_K_block, QK_K)
-
 AR_INLINE void q5_K_block(const struct block_q5_K *w, const struct block_q8_K *x, __m256 *acc)
 {
     qk45_block(w->d, w->dmin, w->scales, w->qs, w->qh, x, acc);
 }
 DEFINE_GEMM(q5_K, struct block_q5_K, struct block_q8_K, q5_K_block, QK_K)
-
-/* Q6_K: q = 6 unsigned bits, w = d * scales[e / 16] * (q - 32). The -32 is applied once per
- * block through the bsums: sum(sc * (q - 32) * y) = sum(sc * q * y) - 32 * sum(sc * bsum). */
-AR_INLINE void q6_K_block(const struct block_q6_K *w, const struct block_q8_K *x, __m256 *acc)
-{
-    const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
-    /* 16 int16 scales: lane 0 holds sub-blocks 0..7 (first half), lane 1 sub-blocks 8..15 */
-    __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)w->scales));
-    __m256i isum = _mm256_setzero_si256();
-    for (int h = 0; h < 2; h++) {
-        __m256i ql0 = _mm256_loadu_si256((const __m256i *)(const void *)(w->ql + 64 * h));
-        __m256i ql1 = _mm256_loadu_si256((const __m256i *)(const void *)(w->ql + 64 * h + 32));
-        __m256i qhv = _mm256_loadu_si256((const __m256i *)(const void *)(w->qh + 32 * h));
-        __m256i q[4];
-        q[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_and_si256(_mm256_slli_epi16(qhv, 4), m30));
-        q[1] = _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_and_si256(_mm256_slli_epi16(qhv, 2), m30));
-        q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), _mm256_and_si256(qhv, m30));
-        q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
-                               _mm256_and_si256(_mm256_srli_epi16(qhv, 2), m30));
-        /* this half's 8 scales in both lanes */
-        __m256i sch = h ? _mm256_permute4x64_epi64(sc16, 0xee) : _mm256_permute4x64_epi64(sc16, 0x44);
-        for (int k = 0; k < 4; k++) {
-            /* 32 elements: sub-block 2k of the half in lane 0, 2k + 1 in lane 1 */
-            __m256i mask = _mm256_set_m128i(_mm_set1_epi16((short)(((4 * k + 3) << 8) | (4 * k + 2))),
-                                            _mm_set1_epi16((short)(((4 * k + 1) << 8) | (4 * k))));
-            __m256i y = _mm256_loadu_si256((const __m256i *)(const void *)(x->qs + 128 * h + 32 * k));
-            __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(q[k], y), _mm256_shuffle_epi8(sch, mask));
-            isum = _mm256_add_epi32(isum, p);
-        }
-    }
-    __m256i off = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(const void *)x->bsums), sc16);
-    isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(off, 5));
-    float d = f16_to_f32(w->d) * x->d;
-    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(d), *acc);
-}
-DEFINE_GEMM(q6_K, struct block_q6_K, struct block_q8_K, q6_K_block, QK_K)
 
 /* ---- float weights: F32, F16, BF16 (8 elements per step, scalar tail) ----------------------- */
 
@@ -1025,6 +1288,8 @@ void kernels_fill_avx2(struct kernel_ops *ops)
     ops->gemm_packed[AR_TYPE_Q8_0] = q8_0_gemm_packed;
     ops->gemm_packed[AR_TYPE_Q4_0] = q4_0_gemm_packed;
     ops->gemm_packed[AR_TYPE_Q5_0] = q5_0_gemm_packed;
+    ops->gemm_packed[AR_TYPE_Q4_K] = q4_K_gemm_packed;
+    ops->gemm_packed[AR_TYPE_Q6_K] = q6_K_gemm_packed;
 
     ops->dot_f32 = dot_f32;
     ops->dot_f16_f32 = dot_f16_f32;
