@@ -202,8 +202,9 @@ AR_INLINE int32_t load_i32(const void *p)
     return v;
 }
 
-/* Where one half (8 rows) of a group's block comes from: packed, the block (p); from the
- * file, the block of the half's first row (p) and the 8 rows' offsets from it (vidx). */
+/* Where one half (8 rows) of a group's block comes from: packed, the group's block (p); from
+ * the file, the block of the group's first row (p) and the half's 8 rows' offsets from it
+ * (vidx). */
 struct ln8_src {
     const uint8_t *p;
     __m256i vidx;
@@ -282,7 +283,7 @@ AR_INLINE void ln8_blocks(const int kind, const bool packed, const int J, int kb
             }
         } else {
             /* nibble vector t holds lane vectors t (low nibbles) and t + 4 (high); int16 sums of
-             * up to 16 products: Q4_0 16 * 15 * 127, Q5_0 (8 at a time) 8 * 31 * 127 */
+             * up to 16 products of at most 15 * 127 (Q4_0), or 8 of 31 * 127 (Q5_0) */
             const int per = kind == LN8_Q4_0 ? 4 : 2;
             __m256i e[2];
             if (kind == LN8_Q5_0)
