@@ -1,7 +1,8 @@
 /* avx2.c - SIMD kernels for CPUs with avx2 + fma + f16c, chosen at run time by select.c.
  * Every entry matches ref.c: quantizers byte for byte, integer-sum dot products up to the
- * order of the float accumulation. Q8_0, Q4_0 and Q5_0 weights go through lane kernels (8
- * weight rows in the lanes of a vector, packed at load or gathered from the file's layout);
+ * order of the float accumulation. Q8_0, Q4_0, Q5_0, Q4_K and Q6_K weights go through lane
+ * kernels (8 weight rows in the lanes of a vector, packed at load or gathered from the file's
+ * layout);
  * the other types through register tiles (TILE_RW weight rows by TILE_RX activation rows) so
  * that each weight block fetched from memory serves several activation rows; with one
  * activation row a tile is a GEMV over one weight row. */
@@ -219,18 +220,42 @@ AR_INLINE __m256i ln8_dwords(const bool packed, const struct ln8_src *s, int h, 
     return _mm256_i32gather_epi32((const int *)(const void *)(s->p + file_off), s->vidx, 1);
 }
 
-/* The 8 rows' block scales d as floats */
+/* The f16 in the low (hi 0) or high (hi 1) half of each of 8 gathered dwords, as floats */
+AR_INLINE __m256 ln8_f16_halves(__m256i dw, int hi)
+{
+    const char o = (char)(2 * hi);
+    const __m256i pick = _mm256_setr_epi8(
+        o, (char)(o + 1), (char)(o + 4), (char)(o + 5), (char)(o + 8), (char)(o + 9),
+        (char)(o + 12), (char)(o + 13), -1, -1, -1, -1, -1, -1, -1, -1, o, (char)(o + 1),
+        (char)(o + 4), (char)(o + 5), (char)(o + 8), (char)(o + 9), (char)(o + 12), (char)(o + 13),
+        -1, -1, -1, -1, -1, -1, -1, -1);
+    __m256i d = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(dw, pick), 0x08);
+    return _mm256_cvtph_ps(_mm256_castsi256_si128(d));
+}
+
+/* The 8 rows' block scales d as floats (from the file: each block's first field) */
 AR_INLINE __m256 ln8_scales(const int kind, const bool packed, const struct ln8_src *s, int h)
 {
     if (packed)
         return _mm256_cvtph_ps(
             _mm_loadu_si128((const __m128i *)(const void *)(s->p + LN8_PQ(kind) + 16 * (size_t)h)));
-    /* d is each block's first field: the low halves of the gathered dwords */
-    const __m256i lo16 = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1,
-                                          0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1);
-    __m256i d = _mm256_shuffle_epi8(ln8_dwords(false, s, h, 0, 0), lo16);
-    d = _mm256_permute4x64_epi64(d, 0x08);
-    return _mm256_cvtph_ps(_mm256_castsi256_si128(d));
+    return ln8_f16_halves(ln8_dwords(false, s, h, 0, 0), 0);
+}
+
+/* The two halves' sources of the group of 16 rows whose block is at p (packed: in the group's
+ * stream; else row 0's block in the file, the other rows w_row apart; rows past rn repeat the
+ * last, as packing does) */
+AR_INLINE void ln8_group_src(const bool packed, const uint8_t *p, size_t w_row, int rn,
+                             struct ln8_src src[2])
+{
+    int32_t o[16];
+    src[0].p = src[1].p = p;
+    if (packed)
+        return;
+    for (int r = 0; r < 16; r++)
+        o[r] = (int32_t)((size_t)AR_MIN(r, rn - 1) * w_row);
+    for (int h = 0; h < 2; h++)
+        src[h].vidx = _mm256_loadu_si256((const __m256i *)(const void *)(o + 8 * h));
 }
 
 /* Q5_0's fifth bits of lane vector u (quants 4u..4u+3 of each row) at bit 4 of each byte:
@@ -395,20 +420,10 @@ AR_INLINE void ln8_gemm(const int kind, const bool packed, int nb, int nr, int n
                 struct ln8_src src[2];
                 size_t step = packed ? LN8_PB(kind) : bs;
                 __m256 acc[LN8_J][2];
-                if (packed) {
-                    src[0].p = src[1].p = w + (size_t)(i0 / 16) * gsz + (size_t)c0 * LN8_PB(kind);
-                } else {
-                    /* the rows' offsets from the group's first; rows past the last repeat it,
-                     * as packing does */
-                    int32_t o[16];
-                    for (int r = 0; r < 16; r++)
-                        o[r] = (int32_t)((size_t)AR_MIN(r, rn - 1) * w_row);
-                    for (int h = 0; h < 2; h++) {
-                        src[h].p = w + (size_t)i0 * w_row + (size_t)c0 * bs;
-                        src[h].vidx =
-                            _mm256_loadu_si256((const __m256i *)(const void *)(o + 8 * h));
-                    }
-                }
+                ln8_group_src(packed,
+                              packed ? w + (size_t)(i0 / 16) * gsz + (size_t)c0 * LN8_PB(kind)
+                                     : w + (size_t)i0 * w_row + (size_t)c0 * bs,
+                              w_row, rn, src);
                 for (int j = 0; j < jn; j++)
                     for (int h = 0; h < 2; h++)
                         acc[j][h] = _mm256_setzero_ps();
@@ -496,8 +511,9 @@ AR_INLINE void lk8_q4k_scales(__m256i a, __m256i b, __m256i c, __m256i sc[2], __
                             _mm256_and_si256(_mm256_srli_epi32(b, 2), t2));
 }
 
-/* Q6_K: the rows' int8 scales a and b of a super-block as an int16 pair per lane (packed: byte
- * planes of 16 rows at 16 * s; file: the 16 bytes at 192) */
+/* Q6_K: the rows' int8 scales a and b of a super-block as an int16 pair per lane, a and b in
+ * the same 4 scales (a / 4 == b / 4: the callers ask for (s, s) and (2u, 2u + 1)); packed: byte
+ * planes of 16 rows at 16 * s; file: the 16 bytes at 192 */
 AR_INLINE __m256i lk8_q6k_scale_pair(const bool packed, const struct ln8_src *s, int h, int a,
                                      int b)
 {
@@ -508,12 +524,7 @@ AR_INLINE __m256i lk8_q6k_scale_pair(const bool packed, const struct ln8_src *s,
             _mm_loadl_epi64((const __m128i *)(const void *)(s->p + 16 * (size_t)b + 8 * (size_t)h));
         return _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(pa, pb));
     }
-    /* one gather per dword of scales; a and b share it when they lie in the same dword */
-    __m256i va = ln8_dwords(false, s, h, 0, 192 + 4 * (size_t)(a / 4));
-    __m256i vb = a / 4 == b / 4 ? va : ln8_dwords(false, s, h, 0, 192 + 4 * (size_t)(b / 4));
-    return _mm256_or_si256(
-        _mm256_and_si256(lk8_pair(va, a % 4, a % 4, true), _mm256_set1_epi32(0xffff)),
-        _mm256_andnot_si256(_mm256_set1_epi32(0xffff), lk8_pair(vb, b % 4, b % 4, true)));
+    return lk8_pair(ln8_dwords(false, s, h, 0, 192 + 4 * (size_t)(a / 4)), a % 4, b % 4, true);
 }
 
 /* Software prefetch into L2 of the packed super-block LK8_AHEAD further on, an eighth of its
@@ -600,11 +611,15 @@ AR_INLINE void lk8_blocks(const int kind, const bool packed, const int J, int kb
         } else {
             for (int g = 0; g < 8; g++) {
                 const int hh = g / 4, k = g % 4;
-                __m256i s16[LN8_J][2];
+                __m256i s16[LN8_J][2], scp[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
                 lk8_prefetch(packed, src[0].p + LK8_AHEAD * step, LK8_PB(kind), g);
                 _Pragma("GCC unroll 8") for (int t = 0; t < 8; t++)
                 {
                     __m256i w[2];
+                    /* sub-block 2g + t / 4 of 16 elements: its scale as an int16 pair */
+                    if (t % 4 == 0)
+                        _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) scp[h] =
+                            lk8_q6k_scale_pair(packed, &src[h], h, 2 * g + t / 4, 2 * g + t / 4);
                     _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++)
                     {
                         __m256i l =
@@ -629,16 +644,10 @@ AR_INLINE void lk8_blocks(const int kind, const bool packed, const int J, int kb
                             s16[j][h] = t % 2 == 0 ? d : _mm256_add_epi16(s16[j][h], d);
                         }
                     }
-                    if (t % 2 == 1) {
-                        /* sub-block s = 2g + t / 4 of 16 elements, its scale as an int16 pair */
-                        int sb = 2 * g + t / 4;
+                    if (t % 2 == 1)
                         _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++)
-                        {
-                            __m256i scp = lk8_q6k_scale_pair(packed, &src[h], h, sb, sb);
                             _Pragma("GCC unroll 4") for (int j = 0; j < J; j++) isum[j][h] =
-                                _mm256_add_epi32(isum[j][h], _mm256_madd_epi16(s16[j][h], scp));
-                        }
-                    }
+                                _mm256_add_epi32(isum[j][h], _mm256_madd_epi16(s16[j][h], scp[h]));
                 }
             }
             /* - 32 * sum_s sc_s * bsum_s, the scales in pairs (2u, 2u + 1) */
@@ -671,18 +680,10 @@ AR_INLINE void lk8_blocks(const int kind, const bool packed, const int J, int kb
                         _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(dp + 32)));
             } else {
                 /* Q4_K: d and dmin the dword at 0; Q6_K: d the low half of the dword at 208 */
-                const __m256i lo16 =
-                    _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1, 0, 1,
-                                     4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1);
-                const __m256i hi16 =
-                    _mm256_setr_epi8(2, 3, 6, 7, 10, 11, 14, 15, -1, -1, -1, -1, -1, -1, -1, -1, 2,
-                                     3, 6, 7, 10, 11, 14, 15, -1, -1, -1, -1, -1, -1, -1, -1);
                 __m256i dw = ln8_dwords(false, &src[h], h, 0, kind == LK8_Q4_K ? 0 : 208);
-                wd = _mm256_cvtph_ps(_mm256_castsi256_si128(
-                    _mm256_permute4x64_epi64(_mm256_shuffle_epi8(dw, lo16), 0x08)));
+                wd = ln8_f16_halves(dw, 0);
                 if (kind == LK8_Q4_K)
-                    wmin = _mm256_cvtph_ps(_mm256_castsi256_si128(
-                        _mm256_permute4x64_epi64(_mm256_shuffle_epi8(dw, hi16), 0x08)));
+                    wmin = ln8_f16_halves(dw, 1);
             }
             _Pragma("GCC unroll 4") for (int j = 0; j < J; j++)
             {
@@ -713,17 +714,8 @@ AR_INLINE void lk8_gemm(const int kind, const bool packed, int nb, int nr, int n
             int rn = AR_MIN(16, nr - i0);
             struct ln8_src src[2];
             __m256 acc[LN8_J][2];
-            if (packed) {
-                src[0].p = src[1].p = w + (size_t)(i0 / 16) * gsz;
-            } else {
-                int32_t o[16];
-                for (int r = 0; r < 16; r++)
-                    o[r] = (int32_t)((size_t)AR_MIN(r, rn - 1) * w_row);
-                for (int h = 0; h < 2; h++) {
-                    src[h].p = w + (size_t)i0 * w_row;
-                    src[h].vidx = _mm256_loadu_si256((const __m256i *)(const void *)(o + 8 * h));
-                }
-            }
+            ln8_group_src(packed, packed ? w + (size_t)(i0 / 16) * gsz : w + (size_t)i0 * w_row,
+                          w_row, rn, src);
             for (int j = 0; j < jn; j++)
                 acc[j][0] = acc[j][1] = _mm256_setzero_ps();
             if (jn == 2)
