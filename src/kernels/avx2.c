@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "kernels_internal.h"
+#include "simd256.h"
 
 #define AR_INLINE static inline __attribute__((always_inline))
 
@@ -196,13 +197,6 @@ enum { LN8_Q8_0, LN8_Q4_0, LN8_Q5_0 };
 #define LN8_PQ(kind) ((kind) == LN8_Q8_0 ? 512 : (kind) == LN8_Q5_0 ? 320 : 256)
 #define LN8_PB(kind) (LN8_PQ(kind) + 32)
 
-AR_INLINE int32_t load_i32(const void *p)
-{
-    int32_t v;
-    memcpy(&v, p, sizeof(v));
-    return v;
-}
-
 /* Where one half (8 rows) of a group's block comes from: packed, the group's block (p); from
  * the file, the block of the group's first row (p) and the half's 8 rows' offsets from it
  * (vidx). */
@@ -358,16 +352,6 @@ AR_INLINE void ln8_blocks(const int kind, const bool packed, const int J, int kb
         }
         _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) src[h].p += step;
     }
-}
-
-/* The sum of an activation block's 32 quants (exact) */
-AR_INLINE int32_t q8_0_block_sum(const struct block_q8_0 *xb)
-{
-    __m256i q = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(const void *)xb->qs),
-                                 _mm256_set1_epi8((char)0x80));
-    __m256i s = _mm256_sad_epu8(q, _mm256_setzero_si256());
-    __m128i h = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-    return (int32_t)(_mm_cvtsi128_si64(h) + _mm_extract_epi64(h, 1)) - 32 * 128;
 }
 
 /* The first n (any count) of 8 floats at p: loaded, the rest zero; stored, the rest untouched */

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "kernels_internal.h"
+#include "simd256.h"
 
 #define AR_INLINE static inline __attribute__((always_inline))
 
@@ -306,13 +307,6 @@ AR_INLINE __m512i q5_load(const uint8_t *qs0, const uint8_t *qh0, const uint8_t 
 #define LN_PF_AHEAD 1
 #endif
 
-AR_INLINE int32_t load_i32(const void *p)
-{
-    int32_t v;
-    memcpy(&v, p, sizeof(v));
-    return v;
-}
-
 /* v[t] lane r = bytes 4t..4t+3 of the 32 unsigned quants of row r, from z[k] holding row k's
  * 32 bytes in its lower half and row k + 8's in its upper half (an 8 x 8 dword transpose in
  * each 256-bit half). */
@@ -420,16 +414,6 @@ AR_INLINE void ln_rows_all(int kb, int jn, const uint8_t *wq, const size_t wbs, 
     for (; j < jn; j++)
         ln_q8_0_rows(1, kb, wq, wbs, wd, x + (size_t)j * x_row, x_row, xd + j * xs, xc + j * xs,
                      xs, y + (size_t)j * ldy, ldy, m, first);
-}
-
-/* The sum of an activation block's 32 quants (exact: the bytes biased to unsigned, summed by
- * vpsadbw, the bias taken off) */
-AR_INLINE int32_t q8_0_block_sum(const struct block_q8_0 *xb)
-{
-    __m256i q = _mm256_xor_si256(_mm256_loadu_si256(cv256(xb->qs)), _mm256_set1_epi8((char)0x80));
-    __m256i s = _mm256_sad_epu8(q, _mm256_setzero_si256());
-    __m128i h = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-    return (int32_t)(_mm_cvtsi128_si64(h) + _mm_extract_epi64(h, 1)) - 32 * 128;
 }
 
 /* Scale and offset correction -off * sum(q) of blocks [b0, b0 + kb) of jn activation rows

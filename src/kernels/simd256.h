@@ -1,0 +1,31 @@
+/* simd256.h - small helpers on 256-bit integer vectors (AVX2), shared by the kernel files that
+ * are compiled with AVX2 or more (avx2.c, avx512.c); each includes it under its own flags. */
+#ifndef AR_KERNELS_SIMD256_H
+#define AR_KERNELS_SIMD256_H
+
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "quants.h"
+
+/* 4 bytes at p as one int32 (any alignment) */
+static inline __attribute__((always_inline)) int32_t load_i32(const void *p)
+{
+    int32_t v;
+    memcpy(&v, p, sizeof(v));
+    return v;
+}
+
+/* The sum of an activation block's 32 quants (exact: the bytes biased to unsigned, summed by
+ * vpsadbw, the bias taken off) */
+static inline __attribute__((always_inline)) int32_t q8_0_block_sum(const struct block_q8_0 *xb)
+{
+    __m256i q = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(const void *)xb->qs),
+                                 _mm256_set1_epi8((char)0x80));
+    __m256i s = _mm256_sad_epu8(q, _mm256_setzero_si256());
+    __m128i h = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    return (int32_t)(_mm_cvtsi128_si64(h) + _mm_extract_epi64(h, 1)) - 32 * 128;
+}
+
+#endif
