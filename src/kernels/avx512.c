@@ -1079,6 +1079,10 @@ DEFINE_GEMM(q6_K, struct block_q6_K, struct block_q8_K, q6_K_block, 1, QK_K)
  * fall, so any split of rows or columns gives the same bits. */
 
 enum { LK_Q4_K, LK_Q5_K, LK_Q6_K };
+/* where the decode path's software prefetch puts a super-block (see PKK_AHEAD) */
+#ifndef PKK_HINT
+#define PKK_HINT _MM_HINT_T0
+#endif
 
 /* Below this many activation rows the 4 x 4 tiles are faster (unpacking 16 rows' super-block
  * costs about as much as 10 activation rows' products). */
@@ -1232,7 +1236,7 @@ AR_INLINE void lk_rows(const int kind, const int J, const struct lk_wt *wt, cons
             const uint8_t *qs = pk + PKK_QS(LK_Q4_K) + 512 * (size_t)h;
             __m512i v[8], w[8];
             for (int l = pf_lines * h / 4; pf && l < pf_lines * (h + 1) / 4; l++)
-                _mm_prefetch((const char *)pf + 64 * l, _MM_HINT_T1);
+                _mm_prefetch((const char *)pf + 64 * l, PKK_HINT);
             _Pragma("GCC unroll 8") for (int t = 0; t < 8; t++)
             {
                 v[t] = _mm512_loadu_si512((const void *)(qs + 64 * t));
@@ -1247,7 +1251,7 @@ AR_INLINE void lk_rows(const int kind, const int J, const struct lk_wt *wt, cons
         for (int g = 0; g < 8; g++) {
             __m512i w[8];
             for (int l = pf_lines * g / 8; pf && l < pf_lines * (g + 1) / 8; l++)
-                _mm_prefetch((const char *)pf + 64 * l, _MM_HINT_T1);
+                _mm_prefetch((const char *)pf + 64 * l, PKK_HINT);
             if (pk)
                 pkk_group(kind, pk, g, w);
             else
@@ -1448,8 +1452,14 @@ AR_INLINE void pkk_few(const int kind, int J, const struct lk_wt *wt, const uint
  * prefetchers fall behind: measured on Zen 4 (qwen3-0.6b Q4_K_M decode, 1 thread), 2 to 8
  * blocks ahead into L2 gave 1.4-2x the tokens per second of none; into L1, no gain. The
  * lines are asked for a share per group inside lk_rows rather than all at once before the
- * block: on a matrix in L2 that ran Q4_K at 52 instead of 46 GB/s, Q6_K at 44 instead of 40. */
-#define PKK_AHEAD 8
+ * block: on a matrix in L2 that ran Q4_K at 52 instead of 46 GB/s, Q6_K at 44 instead of 40.
+ * On Zen 5 (AMD EPYC, 2026-12-02) 8 blocks ahead into L2 streamed a 151936 x 1024 Q6_K matrix
+ * from memory at 16-27 GB/s, Q4_K at 28-37; 2 blocks ahead into L1 at 28-40 and 38-45 (4
+ * ahead into L1 about the same; 8 into L2 with hint T2 or NTA no better than T1), and the
+ * qwen3-0.6b Q4_K_M decode went from 52-56 to 62-76 tok/s on 1 thread, 101 to 118 on 2. */
+#ifndef PKK_AHEAD
+#define PKK_AHEAD 2
+#endif
 AR_INLINE void pkk_gemm(const int kind, int nb, int nr, int nc, const uint8_t *wp,
                         const uint8_t *x, size_t x_row, float *y, size_t ldy)
 {
