@@ -14,7 +14,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
 #include "base/base.h"
 #include "base/cpu.h"
@@ -49,26 +48,6 @@ static double peak_gops(const struct kernel_ops *k)
 
 static volatile uint64_t sink; /* keeps the plain read */
 
-/* size bytes in transparent huge pages where the kernel gives them, as the model's packed
- * weights are (model.c): through 4 KiB pages a matrix streamed from memory read at half the
- * rate on an AMD EPYC virtual machine, which no model run sees */
-static void *huge_alloc(size_t size)
-{
-    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED)
-        return NULL;
-#ifdef MADV_HUGEPAGE
-    (void)madvise(p, size, MADV_HUGEPAGE);
-#endif
-    return p;
-}
-
-static void huge_free(void *p, size_t size)
-{
-    if (p)
-        munmap(p, size);
-}
-
 static float frand(uint64_t *s)
 {
     *s = *s * 6364136223846793005ull + 1442695040888963407ull;
@@ -79,7 +58,7 @@ static int run_type(const struct kernel_ops *k, enum ar_type t, int nr, int n, i
 {
     enum ar_type vt = kernels_vec_dot_type(t);
     size_t w_row = ar_type_row_size(t, n), x_row = ar_type_row_size(vt, n);
-    uint8_t *w = huge_alloc(w_row * (size_t)nr), *x = ar_malloc_aligned(x_row * (size_t)nc);
+    uint8_t *w = ar_huge_alloc(w_row * (size_t)nr), *x = ar_malloc_aligned(x_row * (size_t)nc);
     float *row = malloc((size_t)n * sizeof(float)), *y = ar_malloc_aligned((size_t)nr * nc * 4);
     uint64_t seed = 42;
     double best = 1e30, ops = 2.0 * nr * (double)n * nc, peak;
@@ -112,7 +91,7 @@ static int run_type(const struct kernel_ops *k, enum ar_type t, int nr, int n, i
     double best_p = 0, read_gbs = 0;
     uint8_t *wp = NULL;
     size_t psize = k->gemm_packed[t] ? kernels_packed_size(t, n, nr) : 0;
-    if (psize && (wp = huge_alloc(psize)) != NULL) {
+    if (psize && (wp = ar_huge_alloc(psize)) != NULL) {
         kernels_pack_rows(t, w, w_row, n, nr, wp);
         best_p = 1e30;
         for (int rep = 0; rep < 5; rep++) {
@@ -137,7 +116,7 @@ static int run_type(const struct kernel_ops *k, enum ar_type t, int nr, int n, i
             sink += acc[0] + acc[3] + acc[7];
         }
         read_gbs = (double)psize / best_r / 1e9;
-        huge_free(wp, psize);
+        ar_huge_free(wp, psize);
     }
     peak = peak_gops(k);
     printf("{\"type\":\"%s\",\"gemm_by\":\"%s\",\"nr\":%d,\"n\":%d,\"nc\":%d,\"gops\":%.1f,"
@@ -151,7 +130,7 @@ static int run_type(const struct kernel_ops *k, enum ar_type t, int nr, int n, i
                read_gbs);
     printf("}\n");
     free(row);
-    huge_free(w, w_row * (size_t)nr);
+    ar_huge_free(w, w_row * (size_t)nr);
     ar_free_aligned(x);
     ar_free_aligned(y);
     return 0;

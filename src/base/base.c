@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include <cjson/cJSON.h>
@@ -157,6 +158,26 @@ void *ar_malloc_aligned(size_t size)
 void ar_free_aligned(void *p)
 {
     free(p);
+}
+
+void *ar_huge_alloc(size_t size)
+{
+    void *p;
+    if (size == 0)
+        return NULL;
+    p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        return NULL;
+#ifdef MADV_HUGEPAGE
+    (void)madvise(p, size, MADV_HUGEPAGE);
+#endif
+    return p;
+}
+
+void ar_huge_free(void *p, size_t size)
+{
+    if (p)
+        munmap(p, size);
 }
 
 /* ---- growable string ------------------------------------------------------------------ */

@@ -36,6 +36,13 @@ char *ar_strndup(const char *s, size_t len);
 /* Cache-line (64 B) aligned allocation; free with ar_free_aligned. */
 void *ar_malloc_aligned(size_t size);
 void ar_free_aligned(void *p);
+/* size bytes of zeroed, page-aligned anonymous memory that asks for transparent huge pages
+ * (madvise), for what is streamed from memory: weights, the bandwidth probe's buffer. Read
+ * through 4 KiB pages, a buffer whose page tables have left the caches streamed at a fraction
+ * of the rate on a virtual machine. Not counted by ar_alloc_fail_after; free with
+ * ar_huge_free and the same size. */
+void *ar_huge_alloc(size_t size);
+void ar_huge_free(void *p, size_t size);
 
 /* Test hook: the n-th allocation from now (1-based) and all after it fail; 0 disables.
  * Returns the number of allocations made since the last call. Not thread-safe. */

@@ -11,7 +11,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
 #include "base/base.h"
 #include "base/cpu.h"
@@ -62,20 +61,17 @@ static double measure_bandwidth(struct ar_pool *pool, struct bw_job *j, int pass
     return best;
 }
 
-/* A buffer of `bytes` for measure_bandwidth, written once (so its pages are mapped). It asks
- * for transparent huge pages as the packed weights do (model.c): read through 4 KiB pages, a
- * buffer whose page tables a decode has pushed out of the caches measured 1.5-8 GB/s on a
- * virtual machine that streams 28 GB/s through huge pages, so decode efficiency read 2-15. */
+/* A buffer of `bytes` for measure_bandwidth, written once (so its pages are mapped). It is in
+ * huge pages as the packed weights are (model.c): read through 4 KiB pages, a buffer whose
+ * page tables a decode has pushed out of the caches measured 1.5-8 GB/s on a virtual machine
+ * that streams 28 GB/s through huge pages, so decode efficiency read 2-15. */
 static bool bw_init(struct bw_job *j, size_t bytes)
 {
     uint64_t *buf;
     memset(j, 0, sizeof(*j));
-    buf = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (buf == MAP_FAILED)
+    buf = ar_huge_alloc(bytes);
+    if (!buf)
         return false;
-#ifdef MADV_HUGEPAGE
-    (void)madvise(buf, bytes, MADV_HUGEPAGE);
-#endif
     j->n = bytes / sizeof(uint64_t);
     for (size_t i = 0; i < j->n; i++)
         buf[i] = i;
@@ -85,8 +81,7 @@ static bool bw_init(struct bw_job *j, size_t bytes)
 
 static void bw_free(struct bw_job *j)
 {
-    if (j->buf)
-        munmap((void *)(uintptr_t)j->buf, j->n * sizeof(uint64_t));
+    ar_huge_free((void *)(uintptr_t)j->buf, j->n * sizeof(uint64_t));
     j->buf = NULL;
 }
 

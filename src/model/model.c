@@ -620,15 +620,12 @@ static void pack_weights(struct model *m)
     each_mat(m, pack_one, &p);
     if (p.size == 0)
         return;
-    region = mmap(NULL, p.size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (region == MAP_FAILED) {
+    region = ar_huge_alloc(p.size);
+    if (!region) {
         ar_log(AR_LOG_WARN, "model: no memory to pack the weights (%zu bytes); using them as stored",
                p.size);
         return;
     }
-#ifdef MADV_HUGEPAGE
-    (void)madvise(region, p.size, MADV_HUGEPAGE);
-#endif
     m->packed = region;
     m->packed_size = p.size;
     p.size = 0;
@@ -693,8 +690,7 @@ void model_destroy(struct model *m)
     }
     ar_free(m->layers);
     ar_free(m->swa_layers);
-    if (m->packed)
-        munmap(m->packed, m->packed_size);
+    ar_huge_free(m->packed, m->packed_size);
     gguf_close(m->file);
     ar_free(m);
 }

@@ -193,6 +193,28 @@ static void pool_rejects_bad_sizes(void **state)
     assert_null(p);
 }
 
+/* ar_huge_alloc: zeroed, page aligned, writable over its whole size, outside the fault
+ * injection (the packed weights fall back to the file's layout on their own), and size 0 and
+ * NULL are refused or ignored. */
+static void huge_alloc_gives_zeroed_aligned_memory(void **state)
+{
+    (void)state;
+    size_t size = (size_t)3 << 20 | 123; /* past a 2 MiB page, not a multiple of any page */
+    ar_alloc_fail_after(1);
+    uint8_t *p = ar_huge_alloc(size);
+    ar_alloc_fail_after(0);
+    assert_non_null(p);
+    assert_int_equal((uintptr_t)p % 4096, 0);
+    for (size_t i = 0; i < size; i += 4096)
+        assert_int_equal(p[i], 0);
+    assert_int_equal(p[size - 1], 0);
+    memset(p, 0xa5, size);
+    assert_int_equal(p[size - 1], 0xa5);
+    ar_huge_free(p, size);
+    assert_null(ar_huge_alloc(0));
+    ar_huge_free(NULL, 0);
+}
+
 static void fault_injection_fails_nth_allocation(void **state)
 {
     void *a, *b;
@@ -283,6 +305,7 @@ int main(void)
         cmocka_unit_test(pool_shared_runs_every_item_once),
         cmocka_unit_test(pool_rejects_bad_sizes),
         cmocka_unit_test(fault_injection_fails_nth_allocation),
+        cmocka_unit_test(huge_alloc_gives_zeroed_aligned_memory),
         cmocka_unit_test(err_set_formats_message),
         cmocka_unit_test(json_nul_found_with_its_field),
         cmocka_unit_test(json_nul_not_found_in_lookalikes),
