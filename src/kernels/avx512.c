@@ -701,7 +701,11 @@ AR_INLINE void pk_gemm(const int kind, int nb, int nr, int nc, const uint8_t *wp
     }
     if (nc <= LN_FEW && nb <= LN_FEW_NB) {
         /* few rows (batched decode): the weights in address order, group after group, every
-         * activation block prepared once (no software prefetch, as in pk_gemv) */
+         * activation block prepared once. The next chunk of the stream is prefetched (past the
+         * matrix's end too: prefetches do not fault): from 2 rows on the chunk takes long
+         * enough that the hardware prefetchers fall behind. On Zen 5, a 151936 x 896 Q8_0
+         * matrix from memory against 16 rows went from 0.24-0.26 of the int8 peak to
+         * 0.33-0.36; against 2, 4 and 8 rows Q8_0 and Q4_0 streamed 0-35 % faster. */
         static _Thread_local float fxd[LN_FEW * LN_FEW_NB];
         static _Thread_local int32_t fxc[LN_FEW * LN_FEW_NB];
         ln_x_prep(nc, nb, x, x_row, off, fxd, fxc, nb);
@@ -713,6 +717,8 @@ AR_INLINE void pk_gemm(const int kind, int nb, int nr, int nc, const uint8_t *wp
                 __m512i wv[LN_KB * 8];
                 __m512 wd[LN_KB];
                 const uint8_t *wq = gq + (size_t)b0 * PK_B(kind);
+                for (int o = 0; o < LN_KB * PK_B(kind); o += 64)
+                    _mm_prefetch((const char *)wq + LN_KB * PK_B(kind) + o, _MM_HINT_T0);
                 for (int b = 0; b < kb; b++) {
                     wd[b] = _mm512_cvtph_ps(_mm256_loadu_si256(
                         cv256(gq + (size_t)(b0 + b) * PK_B(kind) + PK_Q(kind))));
