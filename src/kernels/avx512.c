@@ -416,6 +416,67 @@ AR_INLINE void ln_rows_all(int kb, int jn, const uint8_t *wq, const size_t wbs, 
                      xs, y + (size_t)j * ldy, ldy, m, first);
 }
 
+/* ln_q8_0_rows for two groups of 16 weight rows at once (wq[0], wq[1]; y[0], y[1] with their
+ * masks): each activation broadcast serves both, so a vpdpbusd takes half a broadcast load
+ * instead of one, and J rows give 2J independent chains. Every output's operations are those
+ * of ln_q8_0_rows, in its order. */
+AR_INLINE void ln_q8_0_rows2(const int J, int kb, const uint8_t *const wq[2], const size_t wbs,
+                             const __m512 *const wd[2], const uint8_t *x, size_t x_row,
+                             const float *xd, const int32_t *xc, int xs, float *const y[2],
+                             size_t ldy, const __mmask16 m[2], bool first)
+{
+    __m512 acc[2][6];
+    _Pragma("GCC unroll 6") for (int j = 0; j < J; j++)
+        _Pragma("GCC unroll 2") for (int g = 0; g < 2; g++) acc[g][j] =
+            first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m[g], y[g] + (size_t)j * ldy);
+    for (int b = 0; b < kb; b++) {
+        __m512i p[2][6];
+        _Pragma("GCC unroll 6") for (int j = 0; j < J; j++) p[0][j] = p[1][j] =
+            _mm512_set1_epi32(xc[j * xs + b]);
+        _Pragma("GCC unroll 8") for (int t = 0; t < 8; t++)
+        {
+            __m512i w0 =
+                _mm512_loadu_si512((const void *)(wq[0] + wbs * (size_t)b + 64 * (size_t)t));
+            __m512i w1 =
+                _mm512_loadu_si512((const void *)(wq[1] + wbs * (size_t)b + 64 * (size_t)t));
+            _Pragma("GCC unroll 6") for (int j = 0; j < J; j++)
+            {
+                const int8_t *q =
+                    ((const struct block_q8_0 *)(const void *)(x + (size_t)j * x_row))[b].qs;
+                __m512i xb = _mm512_set1_epi32(load_i32(q + 4 * t));
+                p[0][j] = _mm512_dpbusd_epi32(p[0][j], w0, xb);
+                p[1][j] = _mm512_dpbusd_epi32(p[1][j], w1, xb);
+            }
+        }
+        _Pragma("GCC unroll 6") for (int j = 0; j < J; j++)
+        {
+            __m512 s = _mm512_set1_ps(xd[j * xs + b]);
+            _Pragma("GCC unroll 2") for (int g = 0; g < 2; g++) acc[g][j] =
+                _mm512_fmadd_ps(_mm512_cvtepi32_ps(p[g][j]), _mm512_mul_ps(wd[g][b], s), acc[g][j]);
+        }
+    }
+    _Pragma("GCC unroll 6") for (int j = 0; j < J; j++)
+        _Pragma("GCC unroll 2") for (int g = 0; g < 2; g++)
+            _mm512_mask_storeu_ps(y[g] + (size_t)j * ldy, m[g], acc[g][j]);
+}
+
+/* ln_q8_0_rows2 over jn activation rows, 6 at a time; the rest one group at a time */
+AR_INLINE void ln_rows_all2(int kb, int jn, const uint8_t *const wq[2], const size_t wbs,
+                            const __m512 *const wd[2], const uint8_t *x, size_t x_row,
+                            const float *xd, const int32_t *xc, int xs, float *const y[2],
+                            size_t ldy, const __mmask16 m[2], bool first)
+{
+    int j = 0;
+    for (; j + 6 <= jn; j += 6) {
+        float *const yj[2] = {y[0] + (size_t)j * ldy, y[1] + (size_t)j * ldy};
+        ln_q8_0_rows2(6, kb, wq, wbs, wd, x + (size_t)j * x_row, x_row, xd + j * xs, xc + j * xs,
+                      xs, yj, ldy, m, first);
+    }
+    for (int g = 0; g < 2 && j < jn; g++)
+        ln_rows_all(kb, jn - j, wq[g], wbs, wd[g], x + (size_t)j * x_row, x_row, xd + j * xs,
+                    xc + j * xs, xs, y[g] + (size_t)j * ldy, ldy, m[g], first);
+}
+
 /* Scale and offset correction -off * sum(q) of blocks [b0, b0 + kb) of jn activation rows
  * (x: their block b0), row j's block b0 + b at j * xs + b. */
 AR_INLINE void ln_x_prep(int jn, int kb, const uint8_t *x, size_t x_row, int32_t off, float *xd,
@@ -688,6 +749,52 @@ AR_INLINE void pk_gemv(const int kind, int nb, int nr, const uint8_t *wp, size_t
     }
 }
 
+/* Blocks [b0, b0 + kb) of the groups at weight rows i0 and i0 + 16 (one group where no second
+ * starts before nr): their scales in wd[g], their lane vectors at wq[g] (Q4_0/Q5_0 unpacked
+ * into wv[g]), the lanes of their rows in m[g]. Prefetches for each group, with next_pair,
+ * the same blocks of the group two on (the next pair's); otherwise the next chunk of its own
+ * stream, past its end the first of the group two on. Returns the number of groups. */
+AR_INLINE int pk_pair(const int kind, const uint8_t *wp, size_t gsz, int nr, int i0, int b0, int kb,
+                      int nb, bool next_pair, __m512i wv[2][LN_KB * 8], __m512 wd[2][LN_KB],
+                      const uint8_t *wq[2], __mmask16 m[2])
+{
+    int ng = i0 + 16 < nr ? 2 : 1;
+    for (int g = 0; g < ng; g++) {
+        const uint8_t *gq = wp + (size_t)(i0 / 16 + g) * gsz, *pf;
+        m[g] = (__mmask16)((1u << AR_MIN(16, nr - i0 - 16 * g)) - 1u);
+        wq[g] = gq + (size_t)b0 * PK_B(kind);
+        pf = next_pair         ? wq[g] + 2 * gsz
+             : b0 + LN_KB < nb ? wq[g] + LN_KB * PK_B(kind)
+                               : gq + 2 * gsz;
+        for (int o = 0; o < LN_KB * PK_B(kind); o += 64)
+            _mm_prefetch((const char *)pf + o, _MM_HINT_T0);
+        for (int b = 0; b < kb; b++) {
+            wd[g][b] = _mm512_cvtph_ps(
+                _mm256_loadu_si256(cv256(gq + (size_t)(b0 + b) * PK_B(kind) + PK_Q(kind))));
+            if (kind != LN_Q8_0)
+                pk_block(kind, gq, b0 + b, &wv[g][8 * b]);
+        }
+        if (kind != LN_Q8_0)
+            wq[g] = (const uint8_t *)wv[g];
+    }
+    return ng;
+}
+
+/* jn activation rows against the ng (1 or 2) groups pk_pair set up; y: the first group's */
+AR_INLINE void pk_rows(int ng, int kb, int jn, const uint8_t *const wq[2], const size_t wbs,
+                       __m512 wd[2][LN_KB], const uint8_t *x, size_t x_row, const float *xd,
+                       const int32_t *xc, int xs, float *y, size_t ldy, const __mmask16 m[2],
+                       bool first)
+{
+    if (ng == 2) {
+        const __m512 *const wdp[2] = {wd[0], wd[1]};
+        float *const yg[2] = {y, y + 16};
+        ln_rows_all2(kb, jn, wq, wbs, wdp, x, x_row, xd, xc, xs, yg, ldy, m, first);
+    } else {
+        ln_rows_all(kb, jn, wq[0], wbs, wd[0], x, x_row, xd, xc, xs, y, ldy, m[0], first);
+    }
+}
+
 AR_INLINE void pk_gemm(const int kind, int nb, int nr, int nc, const uint8_t *wp,
                        const uint8_t *x, size_t x_row, float *y, size_t ldy)
 {
@@ -709,32 +816,22 @@ AR_INLINE void pk_gemm(const int kind, int nb, int nr, int nc, const uint8_t *wp
         static _Thread_local float fxd[LN_FEW * LN_FEW_NB];
         static _Thread_local int32_t fxc[LN_FEW * LN_FEW_NB];
         ln_x_prep(nc, nb, x, x_row, off, fxd, fxc, nb);
-        for (int i0 = 0; i0 < nr; i0 += 16) {
-            const uint8_t *gq = wp + (size_t)(i0 / 16) * gsz;
-            __mmask16 m = (__mmask16)((1u << AR_MIN(16, nr - i0)) - 1u);
+        for (int i0 = 0; i0 < nr; i0 += 32) {
             for (int b0 = 0; b0 < nb; b0 += LN_KB) {
                 int kb = AR_MIN(LN_KB, nb - b0);
-                __m512i wv[LN_KB * 8];
-                __m512 wd[LN_KB];
-                const uint8_t *wq = gq + (size_t)b0 * PK_B(kind);
-                for (int o = 0; o < LN_KB * PK_B(kind); o += 64)
-                    _mm_prefetch((const char *)wq + LN_KB * PK_B(kind) + o, _MM_HINT_T0);
-                for (int b = 0; b < kb; b++) {
-                    wd[b] = _mm512_cvtph_ps(_mm256_loadu_si256(
-                        cv256(gq + (size_t)(b0 + b) * PK_B(kind) + PK_Q(kind))));
-                    if (kind != LN_Q8_0)
-                        pk_block(kind, gq, b0 + b, &wv[8 * b]);
-                }
-                if (kind != LN_Q8_0)
-                    wq = (const uint8_t *)wv;
-                ln_rows_all(kb, nc, wq, wbs, wd, x + (size_t)b0 * sizeof(struct block_q8_0), x_row,
-                            fxd + b0, fxc + b0, nb, y + (size_t)i0, ldy, m, b0 == 0);
+                __m512i wv[2][LN_KB * 8];
+                __m512 wd[2][LN_KB];
+                const uint8_t *wq[2];
+                __mmask16 m[2];
+                int ng = pk_pair(kind, wp, gsz, nr, i0, b0, kb, nb, false, wv, wd, wq, m);
+                pk_rows(ng, kb, nc, wq, wbs, wd, x + (size_t)b0 * sizeof(struct block_q8_0), x_row,
+                        fxd + b0, fxc + b0, nb, y + (size_t)i0, ldy, m, b0 == 0);
             }
         }
         return;
     }
     /* many rows: chunk by chunk over all groups, as ln_gemm, so a chunk of every activation
-     * row stays in L1 while the weights pass */
+     * row stays in L1 while the weights pass; the prefetch: the same chunk of the next pair */
     for (int j0 = 0; j0 < nc; j0 += LN_JC) {
         int jn = AR_MIN(LN_JC, nc - j0);
         const uint8_t *xj0 = x + (size_t)j0 * x_row;
@@ -742,26 +839,14 @@ AR_INLINE void pk_gemm(const int kind, int nb, int nr, int nc, const uint8_t *wp
             int kb = AR_MIN(LN_KB, nb - b0);
             ln_x_prep(jn, kb, xj0 + (size_t)b0 * sizeof(struct block_q8_0), x_row, off, xd, xc,
                       LN_KB);
-            for (int i0 = 0; i0 < nr; i0 += 16) {
-                const uint8_t *gq = wp + (size_t)(i0 / 16) * gsz;
-                int rn = AR_MIN(16, nr - i0);
-                __mmask16 m = (__mmask16)((1u << rn) - 1u);
-                __m512i wv[LN_KB * 8];
-                __m512 wd[LN_KB];
-                const uint8_t *wq = gq + (size_t)b0 * PK_B(kind);
-                if (i0 + 16 < nr) /* the next group's share of this chunk */
-                    for (int o = 0; o < kb * PK_B(kind); o += 64)
-                        _mm_prefetch((const char *)wq + gsz + o, _MM_HINT_T0);
-                for (int b = 0; b < kb; b++) {
-                    wd[b] = _mm512_cvtph_ps(_mm256_loadu_si256(
-                        cv256(gq + (size_t)(b0 + b) * PK_B(kind) + PK_Q(kind))));
-                    if (kind != LN_Q8_0)
-                        pk_block(kind, gq, b0 + b, &wv[8 * b]);
-                }
-                if (kind != LN_Q8_0)
-                    wq = (const uint8_t *)wv;
-                ln_rows_all(kb, jn, wq, wbs, wd, xj0 + (size_t)b0 * sizeof(struct block_q8_0), x_row,
-                            xd, xc, LN_KB, y + (size_t)j0 * ldy + (size_t)i0, ldy, m, b0 == 0);
+            for (int i0 = 0; i0 < nr; i0 += 32) {
+                __m512i wv[2][LN_KB * 8];
+                __m512 wd[2][LN_KB];
+                const uint8_t *wq[2];
+                __mmask16 m[2];
+                int ng = pk_pair(kind, wp, gsz, nr, i0, b0, kb, nb, true, wv, wd, wq, m);
+                pk_rows(ng, kb, jn, wq, wbs, wd, xj0 + (size_t)b0 * sizeof(struct block_q8_0),
+                        x_row, xd, xc, LN_KB, y + (size_t)j0 * ldy + (size_t)i0, ldy, m, b0 == 0);
             }
         }
     }
