@@ -18,8 +18,14 @@ static void detect(struct ar_cpu_features *c)
 {
     unsigned int a, b, cx, d;
     memset(c, 0, sizeof(*c));
+    if (!__get_cpuid(0, &a, &b, &cx, &d))
+        return;
+    c->amd = b == 0x68747541u && d == 0x69746e65u && cx == 0x444d4163u; /* "AuthenticAMD" */
     if (!__get_cpuid(1, &a, &b, &cx, &d))
         return;
+    c->family = (int)((a >> 8) & 0xf);
+    if (c->family == 0xf)
+        c->family += (int)((a >> 20) & 0xff);
     c->sse42 = (cx >> 20) & 1;
     bool osxsave = (cx >> 27) & 1;
     bool avx_hw = (cx >> 28) & 1;

@@ -14,6 +14,11 @@ struct ar_cpu_features {
     bool avx512f, avx512bw, avx512vl, avx512dq, avx512vnni, avx512bf16;
     bool avxvnni;
     bool amx; /* advertised only: AMX faults on use on the machines we know; never used */
+    /* CPUID's vendor and family (base family, plus the extended one where the base is 15):
+     * AMD Zen 4 is 0x19, Zen 5 0x1a. Kernels choose only what measurements on each support
+     * (see kernels.h, "tuning"); the instruction set comes from the flags above. */
+    bool amd;
+    int family;
 };
 
 /* Detects once and caches; thread-safe after the first call returns. */

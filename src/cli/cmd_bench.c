@@ -221,11 +221,16 @@ static void print_machine(bool json)
     for (char *c = cpu; *c; c++)
         if (*c == '"' || *c == '\\')
             *c = ' ';
+    const struct ar_cpu_features *f = ar_cpu_features_get();
+    const struct kernel_ops *k = kernels_get();
+    const char *vendor = f->amd ? "AMD" : "other";
     if (json)
-        printf("{\"cpu\":\"%s\",\"features\":\"%s\",\"kernels\":\"%s\"}\n", cpu, feat,
-               kernels_get()->name);
+        printf("{\"cpu\":\"%s\",\"vendor\":\"%s\",\"family\":%d,\"features\":\"%s\","
+               "\"kernels\":\"%s\",\"tuning\":\"%s\"}\n",
+               cpu, vendor, f->family, feat, k->name, k->tuning ? k->tuning : "");
     else
-        printf("cpu: %s (%s); kernels: %s\n", cpu, feat, kernels_get()->name);
+        printf("cpu: %s (%s family 0x%x; %s); kernels: %s%s%s\n", cpu, vendor, (unsigned)f->family,
+               feat, k->name, k->tuning ? "; " : "", k->tuning ? k->tuning : "");
 }
 
 static const char *base_name(const char *p)

@@ -522,7 +522,7 @@ AR_INLINE __m256i lk8_q6k_scale_pair(const bool packed, const struct ln8_src *s,
 }
 
 /* Software prefetch into L2 of the packed super-block LK8_AHEAD further on, an eighth of its
- * lines per group g: as on AVX-512 (see PKK_AHEAD there), a super-block takes long enough
+ * lines per group g: as on AVX-512 (see pkk_tune there), a super-block takes long enough
  * to compute that the hardware prefetchers fall behind the stream. Past the matrix's end it
  * reads nothing (prefetches do not fault). */
 #define LK8_AHEAD 8

@@ -5,7 +5,10 @@
  * integer dot products use vpdpbusd / vpdpwssd instead of vpmaddubsw + vpmaddwd. */
 #include <immintrin.h>
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include "base/cpu.h"
 
 #include "kernels_internal.h"
 #include "simd256.h"
@@ -1170,10 +1173,19 @@ DEFINE_GEMM(q6_K, struct block_q6_K, struct block_q8_K, q6_K_block, 1, QK_K)
  * fall, so any split of rows or columns gives the same bits. */
 
 enum { LK_Q4_K, LK_Q5_K, LK_Q6_K };
-/* where the decode path's software prefetch puts a super-block (see PKK_AHEAD) */
-#ifndef PKK_HINT
-#define PKK_HINT _MM_HINT_T0
-#endif
+/* Where the decode path's software prefetch puts a super-block, and how far ahead: chosen per
+ * CPU when the table is filled (see pkk_tune). */
+static bool pkk_into_l1 = true;
+static size_t pkk_ahead = 2;
+
+/* One line of a super-block to prefetch, into L1 or L2 as pkk_tune chose */
+AR_INLINE void pkk_prefetch(const uint8_t *p)
+{
+    if (pkk_into_l1)
+        _mm_prefetch((const char *)p, _MM_HINT_T0);
+    else
+        _mm_prefetch((const char *)p, _MM_HINT_T1);
+}
 
 /* Below this many activation rows the 4 x 4 tiles are faster (unpacking 16 rows' super-block
  * costs about as much as 10 activation rows' products). */
@@ -1327,7 +1339,7 @@ AR_INLINE void lk_rows(const int kind, const int J, const struct lk_wt *wt, cons
             const uint8_t *qs = pk + PKK_QS(LK_Q4_K) + 512 * (size_t)h;
             __m512i v[8], w[8];
             for (int l = pf_lines * h / 4; pf && l < pf_lines * (h + 1) / 4; l++)
-                _mm_prefetch((const char *)pf + 64 * l, PKK_HINT);
+                pkk_prefetch(pf + 64 * l);
             _Pragma("GCC unroll 8") for (int t = 0; t < 8; t++)
             {
                 v[t] = _mm512_loadu_si512((const void *)(qs + 64 * t));
@@ -1342,7 +1354,7 @@ AR_INLINE void lk_rows(const int kind, const int J, const struct lk_wt *wt, cons
         for (int g = 0; g < 8; g++) {
             __m512i w[8];
             for (int l = pf_lines * g / 8; pf && l < pf_lines * (g + 1) / 8; l++)
-                _mm_prefetch((const char *)pf + 64 * l, PKK_HINT);
+                pkk_prefetch(pf + 64 * l);
             if (pk)
                 pkk_group(kind, pk, g, w);
             else
@@ -1551,19 +1563,32 @@ AR_INLINE void pkk_few(const int kind, int J, const struct lk_wt *wt, const uint
     }
 }
 
-/* Few rows: software prefetch into L2 this many super-blocks ahead of the one computed. Unlike
+/* Few rows: software prefetch of the super-block pkk_ahead on from the one computed. Unlike
  * the Q8_0 stream, a K-quant super-block takes long enough to unpack that the hardware
- * prefetchers fall behind: measured on Zen 4 (qwen3-0.6b Q4_K_M decode, 1 thread), 2 to 8
- * blocks ahead into L2 gave 1.4-2x the tokens per second of none; into L1, no gain. The
- * lines are asked for a share per group inside lk_rows rather than all at once before the
- * block: on a matrix in L2 that ran Q4_K at 52 instead of 46 GB/s, Q6_K at 44 instead of 40.
- * On Zen 5 (AMD EPYC, 2026-12-02) 8 blocks ahead into L2 streamed a 151936 x 1024 Q6_K matrix
- * from memory at 16-27 GB/s, Q4_K at 28-37; 2 blocks ahead into L1 at 28-40 and 38-45 (4
- * ahead into L1 about the same; 8 into L2 with hint T2 or NTA no better than T1), and the
- * qwen3-0.6b Q4_K_M decode went from 52-56 to 62-76 tok/s on 1 thread, 101 to 118 on 2. */
-#ifndef PKK_AHEAD
-#define PKK_AHEAD 2
-#endif
+ * prefetchers fall behind. The lines are asked for a share per group inside lk_rows rather
+ * than all at once before the block: on a matrix in L2 that ran Q4_K at 52 instead of 46
+ * GB/s, Q6_K at 44 instead of 40. Where the lines should go differs between the two CPUs
+ * measured (qwen3-0.6b Q4_K_M decode, 1 thread):
+ * - Zen 4 (AMD family 0x19): 2 to 8 ahead into L2 gave 1.4-2x the tokens per second of no
+ *   prefetch. Into L1 is slower: on 2026-12-03, CPU ms per decode step 27-29 for 8 ahead into
+ *   L1 and 21-27 for 2 into L1, against 17-21 for 2, 4 or 8 ahead into L2.
+ * - Zen 5 (family 0x1a, 2026-12-02): 8 ahead into L2 streamed a 151936 x 1024 Q6_K matrix from
+ *   memory at 16-27 GB/s, Q4_K at 28-37; 2 ahead into L1 at 28-40 and 38-45 (4 into L1 about
+ *   the same; 8 into L2 with hint T2 or NTA no better than T1). The decode went from 52-56 to
+ *   62-76 tok/s on 1 thread, 101 to 118 on 2.
+ * So Zen 5 and later AMD take 2 ahead into L1, every other CPU 8 ahead into L2 (the setting
+ * first measured). AR_KQ_PREFETCH=l1 or l2 overrides the choice, to measure a new CPU. */
+static void pkk_tune(struct kernel_ops *ops)
+{
+    const struct ar_cpu_features *cpu = ar_cpu_features_get();
+    const char *env = getenv("AR_KQ_PREFETCH");
+    pkk_into_l1 = cpu->amd && cpu->family >= 0x1a;
+    if (env && (!strcmp(env, "l1") || !strcmp(env, "l2")))
+        pkk_into_l1 = env[1] == '1';
+    pkk_ahead = pkk_into_l1 ? 2 : 8;
+    ops->tuning = pkk_into_l1 ? "K-quant decode prefetch 2 super-blocks ahead into L1"
+                              : "K-quant decode prefetch 8 super-blocks ahead into L2";
+}
 AR_INLINE void pkk_gemm(const int kind, int nb, int nr, int nc, const uint8_t *wp,
                         const uint8_t *x, size_t x_row, float *y, size_t ldy)
 {
@@ -1583,7 +1608,7 @@ AR_INLINE void pkk_gemm(const int kind, int nb, int nr, int nc, const uint8_t *w
             const uint8_t *p = gq + (size_t)b * pbs, *xb = x + (size_t)b * xbs;
             pkk_scales(kind, p, &wt);
             for (int j = 0; j < nc; j += 4)
-                pkk_few(kind, AR_MIN(4, nc - j), &wt, p, j == 0 ? p + PKK_AHEAD * pbs : NULL,
+                pkk_few(kind, AR_MIN(4, nc - j), &wt, p, j == 0 ? p + pkk_ahead * pbs : NULL,
                         xb + (size_t)j * x_row, x_row, y + (size_t)j * ldy + (size_t)i0, ldy, m,
                         b == 0);
         }
@@ -1946,6 +1971,9 @@ static uint64_t int8_peak(int64_t n, const uint8_t *a, const int8_t *b, uint32_t
 void kernels_fill_avx512(struct kernel_ops *ops)
 {
     ops->int8_peak = int8_peak;
+#ifdef __AVX512VNNI__
+    pkk_tune(ops);
+#endif
 #ifdef __AVX512VNNI__
     ops->int8_peak_insn = "vpdpbusd zmm";
 #else

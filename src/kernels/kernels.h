@@ -84,6 +84,11 @@ struct kernel_ops {
     uint64_t (*int8_peak)(int64_t n, const uint8_t *a, const int8_t *b, uint32_t *out);
     const char *int8_peak_insn;
 
+    /* Choices within a variant made per CPU model, where two CPUs measured differently with
+     * the same instructions, in words for `bench` (e.g. "K-quant decode prefetch: 2 ahead
+     * into L1"); NULL where the variant makes none. */
+    const char *tuning;
+
     /* Which variant supplied each per-type entry ("ref", "avx2", ...), recorded by select.c
      * while it fills a table from the best variant down, so that `bench` can say what runs.
      * gemm_loop[t]: gemm[t] is the generic tile loop over vec_dot[t] of variant gemm_by[t]

@@ -293,6 +293,35 @@ static void cpu_detection_is_consistent(void **state)
     assert_ptr_equal(c, ar_cpu_features_get());
 }
 
+/* vendor and family against the kernel's own reading of CPUID (/proc/cpuinfo), where there is
+ * one: the first processor's "vendor_id" and "cpu family" lines */
+static void cpu_family_matches_proc_cpuinfo(void **state)
+{
+    const struct ar_cpu_features *c = ar_cpu_features_get();
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    char line[256], vendor[64] = "";
+    int family = -1;
+    (void)state;
+    if (!f) {
+        skip();
+        return;
+    }
+    while (fgets(line, sizeof(line), f) && (family < 0 || !vendor[0])) {
+        if (!vendor[0] && sscanf(line, "vendor_id : %63s", vendor) == 1)
+            continue;
+        if (family < 0)
+            (void)sscanf(line, "cpu family : %d", &family);
+    }
+    fclose(f);
+#if defined(__x86_64__) || defined(__i386__)
+    assert_true(vendor[0] && family >= 0);
+    assert_int_equal(c->amd, strcmp(vendor, "AuthenticAMD") == 0);
+    assert_int_equal(c->family, family);
+#else
+    assert_false(c->amd);
+#endif
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -310,6 +339,7 @@ int main(void)
         cmocka_unit_test(json_nul_found_with_its_field),
         cmocka_unit_test(json_nul_not_found_in_lookalikes),
         cmocka_unit_test(cpu_detection_is_consistent),
+        cmocka_unit_test(cpu_family_matches_proc_cpuinfo),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -138,6 +138,57 @@ static void bench_json_names_ref_everywhere_under_ar_kernels_ref(void **state)
     check_bench_json("ref", "ref");
 }
 
+/* The machine line names the CPU's vendor and family and the per-CPU choice of the kernels in
+ * use (the K-quant decode prefetch of the AVX-512 VNNI tables), which AR_KQ_PREFETCH
+ * overrides; the ref table makes no such choice. Returns the machine line's "tuning". */
+static char *bench_tuning(const char *env)
+{
+    char model[512], *tuning = NULL;
+    cJSON *lines[64];
+    struct th_run r;
+    int n, machine = 0;
+    th_shared_path(model, sizeof(model), MODEL);
+    r = th_sh_run("%s %s bench -m %s -t 1 -p 16 -n 2 -r 1 --bw-mib 64 --json", env, th_bin_path(),
+                  model);
+    if (r.status != 0)
+        fail_msg("bench failed (%d): %s", r.status, r.err);
+    n = parse_lines(r.out, lines, 64);
+    for (int i = 0; i < n; i++) {
+        const cJSON *t = cJSON_GetObjectItem(lines[i], "tuning"),
+                    *v = cJSON_GetObjectItem(lines[i], "vendor");
+        if (!cJSON_GetObjectItem(lines[i], "cpu"))
+            continue;
+        assert_true(cJSON_IsString(t) && cJSON_IsString(v));
+        assert_true(num(lines[i], "family") >= 0);
+        tuning = strdup(t->valuestring);
+        machine++;
+    }
+    assert_int_equal(machine, 1);
+    for (int i = 0; i < n; i++)
+        cJSON_Delete(lines[i]);
+    th_run_free(&r);
+    return tuning;
+}
+
+static void bench_names_the_per_cpu_prefetch_choice(void **state)
+{
+    char *t = bench_tuning("AR_KERNELS=ref");
+    (void)state;
+    assert_string_equal(t, "");
+    free(t);
+    t = bench_tuning("AR_KQ_PREFETCH=l1");
+    /* only the AVX-512 VNNI tables have the K-quant packed gemm and so the choice */
+    if (strstr(t, "prefetch")) {
+        assert_non_null(strstr(t, "into L1"));
+        free(t);
+        t = bench_tuning("AR_KQ_PREFETCH=l2");
+        assert_non_null(strstr(t, "into L2"));
+    } else {
+        assert_string_equal(t, "");
+    }
+    free(t);
+}
+
 static void bench_rejects_bad_lists_with_one_line(void **state)
 {
     static char *bad[][2] = {{"-b", "0"}, {"-b", "1,x"}, {"-p", ","}, {"-t", "1,2,3,4,5,6,7,8,9"}};
@@ -159,6 +210,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(bench_json_prints_kernels_peak_fraction_and_batch_ratios),
         cmocka_unit_test(bench_json_names_ref_everywhere_under_ar_kernels_ref),
+        cmocka_unit_test(bench_names_the_per_cpu_prefetch_choice),
         cmocka_unit_test(bench_rejects_bad_lists_with_one_line),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
