@@ -373,19 +373,36 @@ AR_INLINE void ln_rows_z(const int kind, const uint8_t *const rows[16], size_t o
     }
 }
 
+/* Share k of LN_KB of the cache lines of [p, p + len), prefetched into L1 (nothing where p is
+ * NULL). The few-rows packed gemm asks for the next stretch of its weight stream this way, a
+ * share per block computed: with few rows a chunk is little work, and a burst of a hundred
+ * prefetches before it fills the L1 miss buffers and stalls the loads behind it (Zen 4,
+ * 2026-12-03, two groups' chunks asked for at once: 45 % of the samples on the prefetches). */
+AR_INLINE void pf_share(const uint8_t *p, size_t len, int k)
+{
+    if (!p)
+        return;
+    for (size_t a = (len + 63) / 64 * (size_t)k / LN_KB,
+                e = (len + 63) / 64 * (size_t)(k + 1) / LN_KB;
+         a < e; a++)
+        _mm_prefetch((const char *)p + 64 * a, _MM_HINT_T0);
+}
+
 /* J activation rows against the transposed chunk: y[j * ldy + lane] (masked to m) += the kb
  * blocks' contributions, or = them when first. xd/xc: the rows' block scales and offset
- * corrections, row j's block b at j * xs + b. */
+ * corrections, row j's block b at j * xs + b. pf: pf_len bytes to prefetch meanwhile, a share
+ * per block (or NULL). */
 AR_INLINE void ln_q8_0_rows(const int J, int kb, const uint8_t *wq, const size_t wbs,
-                            const __m512 *wd,
-                            const uint8_t *x, size_t x_row, const float *xd, const int32_t *xc,
-                            int xs, float *y, size_t ldy, __mmask16 m, bool first)
+                            const __m512 *wd, const uint8_t *x, size_t x_row, const float *xd,
+                            const int32_t *xc, int xs, float *y, size_t ldy, __mmask16 m,
+                            bool first, const uint8_t *pf, size_t pf_len)
 {
     __m512 acc[8];
     _Pragma("GCC unroll 8") for (int j = 0; j < J; j++) acc[j] =
         first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m, y + (size_t)j * ldy);
     for (int b = 0; b < kb; b++) {
         __m512i w[8];
+        pf_share(pf, pf_len, b);
         _Pragma("GCC unroll 8") for (int t = 0; t < 8; t++) w[t] =
             _mm512_loadu_si512((const void *)(wq + wbs * (size_t)b + 64 * (size_t)t));
         _Pragma("GCC unroll 8") for (int j = 0; j < J; j++)
@@ -398,25 +415,29 @@ AR_INLINE void ln_q8_0_rows(const int J, int kb, const uint8_t *wq, const size_t
                                      _mm512_mul_ps(wd[b], _mm512_set1_ps(xd[j * xs + b])), acc[j]);
         }
     }
+    for (int b = kb; b < LN_KB; b++) /* a short last chunk: the rest of the lines */
+        pf_share(pf, pf_len, b);
     _Pragma("GCC unroll 8") for (int j = 0; j < J; j++)
         _mm512_mask_storeu_ps(y + (size_t)j * ldy, m, acc[j]);
 }
 
-/* ln_q8_0_rows over jn activation rows: groups of 8, then 4, then single rows */
+/* ln_q8_0_rows over jn activation rows: groups of 8, then 4, then single rows; the first
+ * call prefetches pf */
 AR_INLINE void ln_rows_all(int kb, int jn, const uint8_t *wq, const size_t wbs, const __m512 *wd,
                            const uint8_t *x, size_t x_row, const float *xd, const int32_t *xc,
-                           int xs, float *y, size_t ldy, __mmask16 m, bool first)
+                           int xs, float *y, size_t ldy, __mmask16 m, bool first, const uint8_t *pf,
+                           size_t pf_len)
 {
     int j = 0;
-    for (; j + 8 <= jn; j += 8)
-        ln_q8_0_rows(8, kb, wq, wbs, wd, x + (size_t)j * x_row, x_row, xd + j * xs, xc + j * xs,
-                     xs, y + (size_t)j * ldy, ldy, m, first);
-    for (; j + 4 <= jn; j += 4)
-        ln_q8_0_rows(4, kb, wq, wbs, wd, x + (size_t)j * x_row, x_row, xd + j * xs, xc + j * xs,
-                     xs, y + (size_t)j * ldy, ldy, m, first);
-    for (; j < jn; j++)
-        ln_q8_0_rows(1, kb, wq, wbs, wd, x + (size_t)j * x_row, x_row, xd + j * xs, xc + j * xs,
-                     xs, y + (size_t)j * ldy, ldy, m, first);
+    for (; j + 8 <= jn; j += 8, pf = NULL)
+        ln_q8_0_rows(8, kb, wq, wbs, wd, x + (size_t)j * x_row, x_row, xd + j * xs, xc + j * xs, xs,
+                     y + (size_t)j * ldy, ldy, m, first, pf, pf_len);
+    for (; j + 4 <= jn; j += 4, pf = NULL)
+        ln_q8_0_rows(4, kb, wq, wbs, wd, x + (size_t)j * x_row, x_row, xd + j * xs, xc + j * xs, xs,
+                     y + (size_t)j * ldy, ldy, m, first, pf, pf_len);
+    for (; j < jn; j++, pf = NULL)
+        ln_q8_0_rows(1, kb, wq, wbs, wd, x + (size_t)j * x_row, x_row, xd + j * xs, xc + j * xs, xs,
+                     y + (size_t)j * ldy, ldy, m, first, pf, pf_len);
 }
 
 /* ln_q8_0_rows for two groups of 16 weight rows at once (wq[0], wq[1]; y[0], y[1] with their
@@ -426,7 +447,8 @@ AR_INLINE void ln_rows_all(int kb, int jn, const uint8_t *wq, const size_t wbs, 
 AR_INLINE void ln_q8_0_rows2(const int J, int kb, const uint8_t *const wq[2], const size_t wbs,
                              const __m512 *const wd[2], const uint8_t *x, size_t x_row,
                              const float *xd, const int32_t *xc, int xs, float *const y[2],
-                             size_t ldy, const __mmask16 m[2], bool first)
+                             size_t ldy, const __mmask16 m[2], bool first,
+                             const uint8_t *const pf[2], size_t pf_len)
 {
     __m512 acc[2][6];
     _Pragma("GCC unroll 6") for (int j = 0; j < J; j++)
@@ -434,6 +456,10 @@ AR_INLINE void ln_q8_0_rows2(const int J, int kb, const uint8_t *const wq[2], co
             first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m[g], y[g] + (size_t)j * ldy);
     for (int b = 0; b < kb; b++) {
         __m512i p[2][6];
+        if (pf) {
+            pf_share(pf[0], pf_len, b);
+            pf_share(pf[1], pf_len, b);
+        }
         _Pragma("GCC unroll 6") for (int j = 0; j < J; j++) p[0][j] = p[1][j] =
             _mm512_set1_epi32(xc[j * xs + b]);
         _Pragma("GCC unroll 8") for (int t = 0; t < 8; t++)
@@ -458,26 +484,33 @@ AR_INLINE void ln_q8_0_rows2(const int J, int kb, const uint8_t *const wq[2], co
                 _mm512_fmadd_ps(_mm512_cvtepi32_ps(p[g][j]), _mm512_mul_ps(wd[g][b], s), acc[g][j]);
         }
     }
+    for (int b = kb; pf && b < LN_KB; b++) {
+        pf_share(pf[0], pf_len, b);
+        pf_share(pf[1], pf_len, b);
+    }
     _Pragma("GCC unroll 6") for (int j = 0; j < J; j++)
         _Pragma("GCC unroll 2") for (int g = 0; g < 2; g++)
             _mm512_mask_storeu_ps(y[g] + (size_t)j * ldy, m[g], acc[g][j]);
 }
 
-/* ln_q8_0_rows2 over jn activation rows, 6 at a time; the rest one group at a time */
+/* ln_q8_0_rows2 over jn activation rows, 6 at a time; the rest one group at a time. The first
+ * call prefetches pf[0] and pf[1] (pf_len bytes each). */
 AR_INLINE void ln_rows_all2(int kb, int jn, const uint8_t *const wq[2], const size_t wbs,
                             const __m512 *const wd[2], const uint8_t *x, size_t x_row,
                             const float *xd, const int32_t *xc, int xs, float *const y[2],
-                            size_t ldy, const __mmask16 m[2], bool first)
+                            size_t ldy, const __mmask16 m[2], bool first,
+                            const uint8_t *const pf[2], size_t pf_len)
 {
     int j = 0;
     for (; j + 6 <= jn; j += 6) {
         float *const yj[2] = {y[0] + (size_t)j * ldy, y[1] + (size_t)j * ldy};
         ln_q8_0_rows2(6, kb, wq, wbs, wd, x + (size_t)j * x_row, x_row, xd + j * xs, xc + j * xs,
-                      xs, yj, ldy, m, first);
+                      xs, yj, ldy, m, first, j == 0 ? pf : NULL, pf_len);
     }
     for (int g = 0; g < 2 && j < jn; g++)
         ln_rows_all(kb, jn - j, wq[g], wbs, wd[g], x + (size_t)j * x_row, x_row, xd + j * xs,
-                    xc + j * xs, xs, y[g] + (size_t)j * ldy, ldy, m[g], first);
+                    xc + j * xs, xs, y[g] + (size_t)j * ldy, ldy, m[g], first,
+                    j == 0 ? pf[g] : NULL, pf_len);
 }
 
 /* Scale and offset correction -off * sum(q) of blocks [b0, b0 + kb) of jn activation rows
@@ -521,7 +554,7 @@ AR_INLINE void ln_group(const int kind, int nr, int i0, int b0, int kb, int jn, 
         ln_transpose(z, &wv[8 * b]);
     }
     ln_rows_all(kb, jn, (const uint8_t *)wv, 512, wd, x + (size_t)b0 * xbs, x_row, xd, xc, xs,
-                y + (size_t)i0, ldy, m, b0 == 0);
+                y + (size_t)i0, ldy, m, b0 == 0, NULL, 0);
 }
 
 /* Few activation rows (at most LN_FEW, blocks at most LN_FEW_NB): each group of 16 weight rows
@@ -753,24 +786,29 @@ AR_INLINE void pk_gemv(const int kind, int nb, int nr, const uint8_t *wp, size_t
 }
 
 /* Blocks [b0, b0 + kb) of the groups at weight rows i0 and i0 + 16 (one group where no second
- * starts before nr): their scales in wd[g], their lane vectors at wq[g] (Q4_0/Q5_0 unpacked
- * into wv[g]), the lanes of their rows in m[g]. Prefetches for each group, with next_pair,
- * the same blocks of the group two on (the next pair's); otherwise the next chunk of its own
- * stream, past its end the first of the group two on. Returns the number of groups. */
-AR_INLINE int pk_pair(const int kind, const uint8_t *wp, size_t gsz, int nr, int i0, int b0, int kb,
-                      int nb, bool next_pair, __m512i wv[2][LN_KB * 8], __m512 wd[2][LN_KB],
-                      const uint8_t *wq[2], __mmask16 m[2])
+ * starts before nr, or where ng_max is 1): their scales in wd[g], their lane vectors at wq[g]
+ * (Q4_0/Q5_0 unpacked into wv[g]), the lanes of their rows in m[g]. With next_pair it prefetches
+ * the same blocks of the group ng_max on (the next pair's) and sets pf[g] NULL; otherwise it leaves
+ * in pf[g] what to prefetch while the group is computed (pf_share): the next chunk of its own
+ * stream, past its end the first of the group ng_max on. Returns the number of groups. */
+AR_INLINE int pk_pair(const int kind, const int ng_max, const uint8_t *wp, size_t gsz, int nr,
+                      int i0, int b0, int kb, int nb, bool next_pair, __m512i wv[2][LN_KB * 8],
+                      __m512 wd[2][LN_KB], const uint8_t *wq[2], __mmask16 m[2],
+                      const uint8_t *pf[2])
 {
-    int ng = i0 + 16 < nr ? 2 : 1;
+    int ng = ng_max == 2 && i0 + 16 < nr ? 2 : 1;
     for (int g = 0; g < ng; g++) {
-        const uint8_t *gq = wp + (size_t)(i0 / 16 + g) * gsz, *pf;
+        const uint8_t *gq = wp + (size_t)(i0 / 16 + g) * gsz;
         m[g] = (__mmask16)((1u << AR_MIN(16, nr - i0 - 16 * g)) - 1u);
         wq[g] = gq + (size_t)b0 * PK_B(kind);
-        pf = next_pair         ? wq[g] + 2 * gsz
-             : b0 + LN_KB < nb ? wq[g] + LN_KB * PK_B(kind)
-                               : gq + 2 * gsz;
-        for (int o = 0; o < LN_KB * PK_B(kind); o += 64)
-            _mm_prefetch((const char *)pf + o, _MM_HINT_T0);
+        pf[g] = b0 + LN_KB < nb ? wq[g] + LN_KB * PK_B(kind) : gq + (size_t)ng_max * gsz;
+        if (next_pair) {
+            /* many rows: a chunk takes long enough that a burst here costs nothing, and
+             * spread over the rows it made Q4_0 prefill 9 % slower (Zen 4, 2026-12-03) */
+            for (int o = 0; o < LN_KB * PK_B(kind); o += 64)
+                _mm_prefetch((const char *)wq[g] + (size_t)ng_max * gsz + o, _MM_HINT_T0);
+            pf[g] = NULL;
+        }
         for (int b = 0; b < kb; b++) {
             wd[g][b] = _mm512_cvtph_ps(
                 _mm256_loadu_si256(cv256(gq + (size_t)(b0 + b) * PK_B(kind) + PK_Q(kind))));
@@ -783,18 +821,48 @@ AR_INLINE int pk_pair(const int kind, const uint8_t *wp, size_t gsz, int nr, int
     return ng;
 }
 
-/* jn activation rows against the ng (1 or 2) groups pk_pair set up; y: the first group's */
-AR_INLINE void pk_rows(int ng, int kb, int jn, const uint8_t *const wq[2], const size_t wbs,
-                       __m512 wd[2][LN_KB], const uint8_t *x, size_t x_row, const float *xd,
-                       const int32_t *xc, int xs, float *y, size_t ldy, const __mmask16 m[2],
-                       bool first)
+/* jn activation rows against the ng (1 or 2) groups pk_pair set up (and prefetching what it
+ * set in pf); y: the first group's */
+AR_INLINE void pk_rows(const int kind, int ng, int kb, int jn, const uint8_t *const wq[2],
+                       const size_t wbs, __m512 wd[2][LN_KB], const uint8_t *x, size_t x_row,
+                       const float *xd, const int32_t *xc, int xs, float *y, size_t ldy,
+                       const __mmask16 m[2], bool first, const uint8_t *const pf[2])
 {
+    const size_t pf_len = LN_KB * PK_B(kind);
     if (ng == 2) {
         const __m512 *const wdp[2] = {wd[0], wd[1]};
         float *const yg[2] = {y, y + 16};
-        ln_rows_all2(kb, jn, wq, wbs, wdp, x, x_row, xd, xc, xs, yg, ldy, m, first);
+        ln_rows_all2(kb, jn, wq, wbs, wdp, x, x_row, xd, xc, xs, yg, ldy, m, first, pf, pf_len);
     } else {
-        ln_rows_all(kb, jn, wq[0], wbs, wd[0], x, x_row, xd, xc, xs, y, ldy, m[0], first);
+        ln_rows_all(kb, jn, wq[0], wbs, wd[0], x, x_row, xd, xc, xs, y, ldy, m[0], first, pf[0],
+                    pf_len);
+    }
+}
+
+/* The few-rows order of pk_gemm: the weights in address order, NG groups side by side (two
+ * only from 6 rows, where ln_q8_0_rows2 can pair them), the next chunk of each stream
+ * prefetched a share per block (pf_share). On Zen 4 (2026-12-03), a 151936 x 896 Q8_0 matrix
+ * against 2 and 4 rows streamed at 6-7 GB/s with pairs and the prefetch in bursts, 13-17 with
+ * single groups and spread prefetches (10-21 before the pairs came); against 16 rows at 5.5-6
+ * GB/s, from 3.6-4.3 before the pairs. xd/xc: every row's blocks (row j's block b at
+ * j * nb + b). */
+AR_INLINE void pk_few(const int kind, const int NG, int nb, int nr, int nc, const uint8_t *wp,
+                      const uint8_t *x, size_t x_row, const float *xd, const int32_t *xc, float *y,
+                      size_t ldy)
+{
+    const size_t gsz = (size_t)nb * PK_B(kind), wbs = kind == LN_Q8_0 ? PK_B(kind) : 512;
+    for (int i0 = 0; i0 < nr; i0 += 16 * NG) {
+        for (int b0 = 0; b0 < nb; b0 += LN_KB) {
+            int kb = AR_MIN(LN_KB, nb - b0);
+            __m512i wv[2][LN_KB * 8];
+            __m512 wd[2][LN_KB];
+            const uint8_t *wq[2];
+            __mmask16 m[2];
+            const uint8_t *pf[2];
+            int ng = pk_pair(kind, NG, wp, gsz, nr, i0, b0, kb, nb, false, wv, wd, wq, m, pf);
+            pk_rows(kind, ng, kb, nc, wq, wbs, wd, x + (size_t)b0 * sizeof(struct block_q8_0),
+                    x_row, xd + b0, xc + b0, nb, y + (size_t)i0, ldy, m, b0 == 0, pf);
+        }
     }
 }
 
@@ -819,18 +887,10 @@ AR_INLINE void pk_gemm(const int kind, int nb, int nr, int nc, const uint8_t *wp
         static _Thread_local float fxd[LN_FEW * LN_FEW_NB];
         static _Thread_local int32_t fxc[LN_FEW * LN_FEW_NB];
         ln_x_prep(nc, nb, x, x_row, off, fxd, fxc, nb);
-        for (int i0 = 0; i0 < nr; i0 += 32) {
-            for (int b0 = 0; b0 < nb; b0 += LN_KB) {
-                int kb = AR_MIN(LN_KB, nb - b0);
-                __m512i wv[2][LN_KB * 8];
-                __m512 wd[2][LN_KB];
-                const uint8_t *wq[2];
-                __mmask16 m[2];
-                int ng = pk_pair(kind, wp, gsz, nr, i0, b0, kb, nb, false, wv, wd, wq, m);
-                pk_rows(ng, kb, nc, wq, wbs, wd, x + (size_t)b0 * sizeof(struct block_q8_0), x_row,
-                        fxd + b0, fxc + b0, nb, y + (size_t)i0, ldy, m, b0 == 0);
-            }
-        }
+        if (nc >= 6)
+            pk_few(kind, 2, nb, nr, nc, wp, x, x_row, fxd, fxc, y, ldy);
+        else
+            pk_few(kind, 1, nb, nr, nc, wp, x, x_row, fxd, fxc, y, ldy);
         return;
     }
     /* many rows: chunk by chunk over all groups, as ln_gemm, so a chunk of every activation
@@ -847,9 +907,11 @@ AR_INLINE void pk_gemm(const int kind, int nb, int nr, int nc, const uint8_t *wp
                 __m512 wd[2][LN_KB];
                 const uint8_t *wq[2];
                 __mmask16 m[2];
-                int ng = pk_pair(kind, wp, gsz, nr, i0, b0, kb, nb, true, wv, wd, wq, m);
-                pk_rows(ng, kb, jn, wq, wbs, wd, xj0 + (size_t)b0 * sizeof(struct block_q8_0),
-                        x_row, xd, xc, LN_KB, y + (size_t)j0 * ldy + (size_t)i0, ldy, m, b0 == 0);
+                const uint8_t *pf[2];
+                int ng = pk_pair(kind, 2, wp, gsz, nr, i0, b0, kb, nb, true, wv, wd, wq, m, pf);
+                pk_rows(kind, ng, kb, jn, wq, wbs, wd, xj0 + (size_t)b0 * sizeof(struct block_q8_0),
+                        x_row, xd, xc, LN_KB, y + (size_t)j0 * ldy + (size_t)i0, ldy, m, b0 == 0,
+                        pf);
             }
         }
     }
