@@ -4,6 +4,7 @@
  * avx512_vnni.c compiles this same file with -mavx512vnni: where __AVX512VNNI__ is defined the
  * integer dot products use vpdpbusd / vpdpwssd instead of vpmaddubsw + vpmaddwd. */
 #include <immintrin.h>
+#include <math.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1726,33 +1727,45 @@ static void kv_chunk_f32(int hd, int n, const uint8_t *src, size_t stride, float
                                  cv256(src + (size_t)t * stride + 2 * (size_t)i))));
 }
 
-/* Lane j of the result = the sum of a[j]'s 16 lanes, added in the order of the AVX2 dot_f32's
- * two 8-lane accumulators and hsum_ps: ((l + l+8) + (l+4 + l+12)) paired the same way down to
- * one, so a score equals dot_f32's bit for bit (the reference pass computes its scores with
- * dot_f32). Each step halves the lanes of every accumulator and packs two accumulators into
- * one register; taking them in transposed order (4k + i as 4i + k) leaves sum j in lane j. */
-AR_INLINE __m512 sum16(const __m512 a[16])
+/* x + y, or the larger of the two where MAX */
+AR_INLINE __m512 fold2(const bool MAX, __m512 x, __m512 y)
+{
+    return MAX ? _mm512_max_ps(x, y) : _mm512_add_ps(x, y);
+}
+
+/* Lane j of the result = the sum (MAX: the largest) of a[j]'s 16 lanes, added in the order of
+ * the AVX2 dot_f32's two 8-lane accumulators and hsum_ps: ((l + l+8) + (l+4 + l+12)) paired the
+ * same way down to one, so a score equals dot_f32's bit for bit (the reference pass computes
+ * its scores with dot_f32). Each step halves the lanes of every accumulator and packs two
+ * accumulators into one register; taking them in transposed order (4k + i as 4i + k) leaves
+ * sum j in lane j. */
+AR_INLINE __m512 fold16(const bool MAX, const __m512 a[16])
 {
     __m512 p[8], q[4], r[2];
     /* lanes l + l+8 (256-bit halves) of two accumulators: the first's in lanes 0-7 */
     _Pragma("GCC unroll 8") for (int m = 0; m < 8; m++)
     {
         __m512 x = a[(2 * m) % 4 * 4 + (2 * m) / 4], y = a[(2 * m + 1) % 4 * 4 + (2 * m + 1) / 4];
-        p[m] = _mm512_add_ps(_mm512_shuffle_f32x4(x, y, 0x44), _mm512_shuffle_f32x4(x, y, 0xee));
+        p[m] = fold2(MAX, _mm512_shuffle_f32x4(x, y, 0x44), _mm512_shuffle_f32x4(x, y, 0xee));
     }
     /* + lanes 4 apart (128-bit halves of each half): one accumulator per 128-bit lane */
     _Pragma("GCC unroll 4") for (int n = 0; n < 4; n++) q[n] =
-        _mm512_add_ps(_mm512_shuffle_f32x4(p[2 * n], p[2 * n + 1], 0x88),
-                      _mm512_shuffle_f32x4(p[2 * n], p[2 * n + 1], 0xdd));
+        fold2(MAX, _mm512_shuffle_f32x4(p[2 * n], p[2 * n + 1], 0x88),
+              _mm512_shuffle_f32x4(p[2 * n], p[2 * n + 1], 0xdd));
     /* + lanes 2 apart: two accumulators per 128-bit lane */
     _Pragma("GCC unroll 2") for (int o = 0; o < 2; o++)
     {
         __m512d x = _mm512_castps_pd(q[2 * o]), y = _mm512_castps_pd(q[2 * o + 1]);
-        r[o] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
-                             _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+        r[o] = fold2(MAX, _mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
+                     _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
     }
     /* + neighbours: four accumulators per 128-bit lane, lane 4k + i = a[4i + k] (transposed) */
-    return _mm512_add_ps(_mm512_shuffle_ps(r[0], r[1], 0x88), _mm512_shuffle_ps(r[0], r[1], 0xdd));
+    return fold2(MAX, _mm512_shuffle_ps(r[0], r[1], 0x88), _mm512_shuffle_ps(r[0], r[1], 0xdd));
+}
+
+AR_INLINE __m512 sum16(const __m512 a[16])
+{
+    return fold16(false, a);
 }
 
 /* Element columns [c, c + 16) of a key / value row as floats: converted from F16 in registers
@@ -1985,6 +1998,148 @@ static void attn_values(int hd, int nq, int nt, const float *s, size_t s_stride,
     }
 }
 
+/* ---- Q8_0 activation rows ------------------------------------------------------------------ */
+
+/* Rounded half away from zero, as ref.c's roundf (avx2.c's round_half_away, 16 wide) */
+AR_INLINE __m512 round_half_away512(__m512 v)
+{
+    const __m512 sign = _mm512_set1_ps(-0.0f);
+    __m512 t = _mm512_roundscale_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    __m512 one = _mm512_or_ps(_mm512_set1_ps(1.0f), _mm512_and_ps(v, sign));
+    __mmask16 up = _mm512_cmp_ps_mask(_mm512_andnot_ps(sign, _mm512_sub_ps(v, t)),
+                                      _mm512_set1_ps(0.5f), _CMP_GE_OQ);
+    return _mm512_mask_add_ps(t, up, t, one);
+}
+
+/* Q8_0 as ref.c quantizes it: per block of 32, d = amax / 127, q = x * (1 / d) rounded half
+ * away from zero. Sixteen blocks at a time: their maxima folded into one vector, so that the
+ * two divisions and d's conversion to f16 run once per 16 blocks (one block at a time they
+ * were scalar, and the quantizer took 5 % of a prefill on Zen 5). */
+static void q8_0_from_float(const float *x, void *y, int64_t n)
+{
+    struct block_q8_0 *b = y;
+    const __m512 sign = _mm512_set1_ps(-0.0f);
+    const int64_t nb = n / QK8_0;
+    for (int64_t i = 0; i < nb; i += 16) {
+        const float *xb = x + i * QK8_0;
+        int nk = (int)AR_MIN(16, nb - i);
+        __m512 m[16];
+        float id[16] __attribute__((aligned(64)));
+        uint16_t dh[16] __attribute__((aligned(32)));
+        /* blocks past the row's end are read as zeros (masked loads do not fault; whole groups
+         * load unmasked, as masked loads ran slower) */
+        _Pragma("GCC unroll 16") for (int k = 0; k < 16; k++)
+        {
+            const float *p = xb + QK8_0 * k;
+            __mmask16 lm = k < nk ? 0xffff : 0;
+            __m512 lo = nk == 16 ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(lm, p);
+            __m512 hi = nk == 16 ? _mm512_loadu_ps(p + 16) : _mm512_maskz_loadu_ps(lm, p + 16);
+            m[k] = _mm512_max_ps(_mm512_andnot_ps(sign, lo), _mm512_andnot_ps(sign, hi));
+        }
+        __m512 d = _mm512_div_ps(fold16(true, m), _mm512_set1_ps(127.0f));
+        /* id = d != 0 ? 1 / d : 0 */
+        __mmask16 nz = _mm512_cmp_ps_mask(d, _mm512_setzero_ps(), _CMP_NEQ_UQ);
+        _mm512_store_ps(id, _mm512_maskz_div_ps(nz, _mm512_set1_ps(1.0f), d));
+        _mm256_store_si256((__m256i *)(void *)dh,
+                           _mm512_cvtps_ph(d, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        for (int k = 0; k < nk; k++) {
+            __m512 iv = _mm512_set1_ps(id[k]);
+            b[i + k].d = dh[k];
+            _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++)
+            {
+                __m512 v = _mm512_mul_ps(_mm512_loadu_ps(xb + QK8_0 * k + 16 * h), iv);
+                _mm_storeu_si128((__m128i *)(void *)(b[i + k].qs + 16 * h),
+                                 _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(round_half_away512(v))));
+            }
+        }
+    }
+}
+
+/* ---- f32 vector ops ------------------------------------------------------------------------- */
+
+/* avx2.c's exp_ps 16 wide: the same operations, so the same value in every lane */
+AR_INLINE __m512 exp512(__m512 x)
+{
+    const __m512 hi = _mm512_set1_ps(88.7f), lo = _mm512_set1_ps(-87.3f);
+    __mmask16 keep = _mm512_cmp_ps_mask(x, lo, _CMP_NLT_UQ);
+    x = _mm512_min_ps(_mm512_max_ps(x, lo), hi);
+    __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(k, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    /* 2^k in two factors so that k = 128 (x near 88.7) stays finite */
+    __m512i ki = _mm512_cvtps_epi32(k);
+    __m512i k1 = _mm512_srai_epi32(ki, 1), k2 = _mm512_sub_epi32(ki, k1);
+    __m512 s1 =
+        _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(k1, _mm512_set1_epi32(127)), 23));
+    __m512 s2 =
+        _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(k2, _mm512_set1_epi32(127)), 23));
+    return _mm512_maskz_mul_ps(keep, _mm512_mul_ps(p, s1), s2);
+}
+
+/* Lanes [i, i + 16) of an n-long row: all of them, or the last few of the row */
+AR_INLINE __mmask16 tail_mask(int i, int n)
+{
+    return n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
+}
+
+/* x = softmax(x): the exponentials summed in double. Whole steps of 16 unmasked (masked
+ * loads and stores over rows of megabytes ran at half the speed on Zen 5), a short last step
+ * masked. */
+static void softmax512(int n, float *x)
+{
+    __m512 mv = _mm512_set1_ps(-INFINITY);
+    const int n16 = n & ~15;
+    const __mmask16 lm = tail_mask(n16, n);
+    for (int i = 0; i < n16; i += 16)
+        mv = _mm512_max_ps(mv, _mm512_loadu_ps(x + i));
+    mv = _mm512_max_ps(mv, _mm512_mask_loadu_ps(mv, lm, x + n16));
+    __m512 maxv = _mm512_set1_ps(_mm512_reduce_max_ps(mv));
+    __m512d s0 = _mm512_setzero_pd(), s1 = _mm512_setzero_pd();
+    for (int i = 0; i < n16; i += 16) {
+        __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(x + i), maxv));
+        _mm512_storeu_ps(x + i, e);
+        s0 = _mm512_add_pd(s0, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
+        s1 = _mm512_add_pd(s1, _mm512_cvtps_pd(_mm512_extractf32x8_ps(e, 1)));
+    }
+    if (lm) {
+        __m512 e = _mm512_maskz_mov_ps(
+            lm, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(lm, x + n16), maxv)));
+        _mm512_mask_storeu_ps(x + n16, lm, e);
+        s0 = _mm512_add_pd(s0, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
+        s1 = _mm512_add_pd(s1, _mm512_cvtps_pd(_mm512_extractf32x8_ps(e, 1)));
+    }
+    __m512 iv = _mm512_set1_ps((float)(1.0 / _mm512_reduce_add_pd(_mm512_add_pd(s0, s1))));
+    for (int i = 0; i < n16; i += 16)
+        _mm512_storeu_ps(x + i, _mm512_mul_ps(_mm512_loadu_ps(x + i), iv));
+    _mm512_mask_storeu_ps(x + n16, lm, _mm512_mul_ps(_mm512_maskz_loadu_ps(lm, x + n16), iv));
+}
+
+/* out = silu(gate) * up = gate / (1 + e^-gate) * up */
+static void silu_mul512(int n, float *out, const float *gate, const float *up)
+{
+    const __m512 one = _mm512_set1_ps(1.0f), sign = _mm512_set1_ps(-0.0f);
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 g = _mm512_loadu_ps(gate + i);
+        __m512 s = _mm512_div_ps(g, _mm512_add_ps(one, exp512(_mm512_xor_ps(g, sign))));
+        _mm512_storeu_ps(out + i, _mm512_mul_ps(s, _mm512_loadu_ps(up + i)));
+    }
+    if (i < n) {
+        __mmask16 lm = tail_mask(i, n);
+        __m512 g = _mm512_maskz_loadu_ps(lm, gate + i);
+        __m512 s = _mm512_div_ps(g, _mm512_add_ps(one, exp512(_mm512_xor_ps(g, sign))));
+        _mm512_mask_storeu_ps(out + i, lm, _mm512_mul_ps(s, _mm512_maskz_loadu_ps(lm, up + i)));
+    }
+}
+
 /* ---- F16 and BF16 rows ---------------------------------------------------------------------- */
 
 #include "float512.h"
@@ -2091,4 +2246,7 @@ void kernels_fill_avx512(struct kernel_ops *ops)
 
     ops->attn_scores = attn_scores;
     ops->attn_values = attn_values;
+    ops->from_float[AR_TYPE_Q8_0] = q8_0_from_float;
+    ops->softmax = softmax512;
+    ops->silu_mul = silu_mul512;
 }
