@@ -814,9 +814,14 @@ AR_INLINE int pk_pair(const int kind, const int ng_max, const uint8_t *wp, size_
         pf[g] = b0 + LN_KB < nb ? wq[g] + LN_KB * PK_B(kind) : gq + (size_t)ng_max * gsz;
         if (next_pair) {
             /* many rows: a chunk takes long enough that a burst here costs nothing, and
-             * spread over the rows it made Q4_0 prefill 9 % slower (Zen 4, 2026-12-03) */
+             * spread over the rows it made Q4_0 prefill 9 % slower (Zen 4, 2026-12-03). The
+             * last pair fetches the first pair's next chunk (its first chunk after the last). */
+            const uint8_t *nx = wq[g] + (size_t)ng_max * gsz;
+            if (i0 + 16 * ng_max >= nr)
+                nx = wp + (size_t)g * gsz +
+                     (b0 + LN_KB < nb ? (size_t)(b0 + LN_KB) * PK_B(kind) : 0);
             for (int o = 0; o < LN_KB * PK_B(kind); o += 64)
-                _mm_prefetch((const char *)wq[g] + (size_t)ng_max * gsz + o, _MM_HINT_T0);
+                _mm_prefetch((const char *)nx + o, _MM_HINT_T0);
             pf[g] = NULL;
         }
         for (int b = 0; b < kb; b++) {
