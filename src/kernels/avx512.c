@@ -2060,6 +2060,51 @@ static void q8_0_from_float(const float *x, void *y, int64_t n)
     }
 }
 
+/* Q8_K as ref.c quantizes it: per 256 values, the first value of largest magnitude sets
+ * iscale = -127 / max, q = min(127, nearest-even(iscale * x)), d = 1 / iscale, bsums the sums
+ * of each 16 q. The block stays in registers; the sums of its 16 vectors are folded into one
+ * (exact: small integers in floats). The AVX2 one, with its scalar search for the first
+ * maximum, took 190 ns a block on Zen 5. */
+static void q8_K_from_float(const float *x, void *y, int64_t n)
+{
+    struct block_q8_K *b = y;
+    const __m512 sign = _mm512_set1_ps(-0.0f);
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const float *xb = x + i * QK_K;
+        __m512 v[16], s[16], am = _mm512_setzero_ps();
+        _Pragma("GCC unroll 16") for (int k = 0; k < 16; k++)
+        {
+            v[k] = _mm512_loadu_ps(xb + 16 * k);
+            am = _mm512_max_ps(am, _mm512_andnot_ps(sign, v[k]));
+        }
+        float amax = _mm512_reduce_max_ps(am), max = 0.0f;
+        if (amax == 0.0f) {
+            memset(&b[i], 0, sizeof(b[i]));
+            continue;
+        }
+        for (int k = 0; k < 16; k++) {
+            __mmask16 eq =
+                _mm512_cmp_ps_mask(_mm512_andnot_ps(sign, v[k]), _mm512_set1_ps(amax), _CMP_EQ_OQ);
+            if (eq) {
+                max = xb[16 * k + __builtin_ctz(eq)];
+                break;
+            }
+        }
+        float iscale = -127.0f / max;
+        _Pragma("GCC unroll 16") for (int k = 0; k < 16; k++)
+        {
+            __m512i q =
+                _mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(v[k], _mm512_set1_ps(iscale))),
+                                 _mm512_set1_epi32(127));
+            _mm_storeu_si128((__m128i *)(void *)(b[i].qs + 16 * k), _mm512_cvtsepi32_epi8(q));
+            s[k] = _mm512_cvtepi32_ps(q);
+        }
+        _mm256_storeu_si256((__m256i *)(void *)b[i].bsums,
+                            _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(fold16(false, s))));
+        b[i].d = 1.0f / iscale;
+    }
+}
+
 /* ---- f32 vector ops ------------------------------------------------------------------------- */
 
 /* avx2.c's exp_ps 16 wide: the same operations, so the same value in every lane */
@@ -2252,6 +2297,7 @@ void kernels_fill_avx512(struct kernel_ops *ops)
     ops->attn_scores = attn_scores;
     ops->attn_values = attn_values;
     ops->from_float[AR_TYPE_Q8_0] = q8_0_from_float;
+    ops->from_float[AR_TYPE_Q8_K] = q8_K_from_float;
     ops->softmax = softmax512;
     ops->silu_mul = silu_mul512;
 }

@@ -611,6 +611,33 @@ static void activation_quantizers_round_exact_halves_like_reference(void **state
     done(state, "exact-half quantizer rows", g_compared);
 }
 
+/* Q8_K takes its scale's sign from the first value of largest magnitude: with +3 before -3
+ * the block maps +3 to -127, with -3 first it maps -3 there (two blocks, one each way) */
+static void q8_K_first_largest_magnitude_sets_the_sign(void **state)
+{
+    const struct kernel_ops *vs[MAX_VARIANTS], *ref = kernels_ref();
+    int nv = simd_variants(state, vs);
+    float x[2 * QK_K];
+    struct block_q8_K qk[2];
+    for (int i = 0; i < 2 * QK_K; i++)
+        x[i] = (float)(i % 7) * 0.25f - 0.75f;
+    x[37] = 3.0f;
+    x[200] = -3.0f;
+    x[QK_K + 21] = -3.0f;
+    x[QK_K + 250] = 3.0f;
+    g_compared = 0;
+    for (int v = 0; v < nv; v++)
+        if (vs[v]->from_float[AR_TYPE_Q8_K] != ref->from_float[AR_TYPE_Q8_K])
+            check_from_float(vs[v], AR_TYPE_Q8_K, x, 2 * QK_K);
+    /* the reference itself */
+    ref->from_float[AR_TYPE_Q8_K](x, qk, 2 * QK_K);
+    assert_int_equal(qk[0].qs[37], -127);
+    assert_int_equal(qk[0].qs[200], 127);
+    assert_int_equal(qk[1].qs[21], -127);
+    assert_int_equal(qk[1].qs[250], 127);
+    done(state, "Q8_K first-maximum rows", g_compared);
+}
+
 /* ---- f32 vector ops ----------------------------------------------------------------------- */
 
 static void close_or_fail(float got, float want, double tol, const char *v, const char *what,
@@ -929,6 +956,7 @@ static const struct per_variant per_variant[] = {
     PV(attention_ops_match_plain_loops, true),
     PV(activation_quantizers_match_reference_bytes, false),
     PV(activation_quantizers_round_exact_halves_like_reference, false),
+    PV(q8_K_first_largest_magnitude_sets_the_sign, false),
     PV(f32_ops_match_reference, false),
 };
 
