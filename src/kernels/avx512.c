@@ -1685,14 +1685,13 @@ AR_INLINE void pkk_few(const int kind, int J, const struct lk_wt *wt, const uint
  *   the same; 8 into L2 with hint T2 or NTA no better than T1). The decode went from 52-56 to
  *   62-76 tok/s on 1 thread, 101 to 118 on 2.
  * So Zen 5 and later AMD take 2 ahead into L1, every other CPU 8 ahead into L2 (the setting
- * first measured). AR_KQ_PREFETCH=l1 or l2 overrides the choice, to measure a new CPU. */
+ * first measured). AR_KQ_PREFETCH=l1 or l2 overrides the choice, to measure a new CPU (select.c
+ * reads it once, kernels_kq_prefetch_env, and warns about any other value). */
 static void pkk_tune(struct kernel_ops *ops)
 {
     const struct ar_cpu_features *cpu = ar_cpu_features_get();
-    const char *env = getenv("AR_KQ_PREFETCH");
-    pkk_into_l1 = cpu->amd && cpu->family >= 0x1a;
-    if (env && (!strcmp(env, "l1") || !strcmp(env, "l2")))
-        pkk_into_l1 = env[1] == '1';
+    pkk_into_l1 = kernels_kq_prefetch_env >= 0 ? kernels_kq_prefetch_env == 1
+                                               : cpu->amd && cpu->family >= 0x1a;
     pkk_ahead = pkk_into_l1 ? 2 : 8;
     ops->tuning = pkk_into_l1 ? "K-quant decode prefetch 2 super-blocks ahead into L1"
                               : "K-quant decode prefetch 8 super-blocks ahead into L2";

@@ -15,6 +15,10 @@ void kernels_fill_avx512(struct kernel_ops *ops);      /* avx512.c: + avx512f/bw
 void kernels_fill_avx512_vnni(struct kernel_ops *ops); /* avx512_vnni.c: + avx512vnni */
 void kernels_fill_avx512_bf16(struct kernel_ops *ops); /* avx512_bf16.c: + avx512bf16 */
 
+/* AR_KQ_PREFETCH as select.c read it before the tables were filled (once, with a warning for
+ * a value that is neither): 1 for l1, 0 for l2, -1 where unset (each variant chooses). */
+extern int kernels_kq_prefetch_env;
+
 /* GELU in its tanh form: sqrt(2/pi) and the cubic's coefficient (see gelu_mul). */
 #define KERNELS_GELU_K 0.7978845608028654f
 #define KERNELS_GELU_A 0.044715f

@@ -92,10 +92,19 @@ static const gemm_fn gemm_wrappers[V_COUNT][AR_TYPE_COUNT] = {
 
 /* ---- building ------------------------------------------------------------------------------ */
 
+int kernels_kq_prefetch_env = -1;
+
 static void build_tables(void)
 {
     const struct ar_cpu_features *cpu = ar_cpu_features_get();
-    const char *env = getenv("AR_KERNELS");
+    const char *env = getenv("AR_KERNELS"), *kq = getenv("AR_KQ_PREFETCH");
+
+    if (kq && *kq) {
+        if (!strcmp(kq, "l1") || !strcmp(kq, "l2"))
+            kernels_kq_prefetch_env = kq[1] == '1';
+        else
+            AR_WARN("AR_KQ_PREFETCH=%s is neither l1 nor l2; the CPU's choice stands", kq);
+    }
 
     kernels_fill_ref(&tables[V_REF]);
     for (int t = 0; t < AR_TYPE_COUNT; t++) {

@@ -299,6 +299,40 @@ static void ar_kernels_ref_records_ref_for_every_entry(void **state)
     assert_int_equal(WEXITSTATUS(status), CHILD_OK);
 }
 
+/* In a child: set AR_KQ_PREFETCH=value, build the tables, and check that `warns` warnings were
+ * logged (one, not one per AVX-512 table, for a bad value) and that the best table's tuning,
+ * where it has one, names `into` ("L1" / "L2"; NULL: whatever the CPU chose). */
+static int run_kq_child(const char *value, int warns, const char *into)
+{
+    pid_t pid = fork();
+    int status;
+    if (pid == 0) {
+        const struct kernel_ops *k;
+        ar_log_set(count_warnings, NULL);
+        unsetenv("AR_KERNELS");
+        setenv("AR_KQ_PREFETCH", value, 1);
+        k = kernels_get();
+        if (warnings != warns)
+            _exit(CHILD_NO_WARNING);
+        if (into && k->tuning && !strstr(k->tuning, into))
+            _exit(CHILD_WRONG_TABLE);
+        _exit(CHILD_OK);
+    }
+    assert_true(pid > 0);
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    return WEXITSTATUS(status);
+}
+
+static void ar_kq_prefetch_overrides_the_choice_and_warns_once_on_a_bad_value(void **state)
+{
+    (void)state;
+    assert_int_equal(run_kq_child("l1", 0, "into L1"), CHILD_OK);
+    assert_int_equal(run_kq_child("l2", 0, "into L2"), CHILD_OK);
+    assert_int_equal(run_kq_child("L3", 1, NULL), CHILD_OK);
+    assert_int_equal(run_kq_child("", 0, NULL), CHILD_OK);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -309,6 +343,7 @@ int main(void)
         cmocka_unit_test(default_choice_is_the_best_the_cpu_supports),
         cmocka_unit_test(each_entry_records_the_variant_whose_function_it_holds),
         cmocka_unit_test(ar_kernels_ref_records_ref_for_every_entry),
+        cmocka_unit_test(ar_kq_prefetch_overrides_the_choice_and_warns_once_on_a_bad_value),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
