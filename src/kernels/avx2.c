@@ -1075,31 +1075,16 @@ static void bf16_from_float(const float *x, void *y, int64_t n)
 
 /* ---- f32 vector ops ------------------------------------------------------------------------- */
 
-/* e^x for x <= 88.7 (larger x saturate at e^88.7); below -87.3 the result flushes to 0.
- * Range reduction x = k ln2 + r, |r| <= ln2 / 2, then a degree-6 polynomial for e^r (the
- * classic Cephes coefficients): relative error about 2e-7. */
+/* e^x for x <= 88.7 (larger x saturate at e^88.7); below -87.3 the result flushes to 0
+ * (KERNELS_EXP_POLY). */
 AR_INLINE __m256 exp_ps(__m256 x)
 {
     const __m256 hi = _mm256_set1_ps(88.7f), lo = _mm256_set1_ps(-87.3f);
-    __m256 underflow = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    __m256 underflow = _mm256_cmp_ps(x, lo, _CMP_LT_OQ), p;
     x = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
     __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    /* 2^k in two factors so that k = 128 (x near 88.7) stays finite */
-    __m256i ki = _mm256_cvtps_epi32(k);
-    __m256i k1 = _mm256_srai_epi32(ki, 1), k2 = _mm256_sub_epi32(ki, k1);
-    __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k1, _mm256_set1_epi32(127)), 23));
-    __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k2, _mm256_set1_epi32(127)), 23));
-    p = _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+    KERNELS_EXP_POLY(256, x, k, p);
     return _mm256_andnot_ps(underflow, p);
 }
 

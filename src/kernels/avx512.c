@@ -2241,31 +2241,18 @@ static void q8_K_from_float(const float *x, void *y, int64_t n)
 
 /* ---- f32 vector ops ------------------------------------------------------------------------- */
 
-/* avx2.c's exp_ps 16 wide: the same operations, so the same value in every lane */
+/* avx2.c's exp_ps 16 wide: the same operations (KERNELS_EXP_POLY), so the same value in every
+ * lane */
 AR_INLINE __m512 exp512(__m512 x)
 {
     const __m512 hi = _mm512_set1_ps(88.7f), lo = _mm512_set1_ps(-87.3f);
     __mmask16 keep = _mm512_cmp_ps_mask(x, lo, _CMP_NLT_UQ);
+    __m512 p;
     x = _mm512_min_ps(_mm512_max_ps(x, lo), hi);
     __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(k, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    /* 2^k in two factors so that k = 128 (x near 88.7) stays finite */
-    __m512i ki = _mm512_cvtps_epi32(k);
-    __m512i k1 = _mm512_srai_epi32(ki, 1), k2 = _mm512_sub_epi32(ki, k1);
-    __m512 s1 =
-        _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(k1, _mm512_set1_epi32(127)), 23));
-    __m512 s2 =
-        _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(k2, _mm512_set1_epi32(127)), 23));
-    return _mm512_maskz_mul_ps(keep, _mm512_mul_ps(p, s1), s2);
+    KERNELS_EXP_POLY(512, x, k, p);
+    return _mm512_maskz_mov_ps(keep, p);
 }
 
 /* Lanes [i, i + 16) of an n-long row: all of them, or the last few of the row */

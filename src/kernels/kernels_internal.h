@@ -19,6 +19,32 @@ void kernels_fill_avx512_bf16(struct kernel_ops *ops); /* avx512_bf16.c: + avx51
  * a value that is neither): 1 for l1, 0 for l2, -1 where unset (each variant chooses). */
 extern int kernels_kq_prefetch_env;
 
+/* e^x for x already clamped to [-87.3, 88.7] and k = round(x / ln 2), in vectors of W bits
+ * (256 or 512; the caller includes immintrin.h): x = k ln2 + r, |r| <= ln2 / 2, a degree-6
+ * polynomial for e^r (the classic Cephes coefficients, relative error about 2e-7), times 2^k in
+ * two factors so that k = 128 stays finite. One definition, so that every width computes the
+ * same value in every lane. */
+#define KERNELS_EXP_POLY(W, x, k, out)                                                             \
+    do {                                                                                           \
+        __m##W r_ = _mm##W##_fnmadd_ps(k, _mm##W##_set1_ps(0.693359375f), x);                      \
+        r_ = _mm##W##_fnmadd_ps(k, _mm##W##_set1_ps(-2.12194440e-4f), r_);                         \
+        __m##W p_ = _mm##W##_set1_ps(1.9875691500e-4f);                                            \
+        p_ = _mm##W##_fmadd_ps(p_, r_, _mm##W##_set1_ps(1.3981999507e-3f));                        \
+        p_ = _mm##W##_fmadd_ps(p_, r_, _mm##W##_set1_ps(8.3334519073e-3f));                        \
+        p_ = _mm##W##_fmadd_ps(p_, r_, _mm##W##_set1_ps(4.1665795894e-2f));                        \
+        p_ = _mm##W##_fmadd_ps(p_, r_, _mm##W##_set1_ps(1.6666665459e-1f));                        \
+        p_ = _mm##W##_fmadd_ps(p_, r_, _mm##W##_set1_ps(5.0000001201e-1f));                        \
+        p_ = _mm##W##_fmadd_ps(p_, _mm##W##_mul_ps(r_, r_),                                        \
+                               _mm##W##_add_ps(r_, _mm##W##_set1_ps(1.0f)));                       \
+        __m##W##i ki_ = _mm##W##_cvtps_epi32(k);                                                   \
+        __m##W##i k1_ = _mm##W##_srai_epi32(ki_, 1), k2_ = _mm##W##_sub_epi32(ki_, k1_);           \
+        __m##W s1_ = _mm##W##_castsi##W##_ps(                                                      \
+            _mm##W##_slli_epi32(_mm##W##_add_epi32(k1_, _mm##W##_set1_epi32(127)), 23));           \
+        __m##W s2_ = _mm##W##_castsi##W##_ps(                                                      \
+            _mm##W##_slli_epi32(_mm##W##_add_epi32(k2_, _mm##W##_set1_epi32(127)), 23));           \
+        (out) = _mm##W##_mul_ps(_mm##W##_mul_ps(p_, s1_), s2_);                                    \
+    } while (0)
+
 /* GELU in its tanh form: sqrt(2/pi) and the cubic's coefficient (see gelu_mul). */
 #define KERNELS_GELU_K 0.7978845608028654f
 #define KERNELS_GELU_A 0.044715f

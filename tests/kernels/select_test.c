@@ -118,25 +118,31 @@ static void independent_feature_sources_agree(void **state)
                   cpu_has("avx512_bf16"));
 }
 
-/* In a child: set AR_KERNELS=value, call kernels_get() and check it names `want`, and that a
- * warning was logged exactly when `warn` is set. Returns the child's exit code. */
-static int run_child(const char *value, const char *want, bool warn)
+/* In a child: set the environment variable var to value (NULL: unset; AR_KERNELS and
+ * AR_KQ_PREFETCH start unset), call kernels_get() and check that it names `want` (NULL: any
+ * table), that its tuning, where it has one, contains `tuning` (NULL: any), and that exactly
+ * `warns` warnings were logged (a bad value warns once, not once per table built). Returns the
+ * child's exit code. */
+static int run_child_env(const char *var, const char *value, const char *want, const char *tuning,
+                         int warns)
 {
     pid_t pid = fork();
     int status;
     if (pid == 0) {
         const struct kernel_ops *k;
         ar_log_set(count_warnings, NULL);
+        unsetenv("AR_KERNELS");
+        unsetenv("AR_KQ_PREFETCH");
         if (value)
-            setenv("AR_KERNELS", value, 1);
-        else
-            unsetenv("AR_KERNELS");
+            setenv(var, value, 1);
         k = kernels_get();
-        if (strcmp(k->name, want) != 0)
+        if (want && strcmp(k->name, want) != 0)
             _exit(CHILD_WRONG_TABLE);
-        if (strcmp(want, "ref") == 0 && k != kernels_ref())
+        if (want && strcmp(want, "ref") == 0 && k != kernels_ref())
             _exit(CHILD_WRONG_TABLE);
-        if ((warnings > 0) != warn)
+        if (tuning && k->tuning && !strstr(k->tuning, tuning))
+            _exit(CHILD_WRONG_TABLE);
+        if (warnings != warns)
             _exit(CHILD_NO_WARNING);
         _exit(CHILD_OK);
     }
@@ -144,6 +150,12 @@ static int run_child(const char *value, const char *want, bool warn)
     assert_int_equal(waitpid(pid, &status, 0), pid);
     assert_true(WIFEXITED(status));
     return WEXITSTATUS(status);
+}
+
+/* AR_KERNELS=value: the table `want`, with one warning where `warn` is set */
+static int run_child(const char *value, const char *want, bool warn)
+{
+    return run_child_env("AR_KERNELS", value, want, NULL, warn ? 1 : 0);
 }
 
 static void ar_kernels_ref_forces_the_reference_table(void **state)
@@ -299,38 +311,13 @@ static void ar_kernels_ref_records_ref_for_every_entry(void **state)
     assert_int_equal(WEXITSTATUS(status), CHILD_OK);
 }
 
-/* In a child: set AR_KQ_PREFETCH=value, build the tables, and check that `warns` warnings were
- * logged (one, not one per AVX-512 table, for a bad value) and that the best table's tuning,
- * where it has one, names `into` ("L1" / "L2"; NULL: whatever the CPU chose). */
-static int run_kq_child(const char *value, int warns, const char *into)
-{
-    pid_t pid = fork();
-    int status;
-    if (pid == 0) {
-        const struct kernel_ops *k;
-        ar_log_set(count_warnings, NULL);
-        unsetenv("AR_KERNELS");
-        setenv("AR_KQ_PREFETCH", value, 1);
-        k = kernels_get();
-        if (warnings != warns)
-            _exit(CHILD_NO_WARNING);
-        if (into && k->tuning && !strstr(k->tuning, into))
-            _exit(CHILD_WRONG_TABLE);
-        _exit(CHILD_OK);
-    }
-    assert_true(pid > 0);
-    assert_int_equal(waitpid(pid, &status, 0), pid);
-    assert_true(WIFEXITED(status));
-    return WEXITSTATUS(status);
-}
-
 static void ar_kq_prefetch_overrides_the_choice_and_warns_once_on_a_bad_value(void **state)
 {
     (void)state;
-    assert_int_equal(run_kq_child("l1", 0, "into L1"), CHILD_OK);
-    assert_int_equal(run_kq_child("l2", 0, "into L2"), CHILD_OK);
-    assert_int_equal(run_kq_child("L3", 1, NULL), CHILD_OK);
-    assert_int_equal(run_kq_child("", 0, NULL), CHILD_OK);
+    assert_int_equal(run_child_env("AR_KQ_PREFETCH", "l1", NULL, "into L1", 0), CHILD_OK);
+    assert_int_equal(run_child_env("AR_KQ_PREFETCH", "l2", NULL, "into L2", 0), CHILD_OK);
+    assert_int_equal(run_child_env("AR_KQ_PREFETCH", "L3", NULL, NULL, 1), CHILD_OK);
+    assert_int_equal(run_child_env("AR_KQ_PREFETCH", "", NULL, NULL, 0), CHILD_OK);
 }
 
 int main(void)
