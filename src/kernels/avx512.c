@@ -1730,9 +1730,10 @@ DEFINE_GEMM_PACKED(q6_K, pkk_gemm, LK_Q6_K, QK_K)
 /* ---- attention over one KV head --------------------------------------------------------------
  * Many query rows (prefill gives the forward pass R rows x the group's heads) go against chunks
  * of 16 key / value rows, each chunk converted from F16 to floats once per call and then
- * serving every query row from L1; a few (decode: one row's heads) convert where they load.
- * Scores come in tiles of QN query rows x 16 / QN key rows: 16 accumulators, summed across their
- * lanes together by one transposing tree (sum16) instead of one horizontal reduction per score.
+ * serving every query row from L1 (the keys transposed into lanes, scores_lanes); a few
+ * (decode: one row's heads) convert where they load, their scores in tiles of QN query rows x
+ * 16 / QN key rows: 16 accumulators, summed across their lanes together by one transposing tree
+ * (sum16) instead of one horizontal reduction per score.
  * Values go in tiles of up to 4 query rows x 64 columns held in registers over the rows. Head
  * sizes that are not a multiple of 16 (or above ATT_MAX_HD) take plain loops. */
 
@@ -2026,19 +2027,14 @@ static void attn_scores(int hd, int nq, int nt, const float *q, const void *k, s
         }
         return;
     }
-    /* chunks of 16 keys: each chunk serves every query row from L1 (F16: as a float copy) */
+    /* few query rows at other head sizes: chunks of 16 keys, F16 converted where loaded */
     for (int t0 = 0; t0 < nt; t0 += ATT_CHUNK) {
         int n = AR_MIN(ATT_CHUNK, nt - t0);
         const uint8_t *kc = (const uint8_t *)k + (size_t)t0 * kv_stride;
-        if (!f16) {
-            scores_all(false, hd, nq, n, q, kc, kv_stride, scale, s + t0, s_stride);
-        } else if (nq <= ATT_DIRECT_Q) {
+        if (f16)
             scores_all(true, hd, nq, n, q, kc, kv_stride, scale, s + t0, s_stride);
-        } else {
-            kv_chunk_f32(hd, n, kc, kv_stride, kbuf);
-            scores_all(false, hd, nq, n, q, (const uint8_t *)kbuf, (size_t)hd * sizeof(float),
-                       scale, s + t0, s_stride);
-        }
+        else
+            scores_all(false, hd, nq, n, q, kc, kv_stride, scale, s + t0, s_stride);
     }
 }
 
