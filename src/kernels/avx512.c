@@ -307,6 +307,13 @@ AR_INLINE __m512i q5_load(const uint8_t *qs0, const uint8_t *qh0, const uint8_t 
 
 #define LN_KB 8
 #define LN_JC 64
+/* activation rows per ln_q8_0_rows2 call: 2 x 4 chains. On Zen 5 (2026-12-06, one thread,
+ * best of 30-40 alternated runs) 4 rows gave 2-4 % more than 6 for Q8_0 tiles of 3072 x 1024,
+ * 4864 x 896, 896 x 4864 and 1152 x 896 against 512 rows, and 3 % for Q4_0; 5 rows no more
+ * than 6. */
+#ifndef LN_J2
+#define LN_J2 4
+#endif
 #ifndef LN_PF_AHEAD
 #define LN_PF_AHEAD 1
 #endif
@@ -494,9 +501,10 @@ AR_INLINE void ln_q8_0_rows2(const int J, int kb, const uint8_t *const wq[2], co
             _mm512_mask_storeu_ps(y[g] + (size_t)j * ldy, m[g], acc[g][j]);
 }
 
-/* ln_q8_0_rows2 over jn activation rows, 6 at a time; the rest one group at a time. The first
- * call prefetches pf[0] and pf[1] (pf_len bytes each); with pf_y each call first asks for
- * the partial sums of its rows that the next pair will add to. Where y does not fit in L2 (the
+/* ln_q8_0_rows2 over jn activation rows, LN_J2 at a time, 2 or 3 left in one more pair, a
+ * single last row one group at a time. The first call prefetches pf[0] and pf[1] (pf_len
+ * bytes each); with pf_y each call first asks for the partial sums of its rows that the next
+ * pair will add to. Where y does not fit in L2 (the
  * 4864 x 896 up projections against 64 rows: 1.2 MiB) their reloads missed it: on Zen 4
  * (2026-12-03) gemm_peak's 4864 x 896 x 512 tile went from 0.47-0.66 of the int8 peak to
  * 0.59-0.72 (Q4_0 0.44-0.63 to 0.61-0.64), prefill_cpu on qwen05 3-4 % faster. */
@@ -507,15 +515,27 @@ AR_INLINE void ln_rows_all2(int kb, int jn, const uint8_t *const wq[2], const si
                             const uint8_t *const pf[2], size_t pf_len, bool pf_y)
 {
     int j = 0;
-    for (; j + 6 <= jn; j += 6) {
+    for (; j + LN_J2 <= jn; j += LN_J2) {
         float *const yj[2] = {y[0] + (size_t)j * ldy, y[1] + (size_t)j * ldy};
         /* the next pair's partial sums of these rows (32 floats on) */
-        for (int k = 0; pf_y && k < 6; k++) {
+        for (int k = 0; pf_y && k < LN_J2; k++) {
             _mm_prefetch((const char *)(yj[0] + (size_t)k * ldy + 32), _MM_HINT_T0);
             _mm_prefetch((const char *)(yj[0] + (size_t)k * ldy + 48), _MM_HINT_T0);
         }
-        ln_q8_0_rows2(6, kb, wq, wbs, wd, x + (size_t)j * x_row, x_row, xd + j * xs, xc + j * xs,
-                      xs, yj, ldy, m, first, j == 0 ? pf : NULL, pf_len);
+        ln_q8_0_rows2(LN_J2, kb, wq, wbs, wd, x + (size_t)j * x_row, x_row, xd + j * xs,
+                      xc + j * xs, xs, yj, ldy, m, first, j == 0 ? pf : NULL, pf_len);
+    }
+    /* 2 or 3 rows left: still in pairs */
+    if (jn - j >= 2) {
+        float *const yj[2] = {y[0] + (size_t)j * ldy, y[1] + (size_t)j * ldy};
+        const uint8_t *const *pj = j == 0 ? pf : NULL;
+        if (jn - j >= 3)
+            ln_q8_0_rows2(3, kb, wq, wbs, wd, x + (size_t)j * x_row, x_row, xd + j * xs,
+                          xc + j * xs, xs, yj, ldy, m, first, pj, pf_len);
+        else
+            ln_q8_0_rows2(2, kb, wq, wbs, wd, x + (size_t)j * x_row, x_row, xd + j * xs,
+                          xc + j * xs, xs, yj, ldy, m, first, pj, pf_len);
+        j += AR_MIN(3, jn - j);
     }
     for (int g = 0; g < 2 && j < jn; g++)
         ln_rows_all(kb, jn - j, wq[g], wbs, wd[g], x + (size_t)j * x_row, x_row, xd + j * xs,
@@ -885,19 +905,20 @@ AR_INLINE void pk_rows(const int kind, int ng, int kb, int jn, const uint8_t *co
     }
 }
 
-/* The few-rows order of pk_gemm: the weights in address order, NG groups side by side (two
- * only from 6 rows, where ln_q8_0_rows2 can pair them), the next chunk of each stream
- * prefetched a share per block (pf_share). On Zen 4 (2026-12-03), a 151936 x 896 Q8_0 matrix
+/* The few-rows order of pk_gemm: the weights in address order, two groups side by side (an
+ * odd last one alone), the next chunk of each stream prefetched a share per block
+ * (pf_share). On Zen 4 (2026-12-03), a 151936 x 896 Q8_0 matrix
  * against 2 and 4 rows streamed at 6-7 GB/s with pairs and the prefetch in bursts, 13-17 with
  * single groups and spread prefetches (10-21 before the pairs came); against 16 rows at 5.5-6
- * GB/s, from 3.6-4.3 before the pairs. xd/xc: every row's blocks (row j's block b at
- * j * nb + b). */
-AR_INLINE void pk_few(const int kind, const int NG, int nb, int nr, int nc, const uint8_t *wp,
-                      const uint8_t *x, size_t x_row, const float *xd, const int32_t *xc, float *y,
-                      size_t ldy)
+ * GB/s, from 3.6-4.3 before the pairs. Pairs had started at 6 rows; from 2 (ln_rows_all2
+ * pairing 2 or 3 rows too), on Zen 5 (2026-12-06) qwen05 Q8_0 batched decode steps of 2, 3
+ * and 4 rows went from 1.29-1.36 single-row steps to 1.20-1.31. xd/xc: every row's blocks
+ * (row j's block b at j * nb + b). */
+AR_INLINE void pk_few(const int kind, int nb, int nr, int nc, const uint8_t *wp, const uint8_t *x,
+                      size_t x_row, const float *xd, const int32_t *xc, float *y, size_t ldy)
 {
     const size_t gsz = (size_t)nb * PK_B(kind), wbs = kind == LN_Q8_0 ? PK_B(kind) : 512;
-    for (int i0 = 0; i0 < nr; i0 += 16 * NG) {
+    for (int i0 = 0; i0 < nr; i0 += 32) {
         for (int b0 = 0; b0 < nb; b0 += LN_KB) {
             int kb = AR_MIN(LN_KB, nb - b0);
             __m512i wv[2][LN_KB * 8];
@@ -905,7 +926,7 @@ AR_INLINE void pk_few(const int kind, const int NG, int nb, int nr, int nc, cons
             const uint8_t *wq[2];
             __mmask16 m[2];
             const uint8_t *pf[2];
-            int ng = pk_pair(kind, NG, wp, gsz, nr, i0, b0, kb, nb, false, wv, wd, wq, m, pf);
+            int ng = pk_pair(kind, 2, wp, gsz, nr, i0, b0, kb, nb, false, wv, wd, wq, m, pf);
             pk_rows(kind, ng, kb, nc, wq, wbs, wd, x + (size_t)b0 * sizeof(struct block_q8_0),
                     x_row, xd + b0, xc + b0, nb, y + (size_t)i0, ldy, m, b0 == 0, pf, false);
         }
@@ -933,10 +954,7 @@ AR_INLINE void pk_gemm(const int kind, int nb, int nr, int nc, const uint8_t *wp
         static _Thread_local float fxd[LN_FEW * LN_FEW_NB];
         static _Thread_local int32_t fxc[LN_FEW * LN_FEW_NB];
         ln_x_prep(nc, nb, x, x_row, off, fxd, fxc, nb);
-        if (nc >= 6)
-            pk_few(kind, 2, nb, nr, nc, wp, x, x_row, fxd, fxc, y, ldy);
-        else
-            pk_few(kind, 1, nb, nr, nc, wp, x, x_row, fxd, fxc, y, ldy);
+        pk_few(kind, nb, nr, nc, wp, x, x_row, fxd, fxc, y, ldy);
         return;
     }
     /* many rows: chunk by chunk over all groups, as ln_gemm, so a chunk of every activation
