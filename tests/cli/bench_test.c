@@ -103,6 +103,12 @@ static void check_bench_json(const char *kernels, const char *want)
             if (!(fabs(f - i8 / peak) <= 5e-5 + 5e-4 * (1 + f) / peak + 1e-9))
                 fail_msg("%s: int8_fraction %g, int8_gops %g / peak %g = %g", test->valuestring, f,
                          i8, peak, i8 / peak);
+            /* the first prefill, timed apart, on the first prompt length's line only */
+            cJSON *cold = cJSON_GetObjectItem(j, "cold_tokens_per_s");
+            if (strcmp(test->valuestring, "pp16") == 0)
+                assert_true(cJSON_IsNumber(cold) && cold->valuedouble > 0);
+            else
+                assert_true(cJSON_IsNull(cold));
             pps++;
         } else if (strcmp(test->valuestring, "batch") == 0) {
             int b = (int)num(j, "batch");
