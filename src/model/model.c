@@ -738,6 +738,22 @@ static uint64_t layer_macs(const struct model_layer *L, int n_used)
     return n;
 }
 
+/* Multiply-adds of layer l's matrices in a prefill of n_tokens: every row through them, but
+ * in the last layer only its q, k and v projections (they fill the KV cache): after its
+ * attention the pass goes on with the one row whose logits it returns (forward.c,
+ * compact_rows). */
+static double prefill_layer_macs(const struct model *m, int l, int64_t n_tokens)
+{
+    const struct model_layer *L = &m->layers[l];
+    double all = (double)layer_macs(L, m->hp.n_expert_used);
+    if (l < m->hp.n_layers - 1)
+        return (double)n_tokens * all;
+    double qkv = (double)L->wq.n_in * (double)L->wq.n_out +
+                 (double)L->wk.n_in * (double)L->wk.n_out +
+                 (double)L->wv.n_in * (double)L->wv.n_out;
+    return (double)n_tokens * qkv + (all - qkv);
+}
+
 double model_prefill_flops(const struct model *m, int64_t n_tokens)
 {
     const struct model_hparams *hp = &m->hp;
@@ -747,7 +763,7 @@ double model_prefill_flops(const struct model *m, int64_t n_tokens)
         double seen = 0; /* positions the rows attend to, all rows together */
         for (int64_t i = 0; i < n_tokens; i++)
             seen += (double)(L->swa_window > 0 ? AR_MIN(i + 1, (int64_t)L->swa_window) : i + 1);
-        f += 2.0 * (double)n_tokens * (double)layer_macs(L, hp->n_expert_used) +
+        f += 2.0 * prefill_layer_macs(m, l, n_tokens) +
              4.0 * (double)hp->n_heads * (double)hp->head_dim * seen; /* q·k and p·v */
     }
     return f;
@@ -758,7 +774,7 @@ double model_prefill_matrix_flops(const struct model *m, int64_t n_tokens)
     const struct model_hparams *hp = &m->hp;
     double f = 2.0 * (double)hp->n_embd * (double)hp->n_vocab;
     for (int l = 0; l < hp->n_layers; l++)
-        f += 2.0 * (double)n_tokens * (double)layer_macs(&m->layers[l], hp->n_expert_used);
+        f += 2.0 * prefill_layer_macs(m, l, n_tokens);
     return f;
 }
 

@@ -82,12 +82,13 @@ uint64_t model_weight_bytes(const struct model *m);
  * model_weight_bytes for dense models. */
 uint64_t model_active_weight_bytes(const struct model *m);
 /* Floating-point operations (a multiply-add counts 2) of a prefill of n_tokens from position 0:
- * every row through every layer's matrices (a mixture: the used experts), causal attention
- * over the positions each row sees (its window on sliding layers), logits of the last row. */
+ * every row through every layer's matrices (a mixture: the used experts) but the last layer's
+ * after its attention, which only the last row goes through, causal attention over the
+ * positions each row sees (its window on sliding layers), logits of the last row. */
 double model_prefill_flops(const struct model *m, int64_t n_tokens);
-/* The matrix part of model_prefill_flops: every row through every layer's matrices and the
- * last row's logits, without attention (the work the int8 gemm kernels do for quantized
- * weights). */
+/* The matrix part of model_prefill_flops: the rows through the layers' matrices as counted
+ * there and the last row's logits, without attention (the work the int8 gemm kernels do for
+ * quantized weights). */
 double model_prefill_matrix_flops(const struct model *m, int64_t n_tokens);
 /* Whether layer il attends over a sliding window (hp->swa_window positions) only. */
 bool model_layer_is_swa(const struct model_hparams *hp, int il);
