@@ -1415,48 +1415,55 @@ AR_INLINE void lk_unpack(const int kind, const uint8_t *const rows[16], size_t o
 
 AR_INLINE void pkk_group(const int kind, const uint8_t *p, int g, __m512i w[8]);
 
-/* isum[k][j] += group g's products of row j's activations with the quants w[k] of super-block
- * k (< G: one, or two side by side sharing each activation broadcast), by sub-block scale */
-AR_INLINE void lk_dots(const int kind, const int G, const int J, int g, const __m512i *const w[2],
-                       const struct block_q8_K *const xb[8], const struct lk_wt *const wt[2],
-                       __m512i isum[2][8])
+/* isum[k][j] += the products of row j's activations with the quants w[k] of super-block k
+ * (< G: one, or two side by side sharing each activation broadcast) over sub-block sb of group
+ * g (Q4_K/Q5_K: the group's 32 elements, sb 0; Q6_K: its half sb of 16), by sub-block scale */
+AR_INLINE void lk_dots_sub(const int kind, const int G, const int J, int g, int sb,
+                           const __m512i *const w[2], const struct block_q8_K *const xb[8],
+                           const struct lk_wt *const wt[2], __m512i isum[2][8])
 {
     /* the chains side by side, step t of every row before step t + 1 of any: written row
      * after row, the compiler emitted each row's dependent vpdpbusd in one run, and a 3072 x
      * 1024 x 512 Q4_K tile on Zen 5 ran 4-7 % slower. Under 8 chains: each row's products in
      * two (int32 sums are exact, so the association changes no bit). */
     const int CH = G * J <= 4 ? 2 : 1;
-    const int NT = kind == LK_Q6_K ? 4 : 8; /* Q6_K: two sub-blocks of 16 per group */
-    _Pragma("GCC unroll 2") for (int hs = 0; hs < 8 / NT; hs++)
+    const int NT = kind == LK_Q6_K ? 4 : 8; /* vectors of 4 elements per sub-block */
+    __m512i p[2][2][8];
+    _Pragma("GCC unroll 8") for (int j = 0; j < J; j++)
     {
-        __m512i p[2][2][8];
-        _Pragma("GCC unroll 8") for (int j = 0; j < J; j++)
+        /* Q6_K's quants are stored + 32: taken out by the activations' sums */
+        __m512i p0 = kind == LK_Q6_K ? _mm512_set1_epi32(-32 * (int32_t)xb[j]->bsums[2 * g + sb])
+                                     : _mm512_setzero_si512();
+        _Pragma("GCC unroll 2") for (int k = 0; k < G; k++)
         {
-            /* Q6_K's quants are stored + 32: taken out by the activations' sums */
-            __m512i p0 = kind == LK_Q6_K
-                             ? _mm512_set1_epi32(-32 * (int32_t)xb[j]->bsums[2 * g + hs])
-                             : _mm512_setzero_si512();
-            _Pragma("GCC unroll 2") for (int k = 0; k < G; k++)
-            {
-                p[k][0][j] = p0;
-                p[k][1][j] = _mm512_setzero_si512();
-            }
-        }
-        _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++)
-            _Pragma("GCC unroll 8") for (int j = 0; j < J; j++)
-        {
-            __m512i xv = _mm512_set1_epi32(load_i32(xb[j]->qs + 32 * g + 16 * hs + 4 * t));
-            _Pragma("GCC unroll 2") for (int k = 0; k < G; k++) p[k][t % CH][j] =
-                _mm512_dpbusd_epi32(p[k][t % CH][j], w[k][NT * hs + t], xv);
-        }
-        _Pragma("GCC unroll 8") for (int j = 0; j < J; j++)
-            _Pragma("GCC unroll 2") for (int k = 0; k < G; k++)
-        {
-            __m512i ps = CH == 2 ? _mm512_add_epi32(p[k][0][j], p[k][1][j]) : p[k][0][j];
-            __m512i sc = wt[k]->sc[kind == LK_Q6_K ? 2 * g + hs : g];
-            isum[k][j] = _mm512_add_epi32(isum[k][j], _mm512_mullo_epi32(ps, sc));
+            p[k][0][j] = p0;
+            p[k][1][j] = _mm512_setzero_si512();
         }
     }
+    _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++)
+        _Pragma("GCC unroll 8") for (int j = 0; j < J; j++)
+    {
+        __m512i xv = _mm512_set1_epi32(load_i32(xb[j]->qs + 32 * g + 16 * sb + 4 * t));
+        _Pragma("GCC unroll 2") for (int k = 0; k < G; k++) p[k][t % CH][j] =
+            _mm512_dpbusd_epi32(p[k][t % CH][j], w[k][NT * sb + t], xv);
+    }
+    _Pragma("GCC unroll 8") for (int j = 0; j < J; j++)
+        _Pragma("GCC unroll 2") for (int k = 0; k < G; k++)
+    {
+        __m512i ps = CH == 2 ? _mm512_add_epi32(p[k][0][j], p[k][1][j]) : p[k][0][j];
+        __m512i sc = wt[k]->sc[kind == LK_Q6_K ? 2 * g + sb : g];
+        isum[k][j] = _mm512_add_epi32(isum[k][j], _mm512_mullo_epi32(ps, sc));
+    }
+}
+
+/* isum[k][j] += group g's products (lk_dots_sub over its one or two sub-blocks) */
+AR_INLINE void lk_dots(const int kind, const int G, const int J, int g, const __m512i *const w[2],
+                       const struct block_q8_K *const xb[8], const struct lk_wt *const wt[2],
+                       __m512i isum[2][8])
+{
+    lk_dots_sub(kind, G, J, g, 0, w, xb, wt, isum);
+    if (kind == LK_Q6_K)
+        lk_dots_sub(kind, G, J, g, 1, w, xb, wt, isum);
 }
 
 /* The activation block's sums of sub-blocks (2u, 2u + 1) as int16 pairs, for the mins'
