@@ -164,14 +164,15 @@ TSAN_TESTS := base/base_test engine/engine_test server/server_test server/sessio
 tsan:
 	$(MAKE) BUILD=build-tsan OPT=-O1 SAN="-fsanitize=thread" \
 	    $(addprefix build-tsan/tests/,$(TSAN_TESTS))
-	@rc=0; p=0; f=0; k=0; for t in $(TSAN_TESTS); do echo "== tsan $$t"; \
+	@rc=0; p=0; f=0; k=0; names=""; for t in $(TSAN_TESTS); do echo "== tsan $$t"; \
 	    log=build-tsan/$$(basename $$t).log; \
 	    TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" build-tsan/tests/$$t \
-	        >$$log 2>&1 || { cat $$log; rc=1; f=$$((f + 1)); }; \
+	        >$$log 2>&1 || { cat $$log; rc=1; f=$$((f + 1)); \
+	        names="$$names tsan:$$t$$(sed -n 's/^\[  FAILED  \] \([^ ]*\)$$/:\1/p' $$log | tr -d '\n')"; }; \
 	    n=$$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' $$log); p=$$((p + $${n:-0})); \
 	    n=$$(sed -n 's/^\[  SKIPPED \] \([0-9]*\) test.*/\1/p' $$log); k=$$((k + $${n:-0})); \
 	    tail -n 1 $$log; done; \
-	echo "$$p $$f $$k" >build-tsan/test-summary; \
+	echo "$$p $$f $$k" >build-tsan/test-summary; echo "$$names" >build-tsan/test-failures; \
 	echo "tsan: $$p passed, $$f failed, $$k skipped"; exit $$rc
 
 # ---- fuzzing (clang + libFuzzer) --------------------------------------------------------

@@ -28,6 +28,7 @@ passed=0
 failed=0
 skipped=0
 skipped_names=""
+failed_names=""
 log=$(mktemp)
 for t in $(find "$BUILD/tests" -type f -name '*_test' | sort); do
     echo "== $t"
@@ -37,10 +38,15 @@ for t in $(find "$BUILD/tests" -type f -name '*_test' | sort); do
     f=$(sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' "$log" | awk '{s+=$1} END {print s+0}')
     k=$(sed -n 's/^\[  SKIPPED \] \([0-9]*\) test.*/\1/p' "$log" | awk '{s+=$1} END {print s+0}')
     [ "$k" -gt 0 ] && skipped_names="$skipped_names $(basename "$t")($k)"
+    # cmocka lists each failed case again after its summary: "[  FAILED  ] name"
+    for c in $(sed -n 's/^\[  FAILED  \] \([^ ]*\)$/\1/p' "$log"); do
+        failed_names="$failed_names $t:$c"
+    done
     if [ "$rc" -eq 77 ] && [ "$p" -eq 0 ] && [ "$f" -eq 0 ]; then
         if [ "${AR_REQUIRE_ALL:-0}" != 0 ]; then
             echo "!! $t skipped itself, and AR_REQUIRE_ALL=1 requires it to run"
             f=1
+            failed_names="$failed_names $t(skipped)"
         else
             echo "-- $t skipped"
             k=$((k + 1))
@@ -49,6 +55,7 @@ for t in $(find "$BUILD/tests" -type f -name '*_test' | sort); do
     elif [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then
         echo "!! $t exited with status $rc"
         f=1
+        failed_names="$failed_names $t(status-$rc)"
     fi
     passed=$((passed + p))
     failed=$((failed + f))
@@ -70,10 +77,14 @@ for r in $(find "$BUILD/fuzz" -type f -name '*_replay' 2>/dev/null | sort); do
         cat "$log"
         echo "!! corpus replay $n failed"
         failed=$((failed + 1))
+        failed_names="$failed_names $r"
     fi
 done
 rm -f "$log"
 [ "$skipped" -gt 0 ] && echo "skipped:$skipped_names"
+[ -n "$failed_names" ] && echo "failed:$failed_names"
 echo "$passed passed, $failed failed, $skipped skipped"
 echo "$passed $failed $skipped" >"$BUILD/test-summary"
+# the names again for tools/test-all.sh, which repeats them beside its closing total
+echo "$failed_names" >"$BUILD/test-failures"
 [ "$failed" -eq 0 ]

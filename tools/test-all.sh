@@ -22,18 +22,21 @@ for kind in postgres redis rabbitmq; do
     esac
 done
 export AR_TEST_PG_URL AR_TEST_REDIS_URL AR_TEST_AMQP_URL
-rm -f build/test-summary build-asan/test-summary build-tsan/test-summary
+rm -f build/test-summary build-asan/test-summary build-tsan/test-summary \
+    build/test-failures build-asan/test-failures build-tsan/test-failures
 make -j"$J" WERROR=1 all tests || rc=1
 [ $rc -eq 0 ] && { make WERROR=1 test || rc=1; }
 make -j"$J" WERROR=1 asan || rc=1
 make -j"$J" WERROR=1 tsan || rc=1
 fuzz_pass=0
 fuzz_fail=0
+failures=""
 if [ -n "$(ls fuzz/*_fuzz.c 2>/dev/null)" ]; then
     if make FUZZ_SECONDS="${FUZZ_SECONDS:-20}" fuzz-run; then
         fuzz_pass=$(ls fuzz/*_fuzz.c | wc -l)
     else
         fuzz_fail=1
+        failures="$failures fuzz-run"
         rc=1
     fi
 fi
@@ -46,9 +49,13 @@ for s in build/test-summary build-asan/test-summary build-tsan/test-summary; do
         p=$((p + sp))
         f=$((f + sf))
         k=$((k + ${sk:-0}))
+        [ -s "${s%summary}failures" ] && failures="$failures $(cat "${s%summary}failures")"
     else
         f=$((f + 1)) # that suite did not run to the end
+        failures="$failures ${s%/test-summary}(did-not-finish)"
     fi
 done
+# CI shows only the end of this output: name what failed right above the total
+[ -n "$(echo $failures)" ] && echo "failed:" $failures
 echo "total: $p passed, $f failed, $k skipped"
 exit $rc
