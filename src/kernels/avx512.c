@@ -1496,10 +1496,10 @@ AR_INLINE void lk_store(const int kind, const struct lk_wt *wt, const struct blo
     _mm512_mask_storeu_ps(y, m, acc);
 }
 
-/* J activation rows (super-block blocks at x, x_row apart) against the unpacked super-block:
- * y[j * ldy + lane] (masked to m) += their contributions, or = them when first. The quants
- * come from wt->v, or where pk is set straight from that packed super-block (kernels.h, "x16"),
- * group by group in registers; the arithmetic is the same either way. */
+/* J activation rows (super-block blocks at x, x_row apart) against the packed super-block pk
+ * (kernels.h, "x16"), its quants taken group by group into registers and its scales already
+ * in wt: y[j * ldy + lane] (masked to m) += their contributions, or = them when first. The
+ * arithmetic is lk_rows2's for one unpacked super-block. */
 AR_INLINE void lk_rows(const int kind, const int J, const struct lk_wt *wt, const uint8_t *pk,
                        const uint8_t *pf, const uint8_t *x, size_t x_row, float *y, size_t ldy,
                        __mmask16 m, bool first)
@@ -1514,7 +1514,7 @@ AR_INLINE void lk_rows(const int kind, const int J, const struct lk_wt *wt, cons
         isum[0][j] = _mm512_setzero_si512();
         xb[j] = (const struct block_q8_K *)(const void *)(x + (size_t)j * x_row);
     }
-    if (pk && kind == LK_Q4_K) {
+    if (kind == LK_Q4_K) {
         /* groups 2h and 2h + 1 are the low and high nibbles of the same bytes: read once */
         const __m512i m4 = _mm512_set1_epi8(0x0f);
         for (int h = 0; h < 4; h++) {
@@ -1536,11 +1536,10 @@ AR_INLINE void lk_rows(const int kind, const int J, const struct lk_wt *wt, cons
     } else {
         for (int g = 0; g < 8; g++) {
             __m512i w[8];
-            const __m512i *const wg[2] = {pk ? w : &wt->v[8 * g], pk ? w : &wt->v[8 * g]};
+            const __m512i *const wg[2] = {w, w};
             for (int l = pf_lines * g / 8; pf && l < pf_lines * (g + 1) / 8; l++)
                 pkk_prefetch(pf + 64 * l);
-            if (pk)
-                pkk_group(kind, pk, g, w);
+            pkk_group(kind, pk, g, w);
             lk_dots(kind, 1, J, g, wg, xb, wts, isum);
         }
     }
@@ -1553,11 +1552,12 @@ AR_INLINE void lk_rows(const int kind, const int J, const struct lk_wt *wt, cons
     }
 }
 
-/* lk_rows for two unpacked super-blocks side by side (wt[0], wt[1]: 32 weight rows; y[0], y[1]
- * with their masks): each activation broadcast serves both, so a vpdpbusd takes half a
- * broadcast load instead of one, as in ln_q8_0_rows2. Every output's operations are lk_rows's,
- * in its order. */
-AR_INLINE void lk_rows2(const int kind, const int J, const struct lk_wt *const wt[2],
+/* J activation rows (super-block blocks at x, x_row apart) against G (1 or 2) unpacked
+ * super-blocks wt[k] of 16 weight rows each: y[k][j * ldy + lane] (masked to m[k]) += their
+ * contributions, or = them when first. Two side by side share each activation broadcast, so a
+ * vpdpbusd takes half a broadcast load instead of one, as in ln_q8_0_rows2; every output's
+ * operations are the same either way, in the same order. */
+AR_INLINE void lk_rows2(const int kind, const int G, const int J, const struct lk_wt *const wt[2],
                         const uint8_t *x, size_t x_row, float *const y[2], size_t ldy,
                         const __mmask16 m[2], bool first)
 {
@@ -1569,15 +1569,15 @@ AR_INLINE void lk_rows2(const int kind, const int J, const struct lk_wt *const w
         xb[j] = (const struct block_q8_K *)(const void *)(x + (size_t)j * x_row);
     }
     for (int g = 0; g < 8; g++) {
-        const __m512i *const wg[2] = {&wt[0]->v[8 * g], &wt[1]->v[8 * g]};
-        lk_dots(kind, 2, J, g, wg, xb, wt, isum);
+        const __m512i *const wg[2] = {&wt[0]->v[8 * g], &wt[G - 1]->v[8 * g]};
+        lk_dots(kind, G, J, g, wg, xb, wt, isum);
     }
     _Pragma("GCC unroll 8") for (int j = 0; j < J; j++)
     {
         __m512i sp[4];
         if (kind != LK_Q6_K)
             lk_bsum_pairs(xb[j], sp);
-        _Pragma("GCC unroll 2") for (int k = 0; k < 2; k++)
+        _Pragma("GCC unroll 2") for (int k = 0; k < G; k++)
             lk_store(kind, wt[k], xb[j], sp, isum[k][j], y[k] + (size_t)j * ldy, m[k], first);
     }
 }
@@ -1729,19 +1729,25 @@ AR_INLINE void lk_gemm(const int kind, const bool packed, int nb, int nr, int nc
                 if (G == 2) {
                     for (; j + LK_J2 <= jn; j += LK_J2) {
                         float *const yj[2] = {yt[0] + (size_t)j * ldy, yt[1] + (size_t)j * ldy};
-                        lk_rows2(kind, LK_J2, wtp, xb + (size_t)j * x_row, x_row, yj, ldy, m,
+                        lk_rows2(kind, 2, LK_J2, wtp, xb + (size_t)j * x_row, x_row, yj, ldy, m,
                                  b == 0);
                     }
                 }
+                /* the rows left over, each group alone */
                 for (int k = 0; k < G; k++) {
-                    int i = j;
-                    float *yk = yt[k];
-                    for (; i + 4 <= jn; i += 4)
-                        lk_rows(kind, 4, &wt[k], NULL, NULL, xb + (size_t)i * x_row, x_row,
-                                yk + (size_t)i * ldy, ldy, m[k], b == 0);
-                    for (; i < jn; i++)
-                        lk_rows(kind, 1, &wt[k], NULL, NULL, xb + (size_t)i * x_row, x_row,
-                                yk + (size_t)i * ldy, ldy, m[k], b == 0);
+                    const struct lk_wt *const wk[2] = {&wt[k], &wt[k]};
+                    const __mmask16 mk[2] = {m[k], m[k]};
+                    for (int i = j; i < jn;) {
+                        float *const yk[2] = {yt[k] + (size_t)i * ldy, yt[k] + (size_t)i * ldy};
+                        const uint8_t *xi = xb + (size_t)i * x_row;
+                        if (i + 4 <= jn) {
+                            lk_rows2(kind, 1, 4, wk, xi, x_row, yk, ldy, mk, b == 0);
+                            i += 4;
+                        } else {
+                            lk_rows2(kind, 1, 1, wk, xi, x_row, yk, ldy, mk, b == 0);
+                            i++;
+                        }
+                    }
                 }
             }
         }
