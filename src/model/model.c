@@ -722,19 +722,23 @@ uint64_t model_weight_bytes(const struct model *m)
     return m->weight_bytes;
 }
 
+/* Products of one token through the matrix w (none when the layer lacks it). */
+static uint64_t mat_macs(const struct model_mat *w)
+{
+    return w->data ? (uint64_t)w->n_in * (uint64_t)w->n_out : 0;
+}
+
 /* Products of one token through a layer's matrices (a mixture of experts: its used experts). */
 static uint64_t layer_macs(const struct model_layer *L, int n_used)
 {
     const struct model_mat *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->wgate, &L->wup, &L->wdown};
     uint64_t n = 0;
     for (size_t i = 0; i < AR_ARRAY_LEN(ws); i++)
-        if (ws[i]->data)
-            n += (uint64_t)ws[i]->n_in * (uint64_t)ws[i]->n_out;
+        n += mat_macs(ws[i]);
     if (L->exp_gate)
-        n += (uint64_t)L->router.n_in * (uint64_t)L->router.n_out +
-             (uint64_t)n_used * ((uint64_t)L->exp_gate[0].n_in * (uint64_t)L->exp_gate[0].n_out +
-                                 (uint64_t)L->exp_up[0].n_in * (uint64_t)L->exp_up[0].n_out +
-                                 (uint64_t)L->exp_down[0].n_in * (uint64_t)L->exp_down[0].n_out);
+        n += mat_macs(&L->router) +
+             (uint64_t)n_used *
+                 (mat_macs(&L->exp_gate[0]) + mat_macs(&L->exp_up[0]) + mat_macs(&L->exp_down[0]));
     return n;
 }
 
@@ -748,9 +752,7 @@ static double prefill_layer_macs(const struct model *m, int l, int64_t n_tokens)
     double all = (double)layer_macs(L, m->hp.n_expert_used);
     if (l < m->hp.n_layers - 1)
         return (double)n_tokens * all;
-    double qkv = (double)L->wq.n_in * (double)L->wq.n_out +
-                 (double)L->wk.n_in * (double)L->wk.n_out +
-                 (double)L->wv.n_in * (double)L->wv.n_out;
+    double qkv = (double)(mat_macs(&L->wq) + mat_macs(&L->wk) + mat_macs(&L->wv));
     return (double)n_tokens * qkv + (all - qkv);
 }
 
