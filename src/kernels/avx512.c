@@ -2059,15 +2059,19 @@ AR_INLINE void kv_chunk_lanes(int hd, int n, const uint8_t *k, size_t stride, bo
  * sums (element e goes to sum e % 16, in element order: the lanes of the AVX2 dot_f32's two
  * 8-lane accumulators) are 16 registers, and hsum_ps's tree over them is plain additions:
  * ((p0 + p8) + (p4 + p12)) + ((p2 + p10) + (p6 + p14)), then the same from p1, added last.
- * One quad of partial sums at a time keeps QN x 4 chains in flight. */
+ * One quad of partial sums at a time keeps QN x 4 chains in flight. The four passes are
+ * unrolled, so the pairs and halves stay in registers: on Zen 5 (2026-12-06, 4 queries against
+ * 16 keys in L1) 3-8 % more GFLOP/s, the same bits. */
 AR_INLINE void scores_lanes(const int QN, int hd, int n, const float *q, const float *kt,
                             float scale, float *s, size_t s_stride)
 {
     static const int quad[4] = {0, 8, 4, 12};
     __m512 half[2][4];
-    for (int o = 0; o < 2; o++) {
+    _Pragma("GCC unroll 2") for (int o = 0; o < 2; o++)
+    {
         __m512 pair[2][4];
-        for (int r2 = 0; r2 < 2; r2++) {
+        _Pragma("GCC unroll 2") for (int r2 = 0; r2 < 2; r2++)
+        {
             int r = o + 2 * r2; /* quads 0 and 2 make the first half, 1 and 3 the second */
             __m512 a[4][4];
             _Pragma("GCC unroll 4") for (int m = 0; m < 4; m++)
