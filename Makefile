@@ -168,7 +168,7 @@ tsan:
 	    log=build-tsan/$$(basename $$t).log; \
 	    TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" build-tsan/tests/$$t \
 	        >$$log 2>&1 || { cat $$log; rc=1; f=$$((f + 1)); \
-	        names="$$names tsan:$$t$$(sed -n 's/^\[  FAILED  \] \([^ ]*\)$$/:\1/p' $$log | tr -d '\n')"; }; \
+	        names="$$names tsan:$$t$$(sed -En 's/^\[  (FAILED  |ERROR   )\] ([^ ]+)$$/:\2/p' $$log | sort -u | tr -d '\n')"; }; \
 	    n=$$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' $$log); p=$$((p + $${n:-0})); \
 	    n=$$(sed -n 's/^\[  SKIPPED \] \([0-9]*\) test.*/\1/p' $$log); k=$$((k + $${n:-0})); \
 	    tail -n 1 $$log; done; \

@@ -38,8 +38,9 @@ for t in $(find "$BUILD/tests" -type f -name '*_test' | sort); do
     f=$(sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' "$log" | awk '{s+=$1} END {print s+0}')
     k=$(sed -n 's/^\[  SKIPPED \] \([0-9]*\) test.*/\1/p' "$log" | awk '{s+=$1} END {print s+0}')
     [ "$k" -gt 0 ] && skipped_names="$skipped_names $(basename "$t")($k)"
-    # cmocka lists each failed case again after its summary: "[  FAILED  ] name"
-    for c in $(sed -n 's/^\[  FAILED  \] \([^ ]*\)$/\1/p' "$log"); do
+    # cmocka names each failed case ("[  FAILED  ] name", listed again after its summary) and
+    # each case that could not run ("[  ERROR   ] name": its group's setup failed)
+    for c in $(sed -En 's/^\[  (FAILED  |ERROR   )\] ([^ ]+)$/\2/p' "$log" | sort -u); do
         failed_names="$failed_names $t:$c"
     done
     if [ "$rc" -eq 77 ] && [ "$p" -eq 0 ] && [ "$f" -eq 0 ]; then
