@@ -2,7 +2,8 @@
 # Builds and runs every test: install dependencies, warnings-as-errors build, the suite,
 # the same suite under ASan+UBSan, the threaded tests under TSan, a short libFuzzer run of each parser (which also runs
 # the fixture check through tests/cli). Ends with one line: "total: N passed, M failed, K skipped"
-# (a skipped test had nothing to compare; see tests/run.sh).
+# (a skipped test had nothing to compare; see tests/run.sh), and when anything failed, a line
+# "failed: ..." just above it naming each failed case, a suite that did not finish, or fuzz-run.
 cd "$(dirname "$0")/.." || exit 1
 sh tools/install-deps.sh || exit 1
 J=$(nproc 2>/dev/null || echo 2)
