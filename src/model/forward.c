@@ -12,6 +12,8 @@
 #include <math.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "base/cpu.h"
 #include "kernels/kernels.h"
@@ -28,6 +30,7 @@
  * calls of 64 rows went from 0.57 to 0.59 of the int8 peak with 256 weight rows a call instead
  * of 128 (the other qwen2-0.5B shapes alike), prefill_cpu on qwen05 Q8_0 3.5 % faster */
 #define MM_MANY_ROWS 256
+#define MM_FEW_COLS 16 /* input rows up to which matmul units are sized as mm_call_rows says */
 #define MM_TILE_COLS 64
 #define MM_MAX_MATS 3
 
@@ -62,6 +65,13 @@ struct model_ctx {
     float *gate;    /* owned, n_ff */
     float *up;      /* owned, n_ff */
     float *hid;     /* owned, n_ff: silu(gate) * up */
+    /* the fused gate/up stage (see stage_gu): per thread, a gate and an up tile of
+     * MM_TILE_COLS rows x MM_MANY_ROWS outputs and one row of their product; NULL where
+     * batches never take it */
+    float *gu_tile;
+    uint8_t *act_ff; /* owned with gu_tile, act_row bytes per row: the down projection's input */
+    bool gu_fuse;    /* AR_FUSE_FFN=0 in the environment turns the fused stage off */
+    int gu_fused;    /* layers that took it in the running (or last) pass */
     /* row strides (floats) of the matmul outputs proj, q, k and v, gate and up, moe_gate and
      * moe_up, moe_down: out_ld of their widths */
     int64_t embd_ld, q_ld, kv_ld, ff_ld, ffe_ld;
@@ -213,6 +223,7 @@ enum ar_status model_ctx_create(const struct model *m, int n_batch_max, struct a
     enum ar_status st = AR_ENOMEM;
     int64_t n_q, n_kv;
     uint64_t bytes;
+    const char *env;
     if (!m || !out || n_batch_max < 1 || n_batch_max > (1 << 20))
         return AR_EINVAL;
     hp = &m->hp;
@@ -266,6 +277,12 @@ enum ar_status model_ctx_create(const struct model *m, int n_batch_max, struct a
         bytes > SIZE_MAX || !(c->act = ar_malloc_aligned((size_t)bytes)))
         goto fail;
     if (!(c->out_rows = ar_malloc((size_t)n_batch_max * sizeof(*c->out_rows))))
+        goto fail;
+    env = getenv("AR_FUSE_FFN");
+    c->gu_fuse = !(env && strcmp(env, "0") == 0);
+    if (c->gu_fuse && n_batch_max > MM_FEW_COLS && hp->n_expert == 0 &&
+        (alloc_rows(&c->gu_tile, c->nth, (2 * MM_TILE_COLS + 1) * out_ld(MM_MANY_ROWS)) ||
+         !(c->act_ff = ar_malloc_aligned((size_t)bytes))))
         goto fail;
     c->mm_max = AR_MAX(MM_MAX_MATS, 2 * hp->n_expert);
     if (!(c->mm_units = ar_malloc((size_t)(c->mm_max + 1) * sizeof(*c->mm_units))) ||
@@ -334,6 +351,8 @@ void model_ctx_destroy(struct model_ctx *c)
     ar_free_aligned(c->hid);
     ar_free_aligned(c->rope);
     ar_free_aligned(c->act);
+    ar_free_aligned(c->gu_tile);
+    ar_free_aligned(c->act_ff);
     ar_free_aligned(c->scores);
     ar_free_aligned(c->attn_tile);
     ar_free(c->attn_blk);
@@ -356,6 +375,11 @@ void model_ctx_destroy(struct model_ctx *c)
     ar_free_aligned(c->ph_seg);
     ar_free_aligned(c->ph_done);
     ar_free(c);
+}
+
+int model_ctx_gu_fused(const struct model_ctx *c)
+{
+    return c->gu_fused;
 }
 
 /* Grows the per-thread attention score rows to hold n positions (only when a sequence
@@ -668,7 +692,6 @@ static void stage_attn(void *arg, int ith, int nth)
  * fixed costs (preparing every input row's blocks) weigh more against its few products, so
  * large matrices take longer calls, while there are still MM_FEW_UNITS units per thread to
  * share out. Multiples of 16 rows (the lane kernels' width). */
-#define MM_FEW_COLS 16
 #define MM_FEW_UNITS 16
 #define MM_FEW_MAX_ROWS 1024
 static int64_t mm_call_rows(const struct model_mat *w, int n_cols, int nth)
@@ -698,35 +721,87 @@ static void mat_gemm(const struct model_ctx *c, const struct model_mat *w, int64
     }
 }
 
+/* Work unit u of the running matmul stage: blocks of mm_call weight rows times mm_cspan input
+ * rows, numbered across the stage's matrices, the input spans of one block of weight rows next
+ * to each other (see run_mm_stage). Its item, weight rows [*i, *i + *nr), input rows
+ * [*j0, *j1) of *x (*x_row bytes apart). */
+static const struct mm_item *mm_unit(const struct model_ctx *c, int64_t u, int64_t *i, int *nr,
+                                     int *j0, int *j1, const void **x, size_t *x_row)
+{
+    const int64_t *units = c->mm_units, *call = c->mm_call, *cspan = c->mm_cspan;
+    int k = 0;
+    while (u >= units[k + 1])
+        k++;
+    const struct mm_item *it = &c->mm[k];
+    int cols = it->x ? it->n_cols : c->n_rows;
+    int64_t spans = (cols + cspan[k] - 1) / cspan[k];
+    u -= units[k];
+    *i = u / spans * call[k];
+    *nr = (int)AR_MIN(call[k], it->w->n_out - *i);
+    *j0 = (int)(u % spans * cspan[k]);
+    *j1 = (int)AR_MIN(*j0 + cspan[k], cols);
+    *x = it->x ? it->x : c->mm_x;
+    *x_row = it->x ? it->x_row : c->mm_x_row;
+    return it;
+}
+
 static void stage_matmul(void *arg, int ith, int nth)
 {
     struct model_ctx *c = arg;
-    int n_cols = c->n_rows;
-    const void *mm_x = c->mm_x;
-    size_t mm_x_row = c->mm_x_row;
-    (void)ith, (void)nth;
-    /* work units: blocks of mm_call weight rows times mm_cspan input rows, numbered across the
-     * stage's matrices, the input spans of one block of weight rows next to each other (see
-     * run_mm_stage) */
-    const int64_t *units = c->mm_units, *call = c->mm_call, *cspan = c->mm_cspan;
     int64_t u0, u1;
-    while (claim(c, units[c->n_mm], 1, &u0, &u1)) {
-        int k = 0;
-        while (u0 >= units[k + 1])
-            k++;
-        const struct mm_item *it = &c->mm[k];
-        const struct model_mat *w = it->w;
-        const void *x = it->x ? it->x : mm_x;
-        size_t x_row = it->x ? it->x_row : mm_x_row;
-        int cols = it->x ? it->n_cols : n_cols;
-        int64_t spans = (cols + cspan[k] - 1) / cspan[k], u = u0 - units[k];
-        int64_t i = u / spans * call[k];
-        int nr = (int)AR_MIN(call[k], w->n_out - i);
-        int j0 = (int)(u % spans * cspan[k]), j1 = (int)AR_MIN(j0 + cspan[k], cols);
+    (void)ith, (void)nth;
+    while (claim(c, c->mm_units[c->n_mm], 1, &u0, &u1)) {
+        int64_t i;
+        int nr, j0, j1;
+        const void *x;
+        size_t x_row;
+        const struct mm_item *it = mm_unit(c, u0, &i, &nr, &j0, &j1, &x, &x_row);
         for (int j = j0; j < j1; j += MM_TILE_COLS) {
             int nc = AR_MIN(MM_TILE_COLS, j1 - j);
-            mat_gemm(c, w, i, nr, nc, (const uint8_t *)x + (size_t)j * x_row, x_row,
+            mat_gemm(c, it->w, i, nr, nc, (const uint8_t *)x + (size_t)j * x_row, x_row,
                      it->out + (size_t)j * it->ldy + i, it->ldy);
+        }
+    }
+}
+
+/* The gate and up products of a dense FFN and what follows them, fused per work unit (the
+ * stage's one item is the gate matrix; the up matrix has the same shape): for each tile of
+ * input rows the unit's gate and up outputs go to this thread's tiles, their activation
+ * product straight into the down projection's input (act_ff, converted; hid where that input
+ * stays float). The outputs of a unit are elements [i, i + nr) of each row, i a multiple of
+ * the down input's block size (gu_fusable), so each block is converted from the same floats
+ * as a whole row's conversion would see: the bits are those of the unfused pass. Without it
+ * the gate and up outputs (n_ff floats a row each) went out to memory and came back twice,
+ * for the product and then for its conversion. */
+static void stage_gu(void *arg, int ith, int nth)
+{
+    struct model_ctx *c = arg;
+    const struct model_hparams *hp = &c->m->hp;
+    const struct model_layer *L = &c->m->layers[c->layer];
+    enum ar_type vt = L->wdown.vec_type;
+    size_t ld = (size_t)out_ld(MM_MANY_ROWS);
+    float *tg = c->gu_tile + (size_t)ith * (2 * MM_TILE_COLS + 1) * ld;
+    float *tu = tg + MM_TILE_COLS * ld, *th = tu + MM_TILE_COLS * ld;
+    int64_t u0, u1;
+    (void)nth;
+    while (claim(c, c->mm_units[1], 1, &u0, &u1)) {
+        int64_t i;
+        int nr, j0, j1;
+        const void *x;
+        size_t x_row;
+        mm_unit(c, u0, &i, &nr, &j0, &j1, &x, &x_row);
+        for (int j = j0; j < j1; j += MM_TILE_COLS) {
+            int nc = AR_MIN(MM_TILE_COLS, j1 - j);
+            const uint8_t *xj = (const uint8_t *)x + (size_t)j * x_row;
+            mat_gemm(c, &L->wgate, i, nr, nc, xj, x_row, tg, ld);
+            mat_gemm(c, &L->wup, i, nr, nc, xj, x_row, tu, ld);
+            for (int r = 0; r < nc; r++) {
+                float *h = vt == AR_TYPE_F32 ? c->hid + (size_t)(j + r) * hp->n_ff + i : th;
+                model_act_mul(c->ops, hp->act, nr, h, tg + (size_t)r * ld, tu + (size_t)r * ld);
+                if (vt != AR_TYPE_F32)
+                    c->ops->from_float[vt](
+                        h, c->act_ff + (size_t)(j + r) * c->act_row + ar_type_row_size(vt, i), nr);
+            }
         }
     }
 }
@@ -739,16 +814,25 @@ static void stage_matmul(void *arg, int ith, int nth)
  * weight rows of a unit are read once per unit, so more spans read them more often (from L3 or
  * memory, a small share of prefill's work per byte). */
 #define MM_UNITS_PER_THREAD 8
-static int64_t mm_col_span(int64_t row_units, int n_cols, int nth)
+static int64_t mm_col_span(int64_t row_units, int n_cols, int nth, bool even)
 {
     int64_t tiles = (n_cols + MM_TILE_COLS - 1) / MM_TILE_COLS, want = MM_UNITS_PER_THREAD * nth;
     int64_t spans = nth > 1 ? AR_MIN(tiles, (want + row_units - 1) / row_units) : 1;
+    /* even: a stage of one item (stage_gu's) takes more spans where that makes its units a
+     * multiple of the thread count; on 2 threads the 19 units of a 4864-row FFN had left one
+     * thread a whole unit (1/19 of the stage) alone at the end */
+    for (int64_t s = spans; even && s < tiles && s < 2 * spans + 2; s++)
+        if (row_units * s % nth == 0) {
+            spans = s;
+            break;
+        }
     int64_t per = (tiles + spans - 1) / spans;
     return AR_MAX(per, 1) * MM_TILE_COLS;
 }
 
-/* Runs the n items (at most mm_max) as one matmul stage: numbers their work units. */
-static void run_mm_stage(struct model_ctx *c, const struct mm_item *items, int n)
+/* Runs the n items (at most mm_max) as one matmul stage (fn: stage_matmul, or stage_gu):
+ * numbers their work units. */
+static void run_mm_stage(struct model_ctx *c, const struct mm_item *items, int n, ar_pool_fn fn)
 {
     assert(n <= c->mm_max);
     c->mm = items;
@@ -759,11 +843,11 @@ static void run_mm_stage(struct model_ctx *c, const struct mm_item *items, int n
         int64_t row_units;
         c->mm_call[k] = mm_call_rows(items[k].w, cols, c->nth);
         row_units = (items[k].w->n_out + c->mm_call[k] - 1) / c->mm_call[k];
-        c->mm_cspan[k] = mm_col_span(row_units, cols, c->nth);
+        c->mm_cspan[k] = mm_col_span(row_units, cols, c->nth, fn == stage_gu);
         c->mm_units[k + 1] =
             c->mm_units[k] + row_units * ((cols + c->mm_cspan[k] - 1) / c->mm_cspan[k]);
     }
-    run_stage(c, stage_matmul);
+    run_stage(c, fn);
 }
 
 /* Sets the conversion fields for input rows src (n elements each) to type t. */
@@ -781,6 +865,27 @@ static void note_act(struct model_ctx *c, const float *src, enum ar_type t)
     c->act_type = t;
 }
 
+/* Points mm_x at the c->n_rows input rows in (n_in floats each) as type vt, converting them
+ * into act unless act holds them already. */
+static void mm_input(struct model_ctx *c, const float *in, int64_t n_in, enum ar_type vt)
+{
+    if (vt == AR_TYPE_F32) {
+        c->mm_x = in;
+        c->mm_x_row = (size_t)n_in * sizeof(float);
+        return;
+    }
+    if (c->act_src != in || c->act_type != vt) {
+        set_conv(c, in, n_in, vt);
+        if (c->n_rows <= SMALL_ROWS)
+            convert_rows(c, 0, c->n_rows);
+        else
+            run_stage(c, stage_convert);
+        note_act(c, in, vt);
+    }
+    c->mm_x = c->act;
+    c->mm_x_row = c->act_row; /* converted rows sit act_row bytes apart */
+}
+
 /* out_k = W_k · in for each item, over c->n_rows input rows of n_in floats. Items that
  * consume the same activation type share one conversion and one pool run. */
 static void run_matmuls(struct model_ctx *c, const float *in, const struct mm_item *items,
@@ -789,28 +894,25 @@ static void run_matmuls(struct model_ctx *c, const float *in, const struct mm_it
     int k = 0;
     while (k < n_items) {
         enum ar_type vt = items[k].w->vec_type;
-        int64_t n_in = items[k].w->n_in;
         int e = k + 1;
         while (e < n_items && items[e].w->vec_type == vt)
             e++;
-        if (vt == AR_TYPE_F32) {
-            c->mm_x = in;
-            c->mm_x_row = (size_t)n_in * sizeof(float);
-        } else {
-            if (c->act_src != in || c->act_type != vt) {
-                set_conv(c, in, n_in, vt);
-                if (c->n_rows <= SMALL_ROWS)
-                    convert_rows(c, 0, c->n_rows);
-                else
-                    run_stage(c, stage_convert);
-                note_act(c, in, vt);
-            }
-            c->mm_x = c->act;
-            c->mm_x_row = c->act_row; /* converted rows sit act_row bytes apart */
-        }
-        run_mm_stage(c, items + k, e - k);
+        mm_input(c, in, items[k].w->n_in, vt);
+        run_mm_stage(c, items + k, e - k, stage_matmul);
         k = e;
     }
+}
+
+/* Whether layer L's gate and up products take the fused stage (stage_gu) in this pass: a
+ * dense FFN, a batch large enough for units of MM_MANY_ROWS weight rows, and those units
+ * whole blocks of the down projection's input type. */
+static bool gu_fusable(const struct model_ctx *c, const struct model_layer *L)
+{
+    const struct model_mat *g = &L->wgate, *u = &L->wup;
+    int bs = ar_type_info(L->wdown.vec_type)->block_size;
+    return c->gu_tile && !L->exp_gate && g->data && u->data && g->vec_type == u->vec_type &&
+           g->n_in == u->n_in && g->n_out == u->n_out && g->n_out == L->wdown.n_in &&
+           mm_call_rows(g, c->n_rows, c->nth) == MM_MANY_ROWS && bs > 0 && MM_MANY_ROWS % bs == 0;
 }
 
 /* Sorted pairs [p0, p1): hid = act(gate) * up, converted for the down projection into
@@ -912,7 +1014,7 @@ static void run_moe(struct model_ctx *c, const struct model_layer *L)
         c->moe_items[n_items++] = (struct mm_item){&L->exp_up[e], c->moe_up + p0 * c->ffe_ld,
                                                    (size_t)c->ffe_ld, xu + p0 * ru, ru, cnt};
     }
-    run_mm_stage(c, c->moe_items, n_items);
+    run_mm_stage(c, c->moe_items, n_items, stage_matmul);
 
     /* act(gate) * up, as the down projections' input */
     c->moe_pairs = n_pairs;
@@ -929,7 +1031,7 @@ static void run_moe(struct model_ctx *c, const struct model_layer *L)
             (struct mm_item){&L->exp_down[e], c->moe_down + p0 * c->embd_ld, (size_t)c->embd_ld,
                              c->moe_act + p0 * rd, rd, cnt};
     }
-    run_mm_stage(c, c->moe_items, n_items);
+    run_mm_stage(c, c->moe_items, n_items, stage_matmul);
 
     for (int r = 0; r < n_rows; r++) {
         for (int j = 0; j < k; j++)
@@ -955,7 +1057,6 @@ static void compact_rows(struct model_ctx *c, int n_out)
     c->n_rows = n_out;
 }
 
-
 /* ---- the pass ----------------------------------------------------------------------------
  * One list of phases, run in order by both schedules. A phase is parallel work: matmul units
  * (a run of one matrix's weight rows against every input row) or attention items (row, KV
@@ -974,7 +1075,8 @@ static void compact_rows(struct model_ctx *c, int n_out)
  *   GU       hid = act(gate) * up
  *   DOWN     x += post_ffn(proj); xn = rmsnorm(x) * (next layer's attn_norm, or output_norm)
  * each followed by the conversion of that input into the activation type of the next phase's
- * matrices. */
+ * matrices. In a large batch of a dense FFN, GU's tail happens inside its matmul units instead
+ * (stage_gu): same operations, done while the unit's outputs are still in cache. */
 
 static int ph_out(const struct model_ctx *c)
 {
@@ -1172,7 +1274,21 @@ static void pass_stages(struct model_ctx *c)
             run_stage(c, stage_attn);
         else if (p != ph_out(c) && p % PH_PER_LAYER == PH_GU && L->exp_gate)
             run_moe(c, L);
-        else if ((n_mm = ph_mats(c, p, it)) > 0 && ph_input(c, p, &src, &n, &t))
+        else if (p != ph_out(c) && p % PH_PER_LAYER == PH_GU && gu_fusable(c, L)) {
+            /* the tail's product and conversion happen in the stage: no tail */
+            ph_input(c, p, &src, &n, &t);
+            mm_input(c, src, n, t);
+            ph_mats(c, p, it);
+            run_mm_stage(c, it, 1, stage_gu);
+            c->gu_fused++;
+            continue;
+        } else if (p != ph_out(c) && p % PH_PER_LAYER == PH_DOWN && gu_fusable(c, L) &&
+                   L->wdown.vec_type != AR_TYPE_F32) {
+            c->mm_x = c->act_ff; /* stage_gu converted the input */
+            c->mm_x_row = c->act_row;
+            ph_mats(c, p, it);
+            run_mm_stage(c, it, 1, stage_matmul);
+        } else if ((n_mm = ph_mats(c, p, it)) > 0 && ph_input(c, p, &src, &n, &t))
             run_matmuls(c, src, it, n_mm);
         if (p == ph_out(c) || !run_tail(c, p))
             return;
@@ -1395,6 +1511,7 @@ enum ar_status model_forward(struct model_ctx *c, struct kv_cache *kv, struct kv
     c->n_out = n_out;
     c->logits = logits;
     c->act_src = NULL;
+    c->gu_fused = 0;
     /* a row's K/V can be written by its own attention item when no other row of the batch
      * belongs to the same sequence */
     c->fuse_post = n <= SMALL_ROWS;

@@ -122,4 +122,9 @@ void model_moe_route(const struct kernel_ops *ops, const struct model_hparams *h
 void model_moe_combine(const struct model_hparams *hp, const float *const *outs, const float *w,
                        float *out);
 
+struct model_ctx;
+/* The layers whose gate and up products took the fused stage (forward.c, stage_gu) in the
+ * context's last model_forward: tests use it to know the fused path ran. */
+int model_ctx_gu_fused(const struct model_ctx *c);
+
 #endif

@@ -397,6 +397,82 @@ static void every_model_fast_pass_follows_the_reference(void **state)
     assert_int_equal(archs_seen, 8); /* llama qwen2 chatglm gemma3 glm4 phi3 qwen3 qwen3moe */
 }
 
+/* Logits of every row of one prefill batch of toks on nth threads, with the gate and up
+ * products fused into one stage (stage_gu) or not (AR_FUSE_FFN=0, read when a context is
+ * created); the layers fused in *fused. */
+static void prefill_rows(struct model *m, const int32_t *toks, int n, int nth, bool fuse,
+                         float *out, int *fused)
+{
+    struct ar_pool *pool = NULL;
+    struct model_ctx *ctx;
+    struct kv_params kp;
+    struct kv_cache *kv = NULL;
+    struct kv_seq s, *sp = &s;
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)n), *seq = calloc((size_t)n, sizeof(int32_t));
+    uint8_t *want = malloc((size_t)n);
+    assert_true(pos && seq && want);
+    for (int i = 0; i < n; i++) {
+        pos[i] = i;
+        want[i] = 1;
+    }
+    if (nth > 1)
+        assert_int_equal(ar_pool_create(nth, &pool), AR_OK);
+    if (!fuse)
+        assert_int_equal(setenv("AR_FUSE_FFN", "0", 1), 0);
+    assert_int_equal(model_ctx_create(m, n, pool, &ctx), AR_OK);
+    assert_int_equal(unsetenv("AR_FUSE_FFN"), 0);
+    model_kv_params(m, 16, (n + 15) / 16, AR_TYPE_F16, &kp);
+    assert_int_equal(kv_create(&kp, &kv), AR_OK);
+    kv_seq_init(&s);
+    assert_int_equal(kv_seq_reserve(kv, &s, n), AR_OK);
+    struct model_batch b = {
+        .n_tokens = n, .tokens = toks, .pos = pos, .seq = seq, .logits = want, .n_seqs = 1};
+    assert_int_equal(model_forward(ctx, kv, &sp, &b, out), AR_OK);
+    *fused = model_ctx_gu_fused(ctx);
+    kv_seq_fini(kv, &s);
+    kv_destroy(kv);
+    model_ctx_destroy(ctx);
+    ar_pool_destroy(pool);
+    free(pos);
+    free(seq);
+    free(want);
+}
+
+/* A prefill batch's fused gate/up stage gives the bits of the unfused pass (products to
+ * memory, then the activation and the conversion as a row tail), for every model of every
+ * family, on 1 and 2 threads; every dense layer takes it, no mixture-of-experts layer does. */
+static void fused_ffn_gives_the_unfused_bits(void **state)
+{
+    static struct fx fx[MAX_MODELS];
+    int n_models = list_models(fx, MAX_MODELS);
+    (void)state;
+    assert_true(n_models >= 38);
+    for (int k = 0; k < n_models; k++) {
+        struct model *m = load(&fx[k]);
+        cJSON *j = load_json(&fx[k], "logits");
+        const struct model_hparams *hp = model_hparams(m);
+        int n, f_on, f_off;
+        int32_t *toks = prompt_of(j, 2, &n); /* 64 tokens: units of MM_MANY_ROWS rows */
+        size_t all = (size_t)n * (size_t)hp->n_vocab;
+        float *on = malloc(sizeof(float) * all), *off = malloc(sizeof(float) * all);
+        assert_true(on && off && n > 16);
+        for (int nth = 1; nth <= 2; nth++) {
+            prefill_rows(m, toks, n, nth, true, on, &f_on);
+            prefill_rows(m, toks, n, nth, false, off, &f_off);
+            if (memcmp(on, off, sizeof(float) * all))
+                fail_msg("%s/%s, %d threads: the fused gate/up stage changed the logits",
+                         fx[k].folder, fx[k].name, nth);
+            assert_int_equal(f_on, hp->n_expert > 0 ? 0 : hp->n_layers);
+            assert_int_equal(f_off, 0);
+        }
+        free(on);
+        free(off);
+        free(toks);
+        cJSON_Delete(j);
+        model_destroy(m);
+    }
+}
+
 /* The reference refuses what it cannot run instead of reading out of bounds. */
 static void reference_rejects_bad_arguments(void **state)
 {
@@ -679,6 +755,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(every_model_fast_pass_follows_the_reference),
+        cmocka_unit_test(fused_ffn_gives_the_unfused_bits),
         cmocka_unit_test(reference_rejects_bad_arguments),
         cmocka_unit_test(phi3_switches_to_long_rope_factors_beyond_the_original_context),
         cmocka_unit_test(sliding_layers_release_kv_behind_the_window_without_changing_logits),
