@@ -2284,15 +2284,14 @@ static void q8_0_from_float(const float *x, void *y, int64_t n)
         __m512 m[16];
         float id[16] __attribute__((aligned(64)));
         uint16_t dh[16] __attribute__((aligned(32)));
-        /* blocks past the row's end are read as zeros (masked loads do not fault; whole groups
-         * load unmasked, as masked loads ran slower) */
+        /* blocks past the row's end count as zeros, without a load (masked loads had run
+         * slower, and the fused FFN converts spans of 8 blocks) */
         _Pragma("GCC unroll 16") for (int k = 0; k < 16; k++)
         {
             const float *p = xb + QK8_0 * k;
-            __mmask16 lm = k < nk ? 0xffff : 0;
-            __m512 lo = nk == 16 ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(lm, p);
-            __m512 hi = nk == 16 ? _mm512_loadu_ps(p + 16) : _mm512_maskz_loadu_ps(lm, p + 16);
-            m[k] = _mm512_max_ps(_mm512_andnot_ps(sign, lo), _mm512_andnot_ps(sign, hi));
+            m[k] = k < nk ? _mm512_max_ps(_mm512_andnot_ps(sign, _mm512_loadu_ps(p)),
+                                          _mm512_andnot_ps(sign, _mm512_loadu_ps(p + 16)))
+                          : _mm512_setzero_ps();
         }
         __m512 d = _mm512_div_ps(fold16(true, m), _mm512_set1_ps(127.0f));
         /* id = d != 0 ? 1 / d : 0 */
