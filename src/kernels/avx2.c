@@ -1200,6 +1200,38 @@ static void softmax(int n, float *x)
         x[i] *= inv;
 }
 
+/* ref.c's rope 8 floats at a time (see avx512.c's rope512): the same bits. */
+static void rope(float *x, int n_heads, int head_dim, int rope_dim, bool neox, const float *cs)
+{
+    int half = rope_dim / 2;
+    for (int h = 0; h < n_heads; h++, x += head_dim) {
+        int i = 0;
+        if (neox) {
+            for (; i + 8 <= half; i += 8) {
+                __m256 a = _mm256_loadu_ps(cs + 2 * i), b = _mm256_loadu_ps(cs + 2 * i + 8);
+                /* shuffle_ps takes the pairs per 128-bit lane: 0 2 | 8 10 | 4 6 | 12 14 */
+                __m256 c = _mm256_castpd_ps(
+                    _mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88)), 0xd8));
+                __m256 s = _mm256_castpd_ps(
+                    _mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xdd)), 0xd8));
+                __m256 x0 = _mm256_loadu_ps(x + i), x1 = _mm256_loadu_ps(x + i + half);
+                _mm256_storeu_ps(x + i, _mm256_sub_ps(_mm256_mul_ps(x0, c), _mm256_mul_ps(x1, s)));
+                _mm256_storeu_ps(x + i + half,
+                                 _mm256_add_ps(_mm256_mul_ps(x0, s), _mm256_mul_ps(x1, c)));
+            }
+        } else {
+            for (; i + 4 <= half; i += 4) {
+                __m256 v = _mm256_loadu_ps(x + 2 * i), t = _mm256_loadu_ps(cs + 2 * i);
+                __m256 p = _mm256_mul_ps(v, _mm256_moveldup_ps(t));
+                __m256 q = _mm256_mul_ps(_mm256_permute_ps(v, 0xb1), _mm256_movehdup_ps(t));
+                _mm256_storeu_ps(x + 2 * i,
+                                 _mm256_blend_ps(_mm256_sub_ps(p, q), _mm256_add_ps(p, q), 0xaa));
+            }
+        }
+        kernels_rope_pairs(x, i, rope_dim, neox, cs);
+    }
+}
+
 static void silu_mul(int n, float *out, const float *gate, const float *up)
 {
     const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
@@ -1326,6 +1358,7 @@ void kernels_fill_avx2(struct kernel_ops *ops)
     ops->softmax = softmax;
     ops->silu_mul = silu_mul;
     ops->gelu_mul = gelu_mul;
+    ops->rope = rope;
     ops->attn_scores = attn_scores;
     ops->attn_values = attn_values;
 }

@@ -2412,6 +2412,42 @@ static void softmax512(int n, float *x)
 }
 
 /* out = silu(gate) * up = gate / (1 + e^-gate) * up */
+/* ref.c's rope 16 floats at a time: NEOX takes 16 pairs (both halves, the (cos, sin) pairs
+ * split into two vectors), adjacent pairs 8 (cos and sin duplicated across each pair, the pair
+ * swapped for the cross products). Multiplies and one add or subtract per output, as the
+ * reference: the same bits. */
+static void rope512(float *x, int n_heads, int head_dim, int rope_dim, bool neox, const float *cs)
+{
+    const __m512i even =
+        _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i odd =
+        _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    int half = rope_dim / 2;
+    for (int h = 0; h < n_heads; h++, x += head_dim) {
+        int i = 0;
+        if (neox) {
+            for (; i + 16 <= half; i += 16) {
+                __m512 a = _mm512_loadu_ps(cs + 2 * i), b = _mm512_loadu_ps(cs + 2 * i + 16);
+                __m512 c = _mm512_permutex2var_ps(a, even, b),
+                       s = _mm512_permutex2var_ps(a, odd, b);
+                __m512 x0 = _mm512_loadu_ps(x + i), x1 = _mm512_loadu_ps(x + i + half);
+                _mm512_storeu_ps(x + i, _mm512_sub_ps(_mm512_mul_ps(x0, c), _mm512_mul_ps(x1, s)));
+                _mm512_storeu_ps(x + i + half,
+                                 _mm512_add_ps(_mm512_mul_ps(x0, s), _mm512_mul_ps(x1, c)));
+            }
+        } else {
+            for (; i + 8 <= half; i += 8) {
+                __m512 v = _mm512_loadu_ps(x + 2 * i), t = _mm512_loadu_ps(cs + 2 * i);
+                /* even lanes x0 c - x1 s; odd lanes x1 c + x0 s (an add is commutative) */
+                __m512 p = _mm512_mul_ps(v, _mm512_moveldup_ps(t));
+                __m512 q = _mm512_mul_ps(_mm512_permute_ps(v, 0xb1), _mm512_movehdup_ps(t));
+                _mm512_storeu_ps(x + 2 * i, _mm512_mask_add_ps(_mm512_sub_ps(p, q), 0xaaaa, p, q));
+            }
+        }
+        kernels_rope_pairs(x, i, rope_dim, neox, cs);
+    }
+}
+
 static void silu_mul512(int n, float *out, const float *gate, const float *up)
 {
     const __m512 one = _mm512_set1_ps(1.0f), sign = _mm512_set1_ps(-0.0f);
@@ -2539,4 +2575,5 @@ void kernels_fill_avx512(struct kernel_ops *ops)
     ops->from_float[AR_TYPE_Q8_K] = q8_K_from_float;
     ops->softmax = softmax512;
     ops->silu_mul = silu_mul512;
+    ops->rope = rope512;
 }

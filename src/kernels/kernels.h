@@ -60,6 +60,11 @@ struct kernel_ops {
      * u = sqrt(2/pi) (g + 0.044715 g^3), computed as g * sigmoid(2u) (the same function;
      * no cancellation where tanh(u) is near -1) */
     void (*gelu_mul)(int n, float *out, const float *gate, const float *up);
+    /* Rotates the first rope_dim dims of each of n_heads heads of x (head_dim floats apart) by
+     * cs, rope_dim / 2 (cos, sin) pairs: NEOX pairs (i, i + rope_dim / 2), else (2i, 2i + 1);
+     * a pair (x0, x1) becomes (x0 cos - x1 sin, x0 sin + x1 cos), each product rounded on its
+     * own (no fused multiply-add), so every variant gives the reference's bits. */
+    void (*rope)(float *x, int n_heads, int head_dim, int rope_dim, bool neox, const float *cs);
 
     /* Attention of nq query heads (q: nq rows of hd floats, one after another) that share
      * one KV head, over nt key/value rows of hd elements of type kt (F32 or F16), rows

@@ -49,6 +49,20 @@ extern int kernels_kq_prefetch_env;
 #define KERNELS_GELU_K 0.7978845608028654f
 #define KERNELS_GELU_A 0.044715f
 
+/* rope (kernels.h) on pairs [i0, rope_dim / 2) of one head: the reference, and the vector
+ * variants' tails. Products and sums rounded one by one (ISO C: no contraction). */
+static inline void kernels_rope_pairs(float *x, int i0, int rope_dim, bool neox, const float *cs)
+{
+    int half = rope_dim / 2;
+    for (int i = i0; i < half; i++) {
+        float cos_t = cs[2 * i], sin_t = cs[2 * i + 1];
+        int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+        float x0 = x[a], x1 = x[b];
+        x[a] = x0 * cos_t - x1 * sin_t;
+        x[b] = x0 * sin_t + x1 * cos_t;
+    }
+}
+
 /* The attention loops of variants without a fused kernel: per (query head, key row) the
  * variant's own dot and axpy, rows in order. Inline, so each ISA file compiles them with its
  * own flags around its own vector ops. */

@@ -566,6 +566,12 @@ static void silu_mul(int n, float *out, const float *gate, const float *up)
         out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
 }
 
+static void rope(float *x, int n_heads, int head_dim, int rope_dim, bool neox, const float *cs)
+{
+    for (int h = 0; h < n_heads; h++, x += head_dim)
+        kernels_rope_pairs(x, 0, rope_dim, neox, cs);
+}
+
 static void gelu_mul(int n, float *out, const float *gate, const float *up)
 {
     for (int i = 0; i < n; i++) {
@@ -667,6 +673,7 @@ void kernels_fill_ref(struct kernel_ops *ops)
     ops->softmax = softmax;
     ops->silu_mul = silu_mul;
     ops->gelu_mul = gelu_mul;
+    ops->rope = rope;
     ops->attn_scores = attn_scores;
     ops->attn_values = attn_values;
 }

@@ -161,6 +161,7 @@ static void build_tables(void)
         FALL_BACK(softmax)
         FALL_BACK(silu_mul)
         FALL_BACK(gelu_mul)
+        FALL_BACK(rope)
         FALL_BACK(attn_scores)
         FALL_BACK(attn_values)
 #undef FALL_BACK

@@ -73,21 +73,6 @@ void model_rope_table(const struct model *m, const struct model_rope *r, int32_t
     }
 }
 
-void model_rope_rotate(float *x, int n_heads, int head_dim, int rope_dim, bool neox,
-                       const float *cs)
-{
-    int half = rope_dim / 2;
-    for (int h = 0; h < n_heads; h++, x += head_dim) {
-        for (int i = 0; i < half; i++) {
-            float cos_t = cs[2 * i], sin_t = cs[2 * i + 1];
-            int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
-            float x0 = x[a], x1 = x[b];
-            x[a] = x0 * cos_t - x1 * sin_t;
-            x[b] = x0 * sin_t + x1 * cos_t;
-        }
-    }
-}
-
 void model_moe_route(const struct kernel_ops *ops, const struct model_hparams *hp, float *logits,
                      int32_t *sel, float *w)
 {

@@ -506,8 +506,8 @@ static void qkv_post_row(struct model_ctx *c, int64_t r, int g0, int g1)
     if (L->k_norm)
         for (int h = k0; h < k1; h += hd)
             c->ops->rmsnorm(hd, k + h, k + h, L->k_norm, hp->rms_eps);
-    model_rope_rotate(q + q0, (g1 - g0) * group, hd, hp->rope_dim, hp->rope_neox, csp);
-    model_rope_rotate(k + k0, g1 - g0, hd, hp->rope_dim, hp->rope_neox, csp);
+    c->ops->rope(q + q0, (g1 - g0) * group, hd, hp->rope_dim, hp->rope_neox, csp);
+    c->ops->rope(k + k0, g1 - g0, hd, hp->rope_dim, hp->rope_neox, csp);
     if (c->kv_elem == 4) {
         memcpy(kd + (size_t)k0 * 4, k + k0, (size_t)(k1 - k0) * 4);
         memcpy(vd + (size_t)k0 * 4, v + k0, (size_t)(k1 - k0) * 4);

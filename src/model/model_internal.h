@@ -109,10 +109,7 @@ const struct model_rope *model_rope_for(const struct model *m, int k, int64_t n_
 /* The (cos, sin) pairs of rope r at position pos into cs (rope_dim floats): angle
  * pos * inv_freq[i] in double, both multiplied by the rope's mscale. */
 void model_rope_table(const struct model *m, const struct model_rope *r, int32_t pos, float *cs);
-/* Rotates the first rope_dim dims of n_heads heads of x (head_dim apart) by cs: NEOX pairs
- * (i, i + rope_dim/2), else adjacent pairs; the other dims stay. */
-void model_rope_rotate(float *x, int n_heads, int head_dim, int rope_dim, bool neox,
-                       const float *cs);
+/* (The rotation itself is the kernels' rope, kernels.h.) */
 /* A mixture-of-experts router: logits (n_expert, overwritten by their softmax) -> the
  * n_expert_used most probable experts, best first (lowest index on ties), in sel and their
  * probabilities renormalized to sum 1 in w. */

@@ -137,8 +137,8 @@ static void layer(struct ref *r, int l, int p, float *x)
         r->ops->rmsnorm(D, k + (size_t)i * D, k + (size_t)i * D, L->k_norm, hp->rms_eps);
     /* rotate the first rope_dim dims of each head (this pass's context is its n tokens) */
     model_rope_table(m, model_rope_for(m, L->rope, (int64_t)r->n), p, r->cs);
-    model_rope_rotate(r->q, hp->n_heads, D, hp->rope_dim, hp->rope_neox, r->cs);
-    model_rope_rotate(k, hp->n_kv_heads, D, hp->rope_dim, hp->rope_neox, r->cs);
+    r->ops->rope(r->q, hp->n_heads, D, hp->rope_dim, hp->rope_neox, r->cs);
+    r->ops->rope(k, hp->n_kv_heads, D, hp->rope_dim, hp->rope_neox, r->cs);
     attention(r, L, kc, vc, p);          /* att (H*D) */
     matvec(r, &L->wo, r->att, r->o);     /* o (E) = Wo att */
     add_output(r, x, r->o, L->post_attn_norm);

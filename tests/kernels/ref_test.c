@@ -768,6 +768,7 @@ static void check_table_complete(const struct kernel_ops *ops)
     assert_non_null(ops->softmax);
     assert_non_null(ops->silu_mul);
     assert_non_null(ops->gelu_mul);
+    assert_non_null(ops->rope);
 }
 
 static void every_table_is_complete_and_ref_comes_last(void **state)

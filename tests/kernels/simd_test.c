@@ -867,6 +867,62 @@ static void attention_ops_match_plain_loops(void **state)
     done(state, "attention cases", checked);
 }
 
+/* rope over whole and partial rotations (rope_dim < head_dim), both pair layouts, rotated
+ * halves of 1 to 64 pairs (vector bodies and scalar tails): a variant gives the reference's
+ * bits, dims past rope_dim untouched; the reference is within a few roundings of the rotation
+ * computed in double. */
+static void rope_matches_reference_bits(void **state)
+{
+    static const int shapes[][3] = {/* head_dim, rope_dim, heads */
+                                    {64, 64, 3}, {128, 128, 2}, {128, 64, 2}, {96, 96, 1},
+                                    {80, 40, 2}, {256, 256, 1}, {8, 8, 2},    {2, 2, 3}};
+    const struct kernel_ops *vs[MAX_VARIANTS + 1];
+    const struct kernel_ops *ref = kernels_ref();
+    int nv = simd_variants(state, vs), checked = 0;
+    for (int v = 0; v < nv; v++) {
+        for (int si = 0; si < COUNT(shapes); si++) {
+            for (int neox = 0; neox < 2; neox++) {
+                int hd = shapes[si][0], rd = shapes[si][1], nh = shapes[si][2], n = hd * nh;
+                struct th_rng r = {0x20be + (uint64_t)(si * 2 + neox)};
+                float x[768], a[768], b[768], cs[256];
+                for (int i = 0; i < n; i++)
+                    x[i] = th_rng_f32(&r) * 8.0f;
+                for (int i = 0; i < rd; i++)
+                    cs[i] = th_rng_f32(&r);
+                memcpy(a, x, sizeof(float) * (size_t)n);
+                memcpy(b, x, sizeof(float) * (size_t)n);
+                ref->rope(a, nh, hd, rd, neox, cs);
+                if (vs[v] == ref) {
+                    /* the reference against the rotation in double */
+                    for (int h = 0; h < nh; h++)
+                        for (int i = 0; i < rd / 2; i++) {
+                            int p = h * hd + (neox ? i : 2 * i);
+                            int q = h * hd + (neox ? i + rd / 2 : 2 * i + 1);
+                            double c = cs[2 * i], s = cs[2 * i + 1], x0 = x[p], x1 = x[q];
+                            double mag = fabs(x0 * c) + fabs(x1 * s) + fabs(x0 * s) + fabs(x1 * c);
+                            close_or_fail(a[p], (float)(x0 * c - x1 * s), 1e-6 * mag, "ref", "rope",
+                                          hd, p);
+                            close_or_fail(a[q], (float)(x0 * s + x1 * c), 1e-6 * mag, "ref", "rope",
+                                          hd, q);
+                        }
+                } else {
+                    vs[v]->rope(b, nh, hd, rd, neox, cs);
+                    if (memcmp(a, b, sizeof(float) * (size_t)n))
+                        fail_msg("%s rope head_dim %d rope_dim %d heads %d neox %d: not the "
+                                 "reference's bits",
+                                 vs[v]->name, hd, rd, nh, neox);
+                }
+                for (int h = 0; h < nh; h++)
+                    for (int i = rd; i < hd; i++)
+                        if (memcmp(&a[h * hd + i], &x[h * hd + i], sizeof(float)))
+                            fail_msg("rope wrote past rope_dim (head %d dim %d)", h, i);
+                checked++;
+            }
+        }
+    }
+    done(state, "rope shapes", vs[0] == ref || vs[0]->rope != ref->rope ? checked : 0);
+}
+
 static void variants_are_listed_best_first_and_reported(void **state)
 {
     const struct kernel_ops *all[MAX_VARIANTS];
@@ -958,6 +1014,7 @@ static const struct per_variant per_variant[] = {
     PV(activation_quantizers_round_exact_halves_like_reference, false),
     PV(q8_K_first_largest_magnitude_sets_the_sign, false),
     PV(f32_ops_match_reference, false),
+    PV(rope_matches_reference_bits, true),
 };
 
 int main(void)
