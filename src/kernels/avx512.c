@@ -2411,7 +2411,6 @@ static void softmax512(int n, float *x)
     _mm512_mask_storeu_ps(x + n16, lm, _mm512_mul_ps(_mm512_maskz_loadu_ps(lm, x + n16), iv));
 }
 
-/* out = silu(gate) * up = gate / (1 + e^-gate) * up */
 /* ref.c's rope 16 floats at a time: NEOX takes 16 pairs (both halves, the (cos, sin) pairs
  * split into two vectors), adjacent pairs 8 (cos and sin duplicated across each pair, the pair
  * swapped for the cross products). Multiplies and one add or subtract per output, as the
@@ -2448,6 +2447,7 @@ static void rope512(float *x, int n_heads, int head_dim, int rope_dim, bool neox
     }
 }
 
+/* out = silu(gate) * up = gate / (1 + e^-gate) * up */
 static void silu_mul512(int n, float *out, const float *gate, const float *up)
 {
     const __m512 one = _mm512_set1_ps(1.0f), sign = _mm512_set1_ps(-0.0f);

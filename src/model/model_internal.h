@@ -107,9 +107,9 @@ void model_act_mul(const struct kernel_ops *ops, enum model_act act, int n, floa
  * context size. */
 const struct model_rope *model_rope_for(const struct model *m, int k, int64_t n_ctx);
 /* The (cos, sin) pairs of rope r at position pos into cs (rope_dim floats): angle
- * pos * inv_freq[i] in double, both multiplied by the rope's mscale. */
+ * pos * inv_freq[i] in double, both multiplied by the rope's mscale. The kernels' rope
+ * (kernels.h) rotates by them. */
 void model_rope_table(const struct model *m, const struct model_rope *r, int32_t pos, float *cs);
-/* (The rotation itself is the kernels' rope, kernels.h.) */
 /* A mixture-of-experts router: logits (n_expert, overwritten by their softmax) -> the
  * n_expert_used most probable experts, best first (lowest index on ties), in sel and their
  * probabilities renormalized to sum 1 in w. */
