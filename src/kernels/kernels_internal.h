@@ -50,7 +50,9 @@ extern int kernels_kq_prefetch_env;
 #define KERNELS_GELU_A 0.044715f
 
 /* rope (kernels.h) on pairs [i0, rope_dim / 2) of one head: the reference, and the vector
- * variants' tails. Products and sums rounded one by one (ISO C: no contraction). */
+ * variants' tails (built with FMA available). Each product is its own statement, so no
+ * compiler contracts it with the sum: GCC under -std=c11 contracts nothing, clang contracts
+ * within one expression only. */
 static inline void kernels_rope_pairs(float *x, int i0, int rope_dim, bool neox, const float *cs)
 {
     int half = rope_dim / 2;
@@ -58,8 +60,9 @@ static inline void kernels_rope_pairs(float *x, int i0, int rope_dim, bool neox,
         float cos_t = cs[2 * i], sin_t = cs[2 * i + 1];
         int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
         float x0 = x[a], x1 = x[b];
-        x[a] = x0 * cos_t - x1 * sin_t;
-        x[b] = x0 * sin_t + x1 * cos_t;
+        float x0c = x0 * cos_t, x1s = x1 * sin_t, x0s = x0 * sin_t, x1c = x1 * cos_t;
+        x[a] = x0c - x1s;
+        x[b] = x0s + x1c;
     }
 }
 
