@@ -76,22 +76,28 @@ void model_rope_table(const struct model *m, const struct model_rope *r, int32_t
 void model_moe_route(const struct kernel_ops *ops, const struct model_hparams *hp, float *logits,
                      int32_t *sel, float *w)
 {
-    int k = hp->n_expert_used;
+    int k = hp->n_expert_used, n = 0;
     float sum = 0.0f;
     ops->softmax(hp->n_expert, logits); /* now probabilities */
-    for (int j = 0; j < k; j++) {
-        int best = -1;
-        for (int e = 0; e < hp->n_expert; e++) {
-            bool taken = false;
-            for (int i = 0; i < j; i++)
-                taken |= sel[i] == e;
-            if (!taken && (best < 0 || logits[e] > logits[best]))
-                best = e; /* strictly greater: the lowest index wins a tie */
+    /* the k best, best first, in one pass: each expert goes in before the first chosen one
+     * it is strictly greater than, so of equal ones the lowest index comes first (and where
+     * softmax gave NaNs, the first k are chosen); the list keeps its k best */
+    for (int e = 0; e < hp->n_expert; e++) {
+        int i = n;
+        while (i > 0 && logits[e] > w[i - 1])
+            i--;
+        if (i == k)
+            continue;
+        for (int t = AR_MIN(n, k - 1); t > i; t--) {
+            sel[t] = sel[t - 1];
+            w[t] = w[t - 1];
         }
-        sel[j] = best;
-        w[j] = logits[best];
-        sum += w[j];
+        sel[i] = e;
+        w[i] = logits[e];
+        n = AR_MIN(n + 1, k);
     }
+    for (int j = 0; j < k; j++)
+        sum += w[j];
     /* renormalized over the chosen ones; the sum is clamped as llama.cpp clamps it */
     sum = AR_MAX(sum, 6.103515625e-5f);
     for (int j = 0; j < k; j++)
@@ -101,9 +107,19 @@ void model_moe_route(const struct kernel_ops *ops, const struct model_hparams *h
 void model_moe_combine(const struct model_hparams *hp, const float *const *outs, const float *w,
                        float *out)
 {
-    for (int i = 0; i < hp->n_embd; i++) {
+    int n = hp->n_embd, k = hp->n_expert_used, i = 0;
+    /* 16 elements at a time, each summed in the same order as alone (so the compiler's
+     * vectors give the scalar loop's bits) */
+    for (; i + 16 <= n; i += 16) {
+        float acc[16] = {0};
+        for (int j = 0; j < k; j++)
+            for (int t = 0; t < 16; t++)
+                acc[t] += w[j] * outs[j][i + t];
+        memcpy(out + i, acc, sizeof(acc));
+    }
+    for (; i < n; i++) {
         float acc = 0.0f;
-        for (int j = 0; j < hp->n_expert_used; j++)
+        for (int j = 0; j < k; j++)
             acc += w[j] * outs[j][i];
         out[i] = acc;
     }

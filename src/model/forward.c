@@ -104,6 +104,8 @@ struct model_ctx {
     float *moe_up;       /* owned, (P, ffe_ld) */
     float *moe_down;     /* owned, (P, embd_ld): each pair's expert output */
     int moe_pairs;       /* pairs of the running step */
+    uint8_t *moe_dst;    /* stage_moe_gather's destination (moe_act or moe_act_up) */
+    enum ar_type moe_vt; /* and the type of its rows */
 
     /* What act holds now: rows of `act_src` converted to act_type (NULL: nothing). */
     const float *act_src;
@@ -937,15 +939,68 @@ static void stage_moe_act(void *arg, int ith, int nth)
     }
 }
 
-/* Copies row r of xn, as type vt (from act when converted), to sorted position p of dst. */
-static void moe_gather(struct model_ctx *c, uint8_t *dst, enum ar_type vt, int r, int p)
+/* Rows' routing: each row's chosen experts and their weights from its router logits. */
+static void stage_moe_route(void *arg, int ith, int nth)
 {
-    int64_t n = c->m->hp.n_embd;
-    if (vt == AR_TYPE_F32)
-        memcpy(dst + (size_t)p * (size_t)n * sizeof(float), c->xn + r * n,
-               (size_t)n * sizeof(float));
-    else
-        memcpy(dst + (size_t)p * c->act_row, c->act + (size_t)r * c->act_row, c->act_row);
+    struct model_ctx *c = arg;
+    const struct model_hparams *hp = &c->m->hp;
+    int64_t ne = hp->n_expert, k = hp->n_expert_used, r0, r1;
+    (void)ith, (void)nth;
+    while (claim(c, c->n_rows, row_chunk(c), &r0, &r1))
+        for (int64_t r = r0; r < r1; r++)
+            model_moe_route(c->ops, hp, c->moe_logits + r * ne, c->moe_sel + r * k,
+                            c->moe_w + r * k);
+}
+
+/* Sorted pairs' inputs: the row of xn of each (as moe_vt, from act when converted) copied to
+ * its sorted position in moe_dst. */
+static void stage_moe_gather(void *arg, int ith, int nth)
+{
+    struct model_ctx *c = arg;
+    int64_t n = c->m->hp.n_embd, k = c->m->hp.n_expert_used, p0, p1;
+    bool f32 = c->moe_vt == AR_TYPE_F32;
+    size_t row = f32 ? (size_t)n * sizeof(float) : c->act_row;
+    const uint8_t *src = f32 ? (const uint8_t *)c->xn : c->act;
+    (void)ith, (void)nth;
+    while (claim(c, c->moe_pairs, AR_MAX(1, c->moe_pairs / (4 * c->nth)), &p0, &p1))
+        for (int64_t p = p0; p < p1; p++)
+            memcpy(c->moe_dst + (size_t)p * row, src + (size_t)(c->moe_order[p] / k) * row, row);
+}
+
+/* Rows' outputs: the weighted sum of their experts' outputs (model_moe_combine). */
+static void stage_moe_combine(void *arg, int ith, int nth)
+{
+    struct model_ctx *c = arg;
+    const struct model_hparams *hp = &c->m->hp;
+    int64_t k = hp->n_expert_used, r0, r1;
+    const float *outs[MODEL_MAX_EXPERTS_USED];
+    (void)ith, (void)nth;
+    while (claim(c, c->n_rows, row_chunk(c), &r0, &r1))
+        for (int64_t r = r0; r < r1; r++) {
+            for (int64_t j = 0; j < k; j++)
+                outs[j] = c->moe_down + (size_t)c->moe_pos[r * k + j] * (size_t)c->embd_ld;
+            model_moe_combine(hp, outs, c->moe_w + r * k, c->proj + r * c->embd_ld);
+        }
+}
+
+/* Runs a row or pair stage: on the pool for a batch, on this thread for a few rows (decode),
+ * where a pool rendezvous costs more than the work. */
+static void run_small_stage(struct model_ctx *c, ar_pool_fn fn)
+{
+    if (c->n_rows <= SMALL_ROWS) {
+        atomic_store_explicit(&c->next, 0, memory_order_relaxed);
+        fn(c, 0, 1);
+    } else {
+        run_stage(c, fn);
+    }
+}
+
+/* Gathers every sorted pair's input row, as type vt, into dst (stage_moe_gather). */
+static void moe_gather(struct model_ctx *c, uint8_t *dst, enum ar_type vt)
+{
+    c->moe_dst = dst;
+    c->moe_vt = vt;
+    run_small_stage(c, stage_moe_gather);
 }
 
 /* proj[r] = sum over row r's chosen experts j (best first) of w[r, j] * down_j(act(gate_j
@@ -962,12 +1017,9 @@ static void run_moe(struct model_ctx *c, const struct model_layer *L)
     enum ar_type vt_g = L->exp_gate[0].vec_type, vt_u = L->exp_up[0].vec_type;
     enum ar_type vt_d = L->exp_down[0].vec_type;
     struct mm_item route = {.w = &L->router, .out = c->moe_logits, .ldy = (size_t)ne};
-    const float *outs[MODEL_MAX_EXPERTS_USED];
 
     run_matmuls(c, c->xn, &route, 1);
-    for (int r = 0; r < n_rows; r++)
-        model_moe_route(c->ops, hp, c->moe_logits + (size_t)r * ne, c->moe_sel + (size_t)r * k,
-                        c->moe_w + (size_t)r * k);
+    run_small_stage(c, stage_moe_route);
     /* counting sort of the pairs by expert (stable: within an expert, by row) */
     memset(c->moe_start, 0, (size_t)(ne + 1) * sizeof(*c->moe_start));
     for (int i = 0; i < n_pairs; i++)
@@ -987,19 +1039,18 @@ static void run_moe(struct model_ctx *c, const struct model_layer *L)
     if (vt_g != AR_TYPE_F32 || vt_u != AR_TYPE_F32) {
         enum ar_type vt = vt_g != AR_TYPE_F32 ? vt_g : vt_u;
         set_conv(c, c->xn, n_embd, vt);
-        run_stage(c, stage_convert);
+        run_small_stage(c, stage_convert);
         note_act(c, c->xn, vt);
     }
-    for (int p = 0; p < n_pairs; p++)
-        moe_gather(c, c->moe_act, vt_g, c->moe_order[p] / k, p);
+    c->moe_pairs = n_pairs;
+    moe_gather(c, c->moe_act, vt_g);
     if (vt_u != vt_g) {
         if (vt_g != AR_TYPE_F32 && vt_u != AR_TYPE_F32) {
             set_conv(c, c->xn, n_embd, vt_u);
-            run_stage(c, stage_convert);
+            run_small_stage(c, stage_convert);
             note_act(c, c->xn, vt_u);
         }
-        for (int p = 0; p < n_pairs; p++)
-            moe_gather(c, c->moe_act_up, vt_u, c->moe_order[p] / k, p);
+        moe_gather(c, c->moe_act_up, vt_u);
     }
     for (int e = 0; e < ne; e++) {
         int p0 = c->moe_start[e], cnt = c->moe_start[e + 1] - p0;
@@ -1017,9 +1068,8 @@ static void run_moe(struct model_ctx *c, const struct model_layer *L)
     run_mm_stage(c, c->moe_items, n_items, stage_matmul);
 
     /* act(gate) * up, as the down projections' input */
-    c->moe_pairs = n_pairs;
     set_conv(c, NULL, n_ff, vt_d);
-    run_stage(c, stage_moe_act);
+    run_small_stage(c, stage_moe_act);
     c->act_src = NULL;
     n_items = 0;
     for (int e = 0; e < ne; e++) {
@@ -1032,12 +1082,7 @@ static void run_moe(struct model_ctx *c, const struct model_layer *L)
                              c->moe_act + p0 * rd, rd, cnt};
     }
     run_mm_stage(c, c->moe_items, n_items, stage_matmul);
-
-    for (int r = 0; r < n_rows; r++) {
-        for (int j = 0; j < k; j++)
-            outs[j] = c->moe_down + (size_t)c->moe_pos[r * k + j] * (size_t)c->embd_ld;
-        model_moe_combine(hp, outs, c->moe_w + (size_t)r * k, c->proj + r * c->embd_ld);
-    }
+    run_small_stage(c, stage_moe_combine);
 }
 
 /* Moves the residual and attention rows listed in out_rows (ascending) to the front and

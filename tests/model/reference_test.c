@@ -13,7 +13,8 @@
 #include "base/pool.h"
 #include "kv/kv.h"
 #include "model/model.h"
-#include "model/model_internal.h" /* model_rope_for, model_rope_table */
+#include "kernels/kernels.h"
+#include "model/model_internal.h" /* model_rope_for, model_rope_table, model_moe_route */
 
 #define PATH_LEN 512
 #define MAX_MODELS 64
@@ -473,6 +474,55 @@ static void fused_ffn_gives_the_unfused_bits(void **state)
     }
 }
 
+/* The router's choice (model_moe_route) against a plain selection sort over its softmax:
+ * the k most probable experts, best first, the lowest index first among equal ones, and
+ * their weights renormalized over the chosen. Logits from a few values, so ties are common;
+ * k from 1 to every expert. */
+static void moe_routing_picks_the_k_most_probable_lowest_index_first(void **state)
+{
+    const struct kernel_ops *ops = kernels_get();
+    uint64_t seed = 0x5eed;
+    int rounds = 0;
+    (void)state;
+    for (int ne = 1; ne <= 160; ne += ne < 8 ? 1 : 19) {
+        for (int k = 1; k <= ne && k <= MODEL_MAX_EXPERTS_USED; k += k < 4 ? 1 : 3) {
+            for (int rep = 0; rep < 20; rep++, rounds++) {
+                struct model_hparams hp = {.n_expert = ne, .n_expert_used = k};
+                float logits[160], probs[160], w[MODEL_MAX_EXPERTS_USED];
+                float want_w[MODEL_MAX_EXPERTS_USED], sum = 0.0f;
+                int32_t sel[MODEL_MAX_EXPERTS_USED], want[MODEL_MAX_EXPERTS_USED];
+                bool taken[160] = {false};
+                int levels = rep % 2 ? 4 : 1000;
+                for (int e = 0; e < ne; e++) {
+                    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+                    logits[e] = (float)((seed >> 33) % (uint64_t)levels) * 0.25f - 3.0f;
+                }
+                memcpy(probs, logits, sizeof(float) * (size_t)ne);
+                ops->softmax(ne, probs);
+                for (int j = 0; j < k; j++) {
+                    int best = -1;
+                    for (int e = 0; e < ne; e++)
+                        if (!taken[e] && (best < 0 || probs[e] > probs[best]))
+                            best = e;
+                    taken[best] = true;
+                    want[j] = best;
+                    want_w[j] = probs[best];
+                    sum += probs[best];
+                }
+                sum = AR_MAX(sum, 6.103515625e-5f);
+                model_moe_route(ops, &hp, logits, sel, w);
+                for (int j = 0; j < k; j++) {
+                    if (sel[j] != want[j] || w[j] != want_w[j] / sum)
+                        fail_msg("%d of %d experts, slot %d: expert %d weight %.9g, want %d %.9g",
+                                 k, ne, j, sel[j], (double)w[j], want[j],
+                                 (double)(want_w[j] / sum));
+                }
+            }
+        }
+    }
+    assert_true(rounds > 500);
+}
+
 /* The reference refuses what it cannot run instead of reading out of bounds. */
 static void reference_rejects_bad_arguments(void **state)
 {
@@ -756,6 +806,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(every_model_fast_pass_follows_the_reference),
         cmocka_unit_test(fused_ffn_gives_the_unfused_bits),
+        cmocka_unit_test(moe_routing_picks_the_k_most_probable_lowest_index_first),
         cmocka_unit_test(reference_rejects_bad_arguments),
         cmocka_unit_test(phi3_switches_to_long_rope_factors_beyond_the_original_context),
         cmocka_unit_test(sliding_layers_release_kv_behind_the_window_without_changing_logits),
