@@ -624,13 +624,13 @@ AR_INLINE void ln_group(const int kind, int nr, int i0, int b0, int kb, int jn, 
  * stays in L1 while the weight rows pass. Either order does the same operations per output. */
 #define LN_FEW 16
 #define LN_FEW_NB 512
-/* Up to LN_MID activation rows (and LN_FEW * LN_FEW_NB of their blocks) take the few-rows
- * order too. A mixture of experts' prefill gives each expert about 32 rows (512 x 8 of 128),
- * one call per unit, so its weights come from memory once per call: in address order the
- * stream is one the hardware prefetchers follow, where chunk by chunk over the groups it is
- * 16 interleaved ones. On Zen 5 (2026-12-06, one thread, cold 2048 x 768 and 768 x 2048 Q8_0
- * experts) 24-48 rows gained 5-10 % (32 rows, the down projection: 433-437 -> 487-522 GOPS);
- * 64 rows nothing, and a dense tile of 64 rows (its weights in L2 from the unit's previous
+/* In the packed gemm (pk_gemm), up to LN_MID activation rows (and LN_FEW * LN_FEW_NB of their
+ * blocks) take the few-rows order too. A mixture of experts' prefill gives each expert about 32
+ * rows (512 x 8 of 128), one call per unit, so its weights come from memory once per call: in
+ * address order the stream is one the hardware prefetchers follow, where chunk by chunk over the
+ * groups it is 16 interleaved ones. On Zen 5 (2026-12-06, one thread, cold 2048 x 768 and 768 x
+ * 2048 Q8_0 experts) 24-48 rows gained 5-10 % (32 rows, the down projection: 433-437 -> 487-522
+ * GOPS); 64 rows nothing, and a dense tile of 64 rows (its weights in L2 from the unit's previous
  * tile) was slower that way (4864 x 896: 550-569 -> 514-521). */
 #define LN_MID 48
 #ifndef LN_FEW_HINT
@@ -714,7 +714,7 @@ AR_INLINE void ln_gemm(const int kind, int nb, int nr, int nc, const uint8_t *w,
         ln_gemv(kind, nb, nr, w, w_row, x, y);
         return;
     }
-    if ((nc <= LN_FEW && nb <= LN_FEW_NB) || (nc <= LN_MID && nc * nb <= LN_FEW * LN_FEW_NB)) {
+    if (nc <= LN_FEW && nb <= LN_FEW_NB) {
         static _Thread_local float fxd[LN_FEW * LN_FEW_NB];
         static _Thread_local int32_t fxc[LN_FEW * LN_FEW_NB];
         ln_x_prep(nc, nb, x, x_row, off, fxd, fxc, nb);
