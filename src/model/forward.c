@@ -430,6 +430,18 @@ static void run_stage(struct model_ctx *c, ar_pool_fn fn)
     ar_pool_run_shared(c->pool, fn, c);
 }
 
+/* Runs a row or pair stage: on the pool for a batch, on this thread for a few rows (decode),
+ * where a pool rendezvous costs more than the work. */
+static void run_small_stage(struct model_ctx *c, ar_pool_fn fn)
+{
+    if (c->n_rows <= SMALL_ROWS) {
+        atomic_store_explicit(&c->next, 0, memory_order_relaxed);
+        fn(c, 0, 1);
+    } else {
+        run_stage(c, fn);
+    }
+}
+
 /* Converts rows [r0, r1) of conv_src into act (the caller checks conv_type != F32). */
 static void convert_rows(struct model_ctx *c, int64_t r0, int64_t r1)
 {
@@ -878,10 +890,7 @@ static void mm_input(struct model_ctx *c, const float *in, int64_t n_in, enum ar
     }
     if (c->act_src != in || c->act_type != vt) {
         set_conv(c, in, n_in, vt);
-        if (c->n_rows <= SMALL_ROWS)
-            convert_rows(c, 0, c->n_rows);
-        else
-            run_stage(c, stage_convert);
+        run_small_stage(c, stage_convert);
         note_act(c, in, vt);
     }
     c->mm_x = c->act;
@@ -981,18 +990,6 @@ static void stage_moe_combine(void *arg, int ith, int nth)
                 outs[j] = c->moe_down + (size_t)c->moe_pos[r * k + j] * (size_t)c->embd_ld;
             model_moe_combine(hp, outs, c->moe_w + r * k, c->proj + r * c->embd_ld);
         }
-}
-
-/* Runs a row or pair stage: on the pool for a batch, on this thread for a few rows (decode),
- * where a pool rendezvous costs more than the work. */
-static void run_small_stage(struct model_ctx *c, ar_pool_fn fn)
-{
-    if (c->n_rows <= SMALL_ROWS) {
-        atomic_store_explicit(&c->next, 0, memory_order_relaxed);
-        fn(c, 0, 1);
-    } else {
-        run_stage(c, fn);
-    }
 }
 
 /* Gathers every sorted pair's input row, as type vt, into dst (stage_moe_gather). */
@@ -1294,12 +1291,8 @@ static bool run_tail(struct model_ctx *c, int p)
 {
     if (p >= 0 && !tail_begin(c, p))
         return false;
-    if (c->n_rows <= SMALL_ROWS) {
-        tail_rows(c, p, 0, c->n_rows);
-    } else {
-        c->tail_p = p;
-        run_stage(c, stage_tail);
-    }
+    c->tail_p = p;
+    run_small_stage(c, stage_tail);
     tail_end(c, p);
     return true;
 }
