@@ -501,10 +501,34 @@ AR_INLINE void ln_q8_0_rows2(const int J, int kb, const uint8_t *const wq[2], co
             _mm512_mask_storeu_ps(y[g] + (size_t)j * ldy, m[g], acc[g][j]);
 }
 
+/* From this many activation rows on (a mixture's expert in prefill: about 32) the few-rows
+ * order asks for the next chunk of its weights a share per tile, each tile's lines at its
+ * start, rather than a share per block during the first tile: those rows' chunks come from
+ * memory (every expert's weights once per step), and a chunk's 136 lines asked for within
+ * one tile of eight filled the miss buffers there and left the memory idle for the other
+ * seven. On Zen 5 (2026-12-06, one thread), the gate/up and down products of a qwen3moe
+ * layer replayed with their per-expert row counts went from 430-470 to 470-485 GOPS, and
+ * prefill_cpu on the 30B-A3B shape from 0.516 to 0.499 CPU s (median of six alternated
+ * rounds). Bursts twice as large over the first half of the tiles, or the chunk two or three
+ * ahead, were slower; so were per-block shares over every tile (session 16). */
+#define LN_PF_TILE_ROWS 16
+
+/* Lines [nl * t / nt, nl * (t + 1) / nt) of each of the two streams pf (nl: pf_len's lines) */
+AR_INLINE void pf_tile(const uint8_t *const pf[2], size_t pf_len, int t, int nt)
+{
+    size_t nl = (pf_len + 63) / 64, a0 = nl * (size_t)t / (size_t)nt;
+    size_t a1 = nl * (size_t)(t + 1) / (size_t)nt;
+    for (int g = 0; g < 2; g++) {
+        for (size_t a = a0; pf[g] && a < a1; a++)
+            _mm_prefetch((const char *)pf[g] + 64 * a, _MM_HINT_T0);
+    }
+}
+
 /* ln_q8_0_rows2 over jn activation rows, LN_J2 at a time, 2 or 3 left in one more pair, a
  * single last row one group at a time. The first call prefetches pf[0] and pf[1] (pf_len
- * bytes each); with pf_y each call first asks for the partial sums of its rows that the next
- * pair will add to. Where y does not fit in L2 (the
+ * bytes each; beyond LN_PF_TILE_ROWS rows without pf_y, every tile its share: pf_tile); with
+ * pf_y each call first asks for the partial sums of its rows that the next pair will add
+ * to. Where y does not fit in L2 (the
  * 4864 x 896 up projections against 64 rows: 1.2 MiB) their reloads missed it: on Zen 4
  * (2026-12-03) gemm_peak's 4864 x 896 x 512 tile went from 0.47-0.66 of the int8 peak to
  * 0.59-0.72 (Q4_0 0.44-0.63 to 0.61-0.64), prefill_cpu on qwen05 3-4 % faster. */
@@ -514,16 +538,19 @@ AR_INLINE void ln_rows_all2(int kb, int jn, const uint8_t *const wq[2], const si
                             size_t ldy, const __mmask16 m[2], bool first,
                             const uint8_t *const pf[2], size_t pf_len, bool pf_y)
 {
+    const bool tiles = pf && !pf_y && jn > LN_PF_TILE_ROWS;
     int j = 0;
     for (; j + LN_J2 <= jn; j += LN_J2) {
         float *const yj[2] = {y[0] + (size_t)j * ldy, y[1] + (size_t)j * ldy};
+        if (tiles)
+            pf_tile(pf, pf_len, j / LN_J2, jn / LN_J2);
         /* the next pair's partial sums of these rows (32 floats on) */
         for (int k = 0; pf_y && k < LN_J2; k++) {
             _mm_prefetch((const char *)(yj[0] + (size_t)k * ldy + 32), _MM_HINT_T0);
             _mm_prefetch((const char *)(yj[0] + (size_t)k * ldy + 48), _MM_HINT_T0);
         }
         ln_q8_0_rows2(LN_J2, kb, wq, wbs, wd, x + (size_t)j * x_row, x_row, xd + j * xs,
-                      xc + j * xs, xs, yj, ldy, m, first, j == 0 ? pf : NULL, pf_len);
+                      xc + j * xs, xs, yj, ldy, m, first, j == 0 && !tiles ? pf : NULL, pf_len);
     }
     /* 2 or 3 rows left: still in pairs */
     if (jn - j >= 2) {
@@ -1708,6 +1735,8 @@ AR_INLINE void lk_gemm(const int kind, const bool packed, int nb, int nr, int nc
         for (int i0 = 0; i0 < nr; i0 += 32) {
             /* two groups of 16 weight rows, or the last one alone */
             const int G = nr - i0 > 16 ? 2 : 1;
+            /* the next super-blocks' prefetch a share per tile (pf_tile) */
+            const bool tiles = packed && G == 2 && jn > LN_PF_TILE_ROWS;
             __mmask16 m[2];
             float *yt[2];
             const uint8_t *rows[2][16], *gq[2];
@@ -1727,8 +1756,11 @@ AR_INLINE void lk_gemm(const int kind, const bool packed, int nb, int nr, int nc
                         /* the next super-block of the stream (the next group's first after
                          * the last): on Zen 5, a 151936 x 1024 matrix from memory against 16
                          * rows went from 0.24-0.31 of the int8 peak to 0.32-0.48 for Q4_K and
-                         * Q6_K, against 64 rows from 0.36-0.50 to 0.49-0.56 */
-                        for (size_t o = 0; o < PKK_B(kind); o += 64)
+                         * Q6_K, against 64 rows from 0.36-0.50 to 0.49-0.56. Beyond
+                         * LN_PF_TILE_ROWS rows a share per tile: a qwen3moe layer's experts
+                         * replayed (Zen 5, 2026-12-06, one thread) went from 466-471 to 480-510
+                         * GOPS for Q4_K gate/up, 364-387 to 380-400 for Q6_K down. */
+                        for (size_t o = 0; !tiles && o < PKK_B(kind); o += 64)
                             _mm_prefetch((const char *)gq[k] + (size_t)(b + 1) * PKK_B(kind) + o,
                                          _MM_HINT_T0);
                         pkk_unpack(kind, gq[k] + (size_t)b * PKK_B(kind), &wt[k]);
@@ -1736,8 +1768,12 @@ AR_INLINE void lk_gemm(const int kind, const bool packed, int nb, int nr, int nc
                         lk_unpack(kind, rows[k], (size_t)b * bs, &wt[k]);
                 }
                 if (G == 2) {
+                    const uint8_t *const pn[2] = {gq[0] + (size_t)(b + 1) * PKK_B(kind),
+                                                  gq[1] + (size_t)(b + 1) * PKK_B(kind)};
                     for (; j + LK_J2 <= jn; j += LK_J2) {
                         float *const yj[2] = {yt[0] + (size_t)j * ldy, yt[1] + (size_t)j * ldy};
+                        if (tiles)
+                            pf_tile(pn, PKK_B(kind), j / LK_J2, jn / LK_J2);
                         lk_rows2(kind, 2, LK_J2, wtp, xb + (size_t)j * x_row, x_row, yj, ldy, m,
                                  b == 0);
                     }
