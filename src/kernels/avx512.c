@@ -501,16 +501,19 @@ AR_INLINE void ln_q8_0_rows2(const int J, int kb, const uint8_t *const wq[2], co
             _mm512_mask_storeu_ps(y[g] + (size_t)j * ldy, m[g], acc[g][j]);
 }
 
-/* From this many activation rows on (a mixture's expert in prefill: about 32) the few-rows
- * order asks for the next chunk of its weights a share per tile, each tile's lines at its
- * start, rather than a share per block during the first tile: those rows' chunks come from
- * memory (every expert's weights once per step), and a chunk's 136 lines asked for within
- * one tile of eight filled the miss buffers there and left the memory idle for the other
- * seven. On Zen 5 (2026-12-06, one thread), the gate/up and down products of a qwen3moe
- * layer replayed with their per-expert row counts went from 430-470 to 470-485 GOPS, and
- * prefill_cpu on the 30B-A3B shape from 0.516 to 0.499 CPU s (median of six alternated
- * rounds). Bursts twice as large over the first half of the tiles, or the chunk two or three
- * ahead, were slower; so were per-block shares over every tile (session 16). */
+/* Beyond this many activation rows the packed gemm asks for the next chunk of weights (the
+ * next pair's) a share per tile of rows, each tile's lines at its start, rather than all at
+ * once before the first tile. A mixture's expert in a prefill gets about 32 rows (512 x 8 of
+ * 128) and reads its weights from memory once per step: the chunk's 136 lines asked for at
+ * once filled the L1 miss buffers, stalled that tile and left the memory idle for the others.
+ * Zen 5 (2026-12-06, one thread), a qwen3moe layer's 768 x 2048 Q8_0 gate/up products
+ * replayed with uniform row counts per expert, GOPS before -> after: 17 rows 395 -> 434, 24
+ * 464 -> 508, 32 495 -> 555, 40 523 -> 570, 64 515 -> 565; a dense 4864 x 896 tile against
+ * 512 rows (its weights in L2) 602-615 -> 621-634. From session 16 (c88215d) to this change,
+ * 17-48 rows had taken the few-rows order (pk_few, the weights in address order), faster than
+ * the burst; it is slower than the spread chunk order at every count measured (32: 495
+ * against 555). Spreading across the blocks of every tile instead (one prefetch among the
+ * products) was slower, and the chunk after next, into L1 or L2, too. */
 #define LN_PF_TILE_ROWS 16
 
 /* Lines [nl * t / nt, nl * (t + 1) / nt) of each of the two streams pf (nl: pf_len's lines) */
@@ -526,7 +529,7 @@ AR_INLINE void pf_tile(const uint8_t *const pf[2], size_t pf_len, int t, int nt)
 
 /* ln_q8_0_rows2 over jn activation rows, LN_J2 at a time, 2 or 3 left in one more pair, a
  * single last row one group at a time. The first call prefetches pf[0] and pf[1] (pf_len
- * bytes each; beyond LN_PF_TILE_ROWS rows without pf_y, every tile its share: pf_tile); with
+ * bytes each; beyond LN_PF_TILE_ROWS rows every tile its share instead: pf_tile); with
  * pf_y each call first asks for the partial sums of its rows that the next pair will add
  * to. Where y does not fit in L2 (the
  * 4864 x 896 up projections against 64 rows: 1.2 MiB) their reloads missed it: on Zen 4
@@ -538,7 +541,7 @@ AR_INLINE void ln_rows_all2(int kb, int jn, const uint8_t *const wq[2], const si
                             size_t ldy, const __mmask16 m[2], bool first,
                             const uint8_t *const pf[2], size_t pf_len, bool pf_y)
 {
-    const bool tiles = pf && !pf_y && jn > LN_PF_TILE_ROWS;
+    const bool tiles = pf && jn > LN_PF_TILE_ROWS;
     int j = 0;
     for (; j + LN_J2 <= jn; j += LN_J2) {
         float *const yj[2] = {y[0] + (size_t)j * ldy, y[1] + (size_t)j * ldy};
@@ -651,15 +654,6 @@ AR_INLINE void ln_group(const int kind, int nr, int i0, int b0, int kb, int jn, 
  * stays in L1 while the weight rows pass. Either order does the same operations per output. */
 #define LN_FEW 16
 #define LN_FEW_NB 512
-/* In the packed gemm (pk_gemm), up to LN_MID activation rows (and LN_FEW * LN_FEW_NB of their
- * blocks) take the few-rows order too. A mixture of experts' prefill gives each expert about 32
- * rows (512 x 8 of 128), one call per unit, so its weights come from memory once per call: in
- * address order the stream is one the hardware prefetchers follow, where chunk by chunk over the
- * groups it is 16 interleaved ones. On Zen 5 (2026-12-06, one thread, cold 2048 x 768 and 768 x
- * 2048 Q8_0 experts) 24-48 rows gained 5-10 % (32 rows, the down projection: 433-437 -> 487-522
- * GOPS); 64 rows nothing, and a dense tile of 64 rows (its weights in L2 from the unit's previous
- * tile) was slower that way (4864 x 896: 550-569 -> 514-521). */
-#define LN_MID 48
 #ifndef LN_FEW_HINT
 #define LN_FEW_HINT _MM_HINT_T0
 #endif
@@ -883,14 +877,15 @@ AR_INLINE void pk_gemv(const int kind, int nb, int nr, const uint8_t *wp, size_t
 
 /* Blocks [b0, b0 + kb) of the groups at weight rows i0 and i0 + 16 (one group where no second
  * starts before nr, or where ng_max is 1): their scales in wd[g], their lane vectors at wq[g]
- * (Q4_0/Q5_0 unpacked into wv[g]), the lanes of their rows in m[g]. With next_pair it prefetches
- * the same blocks of the group ng_max on (the next pair's) and sets pf[g] NULL; otherwise it leaves
- * in pf[g] what to prefetch while the group is computed (pf_share): the next chunk of its own
- * stream, past its end the first of the group ng_max on. Returns the number of groups. */
+ * (Q4_0/Q5_0 unpacked into wv[g]), the lanes of their rows in m[g]. It leaves in pf[g] what to
+ * prefetch while the group is computed: with next_pair the same blocks of the group ng_max on
+ * (the next pair's; the last pair's: the first pair's next chunk), prefetched here at once
+ * instead where burst (pf[g] NULL then); otherwise the next chunk of its own stream, past its
+ * end the first of the group ng_max on. Returns the number of groups. */
 AR_INLINE int pk_pair(const int kind, const int ng_max, const uint8_t *wp, size_t gsz, int nr,
-                      int i0, int b0, int kb, int nb, bool next_pair, __m512i wv[2][LN_KB * 8],
-                      __m512 wd[2][LN_KB], const uint8_t *wq[2], __mmask16 m[2],
-                      const uint8_t *pf[2])
+                      int i0, int b0, int kb, int nb, bool next_pair, bool burst,
+                      __m512i wv[2][LN_KB * 8], __m512 wd[2][LN_KB], const uint8_t *wq[2],
+                      __mmask16 m[2], const uint8_t *pf[2])
 {
     int ng = ng_max == 2 && i0 + 16 < nr ? 2 : 1;
     for (int g = 0; g < ng; g++) {
@@ -899,16 +894,15 @@ AR_INLINE int pk_pair(const int kind, const int ng_max, const uint8_t *wp, size_
         wq[g] = gq + (size_t)b0 * PK_B(kind);
         pf[g] = b0 + LN_KB < nb ? wq[g] + LN_KB * PK_B(kind) : gq + (size_t)ng_max * gsz;
         if (next_pair) {
-            /* many rows: a chunk takes long enough that a burst here costs nothing, and
-             * spread over the rows it made Q4_0 prefill 9 % slower (Zen 4, 2026-12-03). The
-             * last pair fetches the first pair's next chunk (its first chunk after the last). */
             const uint8_t *nx = wq[g] + (size_t)ng_max * gsz;
             if (i0 + 16 * ng_max >= nr)
                 nx = wp + (size_t)g * gsz +
                      (b0 + LN_KB < nb ? (size_t)(b0 + LN_KB) * PK_B(kind) : 0);
-            for (int o = 0; o < LN_KB * PK_B(kind); o += 64)
+            pf[g] = nx;
+            for (int o = 0; burst && o < LN_KB * PK_B(kind); o += 64)
                 _mm_prefetch((const char *)nx + o, _MM_HINT_T0);
-            pf[g] = NULL;
+            if (burst)
+                pf[g] = NULL;
         }
         for (int b = 0; b < kb; b++) {
             wd[g][b] = _mm512_cvtph_ps(
@@ -962,7 +956,7 @@ AR_INLINE void pk_few(const int kind, int nb, int nr, int nc, const uint8_t *wp,
             const uint8_t *wq[2];
             __mmask16 m[2];
             const uint8_t *pf[2];
-            int ng = pk_pair(kind, 2, wp, gsz, nr, i0, b0, kb, nb, false, wv, wd, wq, m, pf);
+            int ng = pk_pair(kind, 2, wp, gsz, nr, i0, b0, kb, nb, false, false, wv, wd, wq, m, pf);
             pk_rows(kind, ng, kb, nc, wq, wbs, wd, x + (size_t)b0 * sizeof(struct block_q8_0),
                     x_row, xd + b0, xc + b0, nb, y + (size_t)i0, ldy, m, b0 == 0, pf, false);
         }
@@ -980,8 +974,8 @@ AR_INLINE void pk_gemm(const int kind, int nb, int nr, int nc, const uint8_t *wp
         pk_gemv(kind, nb, nr, wp, gsz, x, y);
         return;
     }
-    if ((nc <= LN_FEW && nb <= LN_FEW_NB) || (nc <= LN_MID && nc * nb <= LN_FEW * LN_FEW_NB)) {
-        /* few rows (batched decode; up to LN_MID, an expert in prefill): the weights in address
+    if (nc <= LN_FEW && nb <= LN_FEW_NB) {
+        /* few rows (batched decode): the weights in address
          * order, group after group, every activation block prepared once. The next chunk of the
          * stream is prefetched (past the matrix's end too: prefetches do not fault): from 2 rows on
          * the chunk takes long enough that the hardware prefetchers fall behind. On Zen 5, a 151936
@@ -1008,7 +1002,8 @@ AR_INLINE void pk_gemm(const int kind, int nb, int nr, int nc, const uint8_t *wp
                 const uint8_t *wq[2];
                 __mmask16 m[2];
                 const uint8_t *pf[2];
-                int ng = pk_pair(kind, 2, wp, gsz, nr, i0, b0, kb, nb, true, wv, wd, wq, m, pf);
+                int ng = pk_pair(kind, 2, wp, gsz, nr, i0, b0, kb, nb, true, jn <= LN_PF_TILE_ROWS,
+                                 wv, wd, wq, m, pf);
                 pk_rows(kind, ng, kb, jn, wq, wbs, wd, xj0 + (size_t)b0 * sizeof(struct block_q8_0),
                         x_row, xd, xc, LN_KB, y + (size_t)j0 * ldy + (size_t)i0, ldy, m, b0 == 0,
                         pf, true);
