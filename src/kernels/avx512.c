@@ -508,12 +508,14 @@ AR_INLINE void ln_q8_0_rows2(const int J, int kb, const uint8_t *const wq[2], co
  * once filled the L1 miss buffers, stalled that tile and left the memory idle for the others.
  * Zen 5 (2026-12-06, one thread), a qwen3moe layer's 768 x 2048 Q8_0 gate/up products
  * replayed with uniform row counts per expert, GOPS before -> after: 17 rows 395 -> 434, 24
- * 464 -> 508, 32 495 -> 555, 40 523 -> 570, 64 515 -> 565; a dense 4864 x 896 tile against
- * 512 rows (its weights in L2) 602-615 -> 621-634. From session 16 (c88215d) to this change,
- * 17-48 rows had taken the few-rows order (pk_few, the weights in address order), faster than
- * the burst; it is slower than the spread chunk order at every count measured (32: 495
- * against 555). Spreading across the blocks of every tile instead (one prefetch among the
- * products) was slower, and the chunk after next, into L1 or L2, too. */
+ * 464 -> 508, 32 495 -> 555, 40 523 -> 570, 64 515 -> 565 (best of 10); a dense 4864 x 896
+ * tile against 512 rows (its weights in L2) within the noise, 577-622 -> 613-637 (best of 20).
+ * From session 16 (c88215d) to this change, 17-48 rows had taken the few-rows order (pk_few,
+ * the weights in address order), faster than the burst; it is slower than the spread chunk
+ * order at every count measured (32: 495 against 555). Spreading across the blocks of every
+ * tile instead (one prefetch among the products) was slower on Zen 5 (session 16) and made
+ * Q4_0 prefill 9 % slower on Zen 4 (2026-12-03); the chunk after next, into L1 or L2, was
+ * slower too. Not yet measured on Zen 4 or Intel. */
 #define LN_PF_TILE_ROWS 16
 
 /* Lines [nl * t / nt, nl * (t + 1) / nt) of each of the two streams pf (nl: pf_len's lines) */
@@ -975,8 +977,8 @@ AR_INLINE void pk_gemm(const int kind, int nb, int nr, int nc, const uint8_t *wp
         return;
     }
     if (nc <= LN_FEW && nb <= LN_FEW_NB) {
-        /* few rows (batched decode): the weights in address
-         * order, group after group, every activation block prepared once. The next chunk of the
+        /* few rows (batched decode): the weights in address order, group after group, every
+         * activation block prepared once. The next chunk of the
          * stream is prefetched (past the matrix's end too: prefetches do not fault): from 2 rows on
          * the chunk takes long enough that the hardware prefetchers fall behind. On Zen 5, a 151936
          * x 896 Q8_0 matrix from memory against 16 rows went from 0.24-0.26 of the int8 peak to
