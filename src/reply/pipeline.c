@@ -1184,8 +1184,11 @@ static void store_answer(struct reply_service *svc, const struct reply_profile *
     store_reply_fini(&stored);
 }
 
-/* Step 3 for a review this request owns (claimed): the model behind the guardrails, the cache
- * put, then the store. */
+/* Step 3 for a review this request owns (claimed): the model behind the guardrails, the store,
+ * then the cache put. In that order because a cache hit stores without a claim: with the put
+ * first, a request for the same review at another instance sharing the cache could hit it and
+ * store the row before this one, which then found the row there and answered "store", so that
+ * no request reported the reply it had generated (seen in the fleet test's race of nine). */
 static void generate_and_store(struct reply_service *svc, const struct reply_profile *prof,
                                const struct reply_review *rv, const char *review_lang,
                                const char *reply_lang, bool negative, enum engine_priority prio,
@@ -1204,15 +1207,18 @@ static void generate_and_store(struct reply_service *svc, const struct reply_pro
         if (r->action == REPLY_ACTION_SEND)
             r->action = REPLY_ACTION_SUGGEST; /* a shop that does not hold needs_human */
     }
-    if (o.source == REPLY_SOURCE_MODEL && o.cacheable && key) {
-        /* the cache holds the checked reply without the signature; a class inserts only into
-         * its own cache, so bulk work never evicts interactive entries */
-        if (class_cache(svc, cls)) {
-            (void)cache_put(class_cache(svc, cls), key, key_len, o.text, strlen(o.text));
-            note_cache_counters(svc, cls);
-        }
-    }
+    /* the cache holds the checked reply without the signature (store_answer takes o.text and
+     * adds it); a class inserts only into its own cache, so bulk work never evicts interactive
+     * entries */
+    char *plain = o.source == REPLY_SOURCE_MODEL && o.cacheable && key && class_cache(svc, cls)
+                      ? ar_strdup(o.text)
+                      : NULL;
     store_answer(svc, prof, rv, reply_lang, o.text, o.source, r, stored_out);
+    if (plain && *stored_out && r->err == REPLY_OK && r->source == REPLY_SOURCE_MODEL) {
+        (void)cache_put(class_cache(svc, cls), key, key_len, plain, strlen(plain));
+        note_cache_counters(svc, cls);
+    }
+    ar_free(plain);
 }
 
 /* The path of one review:
