@@ -396,6 +396,83 @@ static void another_instance_finds_the_reply_in_l2_and_hits_are_counted_by_level
     cache_destroy(shared);
 }
 
+/* A level that records, at each put, whether the review it watches was already in the store. */
+struct spy_l2 {
+    struct cache base;
+    struct cache *target; /* borrowed */
+    struct store *store;
+    const char *shop, *id;
+    int puts, stored_at_put;
+};
+
+static enum ar_status spy_put(struct cache *c, const char *key, size_t key_len, const char *value,
+                              size_t value_len)
+{
+    struct spy_l2 *s = (struct spy_l2 *)c;
+    struct store_reply row;
+    struct ar_err err = {AR_OK, 0, {0}};
+    bool found = false;
+    memset(&row, 0, sizeof(row));
+    assert_int_equal(store_reply_get(s->store, s->shop, s->id, &row, &found, &err), AR_OK);
+    store_reply_fini(&row);
+    s->puts++;
+    s->stored_at_put += found;
+    return cache_put(s->target, key, key_len, value, value_len);
+}
+
+static int spy_get(struct cache *c, const char *key, size_t key_len, unsigned flags, char **v,
+                   size_t *n)
+{
+    return cache_get_flags(((struct spy_l2 *)c)->target, key, key_len, flags, v, n);
+}
+
+static void spy_stats(struct cache *c, struct cache_stats *out)
+{
+    cache_stats(((struct spy_l2 *)c)->target, out);
+}
+
+static const struct cache_ops spy_ops = {"spy", spy_get,        spy_put, spy_stats,
+                                         NULL,  shared_destroy, NULL,    NULL};
+
+/* The generating request stores its reply before the reply enters the cache. A cache hit
+ * stores without a claim, so with the put first a request for the same review at another
+ * instance sharing the cache could store the row ahead of the generating request, which then
+ * found it there and answered "store": no response said "model" (the fleet test's race of nine
+ * requests caught it). */
+static void a_generated_reply_is_stored_before_it_enters_the_cache(void **state)
+{
+    struct fx *x = *state;
+    struct cache_memory_params cp = cache_memory_default_params();
+    struct cache *shared = NULL, *l1 = NULL, *t = NULL;
+    /* static: a failed assertion leaves it to teardown, which destroys the tiered cache over it */
+    static struct spy_l2 spy;
+    struct reply_result r;
+    cp.max_bytes = 1 << 20;
+    assert_int_equal(cache_memory_create(&cp, &shared), AR_OK);
+    assert_int_equal(cache_memory_create(&cp, &l1), AR_OK);
+    spy = (struct spy_l2){{&spy_ops}, shared, x->store, "s1", "p1", 0, 0};
+    assert_int_equal(cache_tiered_create(l1, &spy.base, &t), AR_OK);
+    reply_service_destroy(x->svc);
+    cache_destroy(x->cache);
+    x->cache = t;
+    fx_open_service(x);
+    ask(x, review("s1", "p1", "物流很快，包装也好！", 5), &r);
+    assert_int_equal(r.err, REPLY_OK);
+    assert_int_equal(r.source, REPLY_SOURCE_MODEL);
+    reply_result_fini(&r);
+    assert_int_equal(spy.puts, 1);
+    assert_int_equal(spy.stored_at_put, 1);
+    /* the next review with that text is a hit that reached the shared level */
+    ask(x, review("s1", "p2", "物流很快，包装也好！", 5), &r);
+    assert_int_equal(r.source, REPLY_SOURCE_CACHE);
+    reply_result_fini(&r);
+    reply_service_destroy(x->svc);
+    x->svc = NULL;
+    cache_destroy(t);
+    x->cache = NULL;
+    cache_destroy(shared);
+}
+
 static void same_review_id_returns_the_stored_reply(void **state)
 {
     struct fx *x = *state;
@@ -1459,6 +1536,7 @@ int main(void)
 #define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
         T(repeated_review_text_is_a_cache_hit_with_the_same_reply),
         T(another_instance_finds_the_reply_in_l2_and_hits_are_counted_by_level),
+        T(a_generated_reply_is_stored_before_it_enters_the_cache),
         T(same_review_id_returns_the_stored_reply),
         T(same_id_with_another_rating_is_a_conflict),
         T(banned_word_output_is_regenerated_then_replaced),
