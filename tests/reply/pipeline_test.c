@@ -396,10 +396,10 @@ static void another_instance_finds_the_reply_in_l2_and_hits_are_counted_by_level
     cache_destroy(shared);
 }
 
-/* A level that records, at each put, whether the review it watches was already in the store. */
+/* A shared level (shared_l2, its first member, forwards gets and puts) that records at each put
+ * whether the review it watches was already in the store. */
 struct spy_l2 {
-    struct cache base;
-    struct cache *target; /* borrowed */
+    struct shared_l2 l2;
     struct store *store;
     const char *shop, *id;
     int puts, stored_at_put;
@@ -417,21 +417,10 @@ static enum ar_status spy_put(struct cache *c, const char *key, size_t key_len, 
     store_reply_fini(&row);
     s->puts++;
     s->stored_at_put += found;
-    return cache_put(s->target, key, key_len, value, value_len);
+    return shared_put(c, key, key_len, value, value_len);
 }
 
-static int spy_get(struct cache *c, const char *key, size_t key_len, unsigned flags, char **v,
-                   size_t *n)
-{
-    return cache_get_flags(((struct spy_l2 *)c)->target, key, key_len, flags, v, n);
-}
-
-static void spy_stats(struct cache *c, struct cache_stats *out)
-{
-    cache_stats(((struct spy_l2 *)c)->target, out);
-}
-
-static const struct cache_ops spy_ops = {"spy", spy_get,        spy_put, spy_stats,
+static const struct cache_ops spy_ops = {"spy", shared_get,     spy_put, shared_stats,
                                          NULL,  shared_destroy, NULL,    NULL};
 
 /* The generating request stores its reply before the reply enters the cache. A cache hit
@@ -450,8 +439,8 @@ static void a_generated_reply_is_stored_before_it_enters_the_cache(void **state)
     cp.max_bytes = 1 << 20;
     assert_int_equal(cache_memory_create(&cp, &shared), AR_OK);
     assert_int_equal(cache_memory_create(&cp, &l1), AR_OK);
-    spy = (struct spy_l2){{&spy_ops}, shared, x->store, "s1", "p1", 0, 0};
-    assert_int_equal(cache_tiered_create(l1, &spy.base, &t), AR_OK);
+    spy = (struct spy_l2){{{&spy_ops}, shared, 0}, x->store, "s1", "p1", 0, 0};
+    assert_int_equal(cache_tiered_create(l1, &spy.l2.base, &t), AR_OK);
     reply_service_destroy(x->svc);
     cache_destroy(x->cache);
     x->cache = t;
