@@ -2520,12 +2520,24 @@ static void silu_mul512(int n, float *out, const float *gate, const float *up)
  * loads them once for all its rows (the 32 registers take 8 of them beside 16 sums), 0.6 loads
  * per fma. A mixture of experts' router is such a matrix (128 x 2048 in Qwen3-30B-A3B): on Zen 5
  * (2026-12-06, qwen3moe Q8_0 pp512, one thread) it took 3.4 ms a layer against 4.3-4.4 with the
- * AVX2 tile, and 3.7-3.8 with these 4 x 2 tiles alone. */
+ * AVX2 tile, and 3.7-3.8 with these 4 x 2 tiles alone. Two rows to a zmm (f32_tile2) then
+ * took it to 2.4 ms (3.3-3.6 with the 8 x 2 ymm tile, same run); f32_tile remains for a last
+ * odd row. Blocking the activation rows (24-96 at a time, for their reuse from L2) measured
+ * nothing. */
 AR_INLINE float f32_at(const uint8_t *p, int k)
 {
     float v;
     memcpy(&v, p + 4 * (size_t)k, sizeof(v));
     return v;
+}
+
+/* hsum8 of acc (8 lanes), then the products of elements [k, n) one at a time */
+AR_INLINE float f32_finish(__m256 acc, const uint8_t *wi, const uint8_t *xj, int k, int n)
+{
+    float s = hsum8(acc);
+    for (int t = k; t < n; t++)
+        s += f32_at(wi, t) * f32_at(xj, t);
+    return s;
 }
 
 AR_INLINE void f32_tile(const int RW, const int RX, int n, const uint8_t *w, size_t w_row,
@@ -2568,15 +2580,75 @@ AR_INLINE void f32_tile(const int RW, const int RX, int n, const uint8_t *w, siz
         _Pragma("GCC unroll 2") for (int j = 0; j < RX; j++)
     {
         const uint8_t *wi = w + (size_t)i * w_row, *xj = x + (size_t)j * x_row;
-        float s = hsum8(acc[i][j]);
-        for (int t = k; t < n; t++)
-            s += f32_at(wi, t) * f32_at(xj, t);
-        y[(size_t)j * ldy + (size_t)i] = s;
+        y[(size_t)j * ldy + (size_t)i] = f32_finish(acc[i][j], wi, xj, k, n);
+    }
+}
+
+/* Two weight rows in one zmm: row i's 8 lanes in the lower half, row i + 1's in the upper, each
+ * half the 8-lane order above with the activation's 8 elements in both halves. Each half is the
+ * 8-lane order of f32_tile, so every output keeps its bits, and a 512-bit fma advances two
+ * rows' chains where f32_tile's 256-bit one advanced one. Tiles of RP pairs (up to 4) by RX
+ * activation rows (up to 3): 12 sums and 12 activation vectors in registers, 44 loads for 48
+ * fmas per run of 32. */
+AR_INLINE __m512 f32_pair_at(const uint8_t *w, size_t w_row, int k)
+{
+    const float *a = (const float *)(const void *)w + k;
+    const float *b = (const float *)(const void *)(w + w_row) + k;
+    return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(a)), _mm256_loadu_ps(b), 1);
+}
+
+AR_INLINE __m512 f32_both_at(const uint8_t *x, int k)
+{
+    return _mm512_broadcast_f32x8(_mm256_loadu_ps((const float *)(const void *)x + k));
+}
+
+AR_INLINE void f32_tile2(const int RP, const int RX, int n, const uint8_t *w, size_t w_row,
+                         const uint8_t *x, size_t x_row, float *y, size_t ldy)
+{
+    __m512 acc[4][3];
+    int k = 0;
+    _Pragma("GCC unroll 4") for (int p = 0; p < RP; p++)
+        _Pragma("GCC unroll 3") for (int j = 0; j < RX; j++) acc[p][j] = _mm512_setzero_ps();
+    for (; k + 32 <= n; k += 32) {
+        __m512 xv[4][3];
+        _Pragma("GCC unroll 4") for (int g = 0; g < 4; g++)
+            _Pragma("GCC unroll 3") for (int j = 0; j < RX; j++) xv[g][j] =
+                f32_both_at(x + (size_t)j * x_row, k + 8 * g);
+        _Pragma("GCC unroll 4") for (int p = 0; p < RP; p++)
+        {
+            const uint8_t *wp = w + (size_t)(2 * p) * w_row;
+            __m512 t[3];
+            _Pragma("GCC unroll 3") for (int j = 0; j < RX; j++) t[j] = _mm512_setzero_ps();
+            _Pragma("GCC unroll 4") for (int g = 0; g < 4; g++)
+            {
+                __m512 wv = f32_pair_at(wp, w_row, k + 8 * g);
+                _Pragma("GCC unroll 3") for (int j = 0; j < RX; j++) t[j] =
+                    _mm512_fmadd_ps(wv, xv[g][j], t[j]);
+            }
+            _Pragma("GCC unroll 3") for (int j = 0; j < RX; j++) acc[p][j] =
+                _mm512_add_ps(acc[p][j], t[j]);
+        }
+    }
+    for (; k + 8 <= n; k += 8) {
+        _Pragma("GCC unroll 4") for (int p = 0; p < RP; p++)
+        {
+            __m512 wv = f32_pair_at(w + (size_t)(2 * p) * w_row, w_row, k);
+            _Pragma("GCC unroll 3") for (int j = 0; j < RX; j++) acc[p][j] =
+                _mm512_fmadd_ps(wv, f32_both_at(x + (size_t)j * x_row, k), acc[p][j]);
+        }
+    }
+    _Pragma("GCC unroll 4") for (int p = 0; p < RP; p++)
+        _Pragma("GCC unroll 3") for (int j = 0; j < RX; j++)
+    {
+        const uint8_t *wi = w + (size_t)(2 * p) * w_row, *xj = x + (size_t)j * x_row;
+        float *yj = y + (size_t)j * ldy + (size_t)(2 * p);
+        yj[0] = f32_finish(_mm512_castps512_ps256(acc[p][j]), wi, xj, k, n);
+        yj[1] = f32_finish(_mm512_extractf32x8_ps(acc[p][j], 1), wi + w_row, xj, k, n);
     }
 }
 
 /* Tiles of RW weight rows (the next tile's rows asked for first, as the AVX2 loop does) by 2
- * activation rows, a last single one */
+ * activation rows, a last single one (now for a last odd weight row: RW 1) */
 AR_INLINE void f32_rows(const int RW, int n, const uint8_t *w, size_t w_row, bool pf_next,
                         const uint8_t *x, size_t x_row, int nc, float *y, size_t ldy)
 {
@@ -2590,20 +2662,42 @@ AR_INLINE void f32_rows(const int RW, int n, const uint8_t *w, size_t w_row, boo
         f32_tile(RW, 1, n, w, w_row, x + (size_t)j * x_row, x_row, y + (size_t)j * ldy, ldy);
 }
 
+/* f32_rows with tiles of RP row pairs (f32_tile2) by 3 activation rows, then 2 or 1 */
+AR_INLINE void f32_rows2(const int RP, int n, const uint8_t *w, size_t w_row, bool pf_next,
+                         const uint8_t *x, size_t x_row, int nc, float *y, size_t ldy)
+{
+    int j = 0;
+    if (pf_next)
+        for (size_t o = 0; o < (size_t)(2 * RP) * w_row; o += 64)
+            _mm_prefetch((const char *)w + (size_t)(2 * RP) * w_row + o, _MM_HINT_T0);
+    for (; j + 3 <= nc; j += 3)
+        f32_tile2(RP, 3, n, w, w_row, x + (size_t)j * x_row, x_row, y + (size_t)j * ldy, ldy);
+    if (nc - j == 2)
+        f32_tile2(RP, 2, n, w, w_row, x + (size_t)j * x_row, x_row, y + (size_t)j * ldy, ldy);
+    else if (nc - j == 1)
+        f32_tile2(RP, 1, n, w, w_row, x + (size_t)j * x_row, x_row, y + (size_t)j * ldy, ldy);
+}
+
 static void f32_gemm512(int n, int nr, int nc, const void *w, size_t w_row, const void *x,
                         size_t x_row, float *y, size_t ldy)
 {
     const uint8_t *wp = w, *xp = x;
     int i = 0;
-    if (nc == 1) { /* a row at a time, as the AVX2 loop's GEMV */
-        for (; i < nr; i++)
+    if (nc == 1) { /* no prefetch: the rows stream in address order */
+        for (; i + 8 <= nr; i += 8)
+            f32_tile2(4, 1, n, wp + (size_t)i * w_row, w_row, xp, x_row, y + i, ldy);
+        for (; i + 2 <= nr; i += 2)
+            f32_tile2(1, 1, n, wp + (size_t)i * w_row, w_row, xp, x_row, y + i, ldy);
+        if (i < nr)
             f32_tile(1, 1, n, wp + (size_t)i * w_row, w_row, xp, x_row, y + i, ldy);
         return;
     }
     for (; i + 8 <= nr; i += 8)
-        f32_rows(8, n, wp + (size_t)i * w_row, w_row, i + 16 <= nr, xp, x_row, nc, y + i, ldy);
+        f32_rows2(4, n, wp + (size_t)i * w_row, w_row, i + 16 <= nr, xp, x_row, nc, y + i, ldy);
     for (; i + 4 <= nr; i += 4)
-        f32_rows(4, n, wp + (size_t)i * w_row, w_row, false, xp, x_row, nc, y + i, ldy);
+        f32_rows2(2, n, wp + (size_t)i * w_row, w_row, false, xp, x_row, nc, y + i, ldy);
+    for (; i + 2 <= nr; i += 2)
+        f32_rows2(1, n, wp + (size_t)i * w_row, w_row, false, xp, x_row, nc, y + i, ldy);
     for (; i < nr; i++)
         f32_rows(1, n, wp + (size_t)i * w_row, w_row, false, xp, x_row, nc, y + i, ldy);
 }
