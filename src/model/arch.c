@@ -112,6 +112,11 @@ void model_moe_combine(const struct model_hparams *hp, const float *const *outs,
      * vectors give the scalar loop's bits) */
     for (; i + 16 <= n; i += 16) {
         float acc[16] = {0};
+        /* each output row 1 KiB ahead: the rows are scattered, 8 short streams that the
+         * hardware prefetchers pick up late (a prefill's combine, 33.5 MB of expert outputs
+         * per qwen3moe layer, read from memory: 2.36 -> 2.05 ms, Zen 5, one thread) */
+        for (int j = 0; j < k && i + 16 + 256 <= n; j++)
+            __builtin_prefetch(outs[j] + i + 256);
         for (int j = 0; j < k; j++)
             for (int t = 0; t < 16; t++)
                 acc[t] += w[j] * outs[j][i + t];
