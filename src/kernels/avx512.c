@@ -2516,14 +2516,13 @@ static void silu_mul512(int n, float *out, const float *gate, const float *up)
  * 8 lanes; runs of 32 elements summed from zero in 4 fmas, then added to the lanes; then fmas of
  * 8 elements; the lanes added as hsum8 pairs them; the last n mod 8 products added one at a
  * time. The AVX2 tile (4 weight rows by 2 activation rows in 16 registers) loaded a run's
- * activation vectors again for every weight row: 1.5 loads per fma. Here a tile of up to 8 x 2
- * loads them once for all its rows (the 32 registers take 8 of them beside 16 sums), 0.6 loads
- * per fma. A mixture of experts' router is such a matrix (128 x 2048 in Qwen3-30B-A3B): on Zen 5
+ * activation vectors again for every weight row: 1.5 loads per fma. A ymm tile of 8 x 2 here
+ * loaded them once for all its rows (8 of the 32 registers beside 16 sums), 0.6 loads per
+ * fma. A mixture of experts' router is such a matrix (128 x 2048 in Qwen3-30B-A3B): on Zen 5
  * (2026-12-06, qwen3moe Q8_0 pp512, one thread) it took 3.4 ms a layer against 4.3-4.4 with the
- * AVX2 tile, and 3.7-3.8 with these 4 x 2 tiles alone. Two rows to a zmm (f32_tile2) then
- * took it to 2.4 ms (3.3-3.6 with the 8 x 2 ymm tile, same run); f32_tile remains for a last
- * odd row. Blocking the activation rows (24-96 at a time, for their reuse from L2) measured
- * nothing. */
+ * AVX2 tile, and 3.7-3.8 with 4 x 2 tiles alone. Two rows to a zmm (f32_tile2) then took it
+ * to 2.4 ms (3.3-3.6 with that 8 x 2 ymm tile, same run). Blocking the activation rows (24-96
+ * at a time, for their reuse from L2) measured nothing. */
 AR_INLINE float f32_at(const uint8_t *p, int k)
 {
     float v;
@@ -2540,56 +2539,12 @@ AR_INLINE float f32_finish(__m256 acc, const uint8_t *wi, const uint8_t *xj, int
     return s;
 }
 
-AR_INLINE void f32_tile(const int RW, const int RX, int n, const uint8_t *w, size_t w_row,
-                        const uint8_t *x, size_t x_row, float *y, size_t ldy)
-{
-    __m256 acc[8][2];
-    int k = 0;
-    _Pragma("GCC unroll 8") for (int i = 0; i < RW; i++)
-        _Pragma("GCC unroll 2") for (int j = 0; j < RX; j++) acc[i][j] = _mm256_setzero_ps();
-    for (; k + 32 <= n; k += 32) {
-        __m256 xv[4][2];
-        _Pragma("GCC unroll 4") for (int g = 0; g < 4; g++)
-            _Pragma("GCC unroll 2") for (int j = 0; j < RX; j++) xv[g][j] =
-                _mm256_loadu_ps((const float *)(const void *)(x + (size_t)j * x_row) + k + 8 * g);
-        _Pragma("GCC unroll 8") for (int i = 0; i < RW; i++)
-        {
-            const float *wi = (const float *)(const void *)(w + (size_t)i * w_row) + k;
-            __m256 t[2];
-            _Pragma("GCC unroll 2") for (int j = 0; j < RX; j++) t[j] = _mm256_setzero_ps();
-            _Pragma("GCC unroll 4") for (int g = 0; g < 4; g++)
-            {
-                __m256 wv = _mm256_loadu_ps(wi + 8 * g);
-                _Pragma("GCC unroll 2") for (int j = 0; j < RX; j++) t[j] =
-                    _mm256_fmadd_ps(wv, xv[g][j], t[j]);
-            }
-            _Pragma("GCC unroll 2") for (int j = 0; j < RX; j++) acc[i][j] =
-                _mm256_add_ps(acc[i][j], t[j]);
-        }
-    }
-    for (; k + 8 <= n; k += 8) {
-        _Pragma("GCC unroll 8") for (int i = 0; i < RW; i++)
-        {
-            __m256 wv = _mm256_loadu_ps((const float *)(const void *)(w + (size_t)i * w_row) + k);
-            _Pragma("GCC unroll 2") for (int j = 0; j < RX; j++) acc[i][j] = _mm256_fmadd_ps(
-                wv, _mm256_loadu_ps((const float *)(const void *)(x + (size_t)j * x_row) + k),
-                acc[i][j]);
-        }
-    }
-    _Pragma("GCC unroll 8") for (int i = 0; i < RW; i++)
-        _Pragma("GCC unroll 2") for (int j = 0; j < RX; j++)
-    {
-        const uint8_t *wi = w + (size_t)i * w_row, *xj = x + (size_t)j * x_row;
-        y[(size_t)j * ldy + (size_t)i] = f32_finish(acc[i][j], wi, xj, k, n);
-    }
-}
-
-/* Two weight rows in one zmm: row i's 8 lanes in the lower half, row i + 1's in the upper, each
- * half the 8-lane order above with the activation's 8 elements in both halves. Each half is the
- * 8-lane order of f32_tile, so every output keeps its bits, and a 512-bit fma advances two
- * rows' chains where f32_tile's 256-bit one advanced one. Tiles of RP pairs (up to 4) by RX
- * activation rows (up to 3): 12 sums and 12 activation vectors in registers, 44 loads for 48
- * fmas per run of 32. */
+/* Two weight rows in one zmm: row i's 8 lanes in the lower half, row i + 1's in the upper, the
+ * activation's 8 elements in both halves. Each half is the 8-lane order above, so every output
+ * keeps its bits, and a 512-bit fma advances two rows' chains where a 256-bit one advanced one.
+ * Tiles of RP pairs (up to 4) by RX activation rows (up to 3): 12 sums and 12 activation
+ * vectors in registers, 44 loads for 48 fmas per run of 32. A last odd row is a pair of itself
+ * (w_row 0 for the upper half) whose upper half is not stored (odd). */
 AR_INLINE __m512 f32_pair_at(const uint8_t *w, size_t w_row, int k)
 {
     const float *a = (const float *)(const void *)w + k;
@@ -2603,8 +2558,9 @@ AR_INLINE __m512 f32_both_at(const uint8_t *x, int k)
 }
 
 AR_INLINE void f32_tile2(const int RP, const int RX, int n, const uint8_t *w, size_t w_row,
-                         const uint8_t *x, size_t x_row, float *y, size_t ldy)
+                         const uint8_t *x, size_t x_row, float *y, size_t ldy, bool odd)
 {
+    const size_t w_up = odd ? 0 : w_row; /* from the lower row to the upper one */
     __m512 acc[4][3];
     int k = 0;
     _Pragma("GCC unroll 4") for (int p = 0; p < RP; p++)
@@ -2621,7 +2577,7 @@ AR_INLINE void f32_tile2(const int RP, const int RX, int n, const uint8_t *w, si
             _Pragma("GCC unroll 3") for (int j = 0; j < RX; j++) t[j] = _mm512_setzero_ps();
             _Pragma("GCC unroll 4") for (int g = 0; g < 4; g++)
             {
-                __m512 wv = f32_pair_at(wp, w_row, k + 8 * g);
+                __m512 wv = f32_pair_at(wp, w_up, k + 8 * g);
                 _Pragma("GCC unroll 3") for (int j = 0; j < RX; j++) t[j] =
                     _mm512_fmadd_ps(wv, xv[g][j], t[j]);
             }
@@ -2632,7 +2588,7 @@ AR_INLINE void f32_tile2(const int RP, const int RX, int n, const uint8_t *w, si
     for (; k + 8 <= n; k += 8) {
         _Pragma("GCC unroll 4") for (int p = 0; p < RP; p++)
         {
-            __m512 wv = f32_pair_at(w + (size_t)(2 * p) * w_row, w_row, k);
+            __m512 wv = f32_pair_at(w + (size_t)(2 * p) * w_row, w_up, k);
             _Pragma("GCC unroll 3") for (int j = 0; j < RX; j++) acc[p][j] =
                 _mm512_fmadd_ps(wv, f32_both_at(x + (size_t)j * x_row, k), acc[p][j]);
         }
@@ -2643,39 +2599,26 @@ AR_INLINE void f32_tile2(const int RP, const int RX, int n, const uint8_t *w, si
         const uint8_t *wi = w + (size_t)(2 * p) * w_row, *xj = x + (size_t)j * x_row;
         float *yj = y + (size_t)j * ldy + (size_t)(2 * p);
         yj[0] = f32_finish(_mm512_castps512_ps256(acc[p][j]), wi, xj, k, n);
-        yj[1] = f32_finish(_mm512_extractf32x8_ps(acc[p][j], 1), wi + w_row, xj, k, n);
+        if (!odd)
+            yj[1] = f32_finish(_mm512_extractf32x8_ps(acc[p][j], 1), wi + w_row, xj, k, n);
     }
 }
 
-/* Tiles of RW weight rows (the next tile's rows asked for first, as the AVX2 loop does) by 2
- * activation rows, a last single one (now for a last odd weight row: RW 1) */
-AR_INLINE void f32_rows(const int RW, int n, const uint8_t *w, size_t w_row, bool pf_next,
-                        const uint8_t *x, size_t x_row, int nc, float *y, size_t ldy)
-{
-    int j = 0;
-    if (pf_next)
-        for (size_t o = 0; o < (size_t)RW * w_row; o += 64)
-            _mm_prefetch((const char *)w + (size_t)RW * w_row + o, _MM_HINT_T0);
-    for (; j + 2 <= nc; j += 2)
-        f32_tile(RW, 2, n, w, w_row, x + (size_t)j * x_row, x_row, y + (size_t)j * ldy, ldy);
-    if (j < nc)
-        f32_tile(RW, 1, n, w, w_row, x + (size_t)j * x_row, x_row, y + (size_t)j * ldy, ldy);
-}
-
-/* f32_rows with tiles of RP row pairs (f32_tile2) by 3 activation rows, then 2 or 1 */
+/* RP row pairs (the next ones asked for first where pf_next, as the AVX2 loop does) against
+ * every activation row, in tiles of 3 rows, then 2 or 1 */
 AR_INLINE void f32_rows2(const int RP, int n, const uint8_t *w, size_t w_row, bool pf_next,
-                         const uint8_t *x, size_t x_row, int nc, float *y, size_t ldy)
+                         const uint8_t *x, size_t x_row, int nc, float *y, size_t ldy, bool odd)
 {
     int j = 0;
     if (pf_next)
         for (size_t o = 0; o < (size_t)(2 * RP) * w_row; o += 64)
             _mm_prefetch((const char *)w + (size_t)(2 * RP) * w_row + o, _MM_HINT_T0);
     for (; j + 3 <= nc; j += 3)
-        f32_tile2(RP, 3, n, w, w_row, x + (size_t)j * x_row, x_row, y + (size_t)j * ldy, ldy);
+        f32_tile2(RP, 3, n, w, w_row, x + (size_t)j * x_row, x_row, y + (size_t)j * ldy, ldy, odd);
     if (nc - j == 2)
-        f32_tile2(RP, 2, n, w, w_row, x + (size_t)j * x_row, x_row, y + (size_t)j * ldy, ldy);
+        f32_tile2(RP, 2, n, w, w_row, x + (size_t)j * x_row, x_row, y + (size_t)j * ldy, ldy, odd);
     else if (nc - j == 1)
-        f32_tile2(RP, 1, n, w, w_row, x + (size_t)j * x_row, x_row, y + (size_t)j * ldy, ldy);
+        f32_tile2(RP, 1, n, w, w_row, x + (size_t)j * x_row, x_row, y + (size_t)j * ldy, ldy, odd);
 }
 
 static void f32_gemm512(int n, int nr, int nc, const void *w, size_t w_row, const void *x,
@@ -2685,21 +2628,19 @@ static void f32_gemm512(int n, int nr, int nc, const void *w, size_t w_row, cons
     int i = 0;
     if (nc == 1) { /* no prefetch: the rows stream in address order */
         for (; i + 8 <= nr; i += 8)
-            f32_tile2(4, 1, n, wp + (size_t)i * w_row, w_row, xp, x_row, y + i, ldy);
-        for (; i + 2 <= nr; i += 2)
-            f32_tile2(1, 1, n, wp + (size_t)i * w_row, w_row, xp, x_row, y + i, ldy);
-        if (i < nr)
-            f32_tile(1, 1, n, wp + (size_t)i * w_row, w_row, xp, x_row, y + i, ldy);
+            f32_tile2(4, 1, n, wp + (size_t)i * w_row, w_row, xp, x_row, y + i, ldy, false);
+        for (; i < nr; i += 2)
+            f32_tile2(1, 1, n, wp + (size_t)i * w_row, w_row, xp, x_row, y + i, ldy, i + 1 == nr);
         return;
     }
     for (; i + 8 <= nr; i += 8)
-        f32_rows2(4, n, wp + (size_t)i * w_row, w_row, i + 16 <= nr, xp, x_row, nc, y + i, ldy);
+        f32_rows2(4, n, wp + (size_t)i * w_row, w_row, i + 16 <= nr, xp, x_row, nc, y + i, ldy,
+                  false);
     for (; i + 4 <= nr; i += 4)
-        f32_rows2(2, n, wp + (size_t)i * w_row, w_row, false, xp, x_row, nc, y + i, ldy);
-    for (; i + 2 <= nr; i += 2)
-        f32_rows2(1, n, wp + (size_t)i * w_row, w_row, false, xp, x_row, nc, y + i, ldy);
-    for (; i < nr; i++)
-        f32_rows(1, n, wp + (size_t)i * w_row, w_row, false, xp, x_row, nc, y + i, ldy);
+        f32_rows2(2, n, wp + (size_t)i * w_row, w_row, false, xp, x_row, nc, y + i, ldy, false);
+    for (; i < nr; i += 2)
+        f32_rows2(1, n, wp + (size_t)i * w_row, w_row, false, xp, x_row, nc, y + i, ldy,
+                  i + 1 == nr);
 }
 
 /* ---- the table ------------------------------------------------------------------------------ */
