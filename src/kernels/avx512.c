@@ -2626,16 +2626,10 @@ static void f32_gemm512(int n, int nr, int nc, const void *w, size_t w_row, cons
 {
     const uint8_t *wp = w, *xp = x;
     int i = 0;
-    if (nc == 1) { /* no prefetch: the rows stream in address order */
-        for (; i + 8 <= nr; i += 8)
-            f32_tile2(4, 1, n, wp + (size_t)i * w_row, w_row, xp, x_row, y + i, ldy, false);
-        for (; i < nr; i += 2)
-            f32_tile2(1, 1, n, wp + (size_t)i * w_row, w_row, xp, x_row, y + i, ldy, i + 1 == nr);
-        return;
-    }
+    /* one activation row (a GEMV): no prefetch, the rows stream in address order */
     for (; i + 8 <= nr; i += 8)
-        f32_rows2(4, n, wp + (size_t)i * w_row, w_row, i + 16 <= nr, xp, x_row, nc, y + i, ldy,
-                  false);
+        f32_rows2(4, n, wp + (size_t)i * w_row, w_row, nc > 1 && i + 16 <= nr, xp, x_row, nc, y + i,
+                  ldy, false);
     for (; i + 4 <= nr; i += 4)
         f32_rows2(2, n, wp + (size_t)i * w_row, w_row, false, xp, x_row, nc, y + i, ldy, false);
     for (; i < nr; i += 2)
