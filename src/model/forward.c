@@ -44,6 +44,9 @@ struct mm_item {
     const void *x;
     size_t x_row;
     int n_cols;
+    /* stage_moe_gu only: the expert's up matrix (its input is x too) and its first sorted pair */
+    const struct model_mat *w_up;
+    int p0;
 };
 
 struct model_ctx {
@@ -98,13 +101,14 @@ struct model_ctx {
     int32_t *moe_pos;    /* owned, (P): pair -> sorted position */
     int32_t *moe_start;  /* owned, (n_expert + 1): each expert's first sorted position */
     struct mm_item *moe_items; /* owned, (2 * n_expert) */
-    uint8_t *moe_act;    /* owned, (P, act_row): gate/up inputs, then down inputs */
+    uint8_t *moe_act;          /* owned, (P, act_row): gate/up inputs, then unfused down inputs */
     uint8_t *moe_act_up; /* owned, (P, act_row): up's inputs when its type differs from gate's */
     float *moe_gate;     /* owned, (P, ffe_ld) */
     float *moe_up;       /* owned, (P, ffe_ld) */
     float *moe_down;     /* owned, (P, embd_ld): each pair's expert output */
     int moe_pairs;       /* pairs of the running step */
-    uint8_t *moe_dst;    /* stage_moe_gather's destination (moe_act or moe_act_up) */
+    uint8_t *moe_dst;    /* stage_moe_gather's destination (moe_act or moe_act_up), then
+                          * the down projections' input (moe_act, or moe_act_up fused) */
     enum ar_type moe_vt; /* and the type of its rows */
 
     /* What act holds now: rows of `act_src` converted to act_type (NULL: nothing). */
@@ -282,9 +286,9 @@ enum ar_status model_ctx_create(const struct model *m, int n_batch_max, struct a
         goto fail;
     env = getenv("AR_FUSE_FFN");
     c->gu_fuse = !(env && strcmp(env, "0") == 0);
-    if (c->gu_fuse && n_batch_max > MM_FEW_COLS && hp->n_expert == 0 &&
+    if (c->gu_fuse && n_batch_max > MM_FEW_COLS &&
         (alloc_rows(&c->gu_tile, c->nth, (2 * MM_TILE_COLS + 1) * out_ld(MM_MANY_ROWS)) ||
-         !(c->act_ff = ar_malloc_aligned((size_t)bytes))))
+         (hp->n_expert == 0 && !(c->act_ff = ar_malloc_aligned((size_t)bytes)))))
         goto fail;
     c->mm_max = AR_MAX(MM_MAX_MATS, 2 * hp->n_expert);
     if (!(c->mm_units = ar_malloc((size_t)(c->mm_max + 1) * sizeof(*c->mm_units))) ||
@@ -820,6 +824,44 @@ static void stage_gu(void *arg, int ith, int nth)
     }
 }
 
+/* A mixture's gate and up products fused with their activation, as stage_gu does for a dense
+ * FFN: the stage's items are the chosen experts' gate matrices (w_up their up matrices), in
+ * units of MM_MANY_ROWS weight rows, and each unit writes act(gate) * up for its sorted pairs,
+ * converted, to elements [i, i + nr) of their rows of moe_dst (the down projections' input),
+ * never reading or writing moe_gate and moe_up. */
+static void stage_moe_gu(void *arg, int ith, int nth)
+{
+    struct model_ctx *c = arg;
+    const struct model_hparams *hp = &c->m->hp;
+    enum ar_type vt = c->conv_type;
+    size_t ld = (size_t)out_ld(MM_MANY_ROWS);
+    size_t row = vt == AR_TYPE_F32 ? (size_t)hp->n_ff_exp * sizeof(float) : c->act_row;
+    float *tg = c->gu_tile + (size_t)ith * (2 * MM_TILE_COLS + 1) * ld;
+    float *tu = tg + MM_TILE_COLS * ld, *th = tu + MM_TILE_COLS * ld;
+    int64_t u0, u1;
+    (void)nth;
+    while (claim(c, c->mm_units[c->n_mm], 1, &u0, &u1)) {
+        int64_t i;
+        int nr, j0, j1;
+        const void *x;
+        size_t x_row;
+        const struct mm_item *it = mm_unit(c, u0, &i, &nr, &j0, &j1, &x, &x_row);
+        for (int j = j0; j < j1; j += MM_TILE_COLS) {
+            int nc = AR_MIN(MM_TILE_COLS, j1 - j);
+            const uint8_t *xj = (const uint8_t *)x + (size_t)j * x_row;
+            mat_gemm(c, it->w, i, nr, nc, xj, x_row, tg, ld);
+            mat_gemm(c, it->w_up, i, nr, nc, xj, x_row, tu, ld);
+            for (int r = 0; r < nc; r++) {
+                uint8_t *dst = c->moe_dst + (size_t)(it->p0 + j + r) * row;
+                float *h = vt == AR_TYPE_F32 ? (float *)dst + i : th;
+                model_act_mul(c->ops, hp->act, nr, h, tg + (size_t)r * ld, tu + (size_t)r * ld);
+                if (vt != AR_TYPE_F32)
+                    c->ops->from_float[vt](h, dst + ar_type_row_size(vt, i), nr);
+            }
+        }
+    }
+}
+
 /* Input rows per matmul unit: all of them, unless the matrix has too few blocks of weight rows
  * to give every thread MM_UNITS_PER_THREAD units; then spans of whole MM_TILE_COLS tiles, as
  * long as needed for that. A thread's last claim ends a stage while the others may already
@@ -855,7 +897,8 @@ static void run_mm_stage(struct model_ctx *c, const struct mm_item *items, int n
     for (int k = 0; k < n; k++) {
         int cols = items[k].x ? items[k].n_cols : c->n_rows;
         int64_t row_units;
-        c->mm_call[k] = mm_call_rows(items[k].w, cols, c->nth);
+        /* stage_moe_gu's units are whole tiles of its per-thread scratch */
+        c->mm_call[k] = fn == stage_moe_gu ? MM_MANY_ROWS : mm_call_rows(items[k].w, cols, c->nth);
         row_units = (items[k].w->n_out + c->mm_call[k] - 1) / c->mm_call[k];
         c->mm_cspan[k] = mm_col_span(row_units, cols, c->nth, fn == stage_gu);
         c->mm_units[k + 1] =
@@ -926,8 +969,18 @@ static bool gu_fusable(const struct model_ctx *c, const struct model_layer *L)
            mm_call_rows(g, c->n_rows, c->nth) == MM_MANY_ROWS && bs > 0 && MM_MANY_ROWS % bs == 0;
 }
 
-/* Sorted pairs [p0, p1): hid = act(gate) * up, converted for the down projection into
- * moe_act (the gate/up inputs there are spent). */
+/* Whether layer L's mixture takes the fused gate/up stage (stage_moe_gu) in this pass: a
+ * batch larger than MM_FEW_COLS rows, gate and up of one input type, and units of
+ * MM_MANY_ROWS rows whole blocks of the down projections' input type (set in conv_type). */
+static bool moe_gu_fusable(const struct model_ctx *c, const struct model_layer *L)
+{
+    int bs = ar_type_info(c->conv_type)->block_size;
+    return c->gu_tile && c->n_rows > MM_FEW_COLS &&
+           L->exp_gate[0].vec_type == L->exp_up[0].vec_type && bs > 0 && MM_MANY_ROWS % bs == 0;
+}
+
+/* Sorted pairs [p0, p1): hid = act(gate) * up, converted for the down projections into
+ * moe_dst. */
 static void stage_moe_act(void *arg, int ith, int nth)
 {
     struct model_ctx *c = arg;
@@ -941,9 +994,9 @@ static void stage_moe_act(void *arg, int ith, int nth)
             float *g = c->moe_gate + p * c->ffe_ld; /* act(gate) * up in place of gate */
             model_act_mul(c->ops, hp->act, (int)n, g, g, c->moe_up + p * c->ffe_ld);
             if (vt == AR_TYPE_F32)
-                memcpy(c->moe_act + (size_t)p * row, g, (size_t)n * sizeof(float));
+                memcpy(c->moe_dst + (size_t)p * row, g, (size_t)n * sizeof(float));
             else
-                c->ops->from_float[vt](g, c->moe_act + (size_t)p * row, n);
+                c->ops->from_float[vt](g, c->moe_dst + (size_t)p * row, n);
         }
     }
 }
@@ -1010,6 +1063,7 @@ static void run_moe(struct model_ctx *c, const struct model_layer *L)
     const struct model_hparams *hp = &c->m->hp;
     int n_rows = c->n_rows, ne = hp->n_expert, k = hp->n_expert_used, n_items = 0;
     int n_pairs = n_rows * k;
+    bool fuse;
     int64_t n_embd = hp->n_embd, n_ff = hp->n_ff_exp;
     enum ar_type vt_g = L->exp_gate[0].vec_type, vt_u = L->exp_up[0].vec_type;
     enum ar_type vt_d = L->exp_down[0].vec_type;
@@ -1049,6 +1103,8 @@ static void run_moe(struct model_ctx *c, const struct model_layer *L)
         }
         moe_gather(c, c->moe_act_up, vt_u);
     }
+    set_conv(c, NULL, n_ff, vt_d); /* the down projections' input type */
+    fuse = moe_gu_fusable(c, L);
     for (int e = 0; e < ne; e++) {
         int p0 = c->moe_start[e], cnt = c->moe_start[e + 1] - p0;
         size_t rg = vt_g == AR_TYPE_F32 ? (size_t)n_embd * 4 : c->act_row;
@@ -1056,17 +1112,35 @@ static void run_moe(struct model_ctx *c, const struct model_layer *L)
         const uint8_t *xu = vt_u == vt_g ? c->moe_act : c->moe_act_up;
         if (cnt == 0)
             continue;
-        c->moe_items[n_items++] =
-            (struct mm_item){&L->exp_gate[e], c->moe_gate + p0 * c->ffe_ld, (size_t)c->ffe_ld,
-                             c->moe_act + p0 * rg, rg, cnt};
-        c->moe_items[n_items++] = (struct mm_item){&L->exp_up[e], c->moe_up + p0 * c->ffe_ld,
-                                                   (size_t)c->ffe_ld, xu + p0 * ru, ru, cnt};
+        c->moe_items[n_items++] = (struct mm_item){.w = &L->exp_gate[e],
+                                                   .out = c->moe_gate + p0 * c->ffe_ld,
+                                                   .ldy = (size_t)c->ffe_ld,
+                                                   .x = c->moe_act + p0 * rg,
+                                                   .x_row = rg,
+                                                   .n_cols = cnt,
+                                                   .w_up = &L->exp_up[e],
+                                                   .p0 = p0};
+        if (!fuse)
+            c->moe_items[n_items++] = (struct mm_item){.w = &L->exp_up[e],
+                                                       .out = c->moe_up + p0 * c->ffe_ld,
+                                                       .ldy = (size_t)c->ffe_ld,
+                                                       .x = xu + p0 * ru,
+                                                       .x_row = ru,
+                                                       .n_cols = cnt};
     }
-    run_mm_stage(c, c->moe_items, n_items, stage_matmul);
-
-    /* act(gate) * up, as the down projections' input */
-    set_conv(c, NULL, n_ff, vt_d);
-    run_small_stage(c, stage_moe_act);
+    if (fuse) {
+        /* act(gate) * up straight into the down projections' input: moe_act_up, unused here
+         * since gate and up share their input */
+        c->moe_dst = c->moe_act_up;
+        run_mm_stage(c, c->moe_items, n_items, stage_moe_gu);
+        c->gu_fused++;
+    } else {
+        run_mm_stage(c, c->moe_items, n_items, stage_matmul);
+        /* act(gate) * up, as the down projections' input, in place of the spent gate/up
+         * inputs */
+        c->moe_dst = c->moe_act;
+        run_small_stage(c, stage_moe_act);
+    }
     c->act_src = NULL;
     n_items = 0;
     for (int e = 0; e < ne; e++) {
@@ -1074,9 +1148,12 @@ static void run_moe(struct model_ctx *c, const struct model_layer *L)
         size_t rd = vt_d == AR_TYPE_F32 ? (size_t)n_ff * 4 : c->act_row;
         if (cnt == 0)
             continue;
-        c->moe_items[n_items++] =
-            (struct mm_item){&L->exp_down[e], c->moe_down + p0 * c->embd_ld, (size_t)c->embd_ld,
-                             c->moe_act + p0 * rd, rd, cnt};
+        c->moe_items[n_items++] = (struct mm_item){.w = &L->exp_down[e],
+                                                   .out = c->moe_down + p0 * c->embd_ld,
+                                                   .ldy = (size_t)c->embd_ld,
+                                                   .x = c->moe_dst + p0 * rd,
+                                                   .x_row = rd,
+                                                   .n_cols = cnt};
     }
     run_mm_stage(c, c->moe_items, n_items, stage_matmul);
     run_small_stage(c, stage_moe_combine);
