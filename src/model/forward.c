@@ -782,6 +782,32 @@ static void stage_matmul(void *arg, int ith, int nth)
     }
 }
 
+/* One fused gate/up work unit (stage_gu, stage_moe_gu) on thread ith: weight rows [i, i + nr)
+ * of wg and wu times input rows [j0, j1) of x, tile by tile into the thread's scratch, then
+ * act(gate) * up into elements [i, i + nr) of row j of dst (dst_row bytes apart), converted to
+ * vt (floats where vt is F32). */
+static void gu_unit(const struct model_ctx *c, int ith, const struct model_mat *wg,
+                    const struct model_mat *wu, int64_t i, int nr, int j0, int j1, const void *x,
+                    size_t x_row, enum ar_type vt, uint8_t *dst, size_t dst_row)
+{
+    size_t ld = (size_t)out_ld(MM_MANY_ROWS);
+    float *tg = c->gu_tile + (size_t)ith * (2 * MM_TILE_COLS + 1) * ld;
+    float *tu = tg + MM_TILE_COLS * ld, *th = tu + MM_TILE_COLS * ld;
+    for (int j = j0; j < j1; j += MM_TILE_COLS) {
+        int nc = AR_MIN(MM_TILE_COLS, j1 - j);
+        const uint8_t *xj = (const uint8_t *)x + (size_t)j * x_row;
+        mat_gemm(c, wg, i, nr, nc, xj, x_row, tg, ld);
+        mat_gemm(c, wu, i, nr, nc, xj, x_row, tu, ld);
+        for (int r = 0; r < nc; r++) {
+            uint8_t *d = dst + (size_t)(j + r) * dst_row;
+            float *h = vt == AR_TYPE_F32 ? (float *)(void *)d + i : th;
+            model_act_mul(c->ops, c->m->hp.act, nr, h, tg + (size_t)r * ld, tu + (size_t)r * ld);
+            if (vt != AR_TYPE_F32)
+                c->ops->from_float[vt](h, d + ar_type_row_size(vt, i), nr);
+        }
+    }
+}
+
 /* The gate and up products of a dense FFN and what follows them, fused per work unit (the
  * stage's one item is the gate matrix; the up matrix has the same shape): for each tile of
  * input rows the unit's gate and up outputs go to this thread's tiles, their activation
@@ -794,12 +820,11 @@ static void stage_matmul(void *arg, int ith, int nth)
 static void stage_gu(void *arg, int ith, int nth)
 {
     struct model_ctx *c = arg;
-    const struct model_hparams *hp = &c->m->hp;
     const struct model_layer *L = &c->m->layers[c->layer];
     enum ar_type vt = L->wdown.vec_type;
-    size_t ld = (size_t)out_ld(MM_MANY_ROWS);
-    float *tg = c->gu_tile + (size_t)ith * (2 * MM_TILE_COLS + 1) * ld;
-    float *tu = tg + MM_TILE_COLS * ld, *th = tu + MM_TILE_COLS * ld;
+    bool f32 = vt == AR_TYPE_F32;
+    uint8_t *dst = f32 ? (uint8_t *)c->hid : c->act_ff;
+    size_t dst_row = f32 ? (size_t)c->m->hp.n_ff * sizeof(float) : c->act_row;
     int64_t u0, u1;
     (void)nth;
     while (claim(c, c->mm_units[1], 1, &u0, &u1)) {
@@ -808,19 +833,7 @@ static void stage_gu(void *arg, int ith, int nth)
         const void *x;
         size_t x_row;
         mm_unit(c, u0, &i, &nr, &j0, &j1, &x, &x_row);
-        for (int j = j0; j < j1; j += MM_TILE_COLS) {
-            int nc = AR_MIN(MM_TILE_COLS, j1 - j);
-            const uint8_t *xj = (const uint8_t *)x + (size_t)j * x_row;
-            mat_gemm(c, &L->wgate, i, nr, nc, xj, x_row, tg, ld);
-            mat_gemm(c, &L->wup, i, nr, nc, xj, x_row, tu, ld);
-            for (int r = 0; r < nc; r++) {
-                float *h = vt == AR_TYPE_F32 ? c->hid + (size_t)(j + r) * hp->n_ff + i : th;
-                model_act_mul(c->ops, hp->act, nr, h, tg + (size_t)r * ld, tu + (size_t)r * ld);
-                if (vt != AR_TYPE_F32)
-                    c->ops->from_float[vt](
-                        h, c->act_ff + (size_t)(j + r) * c->act_row + ar_type_row_size(vt, i), nr);
-            }
-        }
+        gu_unit(c, ith, &L->wgate, &L->wup, i, nr, j0, j1, x, x_row, vt, dst, dst_row);
     }
 }
 
@@ -832,12 +845,8 @@ static void stage_gu(void *arg, int ith, int nth)
 static void stage_moe_gu(void *arg, int ith, int nth)
 {
     struct model_ctx *c = arg;
-    const struct model_hparams *hp = &c->m->hp;
     enum ar_type vt = c->conv_type;
-    size_t ld = (size_t)out_ld(MM_MANY_ROWS);
-    size_t row = vt == AR_TYPE_F32 ? (size_t)hp->n_ff_exp * sizeof(float) : c->act_row;
-    float *tg = c->gu_tile + (size_t)ith * (2 * MM_TILE_COLS + 1) * ld;
-    float *tu = tg + MM_TILE_COLS * ld, *th = tu + MM_TILE_COLS * ld;
+    size_t row = vt == AR_TYPE_F32 ? (size_t)c->m->hp.n_ff_exp * sizeof(float) : c->act_row;
     int64_t u0, u1;
     (void)nth;
     while (claim(c, c->mm_units[c->n_mm], 1, &u0, &u1)) {
@@ -846,19 +855,8 @@ static void stage_moe_gu(void *arg, int ith, int nth)
         const void *x;
         size_t x_row;
         const struct mm_item *it = mm_unit(c, u0, &i, &nr, &j0, &j1, &x, &x_row);
-        for (int j = j0; j < j1; j += MM_TILE_COLS) {
-            int nc = AR_MIN(MM_TILE_COLS, j1 - j);
-            const uint8_t *xj = (const uint8_t *)x + (size_t)j * x_row;
-            mat_gemm(c, it->w, i, nr, nc, xj, x_row, tg, ld);
-            mat_gemm(c, it->w_up, i, nr, nc, xj, x_row, tu, ld);
-            for (int r = 0; r < nc; r++) {
-                uint8_t *dst = c->moe_dst + (size_t)(it->p0 + j + r) * row;
-                float *h = vt == AR_TYPE_F32 ? (float *)dst + i : th;
-                model_act_mul(c->ops, hp->act, nr, h, tg + (size_t)r * ld, tu + (size_t)r * ld);
-                if (vt != AR_TYPE_F32)
-                    c->ops->from_float[vt](h, dst + ar_type_row_size(vt, i), nr);
-            }
-        }
+        gu_unit(c, ith, it->w, it->w_up, i, nr, j0, j1, x, x_row, vt,
+                c->moe_dst + (size_t)it->p0 * row, row);
     }
 }
 

@@ -10,12 +10,10 @@
 #include <unistd.h>
 
 #include "base/base.h"
-#include "base/pool.h"
 #include "gguf/gguf.h"
 #include "harness/process.h"
 #include "kv/kv.h"
 #include "model/model.h"
-#include "model/model_internal.h" /* model_ctx_gu_fused */
 
 #define MAX_ARGS 40
 
@@ -386,94 +384,6 @@ static void bench_reads_the_active_bytes_of_a_mixture(void **state)
     unlink(path);
 }
 
-/* Logits of every row of one prefill of toks[0, n) on nth threads, the gate/up products fused
- * (stage_moe_gu) or not (AR_FUSE_FFN=0); the layers that took the fused stage in *fused. */
-static void moe_prefill(struct model *m, const int32_t *toks, int n, int nth, bool fuse, float *out,
-                        int *fused)
-{
-    struct ar_pool *pool = NULL;
-    struct model_ctx *ctx = NULL;
-    struct kv_params kp;
-    struct kv_cache *kv = NULL;
-    struct kv_seq s, *sp = &s;
-    int32_t *pos = malloc(sizeof(int32_t) * (size_t)n), *seq = calloc((size_t)n, sizeof(int32_t));
-    uint8_t *want = malloc((size_t)n);
-    assert_true(pos && seq && want);
-    for (int i = 0; i < n; i++) {
-        pos[i] = i;
-        want[i] = 1;
-    }
-    if (nth > 1)
-        assert_int_equal(ar_pool_create(nth, &pool), AR_OK);
-    if (!fuse)
-        assert_int_equal(setenv("AR_FUSE_FFN", "0", 1), 0);
-    assert_int_equal(model_ctx_create(m, n, pool, &ctx), AR_OK);
-    assert_int_equal(unsetenv("AR_FUSE_FFN"), 0);
-    model_kv_params(m, 16, (n + 15) / 16, AR_TYPE_F16, &kp);
-    assert_int_equal(kv_create(&kp, &kv), AR_OK);
-    kv_seq_init(&s);
-    assert_int_equal(kv_seq_reserve(kv, &s, n), AR_OK);
-    struct model_batch b = {
-        .n_tokens = n, .tokens = toks, .pos = pos, .seq = seq, .logits = want, .n_seqs = 1};
-    assert_int_equal(model_forward(ctx, kv, &sp, &b, out), AR_OK);
-    *fused = model_ctx_gu_fused(ctx);
-    kv_seq_fini(kv, &s);
-    kv_destroy(kv);
-    model_ctx_destroy(ctx);
-    ar_pool_destroy(pool);
-    free(pos);
-    free(seq);
-    free(want);
-}
-
-/* A mixture's fused gate/up stage at a real expert width (768: units of 256 weight rows at
- * three offsets) and with more rows per expert than one 64-row tile (4 experts, 2 used, 200
- * rows): the bits of the unfused pass, on 1 and 2 threads, for Q8_0 (down input Q8_0) and
- * Q4_K_M (Q8_K, blocks of 256) weights. The fixtures' mixture has 32-wide experts and about
- * 16 rows each, which exercise neither. */
-static void mixture_fused_gate_up_gives_the_unfused_bits(void **state)
-{
-    static const struct family_case wide = {
-        .arch = "qwen3moe",
-        .args = {"--n-embd",    "256", "--n-layer",  "2",  "--n-head",        "4",
-                 "--n-head-kv", "2",   "--head-dim", "64", "--n-ff",          "512",
-                 "--n-vocab",   "300", "--n-expert", "4",  "--n-expert-used", "2",
-                 "--n-ff-exp",  "768"}};
-    static const char *const types[] = {"q8_0", "q4_k_m"};
-    enum { N = 200 };
-    char path[256];
-    int32_t toks[N];
-    struct th_rng rng = {0x6a7e0001u};
-    (void)state;
-    for (int i = 0; i < N; i++)
-        toks[i] = (int32_t)(th_rng_u64(&rng) % 300u);
-    for (size_t ti = 0; ti < AR_ARRAY_LEN(types); ti++) {
-        struct model *m = NULL;
-        struct ar_err err = {0};
-        snprintf(path, sizeof(path), "/tmp/ar_gen_model_test_%d_moe_%s.gguf", (int)getpid(),
-                 types[ti]);
-        gen(&wide, types[ti], path);
-        assert_int_equal(model_load(path, &m, &err), AR_OK);
-        size_t all = (size_t)N * (size_t)model_hparams(m)->n_vocab;
-        float *on = malloc(sizeof(float) * all), *off = malloc(sizeof(float) * all);
-        assert_true(on && off);
-        for (int nth = 1; nth <= 2; nth++) {
-            int f_on, f_off;
-            moe_prefill(m, toks, N, nth, true, on, &f_on);
-            moe_prefill(m, toks, N, nth, false, off, &f_off);
-            assert_int_equal(f_on, 2);
-            assert_int_equal(f_off, 0);
-            if (memcmp(on, off, sizeof(float) * all))
-                fail_msg("%s, %d threads: the fused gate/up stage changed the logits", types[ti],
-                         nth);
-        }
-        free(on);
-        free(off);
-        model_destroy(m);
-        unlink(path);
-    }
-}
-
 /* `quantize` of each family's F32 fixture gives every tensor the type llama-quantize gave it
  * (the fixtures' Q8_0 and Q4_K_M files): 3-D experts converted, the router kept F32, the
  * fused qkv and the experts' down projection in the Q4_K_M mix, the 8-expert rule. */
@@ -556,14 +466,9 @@ static void bad_family_flags_are_rejected(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(qwen3),
-        cmocka_unit_test(qwen3moe),
-        cmocka_unit_test(glm4),
-        cmocka_unit_test(chatglm),
-        cmocka_unit_test(gemma3),
-        cmocka_unit_test(phi3),
+        cmocka_unit_test(qwen3),   cmocka_unit_test(qwen3moe), cmocka_unit_test(glm4),
+        cmocka_unit_test(chatglm), cmocka_unit_test(gemma3),   cmocka_unit_test(phi3),
         cmocka_unit_test(bench_reads_the_active_bytes_of_a_mixture),
-        cmocka_unit_test(mixture_fused_gate_up_gives_the_unfused_bits),
         cmocka_unit_test(quantize_picks_the_types_llama_quantize_picks),
         cmocka_unit_test(bad_family_flags_are_rejected),
     };

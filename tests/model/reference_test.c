@@ -11,9 +11,10 @@
 
 #include "base/base.h"
 #include "base/pool.h"
+#include "harness/process.h"
+#include "kernels/kernels.h"
 #include "kv/kv.h"
 #include "model/model.h"
-#include "kernels/kernels.h"
 #include "model/model_internal.h" /* model_rope_for, model_rope_table, model_moe_route */
 
 #define PATH_LEN 512
@@ -475,6 +476,55 @@ static void fused_ffn_gives_the_unfused_bits(void **state)
     }
 }
 
+/* A mixture's fused gate/up stage (stage_moe_gu) at a real expert width (768: units of 256
+ * weight rows at three offsets) and with more rows per expert than one 64-row tile (4 experts,
+ * 2 used, 200 rows): the bits of the unfused pass, on 1 and 2 threads, for Q8_0 (down input
+ * Q8_0) and Q4_K_M (Q8_K, blocks of 256) weights. The fixtures' mixture has 32-wide experts and
+ * about 16 rows each, which exercise neither. */
+static void mixture_fused_gate_up_gives_the_unfused_bits(void **state)
+{
+    static const char *const types[] = {"q8_0", "q4_k_m"};
+    enum { N = 200 };
+    char path[256];
+    int32_t toks[N];
+    struct th_rng rng = {0x6a7e0001u};
+    (void)state;
+    for (int i = 0; i < N; i++)
+        toks[i] = (int32_t)(th_rng_u64(&rng) % 300u);
+    for (size_t ti = 0; ti < AR_ARRAY_LEN(types); ti++) {
+        struct model *m = NULL;
+        struct ar_err err = {0};
+        snprintf(path, sizeof(path), "/tmp/ar_reference_test_%d_moe_%s.gguf", (int)getpid(),
+                 types[ti]);
+        struct th_run r = th_sh_run(
+            "'%s' gen-model --arch qwen3moe --n-embd 256 --n-layer 2 --n-head 4 --n-head-kv 2 "
+            "--head-dim 64 --n-ff 512 --n-vocab 300 --n-expert 4 --n-expert-used 2 "
+            "--n-ff-exp 768 --type %s --seed 7 -o '%s'",
+            th_bin_path(), types[ti], path);
+        if (r.status != 0)
+            fail_msg("gen-model %s: status %d: %s", types[ti], r.status, r.err);
+        th_run_free(&r);
+        assert_int_equal(model_load(path, &m, &err), AR_OK);
+        size_t all = (size_t)N * (size_t)model_hparams(m)->n_vocab;
+        float *on = malloc(sizeof(float) * all), *off = malloc(sizeof(float) * all);
+        assert_true(on && off);
+        for (int nth = 1; nth <= 2; nth++) {
+            int f_on, f_off;
+            prefill_rows(m, toks, N, nth, true, on, &f_on);
+            prefill_rows(m, toks, N, nth, false, off, &f_off);
+            assert_int_equal(f_on, 2);
+            assert_int_equal(f_off, 0);
+            if (memcmp(on, off, sizeof(float) * all))
+                fail_msg("%s, %d threads: the fused gate/up stage changed the logits", types[ti],
+                         nth);
+        }
+        free(on);
+        free(off);
+        model_destroy(m);
+        unlink(path);
+    }
+}
+
 /* The router's choice (model_moe_route) against a plain selection sort over its softmax:
  * the k most probable experts, best first, the lowest index first among equal ones, and
  * their weights renormalized over the chosen. Logits from a few values, so ties are common;
@@ -807,6 +857,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(every_model_fast_pass_follows_the_reference),
         cmocka_unit_test(fused_ffn_gives_the_unfused_bits),
+        cmocka_unit_test(mixture_fused_gate_up_gives_the_unfused_bits),
         cmocka_unit_test(moe_routing_picks_the_k_most_probable_lowest_index_first),
         cmocka_unit_test(reference_rejects_bad_arguments),
         cmocka_unit_test(phi3_switches_to_long_rope_factors_beyond_the_original_context),
