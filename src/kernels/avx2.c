@@ -475,8 +475,6 @@ enum { LK8_Q4_K, LK8_Q6_K };
 
 /* bytes of a packed super-block of 16 rows, and where its fields lie (kernels.h) */
 #define LK8_PB(kind) ((kind) == LK8_Q4_K ? 2304 : 3392)
-#define LK8_QL6(hh)                                                                                \
-    (288 + 1536 * (size_t)(hh)) /* ql 0..31 of half hh; its qh 512 on, ql 32.. 1024 on */
 
 /* One half's (8 rows') int16 pairs for vpmaddwd, built from the rows' scale bytes:
  * pair (lane byte a, lane byte b) of v as int16s, unsigned (Q4_K) or signed (Q6_K) */
@@ -617,12 +615,10 @@ AR_INLINE void lk8_blocks(const int kind, const bool packed, const int J, int kb
                     _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++)
                     {
                         __m256i l =
-                            ln8_dwords(packed, &src[h], h,
-                                       LK8_QL6(hh) + 1024 * (size_t)(k % 2) + 64 * (size_t)t,
+                            ln8_dwords(packed, &src[h], h, PK_Q6_QL(hh, k % 2, t),
                                        64 * (size_t)hh + 32 * (size_t)(k % 2) + 4 * (size_t)t);
-                        __m256i q =
-                            ln8_dwords(packed, &src[h], h, LK8_QL6(hh) + 512 + 64 * (size_t)t,
-                                       128 + 32 * (size_t)hh + 4 * (size_t)t);
+                        __m256i q = ln8_dwords(packed, &src[h], h, PK_Q6_QH(hh, t),
+                                               128 + 32 * (size_t)hh + 4 * (size_t)t);
                         if (k >= 2)
                             l = _mm256_srli_epi16(l, 4);
                         q = k < 2 ? _mm256_slli_epi16(q, 4 - 2 * k)

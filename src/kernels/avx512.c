@@ -1332,18 +1332,24 @@ DEFINE_GEMM(q6_K, struct block_q6_K, struct block_q8_K, q6_K_block, 1, QK_K)
  * fall, so any split of rows or columns gives the same bits. */
 
 enum { LK_Q4_K, LK_Q5_K, LK_Q6_K };
-/* Where the decode path's software prefetch puts a super-block, and how far ahead: chosen per
- * CPU when the table is filled (see pkk_tune). */
+/* Where the decode path's software prefetch puts a super-block, and how far ahead (0: no
+ * prefetch): chosen per CPU when the table is filled (see pkk_tune). */
 static bool pkk_into_l1 = true;
 static size_t pkk_ahead = 2;
 
-/* One line of a super-block to prefetch, into L1 or L2 as pkk_tune chose */
-AR_INLINE void pkk_prefetch(const uint8_t *p)
+/* Lines [l0, l1) of the super-block pf (none when pf is NULL) into L1 or L2 as pkk_tune
+ * chose */
+AR_INLINE void pkk_prefetch_lines(const uint8_t *pf, int l0, int l1)
 {
-    if (pkk_into_l1)
-        _mm_prefetch((const char *)p, _MM_HINT_T0);
-    else
-        _mm_prefetch((const char *)p, _MM_HINT_T1);
+    if (!pf)
+        return;
+    if (pkk_into_l1) {
+        _Pragma("GCC unroll 16") for (int l = l0; l < l1; l++)
+            _mm_prefetch((const char *)(pf + 64 * l), _MM_HINT_T0);
+    } else {
+        _Pragma("GCC unroll 16") for (int l = l0; l < l1; l++)
+            _mm_prefetch((const char *)(pf + 64 * l), _MM_HINT_T1);
+    }
 }
 
 /* Below this many activation rows the 4 x 4 tiles are faster (unpacking 16 rows' super-block
@@ -1444,14 +1450,15 @@ AR_INLINE void lk_unpack(const int kind, const uint8_t *const rows[16], size_t o
 #define PKK_D(kind) ((kind) == LK_Q6_K ? 256 : 192)
 #define PKK_QS(kind) ((kind) == LK_Q4_K ? 256 : 768)
 #define PKK_QH5 256
-#define PKK_QL6(h) (288 + 1536 * (size_t)(h)) /* then qh 512 bytes on, ql's second part 1024 */
 
 AR_INLINE void pkk_group(const int kind, const uint8_t *p, int g, __m512i w[8]);
 
 /* isum[k][j] += the products of row j's activations with the quants w[k] of super-block k
  * (< G: one, or two side by side sharing each activation broadcast) over sub-block sb of group
- * g (Q4_K/Q5_K: the group's 32 elements, sb 0; Q6_K: its half sb of 16), by sub-block scale */
-AR_INLINE void lk_dots_sub(const int kind, const int G, const int J, int g, int sb,
+ * g (Q4_K/Q5_K: the group's 32 elements, sb 0; Q6_K: its half sb of 16), by sub-block scale.
+ * sh: the sums first shifted right by sh, for quants taken at 2^sh times their value (Q4_K's
+ * high nibbles left in place: the sums are exact multiples of 16, so the shift is exact). */
+AR_INLINE void lk_dots_sub(const int kind, const int G, const int J, int g, int sb, const int sh,
                            const __m512i *const w[2], const struct block_q8_K *const xb[8],
                            const struct lk_wt *const wt[2], __m512i isum[2][8])
 {
@@ -1484,19 +1491,21 @@ AR_INLINE void lk_dots_sub(const int kind, const int G, const int J, int g, int 
         _Pragma("GCC unroll 2") for (int k = 0; k < G; k++)
     {
         __m512i ps = CH == 2 ? _mm512_add_epi32(p[k][0][j], p[k][1][j]) : p[k][0][j];
+        if (sh)
+            ps = _mm512_srai_epi32(ps, (unsigned)sh);
         __m512i sc = wt[k]->sc[kind == LK_Q6_K ? 2 * g + sb : g];
         isum[k][j] = _mm512_add_epi32(isum[k][j], _mm512_mullo_epi32(ps, sc));
     }
 }
 
 /* isum[k][j] += group g's products (lk_dots_sub over its one or two sub-blocks) */
-AR_INLINE void lk_dots(const int kind, const int G, const int J, int g, const __m512i *const w[2],
-                       const struct block_q8_K *const xb[8], const struct lk_wt *const wt[2],
-                       __m512i isum[2][8])
+AR_INLINE void lk_dots(const int kind, const int G, const int J, int g, const int sh,
+                       const __m512i *const w[2], const struct block_q8_K *const xb[8],
+                       const struct lk_wt *const wt[2], __m512i isum[2][8])
 {
-    lk_dots_sub(kind, G, J, g, 0, w, xb, wt, isum);
+    lk_dots_sub(kind, G, J, g, 0, sh, w, xb, wt, isum);
     if (kind == LK_Q6_K)
-        lk_dots_sub(kind, G, J, g, 1, w, xb, wt, isum);
+        lk_dots_sub(kind, G, J, g, 1, sh, w, xb, wt, isum);
 }
 
 /* The activation block's sums of sub-blocks (2u, 2u + 1) as int16 pairs, for the mins'
@@ -1549,31 +1558,53 @@ AR_INLINE void lk_rows(const int kind, const int J, const struct lk_wt *wt, cons
     }
     if (kind == LK_Q4_K) {
         /* groups 2h and 2h + 1 are the low and high nibbles of the same bytes: read once */
-        const __m512i m4 = _mm512_set1_epi8(0x0f);
-        for (int h = 0; h < 4; h++) {
+        const __m512i m4 = _mm512_set1_epi8(0x0f), m4h = _mm512_set1_epi8((char)0xf0);
+        _Pragma("GCC unroll 4") for (int h = 0; h < 4; h++)
+        {
             const uint8_t *qs = pk + PKK_QS(LK_Q4_K) + 512 * (size_t)h;
             __m512i v[8], w[8];
             const __m512i *const wg[2] = {w, w};
-            for (int l = pf_lines * h / 4; pf && l < pf_lines * (h + 1) / 4; l++)
-                pkk_prefetch(pf + 64 * l);
+            pkk_prefetch_lines(pf, pf_lines * h / 4, pf_lines * (h + 1) / 4);
             _Pragma("GCC unroll 8") for (int t = 0; t < 8; t++)
             {
                 v[t] = _mm512_loadu_si512((const void *)(qs + 64 * t));
                 w[t] = _mm512_and_si512(v[t], m4);
             }
-            lk_dots(kind, 1, J, 2 * h, wg, xb, wts, isum);
+            lk_dots(kind, 1, J, 2 * h, 0, wg, xb, wts, isum);
+            /* the high nibbles in place, 16 times the quants: their sums shifted back */
+            _Pragma("GCC unroll 8") for (int t = 0; t < 8; t++) w[t] = _mm512_and_si512(v[t], m4h);
+            lk_dots(kind, 1, J, 2 * h + 1, 4, wg, xb, wts, isum);
+        }
+    } else if (kind == LK_Q6_K) {
+        /* groups 4h + k and 4h + k + 2 (k < 2) are the low and high nibbles of the same ql
+         * bytes and share the qh bytes: each read once for the two */
+        const __m512i m4 = _mm512_set1_epi8(0x0f), m2 = _mm512_set1_epi8(0x30);
+        _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++)
+            _Pragma("GCC unroll 2") for (int k = 0; k < 2; k++)
+        {
+            __m512i a[8], q[8], w[8];
+            const __m512i *const wg[2] = {w, w};
+            pkk_prefetch_lines(pf, pf_lines * (2 * h + k) / 4, pf_lines * (2 * h + k + 1) / 4);
+            _Pragma("GCC unroll 8") for (int t = 0; t < 8; t++)
+            {
+                a[t] = _mm512_loadu_si512((const void *)(pk + PK_Q6_QL(h, k, t)));
+                q[t] = _mm512_loadu_si512((const void *)(pk + PK_Q6_QH(h, t)));
+                w[t] = _mm512_or_si512(_mm512_and_si512(a[t], m4),
+                                       _mm512_and_si512(_mm512_slli_epi16(q[t], 4 - 2 * k), m2));
+            }
+            lk_dots(kind, 1, J, 4 * h + k, 0, wg, xb, wts, isum);
             _Pragma("GCC unroll 8") for (int t = 0; t < 8; t++) w[t] =
-                _mm512_and_si512(_mm512_srli_epi16(v[t], 4), m4);
-            lk_dots(kind, 1, J, 2 * h + 1, wg, xb, wts, isum);
+                _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(a[t], 4), m4),
+                                _mm512_and_si512(_mm512_srli_epi16(q[t], 2 * k), m2));
+            lk_dots(kind, 1, J, 4 * h + k + 2, 0, wg, xb, wts, isum);
         }
     } else {
         for (int g = 0; g < 8; g++) {
             __m512i w[8];
             const __m512i *const wg[2] = {w, w};
-            for (int l = pf_lines * g / 8; pf && l < pf_lines * (g + 1) / 8; l++)
-                pkk_prefetch(pf + 64 * l);
+            pkk_prefetch_lines(pf, pf_lines * g / 8, pf_lines * (g + 1) / 8);
             pkk_group(kind, pk, g, w);
-            lk_dots(kind, 1, J, g, wg, xb, wts, isum);
+            lk_dots(kind, 1, J, g, 0, wg, xb, wts, isum);
         }
     }
     _Pragma("GCC unroll 8") for (int j = 0; j < J; j++)
@@ -1603,7 +1634,7 @@ AR_INLINE void lk_rows2(const int kind, const int G, const int J, const struct l
     }
     for (int g = 0; g < 8; g++) {
         const __m512i *const wg[2] = {&wt[0]->v[8 * g], &wt[G - 1]->v[8 * g]};
-        lk_dots(kind, G, J, g, wg, xb, wt, isum);
+        lk_dots(kind, G, J, g, 0, wg, xb, wt, isum);
     }
     _Pragma("GCC unroll 8") for (int j = 0; j < J; j++)
     {
@@ -1628,11 +1659,10 @@ AR_INLINE void pkk_group(const int kind, const uint8_t *p, int g, __m512i w[8])
     if (kind == LK_Q6_K) {
         /* ql byte 64h + 32(k % 2) + i (nibble k / 2), qh byte 32h + i (bits 2k, 2k + 1) */
         int h = g / 4, k = g % 4;
-        const uint8_t *lo = p + PKK_QL6(h) + 1024 * (size_t)(k % 2), *hi = p + PKK_QL6(h) + 512;
         _Pragma("GCC unroll 8") for (int t = 0; t < 8; t++)
         {
-            __m512i l = _mm512_loadu_si512((const void *)(lo + 64 * t));
-            __m512i q = _mm512_loadu_si512((const void *)(hi + 64 * t));
+            __m512i l = _mm512_loadu_si512((const void *)(p + PK_Q6_QL(h, k % 2, t)));
+            __m512i q = _mm512_loadu_si512((const void *)(p + PK_Q6_QH(h, t)));
             if (k >= 2)
                 l = _mm512_srli_epi16(l, 4);
             q = k < 2 ? _mm512_slli_epi16(q, (unsigned)(4 - 2 * k))
@@ -1845,17 +1875,30 @@ AR_INLINE void pkk_few(const int kind, int J, const struct lk_wt *wt, const uint
  *   memory at 16-27 GB/s, Q4_K at 28-37; 2 ahead into L1 at 28-40 and 38-45 (4 into L1 about
  *   the same; 8 into L2 with hint T2 or NTA no better than T1). The decode went from 52-56 to
  *   62-76 tok/s on 1 thread, 101 to 118 on 2.
- * So Zen 5 and later AMD take 2 ahead into L1, every other CPU 8 ahead into L2 (the setting
- * first measured). AR_KQ_PREFETCH=l1 or l2 overrides the choice, to measure a new CPU (select.c
- * reads it once, kernels_kq_prefetch_env, and warns about any other value). */
+ * - Zen 4 again (2026-12-07), after Q4_K's high nibbles were taken in place (lk_rows), the
+ *   prefetch's branch left its loop and Q6_K's ql and qh lines were interleaved (kernels.h):
+ *   one thread against a 300 MB matrix from memory, best of 5 passes, rounds alternated, Q8_0
+ *   (no software prefetch) at 29-33 GB/s: Q4_K with none 31.4-32.4, with 2, 4 or 8 ahead into
+ *   L2 21.2-23.0, 2 into L1 23.6; Q5_K none 27.7-30.5, 2 or 8 into L2 24.0-25.6; Q6_K none
+ *   22.6-27.3, 2 into L2 23.0-28.8, 8 into L2 26.0-27.5, 2 into L1 17-18. Computed faster,
+ *   a super-block no longer outruns the hardware prefetchers there, and the software
+ *   prefetches only get in their way. qwen3-0.6b Q4_K_M decode on 1 thread went from 54-56 to
+ *   67-70 tok/s (decode efficiency 0.69-0.75 to 0.87).
+ * So Zen 5 and later AMD take 2 ahead into L1, Zen 4 none, every other CPU 8 ahead into L2
+ * (the setting first measured; Zen 5 and Intel not yet measured with the faster kernels).
+ * AR_KQ_PREFETCH=l1, l2 or off overrides the choice, to measure a new CPU (select.c reads it
+ * once, kernels_kq_prefetch_env, and warns about any other value). */
 static void pkk_tune(struct kernel_ops *ops)
 {
     const struct ar_cpu_features *cpu = ar_cpu_features_get();
-    pkk_into_l1 = kernels_kq_prefetch_env >= 0 ? kernels_kq_prefetch_env == 1
-                                               : cpu->amd && cpu->family >= 0x1a;
-    pkk_ahead = pkk_into_l1 ? 2 : 8;
-    ops->tuning = pkk_into_l1 ? "K-quant decode prefetch 2 super-blocks ahead into L1"
-                              : "K-quant decode prefetch 8 super-blocks ahead into L2";
+    int env = kernels_kq_prefetch_env;
+    if (env < 0)
+        env = !cpu->amd ? 0 : cpu->family >= 0x1a ? 1 : cpu->family == 0x19 ? 2 : 0;
+    pkk_into_l1 = env == 1;
+    pkk_ahead = env == 2 ? 0 : env == 1 ? 2 : 8;
+    ops->tuning = env == 2   ? "K-quant decode prefetch off (the hardware's alone)"
+                  : env == 1 ? "K-quant decode prefetch 2 super-blocks ahead into L1"
+                             : "K-quant decode prefetch 8 super-blocks ahead into L2";
 }
 AR_INLINE void pkk_gemm(const int kind, int nb, int nr, int nc, const uint8_t *wp,
                         const uint8_t *x, size_t x_row, float *y, size_t ldy)
@@ -1876,9 +1919,9 @@ AR_INLINE void pkk_gemm(const int kind, int nb, int nr, int nc, const uint8_t *w
             const uint8_t *p = gq + (size_t)b * pbs, *xb = x + (size_t)b * xbs;
             pkk_scales(kind, p, &wt);
             for (int j = 0; j < nc; j += 4)
-                pkk_few(kind, AR_MIN(4, nc - j), &wt, p, j == 0 ? p + pkk_ahead * pbs : NULL,
-                        xb + (size_t)j * x_row, x_row, y + (size_t)j * ldy + (size_t)i0, ldy, m,
-                        b == 0);
+                pkk_few(kind, AR_MIN(4, nc - j), &wt, p,
+                        j == 0 && pkk_ahead ? p + pkk_ahead * pbs : NULL, xb + (size_t)j * x_row,
+                        x_row, y + (size_t)j * ldy + (size_t)i0, ldy, m, b == 0);
         }
     }
 }

@@ -142,9 +142,10 @@ void kernels_dequantize_row(enum ar_type t, const void *src, float *dst, int64_t
  *     Q4_K: the 12 bytes of 6-bit scales and mins (3 vectors), d, dmin, qs (32 vectors);
  *     Q5_K: scales and mins (3 vectors), d, dmin, qh (8 vectors), qs (32 vectors);
  *     Q6_K: scales (16 byte planes), d, then per half of the super-block (elements 0..127,
- *       128..255) its ql bytes 0..31 (8 vectors), its 32 bytes of qh (8 vectors), its ql
- *       bytes 32..63 (8 vectors); then 32 zero bytes, so that blocks stay 64-byte aligned
- *       (the only bytes packing adds);
+ *       128..255) its ql bytes 0..31 and its 32 bytes of qh a vector of each in turn (16
+ *       vectors: ql 4t..4t+3, then qh 4t..4t+3, for t = 0..7), its ql bytes 32..63 (8
+ *       vectors); then 32 zero bytes, so that blocks stay 64-byte aligned (the only bytes
+ *       packing adds);
  *     F16: its 64 bytes as 32 units of one element (2 bytes), 16 rows' units side by side;
  *     BF16: the same in units of a pair of elements (4 bytes, as vdpbf16ps multiplies them).
  * kernels_packed_group returns 0 for other types or n not a multiple of the block. Packing is

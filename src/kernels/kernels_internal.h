@@ -15,8 +15,14 @@ void kernels_fill_avx512(struct kernel_ops *ops);      /* avx512.c: + avx512f/bw
 void kernels_fill_avx512_vnni(struct kernel_ops *ops); /* avx512_vnni.c: + avx512vnni */
 void kernels_fill_avx512_bf16(struct kernel_ops *ops); /* avx512_bf16.c: + avx512bf16 */
 
+/* Packed Q6_K (kernels.h, "x16"): the byte offsets in a group's super-block of lane vector t
+ * (< 8) of half h's ql bytes 0..31 (part 0) or 32..63 (part 1), and of its qh */
+#define PK_Q6_QL(h, part, t)                                                                       \
+    (288 + 1536 * (size_t)(h) + ((part) ? 1024 + 64 * (size_t)(t) : 128 * (size_t)(t)))
+#define PK_Q6_QH(h, t) (288 + 1536 * (size_t)(h) + 128 * (size_t)(t) + 64)
+
 /* AR_KQ_PREFETCH as select.c read it before the tables were filled (once, with a warning for
- * a value that is neither): 1 for l1, 0 for l2, -1 where unset (each variant chooses). */
+ * any other value): 1 for l1, 0 for l2, 2 for off, -1 where unset (each variant chooses). */
 extern int kernels_kq_prefetch_env;
 
 /* e^x for x already clamped to [-87.3, 88.7] and k = round(x / ln 2), in vectors of W bits

@@ -27,7 +27,7 @@ struct pk_layout {
     uint16_t qk, bytes; /* elements and bytes of one row's block */
     uint16_t pad;       /* zero bytes after a group's block (keeps blocks 64-byte aligned) */
     uint8_t nf;
-    struct pk_field f[8];
+    struct pk_field f[36];
 };
 
 /* The layouts (kernels.h). Offsets are those of quants.h's blocks. */
@@ -42,7 +42,8 @@ static const struct pk_layout *layout(enum ar_type t)
      * then the quants as lane vectors in the order the kernel first reads them, so that a
      * group's super-block is one ascending stream: Q5_K's qh (read with every part of qs),
      * qs; Q6_K per half of the super-block (elements 0..127, 128..255) the first 32 bytes of
-     * its ql, its 32 bytes of qh, the other 32 of ql (then 32 bytes of padding) */
+     * its ql and its 32 bytes of qh a lane vector of each in turn (the kernel reads them
+     * together), then the other 32 of ql (then 32 bytes of padding) */
     static const struct pk_layout q4_K = {
         256, 144, 0, 4,
         {{4, 12, 4, PK_COPY}, {0, 2, 2, PK_COPY}, {2, 2, 2, PK_COPY}, {16, 128, 4, PK_COPY}}};
@@ -52,15 +53,20 @@ static const struct pk_layout *layout(enum ar_type t)
                                            {2, 2, 2, PK_COPY},
                                            {16, 32, 4, PK_COPY},
                                            {48, 128, 4, PK_COPY}}};
-    static const struct pk_layout q6_K = {256, 210, 32, 8,
-                                          {{192, 16, 1, PK_COPY},
-                                           {208, 2, 2, PK_COPY},
-                                           {0, 32, 4, PK_COPY},
-                                           {128, 32, 4, PK_COPY},
-                                           {32, 32, 4, PK_COPY},
-                                           {64, 32, 4, PK_COPY},
-                                           {160, 32, 4, PK_COPY},
-                                           {96, 32, 4, PK_COPY}}};
+    static const struct pk_layout q6_K = {
+        256,
+        210,
+        32,
+        36,
+        {{192, 16, 1, PK_COPY}, {208, 2, 2, PK_COPY}, {0, 4, 4, PK_COPY},   {128, 4, 4, PK_COPY},
+         {4, 4, 4, PK_COPY},    {132, 4, 4, PK_COPY}, {8, 4, 4, PK_COPY},   {136, 4, 4, PK_COPY},
+         {12, 4, 4, PK_COPY},   {140, 4, 4, PK_COPY}, {16, 4, 4, PK_COPY},  {144, 4, 4, PK_COPY},
+         {20, 4, 4, PK_COPY},   {148, 4, 4, PK_COPY}, {24, 4, 4, PK_COPY},  {152, 4, 4, PK_COPY},
+         {28, 4, 4, PK_COPY},   {156, 4, 4, PK_COPY}, {32, 32, 4, PK_COPY}, {64, 4, 4, PK_COPY},
+         {160, 4, 4, PK_COPY},  {68, 4, 4, PK_COPY},  {164, 4, 4, PK_COPY}, {72, 4, 4, PK_COPY},
+         {168, 4, 4, PK_COPY},  {76, 4, 4, PK_COPY},  {172, 4, 4, PK_COPY}, {80, 4, 4, PK_COPY},
+         {176, 4, 4, PK_COPY},  {84, 4, 4, PK_COPY},  {180, 4, 4, PK_COPY}, {88, 4, 4, PK_COPY},
+         {184, 4, 4, PK_COPY},  {92, 4, 4, PK_COPY},  {188, 4, 4, PK_COPY}, {96, 32, 4, PK_COPY}}};
     /* F16, BF16: 32 elements a block, the 16 rows side by side one element (F16) or one pair
      * of elements (BF16, as vdpbf16ps multiplies them) at a time */
     static const struct pk_layout f16 = {32, 64, 0, 1, {{0, 64, 2, PK_COPY}}};

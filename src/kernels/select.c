@@ -102,8 +102,10 @@ static void build_tables(void)
     if (kq && *kq) {
         if (!strcmp(kq, "l1") || !strcmp(kq, "l2"))
             kernels_kq_prefetch_env = kq[1] == '1';
+        else if (!strcmp(kq, "off"))
+            kernels_kq_prefetch_env = 2;
         else
-            AR_WARN("AR_KQ_PREFETCH=%s is neither l1 nor l2; the CPU's choice stands", kq);
+            AR_WARN("AR_KQ_PREFETCH=%s is not l1, l2 or off; the CPU's choice stands", kq);
     }
 
     kernels_fill_ref(&tables[V_REF]);

@@ -189,6 +189,9 @@ static void bench_names_the_per_cpu_prefetch_choice(void **state)
         free(t);
         t = bench_tuning("AR_KQ_PREFETCH=l2");
         assert_non_null(strstr(t, "into L2"));
+        free(t);
+        t = bench_tuning("AR_KQ_PREFETCH=off");
+        assert_non_null(strstr(t, "prefetch off"));
     } else {
         assert_string_equal(t, "");
     }
