@@ -839,15 +839,6 @@ AR_INLINE __m256 load_f32x8(const float *p)
     return _mm256_loadu_ps(p);
 }
 
-/* Tail elements: rows may start at any byte offset (a row stride need not be a multiple of the
- * element size), so scalars are read with memcpy like the vector loads above. */
-AR_INLINE float f32_elem(const float *p)
-{
-    float v;
-    memcpy(&v, p, sizeof(v));
-    return v;
-}
-
 AR_INLINE float bf16_elem(const ar_bf16 *p)
 {
     ar_bf16 v;
@@ -935,7 +926,7 @@ AR_INLINE float f16_elem(const ar_f16 *p)
     DEFINE_FTILE(NAME, ET, LOAD, LOAD2, PAIRED, ELEM, 1, 1, G)                                     \
     DEFINE_GEMM_LOOP(NAME, 1, ((G) == 1 ? TILE_RW : 1))
 
-DEFINE_FGEMM(f32, float, load_f32x8, load_none16, 0, f32_elem, 4)
+DEFINE_FGEMM(f32, float, load_f32x8, load_none16, 0, load_f32, 4)
 DEFINE_FGEMM(f16, ar_f16, load_f16x8, load_none16, 0, f16_elem, 4)
 DEFINE_FGEMM(bf16, ar_bf16, load_bf16x8, load_bf16x16, 1, bf16_elem, 1)
 

@@ -2566,19 +2566,12 @@ static void silu_mul512(int n, float *out, const float *gate, const float *up)
  * AVX2 tile, and 3.7-3.8 with 4 x 2 tiles alone. Two rows to a zmm (f32_tile2) then took it
  * to 2.4 ms (3.3-3.6 with that 8 x 2 ymm tile, same run). Blocking the activation rows (24-96
  * at a time, for their reuse from L2) measured nothing. */
-AR_INLINE float f32_at(const uint8_t *p, int k)
-{
-    float v;
-    memcpy(&v, p + 4 * (size_t)k, sizeof(v));
-    return v;
-}
-
 /* hsum8 of acc (8 lanes), then the products of elements [k, n) one at a time */
 AR_INLINE float f32_finish(__m256 acc, const uint8_t *wi, const uint8_t *xj, int k, int n)
 {
     float s = hsum8(acc);
     for (int t = k; t < n; t++)
-        s += f32_at(wi, t) * f32_at(xj, t);
+        s += load_f32(wi + 4 * (size_t)t) * load_f32(xj + 4 * (size_t)t);
     return s;
 }
 

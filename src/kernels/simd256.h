@@ -17,6 +17,15 @@ static inline __attribute__((always_inline)) int32_t load_i32(const void *p)
     return v;
 }
 
+/* 4 bytes at p as one float (any alignment: a row stride need not be a multiple of the
+ * element size, so tail elements are read as the vector loads read them) */
+static inline __attribute__((always_inline)) float load_f32(const void *p)
+{
+    float v;
+    memcpy(&v, p, sizeof(v));
+    return v;
+}
+
 /* The sum of an activation block's 32 quants (exact: the bytes biased to unsigned, summed by
  * vpsadbw, the bias taken off) */
 static inline __attribute__((always_inline)) int32_t q8_0_block_sum(const struct block_q8_0 *xb)
