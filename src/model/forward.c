@@ -44,7 +44,8 @@ struct mm_item {
     const void *x;
     size_t x_row;
     int n_cols;
-    /* stage_moe_gu only: the expert's up matrix (its input is x too) and its first sorted pair */
+    /* stage_gu only: the up matrix (its input is w's) and the first row of gu_dst written
+     * (0; a mixture's expert: its first sorted pair) */
     const struct model_mat *w_up;
     int p0;
 };
@@ -131,6 +132,11 @@ struct model_ctx {
     enum ar_type conv_type; /* AR_TYPE_F32: no conversion */
     /* matmul stage */
     const struct mm_item *mm; /* (n_mm) borrowed from the caller for the stage */
+    /* stage_gu: act(gate) * up goes to gu_dst, gu_row bytes a row, converted to gu_vt
+     * (floats where F32) */
+    uint8_t *gu_dst;
+    size_t gu_row;
+    enum ar_type gu_vt;
     int n_mm;
     int64_t *mm_units; /* owned, (max items + 1): first work unit of each item (mm_plan) */
     int64_t *mm_call;  /* owned, (max items): weight rows per unit of each item */
@@ -782,7 +788,7 @@ static void stage_matmul(void *arg, int ith, int nth)
     }
 }
 
-/* One fused gate/up work unit (stage_gu, stage_moe_gu) on thread ith: weight rows [i, i + nr)
+/* One fused gate/up work unit (stage_gu) on thread ith: weight rows [i, i + nr)
  * of wg and wu times input rows [j0, j1) of x, tile by tile into the thread's scratch, then
  * act(gate) * up into elements [i, i + nr) of row j of dst (dst_row bytes apart), converted to
  * vt (floats where vt is F32). */
@@ -808,45 +814,20 @@ static void gu_unit(const struct model_ctx *c, int ith, const struct model_mat *
     }
 }
 
-/* The gate and up products of a dense FFN and what follows them, fused per work unit (the
- * stage's one item is the gate matrix; the up matrix has the same shape): for each tile of
- * input rows the unit's gate and up outputs go to this thread's tiles, their activation
- * product straight into the down projection's input (act_ff, converted; hid where that input
- * stays float). The outputs of a unit are elements [i, i + nr) of each row, i a multiple of
- * the down input's block size (gu_fusable), so each block is converted from the same floats
- * as a whole row's conversion would see: the bits are those of the unfused pass. Without it
- * the gate and up outputs (n_ff floats a row each) went out to memory and came back twice,
- * for the product and then for its conversion. */
+/* The gate and up products of an FFN and what follows them, fused per work unit: for each
+ * tile of input rows a unit's gate and up outputs go to this thread's tiles, their activation
+ * product straight into the down projection's input (gu_dst, converted to gu_vt; floats where
+ * that input stays float), row j of item it at row it->p0 + j. The stage's items are a dense
+ * FFN's gate matrix (one item), or a mixture's chosen experts' gate matrices (units of
+ * MM_MANY_ROWS rows; their pairs' rows of moe_gate and moe_up are never read or written);
+ * w_up is the up matrix of the same shape. The outputs of a unit are elements [i, i + nr) of
+ * each row, i a multiple of the down input's block size (gu_fusable, moe_gu_fusable), so each
+ * block is converted from the same floats as a whole row's conversion would see: the bits are
+ * those of the unfused pass. Without it the gate and up outputs (n_ff floats a row each) went
+ * out to memory and came back twice, for the product and then for its conversion. */
 static void stage_gu(void *arg, int ith, int nth)
 {
     struct model_ctx *c = arg;
-    const struct model_layer *L = &c->m->layers[c->layer];
-    enum ar_type vt = L->wdown.vec_type;
-    bool f32 = vt == AR_TYPE_F32;
-    uint8_t *dst = f32 ? (uint8_t *)c->hid : c->act_ff;
-    size_t dst_row = f32 ? (size_t)c->m->hp.n_ff * sizeof(float) : c->act_row;
-    int64_t u0, u1;
-    (void)nth;
-    while (claim(c, c->mm_units[1], 1, &u0, &u1)) {
-        int64_t i;
-        int nr, j0, j1;
-        const void *x;
-        size_t x_row;
-        mm_unit(c, u0, &i, &nr, &j0, &j1, &x, &x_row);
-        gu_unit(c, ith, &L->wgate, &L->wup, i, nr, j0, j1, x, x_row, vt, dst, dst_row);
-    }
-}
-
-/* A mixture's gate and up products fused with their activation, as stage_gu does for a dense
- * FFN: the stage's items are the chosen experts' gate matrices (w_up their up matrices), in
- * units of MM_MANY_ROWS weight rows, and each unit writes act(gate) * up for its sorted pairs,
- * converted, to elements [i, i + nr) of their rows of moe_dst (the down projections' input),
- * never reading or writing moe_gate and moe_up. */
-static void stage_moe_gu(void *arg, int ith, int nth)
-{
-    struct model_ctx *c = arg;
-    enum ar_type vt = c->conv_type;
-    size_t row = vt == AR_TYPE_F32 ? (size_t)c->m->hp.n_ff_exp * sizeof(float) : c->act_row;
     int64_t u0, u1;
     (void)nth;
     while (claim(c, c->mm_units[c->n_mm], 1, &u0, &u1)) {
@@ -855,8 +836,8 @@ static void stage_moe_gu(void *arg, int ith, int nth)
         const void *x;
         size_t x_row;
         const struct mm_item *it = mm_unit(c, u0, &i, &nr, &j0, &j1, &x, &x_row);
-        gu_unit(c, ith, it->w, it->w_up, i, nr, j0, j1, x, x_row, vt,
-                c->moe_dst + (size_t)it->p0 * row, row);
+        gu_unit(c, ith, it->w, it->w_up, i, nr, j0, j1, x, x_row, c->gu_vt,
+                c->gu_dst + (size_t)it->p0 * c->gu_row, c->gu_row);
     }
 }
 
@@ -872,9 +853,9 @@ static int64_t mm_col_span(int64_t row_units, int n_cols, int nth, bool even)
 {
     int64_t tiles = (n_cols + MM_TILE_COLS - 1) / MM_TILE_COLS, want = MM_UNITS_PER_THREAD * nth;
     int64_t spans = nth > 1 ? AR_MIN(tiles, (want + row_units - 1) / row_units) : 1;
-    /* even: a stage of one item (stage_gu's) takes more spans where that makes its units a
-     * multiple of the thread count; on 2 threads the 19 units of a 4864-row FFN had left one
-     * thread a whole unit (1/19 of the stage) alone at the end */
+    /* even: a stage of one item (a dense FFN's stage_gu) takes more spans where that makes
+     * its units a multiple of the thread count; on 2 threads the 19 units of a 4864-row FFN
+     * had left one thread a whole unit (1/19 of the stage) alone at the end */
     for (int64_t s = spans; even && s < tiles && s < 2 * spans + 2; s++)
         if (row_units * s % nth == 0) {
             spans = s;
@@ -895,10 +876,11 @@ static void run_mm_stage(struct model_ctx *c, const struct mm_item *items, int n
     for (int k = 0; k < n; k++) {
         int cols = items[k].x ? items[k].n_cols : c->n_rows;
         int64_t row_units;
-        /* stage_moe_gu's units are whole tiles of its per-thread scratch */
-        c->mm_call[k] = fn == stage_moe_gu ? MM_MANY_ROWS : mm_call_rows(items[k].w, cols, c->nth);
+        /* stage_gu's units are whole tiles of its per-thread scratch (for a dense FFN
+         * gu_fusable made sure mm_call_rows says so) */
+        c->mm_call[k] = fn == stage_gu ? MM_MANY_ROWS : mm_call_rows(items[k].w, cols, c->nth);
         row_units = (items[k].w->n_out + c->mm_call[k] - 1) / c->mm_call[k];
-        c->mm_cspan[k] = mm_col_span(row_units, cols, c->nth, fn == stage_gu);
+        c->mm_cspan[k] = mm_col_span(row_units, cols, c->nth, fn == stage_gu && n == 1);
         c->mm_units[k + 1] =
             c->mm_units[k] + row_units * ((cols + c->mm_cspan[k] - 1) / c->mm_cspan[k]);
     }
@@ -967,7 +949,7 @@ static bool gu_fusable(const struct model_ctx *c, const struct model_layer *L)
            mm_call_rows(g, c->n_rows, c->nth) == MM_MANY_ROWS && bs > 0 && MM_MANY_ROWS % bs == 0;
 }
 
-/* Whether layer L's mixture takes the fused gate/up stage (stage_moe_gu) in this pass: a
+/* Whether layer L's mixture takes the fused gate/up stage (stage_gu) in this pass: a
  * batch larger than MM_FEW_COLS rows, gate and up of one input type, and units of
  * MM_MANY_ROWS rows whole blocks of the down projections' input type (set in conv_type). */
 static bool moe_gu_fusable(const struct model_ctx *c, const struct model_layer *L)
@@ -1130,7 +1112,10 @@ static void run_moe(struct model_ctx *c, const struct model_layer *L)
         /* act(gate) * up straight into the down projections' input: moe_act_up, unused here
          * since gate and up share their input */
         c->moe_dst = c->moe_act_up;
-        run_mm_stage(c, c->moe_items, n_items, stage_moe_gu);
+        c->gu_dst = c->moe_dst;
+        c->gu_vt = vt_d;
+        c->gu_row = vt_d == AR_TYPE_F32 ? (size_t)n_ff * sizeof(float) : c->act_row;
+        run_mm_stage(c, c->moe_items, n_items, stage_gu);
         c->gu_fused++;
     } else {
         run_mm_stage(c, c->moe_items, n_items, stage_matmul);
@@ -1392,6 +1377,12 @@ static void pass_stages(struct model_ctx *c)
             ph_input(c, p, &src, &n, &t);
             mm_input(c, src, n, t);
             ph_mats(c, p, it);
+            it[0].w_up = &L->wup;
+            it[0].p0 = 0;
+            c->gu_vt = L->wdown.vec_type;
+            c->gu_dst = c->gu_vt == AR_TYPE_F32 ? (uint8_t *)c->hid : c->act_ff;
+            c->gu_row =
+                c->gu_vt == AR_TYPE_F32 ? (size_t)c->m->hp.n_ff * sizeof(float) : c->act_row;
             run_mm_stage(c, it, 1, stage_gu);
             c->gu_fused++;
             continue;

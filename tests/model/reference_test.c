@@ -442,8 +442,8 @@ static void prefill_rows(struct model *m, const int32_t *toks, int n, int nth, b
 
 /* A prefill batch's fused gate/up stage gives the bits of the unfused pass (products to
  * memory, then the activation and the conversion as a row tail), for every model of every
- * family, on 1 and 2 threads; every layer takes it, a mixture-of-experts layer its own
- * (stage_moe_gu). */
+ * family, on 1 and 2 threads; every layer takes it, a mixture-of-experts layer over its
+ * chosen experts. */
 static void fused_ffn_gives_the_unfused_bits(void **state)
 {
     static struct fx fx[MAX_MODELS];
@@ -476,8 +476,8 @@ static void fused_ffn_gives_the_unfused_bits(void **state)
     }
 }
 
-/* A mixture's fused gate/up stage (stage_moe_gu) at a real expert width (768: units of 256
- * weight rows at three offsets) and with more rows per expert than one 64-row tile (4 experts,
+/* A mixture's fused gate/up stage (stage_gu over the experts) at a real expert width (768: units of
+ * 256 weight rows at three offsets) and with more rows per expert than one 64-row tile (4 experts,
  * 2 used, 200 rows): the bits of the unfused pass, on 1 and 2 threads, for Q8_0 (down input
  * Q8_0) and Q4_K_M (Q8_K, blocks of 256) weights. The fixtures' mixture has 32-wide experts and
  * about 16 rows each, which exercise neither. */
