@@ -132,11 +132,6 @@ struct model_ctx {
     enum ar_type conv_type; /* AR_TYPE_F32: no conversion */
     /* matmul stage */
     const struct mm_item *mm; /* (n_mm) borrowed from the caller for the stage */
-    /* stage_gu: act(gate) * up goes to gu_dst, gu_row bytes a row, converted to gu_vt
-     * (floats where F32) */
-    uint8_t *gu_dst;
-    size_t gu_row;
-    enum ar_type gu_vt;
     int n_mm;
     int64_t *mm_units; /* owned, (max items + 1): first work unit of each item (mm_plan) */
     int64_t *mm_call;  /* owned, (max items): weight rows per unit of each item */
@@ -144,6 +139,11 @@ struct model_ctx {
     int mm_max;        /* items a stage may hold */
     const void *mm_x; /* input rows */
     size_t mm_x_row;  /* bytes between input rows */
+    /* stage_gu: act(gate) * up goes to gu_dst, gu_row bytes a row, converted to gu_vt
+     * (floats where F32) */
+    uint8_t *gu_dst;
+    size_t gu_row;
+    enum ar_type gu_vt;
     /* attention items also do their row's K/V writes and RoPE (rows of distinct sequences) */
     bool fuse_post;
     /* work items of the running stage are claimed from this counter (see run_stage) */
