@@ -1344,10 +1344,10 @@ AR_INLINE void pkk_prefetch_lines(const uint8_t *pf, int l0, int l1)
     if (!pf)
         return;
     if (pkk_into_l1) {
-        _Pragma("GCC unroll 16") for (int l = l0; l < l1; l++)
+        for (int l = l0; l < l1; l++)
             _mm_prefetch((const char *)(pf + 64 * l), _MM_HINT_T0);
     } else {
-        _Pragma("GCC unroll 16") for (int l = l0; l < l1; l++)
+        for (int l = l0; l < l1; l++)
             _mm_prefetch((const char *)(pf + 64 * l), _MM_HINT_T1);
     }
 }
@@ -1559,8 +1559,7 @@ AR_INLINE void lk_rows(const int kind, const int J, const struct lk_wt *wt, cons
     if (kind == LK_Q4_K) {
         /* groups 2h and 2h + 1 are the low and high nibbles of the same bytes: read once */
         const __m512i m4 = _mm512_set1_epi8(0x0f), m4h = _mm512_set1_epi8((char)0xf0);
-        _Pragma("GCC unroll 4") for (int h = 0; h < 4; h++)
-        {
+        for (int h = 0; h < 4; h++) {
             const uint8_t *qs = pk + PKK_QS(LK_Q4_K) + 512 * (size_t)h;
             __m512i v[8], w[8];
             const __m512i *const wg[2] = {w, w};
@@ -1579,25 +1578,26 @@ AR_INLINE void lk_rows(const int kind, const int J, const struct lk_wt *wt, cons
         /* groups 4h + k and 4h + k + 2 (k < 2) are the low and high nibbles of the same ql
          * bytes and share the qh bytes: each read once for the two */
         const __m512i m4 = _mm512_set1_epi8(0x0f), m2 = _mm512_set1_epi8(0x30);
-        _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++)
+        for (int h = 0; h < 2; h++)
             _Pragma("GCC unroll 2") for (int k = 0; k < 2; k++)
-        {
-            __m512i a[8], q[8], w[8];
-            const __m512i *const wg[2] = {w, w};
-            pkk_prefetch_lines(pf, pf_lines * (2 * h + k) / 4, pf_lines * (2 * h + k + 1) / 4);
-            _Pragma("GCC unroll 8") for (int t = 0; t < 8; t++)
             {
-                a[t] = _mm512_loadu_si512((const void *)(pk + PK_Q6_QL(h, k, t)));
-                q[t] = _mm512_loadu_si512((const void *)(pk + PK_Q6_QH(h, t)));
-                w[t] = _mm512_or_si512(_mm512_and_si512(a[t], m4),
-                                       _mm512_and_si512(_mm512_slli_epi16(q[t], 4 - 2 * k), m2));
+                __m512i a[8], q[8], w[8];
+                const __m512i *const wg[2] = {w, w};
+                pkk_prefetch_lines(pf, pf_lines * (2 * h + k) / 4, pf_lines * (2 * h + k + 1) / 4);
+                _Pragma("GCC unroll 8") for (int t = 0; t < 8; t++)
+                {
+                    a[t] = _mm512_loadu_si512((const void *)(pk + PK_Q6_QL(h, k, t)));
+                    q[t] = _mm512_loadu_si512((const void *)(pk + PK_Q6_QH(h, t)));
+                    w[t] =
+                        _mm512_or_si512(_mm512_and_si512(a[t], m4),
+                                        _mm512_and_si512(_mm512_slli_epi16(q[t], 4 - 2 * k), m2));
+                }
+                lk_dots(kind, 1, J, 4 * h + k, 0, wg, xb, wts, isum);
+                _Pragma("GCC unroll 8") for (int t = 0; t < 8; t++) w[t] =
+                    _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(a[t], 4), m4),
+                                    _mm512_and_si512(_mm512_srli_epi16(q[t], 2 * k), m2));
+                lk_dots(kind, 1, J, 4 * h + k + 2, 0, wg, xb, wts, isum);
             }
-            lk_dots(kind, 1, J, 4 * h + k, 0, wg, xb, wts, isum);
-            _Pragma("GCC unroll 8") for (int t = 0; t < 8; t++) w[t] =
-                _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(a[t], 4), m4),
-                                _mm512_and_si512(_mm512_srli_epi16(q[t], 2 * k), m2));
-            lk_dots(kind, 1, J, 4 * h + k + 2, 0, wg, xb, wts, isum);
-        }
     } else {
         for (int g = 0; g < 8; g++) {
             __m512i w[8];
