@@ -1366,6 +1366,18 @@ struct lk_wt {
     __m512 d, dmin;    /* per-lane d and dmin */
 };
 
+/* Q6_K's quants of group k (< 4) of a half from its ql bytes l (nibble k / 2 of the bytes for
+ * k % 2) and its qh bytes q (bits 2k, 2k + 1 as bits 4, 5), as unsigned bytes */
+AR_INLINE __m512i q6_quants(__m512i l, __m512i q, int k)
+{
+    if (k >= 2)
+        l = _mm512_srli_epi16(l, 4);
+    q = k < 2 ? _mm512_slli_epi16(q, (unsigned)(4 - 2 * k))
+              : _mm512_srli_epi16(q, (unsigned)(2 * k - 4));
+    return _mm512_or_si512(_mm512_and_si512(l, _mm512_set1_epi8(0x0f)),
+                           _mm512_and_si512(q, _mm512_set1_epi8(0x30)));
+}
+
 /* z (see ln_transpose) of group g (32 elements) for rows a (lower half) and b (upper half) */
 AR_INLINE __m512i lk_group(const int kind, const uint8_t *a, const uint8_t *b, int g)
 {
@@ -1376,12 +1388,7 @@ AR_INLINE __m512i lk_group(const int kind, const uint8_t *a, const uint8_t *b, i
         size_t hi = offsetof(struct block_q6_K, qh) + 32 * (size_t)h;
         __m512i l = join256(_mm256_loadu_si256(cv256(a + lo)), _mm256_loadu_si256(cv256(b + lo)));
         __m512i t = join256(_mm256_loadu_si256(cv256(a + hi)), _mm256_loadu_si256(cv256(b + hi)));
-        if (k >= 2)
-            l = _mm512_srli_epi16(l, 4);
-        l = _mm512_and_si512(l, m4);
-        /* bits 2k, 2k + 1 of qh to bits 4, 5 */
-        t = k < 2 ? _mm512_slli_epi16(t, (unsigned)(4 - 2 * k)) : _mm512_srli_epi16(t, (unsigned)(2 * k - 4));
-        return _mm512_or_si512(l, _mm512_and_si512(t, _mm512_set1_epi8(0x30)));
+        return q6_quants(l, t, k);
     }
     size_t qs = kind == LK_Q4_K ? offsetof(struct block_q4_K, qs) : offsetof(struct block_q5_K, qs);
     __m512i v = join256(_mm256_loadu_si256(cv256(a + qs + 32 * (size_t)(g / 2))),
@@ -1577,7 +1584,6 @@ AR_INLINE void lk_rows(const int kind, const int J, const struct lk_wt *wt, cons
     } else if (kind == LK_Q6_K) {
         /* groups 4h + k and 4h + k + 2 (k < 2) are the low and high nibbles of the same ql
          * bytes and share the qh bytes: each read once for the two */
-        const __m512i m4 = _mm512_set1_epi8(0x0f), m2 = _mm512_set1_epi8(0x30);
         for (int h = 0; h < 2; h++)
             _Pragma("GCC unroll 2") for (int k = 0; k < 2; k++)
             {
@@ -1588,14 +1594,11 @@ AR_INLINE void lk_rows(const int kind, const int J, const struct lk_wt *wt, cons
                 {
                     a[t] = _mm512_loadu_si512((const void *)(pk + PK_Q6_QL(h, k, t)));
                     q[t] = _mm512_loadu_si512((const void *)(pk + PK_Q6_QH(h, t)));
-                    w[t] =
-                        _mm512_or_si512(_mm512_and_si512(a[t], m4),
-                                        _mm512_and_si512(_mm512_slli_epi16(q[t], 4 - 2 * k), m2));
+                    w[t] = q6_quants(a[t], q[t], k);
                 }
                 lk_dots(kind, 1, J, 4 * h + k, 0, wg, xb, wts, isum);
                 _Pragma("GCC unroll 8") for (int t = 0; t < 8; t++) w[t] =
-                    _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(a[t], 4), m4),
-                                    _mm512_and_si512(_mm512_srli_epi16(q[t], 2 * k), m2));
+                    q6_quants(a[t], q[t], k + 2);
                 lk_dots(kind, 1, J, 4 * h + k + 2, 0, wg, xb, wts, isum);
             }
     } else {
@@ -1663,12 +1666,7 @@ AR_INLINE void pkk_group(const int kind, const uint8_t *p, int g, __m512i w[8])
         {
             __m512i l = _mm512_loadu_si512((const void *)(p + PK_Q6_QL(h, k % 2, t)));
             __m512i q = _mm512_loadu_si512((const void *)(p + PK_Q6_QH(h, t)));
-            if (k >= 2)
-                l = _mm512_srli_epi16(l, 4);
-            q = k < 2 ? _mm512_slli_epi16(q, (unsigned)(4 - 2 * k))
-                      : _mm512_srli_epi16(q, (unsigned)(2 * k - 4));
-            w[t] = _mm512_or_si512(_mm512_and_si512(l, m4),
-                                   _mm512_and_si512(q, _mm512_set1_epi8(0x30)));
+            w[t] = q6_quants(l, q, k);
         }
         return;
     }
