@@ -10,33 +10,43 @@
 /* How the bytes of one field of a row's block move into a group's block: `unit` bytes of a
  * row stay together, the 16 rows' units side by side (4: a lane vector of 64 bytes, lane r
  * row r; 2: 16 f16 scales, one vector's worth when converted; 1: a byte per row), so byte k
- * of row r lands at (k / unit) * 16 * unit + r * unit + k % unit within the field's region.
- * The regions follow one another in the table's order. */
+ * of row r lands at (k / unit) * 16 * unit + r * unit + k % unit within the field's region
+ * (PK_PAIR's two ranges alternate a vector of units each: (k / unit) * 32 * unit + ..., the
+ * second range's 16 * unit bytes on). The regions follow one another in the table's order. */
 enum pk_xform {
     PK_COPY,
     PK_FLIP,  /* Q8_0 quants: signed -> unsigned + 128 */
     PK_PLANE, /* Q5_0 high bits (4 bytes): byte j holds in bit v the high bit of quant 4v + j */
+    PK_PAIR,  /* two ranges of len bytes, [src, ..) and [src2, ..), a unit of each in turn */
 };
 
 struct pk_field {
     uint16_t src, len; /* bytes [src, src + len) of the row's block */
     uint8_t unit, xform;
+    uint16_t src2; /* PK_PAIR: the second range */
 };
 
 struct pk_layout {
     uint16_t qk, bytes; /* elements and bytes of one row's block */
     uint16_t pad;       /* zero bytes after a group's block (keeps blocks 64-byte aligned) */
     uint8_t nf;
-    struct pk_field f[36];
+    struct pk_field f[6];
 };
 
-/* The layouts (kernels.h). Offsets are those of quants.h's blocks. */
+/* The layouts (kernels.h). Offsets are those of quants.h's blocks. F: a field of bytes
+ * [src, src + len) in units of `unit` bytes; FP: two such ranges paired (PK_PAIR) */
+/* clang-format off */
+#define F(src, len, unit, xform) {src, len, unit, xform, 0}
+#define FP(src, src2, len, unit) {src, len, unit, PK_PAIR, src2}
+/* clang-format on */
 static const struct pk_layout *layout(enum ar_type t)
 {
-    static const struct pk_layout q8_0 = {32, 34, 0, 2, {{2, 32, 4, PK_FLIP}, {0, 2, 2, PK_COPY}}};
-    static const struct pk_layout q4_0 = {32, 18, 0, 2, {{2, 16, 4, PK_COPY}, {0, 2, 2, PK_COPY}}};
+    static const struct pk_layout q8_0 = {
+        32, 34, 0, 2, {F(2, 32, 4, PK_FLIP), F(0, 2, 2, PK_COPY)}};
+    static const struct pk_layout q4_0 = {
+        32, 18, 0, 2, {F(2, 16, 4, PK_COPY), F(0, 2, 2, PK_COPY)}};
     static const struct pk_layout q5_0 = {
-        32, 22, 0, 3, {{6, 16, 4, PK_COPY}, {2, 4, 4, PK_PLANE}, {0, 2, 2, PK_COPY}}};
+        32, 22, 0, 3, {F(6, 16, 4, PK_COPY), F(2, 4, 4, PK_PLANE), F(0, 2, 2, PK_COPY)}};
     /* K-quants: the scales first (Q4_K/Q5_K's 12 bytes of packed 6-bit scales and mins as
      * three lane vectors of 32-bit words; Q6_K's 16 int8 scales as byte planes), d (and dmin),
      * then the quants as lane vectors in the order the kernel first reads them, so that a
@@ -45,32 +55,29 @@ static const struct pk_layout *layout(enum ar_type t)
      * its ql and its 32 bytes of qh a lane vector of each in turn (the kernel reads them
      * together), then the other 32 of ql (then 32 bytes of padding) */
     static const struct pk_layout q4_K = {
-        256, 144, 0, 4,
-        {{4, 12, 4, PK_COPY}, {0, 2, 2, PK_COPY}, {2, 2, 2, PK_COPY}, {16, 128, 4, PK_COPY}}};
-    static const struct pk_layout q5_K = {256, 176, 0, 5,
-                                          {{4, 12, 4, PK_COPY},
-                                           {0, 2, 2, PK_COPY},
-                                           {2, 2, 2, PK_COPY},
-                                           {16, 32, 4, PK_COPY},
-                                           {48, 128, 4, PK_COPY}}};
-    static const struct pk_layout q6_K = {
         256,
-        210,
-        32,
-        36,
-        {{192, 16, 1, PK_COPY}, {208, 2, 2, PK_COPY}, {0, 4, 4, PK_COPY},   {128, 4, 4, PK_COPY},
-         {4, 4, 4, PK_COPY},    {132, 4, 4, PK_COPY}, {8, 4, 4, PK_COPY},   {136, 4, 4, PK_COPY},
-         {12, 4, 4, PK_COPY},   {140, 4, 4, PK_COPY}, {16, 4, 4, PK_COPY},  {144, 4, 4, PK_COPY},
-         {20, 4, 4, PK_COPY},   {148, 4, 4, PK_COPY}, {24, 4, 4, PK_COPY},  {152, 4, 4, PK_COPY},
-         {28, 4, 4, PK_COPY},   {156, 4, 4, PK_COPY}, {32, 32, 4, PK_COPY}, {64, 4, 4, PK_COPY},
-         {160, 4, 4, PK_COPY},  {68, 4, 4, PK_COPY},  {164, 4, 4, PK_COPY}, {72, 4, 4, PK_COPY},
-         {168, 4, 4, PK_COPY},  {76, 4, 4, PK_COPY},  {172, 4, 4, PK_COPY}, {80, 4, 4, PK_COPY},
-         {176, 4, 4, PK_COPY},  {84, 4, 4, PK_COPY},  {180, 4, 4, PK_COPY}, {88, 4, 4, PK_COPY},
-         {184, 4, 4, PK_COPY},  {92, 4, 4, PK_COPY},  {188, 4, 4, PK_COPY}, {96, 32, 4, PK_COPY}}};
+        144,
+        0,
+        4,
+        {F(4, 12, 4, PK_COPY), F(0, 2, 2, PK_COPY), F(2, 2, 2, PK_COPY), F(16, 128, 4, PK_COPY)}};
+    static const struct pk_layout q5_K = {256,
+                                          176,
+                                          0,
+                                          5,
+                                          {F(4, 12, 4, PK_COPY), F(0, 2, 2, PK_COPY),
+                                           F(2, 2, 2, PK_COPY), F(16, 32, 4, PK_COPY),
+                                           F(48, 128, 4, PK_COPY)}};
+    static const struct pk_layout q6_K = {256,
+                                          210,
+                                          32,
+                                          6,
+                                          {F(192, 16, 1, PK_COPY), F(208, 2, 2, PK_COPY),
+                                           FP(0, 128, 32, 4), F(32, 32, 4, PK_COPY),
+                                           FP(64, 160, 32, 4), F(96, 32, 4, PK_COPY)}};
     /* F16, BF16: 32 elements a block, the 16 rows side by side one element (F16) or one pair
      * of elements (BF16, as vdpbf16ps multiplies them) at a time */
-    static const struct pk_layout f16 = {32, 64, 0, 1, {{0, 64, 2, PK_COPY}}};
-    static const struct pk_layout bf16 = {32, 64, 0, 1, {{0, 64, 4, PK_COPY}}};
+    static const struct pk_layout f16 = {32, 64, 0, 1, {F(0, 64, 2, PK_COPY)}};
+    static const struct pk_layout bf16 = {32, 64, 0, 1, {F(0, 64, 4, PK_COPY)}};
     switch (t) {
     case AR_TYPE_F16:
         return &f16;
@@ -92,6 +99,8 @@ static const struct pk_layout *layout(enum ar_type t)
         return NULL;
     }
 }
+#undef F
+#undef FP
 
 /* bytes of one block of a group */
 static size_t group_block(const struct pk_layout *l)
@@ -123,11 +132,24 @@ size_t kernels_packed_offset(enum ar_type t, int64_t n, int64_t i)
     return (size_t)(i / KERNELS_PACK_ROWS) * kernels_packed_group(t, n);
 }
 
-/* Where byte k of field f of row r sits in a group's block, whose field f starts at `region` */
+/* Bytes between a field's consecutive units of one row in a group's block: the 16 rows' units,
+ * and for PK_PAIR the second range's after them */
+static size_t field_step(const struct pk_field *f)
+{
+    return KERNELS_PACK_ROWS * (size_t)f->unit * (f->xform == PK_PAIR ? 2 : 1);
+}
+
+/* bytes of field f in a group's block */
+static size_t field_region(const struct pk_field *f)
+{
+    return (size_t)(f->len / f->unit) * field_step(f);
+}
+
+/* Where byte k of field f of row r sits in a group's block, whose field f starts at `region`
+ * (PK_PAIR: byte k of its first range; the second's is KERNELS_PACK_ROWS units further on) */
 static size_t field_at(const struct pk_field *f, size_t region, int r, size_t k)
 {
-    return region + (k / f->unit) * KERNELS_PACK_ROWS * f->unit + (size_t)r * f->unit +
-           k % f->unit;
+    return region + (k / f->unit) * field_step(f) + (size_t)r * f->unit + k % f->unit;
 }
 
 /* Q5_0's high bits qh (bit i: quant i's bit 4) as the plane's byte j (bit v: quant 4v + j) */
@@ -169,10 +191,12 @@ static void field_move(const struct pk_field *f, uint8_t *d, size_t d_step, cons
     }
 }
 
-/* One field of one row's block: src (the row's bytes) -> the group's block gb */
-static void field_pack(const struct pk_field *f, size_t region, int r, const uint8_t *src,
+/* One field of row r's block blk -> the group's block gb */
+static void field_pack(const struct pk_field *f, size_t region, int r, const uint8_t *blk,
                        uint8_t *gb)
 {
+    const uint8_t *src = blk + f->src;
+    uint8_t *d = gb + field_at(f, region, r, 0);
     if (f->xform == PK_PLANE) {
         uint32_t qh = (uint32_t)src[0] | (uint32_t)src[1] << 8 | (uint32_t)src[2] << 16 |
                       (uint32_t)src[3] << 24;
@@ -180,13 +204,18 @@ static void field_pack(const struct pk_field *f, size_t region, int r, const uin
             gb[field_at(f, region, r, (size_t)j)] = high_plane_byte(qh, j);
         return;
     }
-    field_move(f, gb + field_at(f, region, r, 0), KERNELS_PACK_ROWS * (size_t)f->unit, src,
-               f->unit);
+    field_move(f, d, field_step(f), src, f->unit);
+    if (f->xform == PK_PAIR)
+        field_move(f, d + KERNELS_PACK_ROWS * (size_t)f->unit, field_step(f), blk + f->src2,
+                   f->unit);
 }
 
+/* field_pack's inverse: row r's bytes of field f in the group's block gb -> its block blk */
 static void field_unpack(const struct pk_field *f, size_t region, int r, const uint8_t *gb,
-                         uint8_t *dst)
+                         uint8_t *blk)
 {
+    uint8_t *dst = blk + f->src;
+    const uint8_t *s = gb + field_at(f, region, r, 0);
     if (f->xform == PK_PLANE) {
         uint32_t qh = 0;
         for (int j = 0; j < 4; j++)
@@ -196,8 +225,10 @@ static void field_unpack(const struct pk_field *f, size_t region, int r, const u
             dst[k] = (uint8_t)(qh >> (8 * k));
         return;
     }
-    field_move(f, dst, f->unit, gb + field_at(f, region, r, 0),
-               KERNELS_PACK_ROWS * (size_t)f->unit);
+    field_move(f, dst, f->unit, s, field_step(f));
+    if (f->xform == PK_PAIR)
+        field_move(f, blk + f->src2, f->unit, s + KERNELS_PACK_ROWS * (size_t)f->unit,
+                   field_step(f));
 }
 
 void kernels_pack_rows(enum ar_type t, const void *w, size_t w_row, int64_t n, int64_t nr,
@@ -218,8 +249,8 @@ void kernels_pack_rows(enum ar_type t, const void *w, size_t w_row, int64_t n, i
                 if (r == 0)
                     memset(gb + KERNELS_PACK_ROWS * (size_t)l->bytes, 0, l->pad);
                 for (int i = 0; i < l->nf; i++) {
-                    field_pack(&l->f[i], region, r, row + (size_t)b * l->bytes + l->f[i].src, gb);
-                    region += KERNELS_PACK_ROWS * (size_t)l->f[i].len;
+                    field_pack(&l->f[i], region, r, row + (size_t)b * l->bytes, gb);
+                    region += field_region(&l->f[i]);
                 }
             }
         }
@@ -237,8 +268,8 @@ void kernels_unpack_row(enum ar_type t, const void *wp, int64_t n, int64_t i, vo
         const uint8_t *gb = gp + (size_t)b * group_block(l);
         size_t region = 0;
         for (int k = 0; k < l->nf; k++) {
-            field_unpack(&l->f[k], region, r, gb, (uint8_t *)dst + (size_t)b * l->bytes + l->f[k].src);
-            region += KERNELS_PACK_ROWS * (size_t)l->f[k].len;
+            field_unpack(&l->f[k], region, r, gb, (uint8_t *)dst + (size_t)b * l->bytes);
+            region += field_region(&l->f[k]);
         }
     }
 }
