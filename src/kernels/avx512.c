@@ -1889,14 +1889,17 @@ AR_INLINE void pkk_few(const int kind, int J, const struct lk_wt *wt, const uint
 static void pkk_tune(struct kernel_ops *ops)
 {
     const struct ar_cpu_features *cpu = ar_cpu_features_get();
-    int env = kernels_kq_prefetch_env;
-    if (env < 0)
-        env = !cpu->amd ? 0 : cpu->family >= 0x1a ? 1 : cpu->family == 0x19 ? 2 : 0;
-    pkk_into_l1 = env == 1;
-    pkk_ahead = env == 2 ? 0 : env == 1 ? 2 : 8;
-    ops->tuning = env == 2   ? "K-quant decode prefetch off (the hardware's alone)"
-                  : env == 1 ? "K-quant decode prefetch 2 super-blocks ahead into L1"
-                             : "K-quant decode prefetch 8 super-blocks ahead into L2";
+    enum kq_prefetch pf = kernels_kq_prefetch_env;
+    if (pf == KQ_PREFETCH_CPU)
+        pf = !cpu->amd             ? KQ_PREFETCH_L2
+             : cpu->family >= 0x1a ? KQ_PREFETCH_L1
+             : cpu->family == 0x19 ? KQ_PREFETCH_OFF
+                                   : KQ_PREFETCH_L2;
+    pkk_into_l1 = pf == KQ_PREFETCH_L1;
+    pkk_ahead = pf == KQ_PREFETCH_OFF ? 0 : pf == KQ_PREFETCH_L1 ? 2 : 8;
+    ops->tuning = pf == KQ_PREFETCH_OFF  ? "K-quant decode prefetch off (the hardware's alone)"
+                  : pf == KQ_PREFETCH_L1 ? "K-quant decode prefetch 2 super-blocks ahead into L1"
+                                         : "K-quant decode prefetch 8 super-blocks ahead into L2";
 }
 AR_INLINE void pkk_gemm(const int kind, int nb, int nr, int nc, const uint8_t *wp,
                         const uint8_t *x, size_t x_row, float *y, size_t ldy)

@@ -21,9 +21,17 @@ void kernels_fill_avx512_bf16(struct kernel_ops *ops); /* avx512_bf16.c: + avx51
     (288 + 1536 * (size_t)(h) + ((part) ? 1024 + 64 * (size_t)(t) : 128 * (size_t)(t)))
 #define PK_Q6_QH(h, t) (288 + 1536 * (size_t)(h) + 128 * (size_t)(t) + 64)
 
-/* AR_KQ_PREFETCH as select.c read it before the tables were filled (once, with a warning for
- * any other value): 1 for l1, 0 for l2, 2 for off, -1 where unset (each variant chooses). */
-extern int kernels_kq_prefetch_env;
+/* Where the K-quant decode GEMV prefetches (avx512.c's pkk_tune) */
+enum kq_prefetch {
+    KQ_PREFETCH_CPU = -1, /* unset: chosen per CPU */
+    KQ_PREFETCH_L2,       /* 8 super-blocks ahead into L2 */
+    KQ_PREFETCH_L1,       /* 2 super-blocks ahead into L1 */
+    KQ_PREFETCH_OFF,      /* none: the hardware prefetchers alone */
+};
+
+/* AR_KQ_PREFETCH (l1, l2 or off) as select.c read it before the tables were filled (once, with
+ * a warning for any other value), KQ_PREFETCH_CPU where unset */
+extern enum kq_prefetch kernels_kq_prefetch_env;
 
 /* e^x for x already clamped to [-87.3, 88.7] and k = round(x / ln 2), in vectors of W bits
  * (256 or 512; the caller includes immintrin.h): x = k ln2 + r, |r| <= ln2 / 2, a degree-6

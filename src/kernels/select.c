@@ -92,7 +92,7 @@ static const gemm_fn gemm_wrappers[V_COUNT][AR_TYPE_COUNT] = {
 
 /* ---- building ------------------------------------------------------------------------------ */
 
-int kernels_kq_prefetch_env = -1;
+enum kq_prefetch kernels_kq_prefetch_env = KQ_PREFETCH_CPU;
 
 static void build_tables(void)
 {
@@ -100,10 +100,12 @@ static void build_tables(void)
     const char *env = getenv("AR_KERNELS"), *kq = getenv("AR_KQ_PREFETCH");
 
     if (kq && *kq) {
-        if (!strcmp(kq, "l1") || !strcmp(kq, "l2"))
-            kernels_kq_prefetch_env = kq[1] == '1';
+        if (!strcmp(kq, "l1"))
+            kernels_kq_prefetch_env = KQ_PREFETCH_L1;
+        else if (!strcmp(kq, "l2"))
+            kernels_kq_prefetch_env = KQ_PREFETCH_L2;
         else if (!strcmp(kq, "off"))
-            kernels_kq_prefetch_env = 2;
+            kernels_kq_prefetch_env = KQ_PREFETCH_OFF;
         else
             AR_WARN("AR_KQ_PREFETCH=%s is not l1, l2 or off; the CPU's choice stands", kq);
     }
