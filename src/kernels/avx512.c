@@ -6,6 +6,7 @@
 #include <immintrin.h>
 #include <math.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -965,6 +966,93 @@ AR_INLINE void pk_few(const int kind, int nb, int nr, int nc, const uint8_t *wp,
     }
 }
 
+/* The stream order of pk_gemm's few rows (kernels_batch_gemm): one group at a time, block by
+ * block as pk_gemv, up to 4 activation rows per pass (more: the group again, from L1 or L2,
+ * for each further 4), the block PK_STREAM_AHEAD on asked for into L2 on the first pass (past
+ * the group's end: the next group's; past the matrix's end prefetches do not fault). The pairs
+ * (pk_few) read two groups' chunks of 8 blocks side by side, so a few rows' products fetch two
+ * streams at once, 4 KiB apart and in bursts. Zen 4 (2026-12-07), one thread, a 300 MB Q8_0
+ * matrix in calls of 4864 rows from memory, median GB/s of the weights, pairs -> stream, the
+ * two alternated: 1024 wide against 2 rows 9.8-11.3 -> 22.8-26.2, 3 rows 10.5-11.6 -> 21.6-23.8,
+ * 4 rows 9.4-10.4 -> 23.2-26.3, 8 rows 8.3 -> 13.0-16.7, 16 rows 5.7-5.8 -> 6.4-6.5 (the 16 rows'
+ * products bound it); 896 and 4864 wide against 2 and 4 rows 9.6-13.3 -> 18.8-21.7; Q4_0
+ * against 2 and 4 rows 10.1-11.3 -> 18.7-28.1. Without the software prefetch the stream reached
+ * 25 against 2 rows but 11-14 against 4; 2 to 8 blocks ahead, or into L1, no better than none.
+ * Every output's operations are pk_few's, in its order (an int32 sum's association changes no
+ * bit). */
+#define PK_STREAM_AHEAD 16
+
+AR_INLINE void pk_stream_rows(const int kind, const int J, int nb, const uint8_t *gq, bool pf,
+                              const uint8_t *x, size_t x_row, const float *xd, const int32_t *xc,
+                              float *y, size_t ldy, __mmask16 m)
+{
+    __m512 acc[4];
+    _Pragma("GCC unroll 4") for (int j = 0; j < J; j++) acc[j] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = gq + (size_t)b * PK_B(kind);
+        if (pf) {
+            uintptr_t a = (uintptr_t)(blk + PK_STREAM_AHEAD * PK_B(kind));
+            for (uintptr_t l = a & ~(uintptr_t)63; l < a + PK_B(kind); l += 64)
+                _mm_prefetch((const char *)l, _MM_HINT_T1);
+        }
+        __m512i v[8];
+        const uint8_t *q = pk_block(kind, gq, b, v);
+        if (kind == LN_Q8_0) {
+            _Pragma("GCC unroll 8") for (int t = 0; t < 8; t++) v[t] =
+                _mm512_loadu_si512((const void *)(q + 64 * t));
+        }
+        __m512 wd = _mm512_cvtph_ps(_mm256_loadu_si256(cv256(blk + PK_Q(kind))));
+        _Pragma("GCC unroll 4") for (int j = 0; j < J; j++)
+        {
+            const int8_t *xq =
+                ((const struct block_q8_0 *)(const void *)(x + (size_t)j * x_row))[b].qs;
+            /* two chains per row, so that 2 rows still keep 4 in flight */
+            __m512i p0 = _mm512_set1_epi32(xc[j * nb + b]), p1 = _mm512_setzero_si512();
+            _Pragma("GCC unroll 4") for (int t = 0; t < 8; t += 2)
+            {
+                p0 = _mm512_dpbusd_epi32(p0, v[t], _mm512_set1_epi32(load_i32(xq + 4 * t)));
+                p1 = _mm512_dpbusd_epi32(p1, v[t + 1], _mm512_set1_epi32(load_i32(xq + 4 * t + 4)));
+            }
+            acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(p0, p1)),
+                                     _mm512_mul_ps(wd, _mm512_set1_ps(xd[j * nb + b])), acc[j]);
+        }
+    }
+    _Pragma("GCC unroll 4") for (int j = 0; j < J; j++)
+        _mm512_mask_storeu_ps(y + (size_t)j * ldy, m, acc[j]);
+}
+
+/* nc (2 to LN_FEW) activation rows in the stream order; xd/xc as pk_few's */
+AR_INLINE void pk_stream(const int kind, int nb, int nr, int nc, const uint8_t *wp,
+                         const uint8_t *x, size_t x_row, const float *xd, const int32_t *xc,
+                         float *y, size_t ldy)
+{
+    const size_t gsz = (size_t)nb * PK_B(kind);
+    for (int i0 = 0; i0 < nr; i0 += 16) {
+        const uint8_t *gq = wp + (size_t)(i0 / 16) * gsz;
+        __mmask16 m = (__mmask16)((1u << AR_MIN(16, nr - i0)) - 1u);
+        for (int j = 0; j < nc; j += 4) {
+            const uint8_t *xj = x + (size_t)j * x_row;
+            const float *dj = xd + j * nb;
+            const int32_t *cj = xc + j * nb;
+            float *yj = y + (size_t)j * ldy + (size_t)i0;
+            switch (AR_MIN(4, nc - j)) {
+            case 4:
+                pk_stream_rows(kind, 4, nb, gq, j == 0, xj, x_row, dj, cj, yj, ldy, m);
+                break;
+            case 3:
+                pk_stream_rows(kind, 3, nb, gq, j == 0, xj, x_row, dj, cj, yj, ldy, m);
+                break;
+            case 2:
+                pk_stream_rows(kind, 2, nb, gq, j == 0, xj, x_row, dj, cj, yj, ldy, m);
+                break;
+            default:
+                pk_stream_rows(kind, 1, nb, gq, j == 0, xj, x_row, dj, cj, yj, ldy, m);
+                break;
+            }
+        }
+    }
+}
+
 AR_INLINE void pk_gemm(const int kind, int nb, int nr, int nc, const uint8_t *wp,
                        const uint8_t *x, size_t x_row, float *y, size_t ldy)
 {
@@ -986,7 +1074,10 @@ AR_INLINE void pk_gemm(const int kind, int nb, int nr, int nc, const uint8_t *wp
         static _Thread_local float fxd[LN_FEW * LN_FEW_NB];
         static _Thread_local int32_t fxc[LN_FEW * LN_FEW_NB];
         ln_x_prep(nc, nb, x, x_row, off, fxd, fxc, nb);
-        pk_few(kind, nb, nr, nc, wp, x, x_row, fxd, fxc, y, ldy);
+        if (kernels_batch_gemm == BATCH_GEMM_STREAM)
+            pk_stream(kind, nb, nr, nc, wp, x, x_row, fxd, fxc, y, ldy);
+        else
+            pk_few(kind, nb, nr, nc, wp, x, x_row, fxd, fxc, y, ldy);
         return;
     }
     /* many rows: chunk by chunk over all groups, as ln_gemm, so a chunk of every activation
@@ -1886,7 +1977,7 @@ AR_INLINE void pkk_few(const int kind, int J, const struct lk_wt *wt, const uint
  * (the setting first measured; Zen 5 and Intel not yet measured with the faster kernels).
  * AR_KQ_PREFETCH=l1, l2 or off overrides the choice, to measure a new CPU (select.c reads it
  * once, kernels_kq_prefetch_env, and warns about any other value). */
-static void pkk_tune(struct kernel_ops *ops)
+static const char *pkk_tune(void)
 {
     const struct ar_cpu_features *cpu = ar_cpu_features_get();
     enum kq_prefetch pf = kernels_kq_prefetch_env;
@@ -1897,9 +1988,34 @@ static void pkk_tune(struct kernel_ops *ops)
                                    : KQ_PREFETCH_L2;
     pkk_into_l1 = pf == KQ_PREFETCH_L1;
     pkk_ahead = pf == KQ_PREFETCH_OFF ? 0 : pf == KQ_PREFETCH_L1 ? 2 : 8;
-    ops->tuning = pf == KQ_PREFETCH_OFF  ? "K-quant decode prefetch off (the hardware's alone)"
-                  : pf == KQ_PREFETCH_L1 ? "K-quant decode prefetch 2 super-blocks ahead into L1"
-                                         : "K-quant decode prefetch 8 super-blocks ahead into L2";
+    return pf == KQ_PREFETCH_OFF  ? "K-quant decode prefetch off (the hardware's alone)"
+           : pf == KQ_PREFETCH_L1 ? "K-quant decode prefetch 2 super-blocks ahead into L1"
+                                  : "K-quant decode prefetch 8 super-blocks ahead into L2";
+}
+
+/* The batched decode order of the packed Q8_0/Q4_0/Q5_0 gemm (pk_stream): the stream on Zen 4,
+ * where it measured about twice the pairs' rate; the pairs elsewhere, where they were measured
+ * (Zen 5, 2026-12-06: against one group at a time in chunks, batched decode steps of 2 to 4
+ * rows 1.20-1.31 single-row steps instead of 1.29-1.36) and the stream was not. AR_BATCH_GEMM
+ * overrides. */
+static const char *pk_tune(void)
+{
+    const struct ar_cpu_features *cpu = ar_cpu_features_get();
+    enum batch_gemm o = kernels_batch_gemm_env;
+    if (o == BATCH_GEMM_CPU)
+        o = cpu->amd && cpu->family == 0x19 ? BATCH_GEMM_STREAM : BATCH_GEMM_PAIRS;
+    kernels_batch_gemm = o;
+    return o == BATCH_GEMM_STREAM ? "batched decode gemm: one group's stream at a time"
+                                  : "batched decode gemm: two groups side by side";
+}
+
+/* The variant's tuning line (kernel_ops.tuning): the two choices above */
+static void packed_tune(struct kernel_ops *ops)
+{
+    static char line[128];
+    const char *kq = pkk_tune(), *batch = pk_tune();
+    snprintf(line, sizeof(line), "%s; %s", kq, batch);
+    ops->tuning = line;
 }
 AR_INLINE void pkk_gemm(const int kind, int nb, int nr, int nc, const uint8_t *wp,
                         const uint8_t *x, size_t x_row, float *y, size_t ldy)
@@ -2729,7 +2845,7 @@ void kernels_fill_avx512(struct kernel_ops *ops)
 {
     ops->int8_peak = int8_peak;
 #ifdef __AVX512VNNI__
-    pkk_tune(ops);
+    packed_tune(ops);
 #endif
 #ifdef __AVX512VNNI__
     ops->int8_peak_insn = "vpdpbusd zmm";

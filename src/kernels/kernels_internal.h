@@ -33,6 +33,15 @@ enum kq_prefetch {
  * a warning for any other value), KQ_PREFETCH_CPU where unset */
 extern enum kq_prefetch kernels_kq_prefetch_env;
 
+/* The packed Q8_0/Q4_0/Q5_0 gemm's order against 2 to 16 activation rows (batched decode):
+ * two groups side by side chunk by chunk (avx512.c's pk_few), or one group at a time block by
+ * block with the stream asked for far ahead into L2 (pk_stream). kernels_batch_gemm_env is
+ * AR_BATCH_GEMM (pairs or stream) as select.c read it, BATCH_GEMM_CPU where unset;
+ * kernels_batch_gemm the order in use, which the AVX-512 VNNI variants resolve per CPU when
+ * their tables are filled and read at every call (so a test may set it to run either). */
+enum batch_gemm { BATCH_GEMM_CPU = -1, BATCH_GEMM_PAIRS, BATCH_GEMM_STREAM };
+extern enum batch_gemm kernels_batch_gemm_env, kernels_batch_gemm;
+
 /* e^x for x already clamped to [-87.3, 88.7] and k = round(x / ln 2), in vectors of W bits
  * (256 or 512; the caller includes immintrin.h): x = k ln2 + r, |r| <= ln2 / 2, a degree-6
  * polynomial for e^r (the classic Cephes coefficients, relative error about 2e-7), times 2^k in

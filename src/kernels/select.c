@@ -93,11 +93,13 @@ static const gemm_fn gemm_wrappers[V_COUNT][AR_TYPE_COUNT] = {
 /* ---- building ------------------------------------------------------------------------------ */
 
 enum kq_prefetch kernels_kq_prefetch_env = KQ_PREFETCH_CPU;
+enum batch_gemm kernels_batch_gemm_env = BATCH_GEMM_CPU, kernels_batch_gemm = BATCH_GEMM_PAIRS;
 
 static void build_tables(void)
 {
     const struct ar_cpu_features *cpu = ar_cpu_features_get();
     const char *env = getenv("AR_KERNELS"), *kq = getenv("AR_KQ_PREFETCH");
+    const char *bg = getenv("AR_BATCH_GEMM");
 
     if (kq && *kq) {
         if (!strcmp(kq, "l1"))
@@ -108,6 +110,14 @@ static void build_tables(void)
             kernels_kq_prefetch_env = KQ_PREFETCH_OFF;
         else
             AR_WARN("AR_KQ_PREFETCH=%s is not l1, l2 or off; the CPU's choice stands", kq);
+    }
+    if (bg && *bg) {
+        if (!strcmp(bg, "pairs"))
+            kernels_batch_gemm_env = BATCH_GEMM_PAIRS;
+        else if (!strcmp(bg, "stream"))
+            kernels_batch_gemm_env = BATCH_GEMM_STREAM;
+        else
+            AR_WARN("AR_BATCH_GEMM=%s is not pairs or stream; the CPU's choice stands", bg);
     }
 
     kernels_fill_ref(&tables[V_REF]);

@@ -145,8 +145,9 @@ static void bench_json_names_ref_everywhere_under_ar_kernels_ref(void **state)
 }
 
 /* The machine line names the CPU's vendor and family and the per-CPU choice of the kernels in
- * use (the K-quant decode prefetch of the AVX-512 VNNI tables), which AR_KQ_PREFETCH
- * overrides; the ref table makes no such choice. Returns the machine line's "tuning". */
+ * use (the K-quant decode prefetch of the AVX-512 VNNI tables and their batched decode
+ * order), which AR_KQ_PREFETCH and AR_BATCH_GEMM override; the ref table makes no such choice.
+ * Returns the machine line's "tuning". */
 static char *bench_tuning(const char *env)
 {
     char model[512], *tuning = NULL;
@@ -192,6 +193,13 @@ static void bench_names_the_per_cpu_prefetch_choice(void **state)
         free(t);
         t = bench_tuning("AR_KQ_PREFETCH=off");
         assert_non_null(strstr(t, "prefetch off"));
+        free(t);
+        /* and the order of the batched decode gemm, AR_BATCH_GEMM */
+        t = bench_tuning("AR_BATCH_GEMM=pairs");
+        assert_non_null(strstr(t, "two groups side by side"));
+        free(t);
+        t = bench_tuning("AR_BATCH_GEMM=stream");
+        assert_non_null(strstr(t, "one group's stream at a time"));
     } else {
         assert_string_equal(t, "");
     }

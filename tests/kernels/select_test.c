@@ -133,6 +133,7 @@ static int run_child_env(const char *var, const char *value, const char *want, c
         ar_log_set(count_warnings, NULL);
         unsetenv("AR_KERNELS");
         unsetenv("AR_KQ_PREFETCH");
+        unsetenv("AR_BATCH_GEMM");
         if (value)
             setenv(var, value, 1);
         k = kernels_get();
@@ -321,6 +322,17 @@ static void ar_kq_prefetch_overrides_the_choice_and_warns_once_on_a_bad_value(vo
     assert_int_equal(run_child_env("AR_KQ_PREFETCH", "", NULL, NULL, 0), CHILD_OK);
 }
 
+static void ar_batch_gemm_overrides_the_order_and_warns_once_on_a_bad_value(void **state)
+{
+    (void)state;
+    assert_int_equal(run_child_env("AR_BATCH_GEMM", "pairs", NULL, "two groups side by side", 0),
+                     CHILD_OK);
+    assert_int_equal(
+        run_child_env("AR_BATCH_GEMM", "stream", NULL, "one group's stream at a time", 0),
+        CHILD_OK);
+    assert_int_equal(run_child_env("AR_BATCH_GEMM", "rows", NULL, NULL, 1), CHILD_OK);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -332,6 +344,7 @@ int main(void)
         cmocka_unit_test(each_entry_records_the_variant_whose_function_it_holds),
         cmocka_unit_test(ar_kernels_ref_records_ref_for_every_entry),
         cmocka_unit_test(ar_kq_prefetch_overrides_the_choice_and_warns_once_on_a_bad_value),
+        cmocka_unit_test(ar_batch_gemm_overrides_the_order_and_warns_once_on_a_bad_value),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -8,6 +8,7 @@
 #include <math.h>
 
 #include "kernels/kernels.h"
+#include "kernels/kernels_internal.h"
 #include "kernels/quants.h"
 
 #define MAX_VARIANTS 8
@@ -379,6 +380,7 @@ static void packed_gemm_equals_gemm_on_the_unpacked_rows(void **state)
 {
     const struct kernel_ops *vs[MAX_VARIANTS];
     int nv = kernels_variants(vs, MAX_VARIANTS), checked = 0, packed_variants = 0;
+    const enum batch_gemm chosen = kernels_batch_gemm;
     static const enum ar_type types[] = {AR_TYPE_Q8_0, AR_TYPE_Q4_0, AR_TYPE_Q5_0, AR_TYPE_Q4_K,
                                          AR_TYPE_Q5_K, AR_TYPE_Q6_K, AR_TYPE_F16, AR_TYPE_BF16};
     static const int nrs[] = {1, 15, 16, 17, 40, 67};
@@ -417,27 +419,32 @@ static void packed_gemm_equals_gemm_on_the_unpacked_rows(void **state)
                 kernels_unpack_row(t, wp, n, i, back);
                 assert_memory_equal(back, w + (size_t)i * w_row, w_row);
             }
-            for (int v = 0; v < nv; v++) {
-                if (!vs[v]->gemm_packed[t])
-                    continue;
-                if (bi == 0 && ti == 0)
-                    packed_variants++;
-                for (int a = 0; a < COUNT(nrs); a++) {
-                    for (int c = 0; c < COUNT(ncs); c++) {
-                        int nr = nrs[a], nc = ncs[c];
-                        /* the tile starting at the second group where there is one */
-                        int i0 = nr_max - nr >= 16 ? 16 : 0;
-                        vs[v]->gemm[t](n, nr, nc, w + (size_t)i0 * w_row, w_row, x, x_row, y1,
-                                       (size_t)nr);
-                        vs[v]->gemm_packed[t](n, nr, nc, wp + kernels_packed_offset(t, n, i0),
-                                              x, x_row, y2, (size_t)nr);
-                        for (int k = 0; k < nr * nc; k++)
-                            if (memcmp(&y1[k], &y2[k], sizeof(float)) != 0)
-                                fail_msg("%s %s n=%d: packed (%d, %d) of %d x %d: %.9g, "
-                                         "gemm %.9g",
-                                         vs[v]->name, ar_type_name(t), n, k % nr, k / nr, nr,
-                                         nc, (double)y2[k], (double)y1[k]);
-                        checked++;
+            /* each batched decode order (kernels_internal.h), whichever the CPU chose */
+            for (int o = 0; o < 2; o++) {
+                for (int v = 0; v < nv; v++) {
+                    if (!vs[v]->gemm_packed[t])
+                        continue;
+                    if (bi == 0 && ti == 0 && o == 0)
+                        packed_variants++;
+                    kernels_batch_gemm = o == 0 ? BATCH_GEMM_PAIRS : BATCH_GEMM_STREAM;
+                    for (int a = 0; a < COUNT(nrs); a++) {
+                        for (int c = 0; c < COUNT(ncs); c++) {
+                            int nr = nrs[a], nc = ncs[c];
+                            /* the tile starting at the second group where there is one */
+                            int i0 = nr_max - nr >= 16 ? 16 : 0;
+                            vs[v]->gemm[t](n, nr, nc, w + (size_t)i0 * w_row, w_row, x, x_row, y1,
+                                           (size_t)nr);
+                            vs[v]->gemm_packed[t](n, nr, nc, wp + kernels_packed_offset(t, n, i0),
+                                                  x, x_row, y2, (size_t)nr);
+                            for (int k = 0; k < nr * nc; k++)
+                                if (memcmp(&y1[k], &y2[k], sizeof(float)) != 0)
+                                    fail_msg("%s %s n=%d (%s): packed (%d, %d) of %d x %d: %.9g, "
+                                             "gemm %.9g",
+                                             vs[v]->name, ar_type_name(t), n,
+                                             o ? "stream" : "pairs", k % nr, k / nr, nr, nc,
+                                             (double)y2[k], (double)y1[k]);
+                            checked++;
+                        }
                     }
                 }
             }
@@ -449,6 +456,7 @@ static void packed_gemm_equals_gemm_on_the_unpacked_rows(void **state)
             free(y2);
         }
     }
+    kernels_batch_gemm = chosen;
     /* the reference table has a packed gemm, so every CPU runs this test */
     assert_true(packed_variants >= 1);
     print_message("packed gemm: %d tiles over %d variant(s) with a packed gemm\n", checked,
