@@ -1423,10 +1423,12 @@ DEFINE_GEMM(q6_K, struct block_q6_K, struct block_q8_K, q6_K_block, 1, QK_K)
  * fall, so any split of rows or columns gives the same bits. */
 
 enum { LK_Q4_K, LK_Q5_K, LK_Q6_K };
-/* Where the decode path's software prefetch puts a super-block, and how far ahead (0: no
- * prefetch): chosen per CPU when the table is filled (see pkk_tune). */
+/* Where the decode path's software prefetch puts a super-block, how far ahead (0: no
+ * prefetch) and from how many activation rows on: chosen per CPU when the table is filled (see
+ * pkk_tune). */
 static bool pkk_into_l1 = true;
 static size_t pkk_ahead = 2;
+static int pkk_min_rows = 1;
 
 /* Lines [l0, l1) of the super-block pf (none when pf is NULL) into L1 or L2 as pkk_tune
  * chose */
@@ -1446,6 +1448,15 @@ AR_INLINE void pkk_prefetch_lines(const uint8_t *pf, int l0, int l1)
 /* Below this many activation rows the 4 x 4 tiles are faster (unpacking 16 rows' super-block
  * costs about as much as 10 activation rows' products). */
 #define LK_MIN_NC 12
+/* The same for packed weights (pkk_gemm): up to 16 rows the few-rows path, which takes each
+ * super-block's quants into registers once per 4 rows, streams faster than the lane gemm. Zen
+ * 4 (2026-12-07), one thread, a 300 MB matrix from memory in calls of 4864 rows, the two
+ * alternated, median GB/s: 1024 wide Q4_K against 12 rows 3.6 -> 6.5, 16 rows 3.0 -> 4.5,
+ * Q6_K 4.5 -> 7.3 and 3.9 -> 5.4, Q5_K against 16 3.6 -> 4.3, 3072 wide Q4_K against 16
+ * 3.4 -> 5.5; at 20 rows the two were equal, from 24 on the lane gemm faster. From L2 the lane
+ * gemm is as fast at 12 rows and faster at 16 (Q6_K 6.3 against 4.9 GB/s), but a batch's
+ * weights come from memory. Not measured on other CPUs. */
+#define PKK_MIN_NC 17
 #ifndef LK_J2
 #define LK_J2 4
 #endif
@@ -1973,10 +1984,17 @@ AR_INLINE void pkk_few(const int kind, int J, const struct lk_wt *wt, const uint
  *   a super-block no longer outruns the hardware prefetchers there, and the software
  *   prefetches only get in their way. qwen3-0.6b Q4_K_M decode on 1 thread went from 54-56 to
  *   67-70 tok/s (decode efficiency 0.69-0.75 to 0.87).
- * So Zen 5 and later AMD take 2 ahead into L1, Zen 4 none, every other CPU 8 ahead into L2
- * (the setting first measured; Zen 5 and Intel not yet measured with the faster kernels).
- * AR_KQ_PREFETCH=l1, l2 or off overrides the choice, to measure a new CPU (select.c reads it
- * once, kernels_kq_prefetch_env, and warns about any other value). */
+ * - Zen 4, batched decode (2026-12-07, the same matrix in calls of 4864 rows, no prefetch and
+ *   8 ahead into L2 alternated, median GB/s): 3072 wide Q4_K against 3 rows 11.3 -> 18.2, 4
+ *   rows 10.0 -> 14.9, 8 rows 5.5 -> 8.2, Q6_K against 3 rows 10.1 -> 17.2, 8 rows 5.3 -> 8.6;
+ *   1024 wide Q5_K and Q6_K against 4 and 8 rows 16-18 -> 19 and 5.4-7.1 -> 8.7-10.4, Q4_K
+ *   within the noise. Against 2 rows it was no better (Q6_K 21.7-24.9 -> 16.3-22.3, Q4_K
+ *   either way by turns), against one worse (above).
+ * So Zen 5 and later AMD take 2 ahead into L1, Zen 4 8 ahead into L2 from 3 activation rows
+ * and none below, every other CPU 8 ahead into L2 (the setting first measured; Zen 5 and
+ * Intel not yet measured with the faster kernels). AR_KQ_PREFETCH=l1, l2, l2batch or off
+ * overrides the choice, to measure a new CPU (select.c reads it once,
+ * kernels_kq_prefetch_env, and warns about any other value). */
 static const char *pkk_tune(void)
 {
     const struct ar_cpu_features *cpu = ar_cpu_features_get();
@@ -1984,13 +2002,16 @@ static const char *pkk_tune(void)
     if (pf == KQ_PREFETCH_CPU)
         pf = !cpu->amd             ? KQ_PREFETCH_L2
              : cpu->family >= 0x1a ? KQ_PREFETCH_L1
-             : cpu->family == 0x19 ? KQ_PREFETCH_OFF
+             : cpu->family == 0x19 ? KQ_PREFETCH_L2_BATCH
                                    : KQ_PREFETCH_L2;
     pkk_into_l1 = pf == KQ_PREFETCH_L1;
     pkk_ahead = pf == KQ_PREFETCH_OFF ? 0 : pf == KQ_PREFETCH_L1 ? 2 : 8;
+    pkk_min_rows = pf == KQ_PREFETCH_L2_BATCH ? 3 : 1;
     return pf == KQ_PREFETCH_OFF  ? "K-quant decode prefetch off (the hardware's alone)"
            : pf == KQ_PREFETCH_L1 ? "K-quant decode prefetch 2 super-blocks ahead into L1"
-                                  : "K-quant decode prefetch 8 super-blocks ahead into L2";
+           : pf == KQ_PREFETCH_L2 ? "K-quant decode prefetch 8 super-blocks ahead into L2"
+                                  : "K-quant decode prefetch 8 super-blocks ahead into L2 "
+                                    "from 3 activation rows (none for 1 or 2)";
 }
 
 /* The batched decode order of the packed Q8_0/Q4_0/Q5_0 gemm (pk_stream): the stream on Zen 4,
@@ -2012,7 +2033,7 @@ static const char *pk_tune(void)
 /* The variant's tuning line (kernel_ops.tuning): the two choices above */
 static void packed_tune(struct kernel_ops *ops)
 {
-    static char line[128];
+    static char line[256];
     const char *kq = pkk_tune(), *batch = pk_tune();
     snprintf(line, sizeof(line), "%s; %s", kq, batch);
     ops->tuning = line;
@@ -2022,13 +2043,14 @@ AR_INLINE void pkk_gemm(const int kind, int nb, int nr, int nc, const uint8_t *w
 {
     const size_t pbs = PKK_B(kind), gsz = (size_t)nb * pbs, xbs = sizeof(struct block_q8_K);
     struct lk_wt wt;
-    if (nc >= LK_MIN_NC) {
+    if (nc >= PKK_MIN_NC) {
         lk_gemm(kind, true, nb, nr, nc, wp, 0, x, x_row, y, ldy);
         return;
     }
     /* few rows (decode): group after group in address order, each super-block's quants taken
      * into registers once per 4 activation rows (past the matrix's end the prefetch reads
      * nothing: prefetches do not fault) */
+    const size_t ahead = nc >= pkk_min_rows ? pkk_ahead : 0;
     for (int i0 = 0; i0 < nr; i0 += 16) {
         const uint8_t *gq = wp + (size_t)(i0 / 16) * gsz;
         __mmask16 m = (__mmask16)((1u << AR_MIN(16, nr - i0)) - 1u);
@@ -2036,9 +2058,9 @@ AR_INLINE void pkk_gemm(const int kind, int nb, int nr, int nc, const uint8_t *w
             const uint8_t *p = gq + (size_t)b * pbs, *xb = x + (size_t)b * xbs;
             pkk_scales(kind, p, &wt);
             for (int j = 0; j < nc; j += 4)
-                pkk_few(kind, AR_MIN(4, nc - j), &wt, p,
-                        j == 0 && pkk_ahead ? p + pkk_ahead * pbs : NULL, xb + (size_t)j * x_row,
-                        x_row, y + (size_t)j * ldy + (size_t)i0, ldy, m, b == 0);
+                pkk_few(kind, AR_MIN(4, nc - j), &wt, p, j == 0 && ahead ? p + ahead * pbs : NULL,
+                        xb + (size_t)j * x_row, x_row, y + (size_t)j * ldy + (size_t)i0, ldy, m,
+                        b == 0);
         }
     }
 }

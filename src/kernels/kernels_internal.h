@@ -27,10 +27,11 @@ enum kq_prefetch {
     KQ_PREFETCH_L2,       /* 8 super-blocks ahead into L2 */
     KQ_PREFETCH_L1,       /* 2 super-blocks ahead into L1 */
     KQ_PREFETCH_OFF,      /* none: the hardware prefetchers alone */
+    KQ_PREFETCH_L2_BATCH, /* 8 ahead into L2 from 3 activation rows on, none below */
 };
 
-/* AR_KQ_PREFETCH (l1, l2 or off) as select.c read it before the tables were filled (once, with
- * a warning for any other value), KQ_PREFETCH_CPU where unset */
+/* AR_KQ_PREFETCH (l1, l2, l2batch or off) as select.c read it before the tables were filled (once,
+ * with a warning for any other value), KQ_PREFETCH_CPU where unset */
 extern enum kq_prefetch kernels_kq_prefetch_env;
 
 /* The packed Q8_0/Q4_0/Q5_0 gemm's order against 2 to 16 activation rows (batched decode):

@@ -106,10 +106,12 @@ static void build_tables(void)
             kernels_kq_prefetch_env = KQ_PREFETCH_L1;
         else if (!strcmp(kq, "l2"))
             kernels_kq_prefetch_env = KQ_PREFETCH_L2;
+        else if (!strcmp(kq, "l2batch"))
+            kernels_kq_prefetch_env = KQ_PREFETCH_L2_BATCH;
         else if (!strcmp(kq, "off"))
             kernels_kq_prefetch_env = KQ_PREFETCH_OFF;
         else
-            AR_WARN("AR_KQ_PREFETCH=%s is not l1, l2 or off; the CPU's choice stands", kq);
+            AR_WARN("AR_KQ_PREFETCH=%s is not l1, l2, l2batch or off; the CPU's choice stands", kq);
     }
     if (bg && *bg) {
         if (!strcmp(bg, "pairs"))

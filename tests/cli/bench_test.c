@@ -194,6 +194,9 @@ static void bench_names_the_per_cpu_prefetch_choice(void **state)
         t = bench_tuning("AR_KQ_PREFETCH=off");
         assert_non_null(strstr(t, "prefetch off"));
         free(t);
+        t = bench_tuning("AR_KQ_PREFETCH=l2batch");
+        assert_non_null(strstr(t, "into L2 from 3 activation rows"));
+        free(t);
         /* and the order of the batched decode gemm, AR_BATCH_GEMM */
         t = bench_tuning("AR_BATCH_GEMM=pairs");
         assert_non_null(strstr(t, "two groups side by side"));

@@ -317,6 +317,8 @@ static void ar_kq_prefetch_overrides_the_choice_and_warns_once_on_a_bad_value(vo
     (void)state;
     assert_int_equal(run_child_env("AR_KQ_PREFETCH", "l1", NULL, "into L1", 0), CHILD_OK);
     assert_int_equal(run_child_env("AR_KQ_PREFETCH", "l2", NULL, "into L2", 0), CHILD_OK);
+    assert_int_equal(run_child_env("AR_KQ_PREFETCH", "l2batch", NULL, "from 3 activation rows", 0),
+                     CHILD_OK);
     assert_int_equal(run_child_env("AR_KQ_PREFETCH", "off", NULL, "prefetch off", 0), CHILD_OK);
     assert_int_equal(run_child_env("AR_KQ_PREFETCH", "L3", NULL, NULL, 1), CHILD_OK);
     assert_int_equal(run_child_env("AR_KQ_PREFETCH", "", NULL, NULL, 0), CHILD_OK);
