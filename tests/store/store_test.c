@@ -1828,17 +1828,24 @@ static void dropped_connections_are_replaced_without_an_error(void **state)
     store_close(st);
 }
 
-/* Runs deploy/services.sh with args; its stdout (the URL, for start) goes to out. */
+/* Runs deploy/services.sh with args; its stdout (the URL, for start) goes to out. What it
+ * wrote to stderr is printed only when it fails, with the server logs of DIR (the third
+ * word of args), so a server that did not start says why in the test's output. */
 static int services(const char *args, char *out, size_t out_size)
 {
-    char cmd[512];
+    char cmd[768], err_path[] = "/tmp/ar_services_XXXXXX";
     FILE *p;
     size_t n = 0;
-    int rc;
-    snprintf(cmd, sizeof(cmd), "sh deploy/services.sh %s 2>/dev/null", args);
-    p = popen(cmd, "r");
-    if (!p)
+    int rc, fd = mkstemp(err_path);
+    if (fd < 0)
         return -1;
+    close(fd);
+    snprintf(cmd, sizeof(cmd), "sh deploy/services.sh %s 2>%s", args, err_path);
+    p = popen(cmd, "r");
+    if (!p) {
+        unlink(err_path);
+        return -1;
+    }
     if (out && out_size) {
         n = fread(out, 1, out_size - 1, p);
         out[n] = '\0';
@@ -1849,6 +1856,18 @@ static int services(const char *args, char *out, size_t out_size)
             ;
     }
     rc = pclose(p);
+    if (rc != 0) {
+        char dir[256] = "", show[1024];
+        sscanf(args, "%*s %*s %255s", dir);
+        snprintf(show, sizeof(show),
+                 "cat %s; for f in %s/postgres.init.log %s/postgres/server.log; do "
+                 "[ -f \"$f\" ] && echo \"== $f\" && tail -n 20 \"$f\"; done; true",
+                 err_path, dir, dir);
+        print_error("services.sh %s exited %d:\n", args, rc);
+        if (system(show) != 0)
+            print_error("could not show its output\n");
+    }
+    unlink(err_path);
     return rc;
 }
 
