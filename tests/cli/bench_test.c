@@ -177,36 +177,35 @@ static char *bench_tuning(const char *env)
     return tuning;
 }
 
-static void bench_names_the_per_cpu_prefetch_choice(void **state)
+static void bench_names_the_per_cpu_choices(void **state)
 {
+    /* each override and what the tuning line then says */
+    static const char *const overrides[][2] = {
+        {"AR_KQ_PREFETCH=l2", "into L2"},
+        {"AR_KQ_PREFETCH=off", "prefetch off"},
+        {"AR_KQ_PREFETCH=l2batch", "into L2 from 3 activation rows"},
+        {"AR_BATCH_GEMM=pairs", "two groups side by side"},
+        {"AR_BATCH_GEMM=stream", "one group's stream at a time"},
+    };
     char *t = bench_tuning("AR_KERNELS=ref");
     (void)state;
     assert_string_equal(t, "");
     free(t);
     t = bench_tuning("AR_KQ_PREFETCH=l1");
-    /* only the AVX-512 VNNI tables have the K-quant packed gemm and so the choice */
-    if (strstr(t, "prefetch")) {
-        assert_non_null(strstr(t, "into L1"));
-        free(t);
-        t = bench_tuning("AR_KQ_PREFETCH=l2");
-        assert_non_null(strstr(t, "into L2"));
-        free(t);
-        t = bench_tuning("AR_KQ_PREFETCH=off");
-        assert_non_null(strstr(t, "prefetch off"));
-        free(t);
-        t = bench_tuning("AR_KQ_PREFETCH=l2batch");
-        assert_non_null(strstr(t, "into L2 from 3 activation rows"));
-        free(t);
-        /* and the order of the batched decode gemm, AR_BATCH_GEMM */
-        t = bench_tuning("AR_BATCH_GEMM=pairs");
-        assert_non_null(strstr(t, "two groups side by side"));
-        free(t);
-        t = bench_tuning("AR_BATCH_GEMM=stream");
-        assert_non_null(strstr(t, "one group's stream at a time"));
-    } else {
+    /* only the AVX-512 VNNI tables have the K-quant packed gemm and so the choices */
+    if (!strstr(t, "prefetch")) {
         assert_string_equal(t, "");
+        free(t);
+        return;
     }
+    assert_non_null(strstr(t, "into L1"));
     free(t);
+    for (size_t i = 0; i < COUNT(overrides); i++) {
+        t = bench_tuning(overrides[i][0]);
+        if (!strstr(t, overrides[i][1]))
+            fail_msg("%s: tuning \"%s\"", overrides[i][0], t);
+        free(t);
+    }
 }
 
 static void bench_rejects_bad_lists_with_one_line(void **state)
@@ -230,7 +229,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(bench_json_prints_kernels_peak_fraction_and_batch_ratios),
         cmocka_unit_test(bench_json_names_ref_everywhere_under_ar_kernels_ref),
-        cmocka_unit_test(bench_names_the_per_cpu_prefetch_choice),
+        cmocka_unit_test(bench_names_the_per_cpu_choices),
         cmocka_unit_test(bench_rejects_bad_lists_with_one_line),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
