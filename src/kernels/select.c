@@ -95,32 +95,36 @@ static const gemm_fn gemm_wrappers[V_COUNT][AR_TYPE_COUNT] = {
 enum kq_prefetch kernels_kq_prefetch_env = KQ_PREFETCH_CPU;
 enum batch_gemm kernels_batch_gemm_env = BATCH_GEMM_CPU, kernels_batch_gemm = BATCH_GEMM_PAIRS;
 
+/* The index in names (n of them) of the value of the variable var; -1 where it is unset or
+ * empty, or, with a warning that lists the values allowed, names none of them */
+static int env_choice(const char *var, const char *const names[], int n, const char *allowed)
+{
+    const char *v = getenv(var);
+    if (!v || !*v)
+        return -1;
+    for (int i = 0; i < n; i++)
+        if (!strcmp(v, names[i]))
+            return i;
+    AR_WARN("%s=%s is not %s; the CPU's choice stands", var, v, allowed);
+    return -1;
+}
+
 static void build_tables(void)
 {
+    static const char *const kq_names[] = {[KQ_PREFETCH_L2] = "l2",
+                                           [KQ_PREFETCH_L1] = "l1",
+                                           [KQ_PREFETCH_OFF] = "off",
+                                           [KQ_PREFETCH_L2_BATCH] = "l2batch"};
+    static const char *const batch_names[] = {
+        [BATCH_GEMM_PAIRS] = "pairs", [BATCH_GEMM_STREAM] = "stream"};
     const struct ar_cpu_features *cpu = ar_cpu_features_get();
-    const char *env = getenv("AR_KERNELS"), *kq = getenv("AR_KQ_PREFETCH");
-    const char *bg = getenv("AR_BATCH_GEMM");
+    const char *env = getenv("AR_KERNELS");
 
-    if (kq && *kq) {
-        if (!strcmp(kq, "l1"))
-            kernels_kq_prefetch_env = KQ_PREFETCH_L1;
-        else if (!strcmp(kq, "l2"))
-            kernels_kq_prefetch_env = KQ_PREFETCH_L2;
-        else if (!strcmp(kq, "l2batch"))
-            kernels_kq_prefetch_env = KQ_PREFETCH_L2_BATCH;
-        else if (!strcmp(kq, "off"))
-            kernels_kq_prefetch_env = KQ_PREFETCH_OFF;
-        else
-            AR_WARN("AR_KQ_PREFETCH=%s is not l1, l2, l2batch or off; the CPU's choice stands", kq);
-    }
-    if (bg && *bg) {
-        if (!strcmp(bg, "pairs"))
-            kernels_batch_gemm_env = BATCH_GEMM_PAIRS;
-        else if (!strcmp(bg, "stream"))
-            kernels_batch_gemm_env = BATCH_GEMM_STREAM;
-        else
-            AR_WARN("AR_BATCH_GEMM=%s is not pairs or stream; the CPU's choice stands", bg);
-    }
+    /* -1 (none given) is each enum's "chosen per CPU" */
+    kernels_kq_prefetch_env = (enum kq_prefetch)env_choice(
+        "AR_KQ_PREFETCH", kq_names, (int)AR_ARRAY_LEN(kq_names), "l1, l2, l2batch or off");
+    kernels_batch_gemm_env = (enum batch_gemm)env_choice(
+        "AR_BATCH_GEMM", batch_names, (int)AR_ARRAY_LEN(batch_names), "pairs or stream");
 
     kernels_fill_ref(&tables[V_REF]);
     for (int t = 0; t < AR_TYPE_COUNT; t++) {
