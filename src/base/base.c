@@ -263,6 +263,33 @@ void ar_log(enum ar_log_level level, const char *fmt, ...)
     pthread_mutex_unlock(&log_mu);
 }
 
+uint64_t ar_read_words(const void *p, size_t size)
+{
+    const uint64_t *u = p;
+    uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    for (size_t i = 0; i + 4 <= size / 8; i += 4) {
+        s0 += u[i];
+        s1 += u[i + 1];
+        s2 += u[i + 2];
+        s3 += u[i + 3];
+    }
+    return s0 + s1 + s2 + s3;
+}
+
+uint64_t ar_read_lines(const void *p, size_t size)
+{
+    const uint64_t *u = p;
+    uint64_t s0 = 0, s1 = 0;
+    size_t i = 0;
+    for (; i + 16 <= size / 8; i += 16) {
+        s0 += u[i];
+        s1 += u[i + 8];
+    }
+    if (i + 8 <= size / 8)
+        s0 += u[i];
+    return s0 + s1;
+}
+
 double ar_time_s(void)
 {
     struct timespec ts;

@@ -215,6 +215,29 @@ static void huge_alloc_gives_zeroed_aligned_memory(void **state)
     ar_huge_free(NULL, 0);
 }
 
+/* The bandwidth probe's reads: every word, or the first word of each 64-byte line, of exactly
+ * the bytes given (word i holds i * i + 7, so a word read twice, skipped, or past the end
+ * changes the sum). */
+static void read_words_and_lines_sum_what_they_read(void **state)
+{
+    static const size_t sizes[] = {64, 128, 192, 4096, 64 * 1001};
+    (void)state;
+    for (size_t k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++) {
+        size_t n = sizes[k] / 8;
+        uint64_t *u = ar_malloc_aligned((n + 16) * 8), words = 0, lines = 0;
+        assert_non_null(u);
+        for (size_t i = 0; i < n + 16; i++)
+            u[i] = i * i + 7;
+        for (size_t i = 0; i < n; i++) {
+            words += u[i];
+            lines += i % 8 ? 0 : u[i];
+        }
+        assert_int_equal(ar_read_words(u, sizes[k]), words);
+        assert_int_equal(ar_read_lines(u, sizes[k]), lines);
+        ar_free_aligned(u);
+    }
+}
+
 static void fault_injection_fails_nth_allocation(void **state)
 {
     void *a, *b;
@@ -335,6 +358,7 @@ int main(void)
         cmocka_unit_test(pool_rejects_bad_sizes),
         cmocka_unit_test(fault_injection_fails_nth_allocation),
         cmocka_unit_test(huge_alloc_gives_zeroed_aligned_memory),
+        cmocka_unit_test(read_words_and_lines_sum_what_they_read),
         cmocka_unit_test(err_set_formats_message),
         cmocka_unit_test(json_nul_found_with_its_field),
         cmocka_unit_test(json_nul_not_found_in_lookalikes),
