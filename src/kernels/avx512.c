@@ -841,43 +841,6 @@ AR_INLINE const uint8_t *pk_block(const int kind, const uint8_t *gq, int b, __m5
     return (const uint8_t *)v;
 }
 
-/* One activation row: per group, blocks in order, p = the exact integer sum (eight products
- * from zero, added in a tree) and the fma of ln_q8_0_rows. No software prefetch: the stream
- * is one run of addresses, which the hardware prefetchers follow (measured on Zen 4 with
- * AVX-512 VNNI: prefetching 512 to 8192 bytes ahead gained nothing; the stream reached about
- * 0.9 of a plain read of the same bytes). */
-AR_INLINE void pk_gemv(const int kind, int nb, int nr, const uint8_t *wp, size_t gsz,
-                       const uint8_t *x, float *y)
-{
-    const int32_t off = kind == LN_Q8_0 ? 128 : kind == LN_Q5_0 ? 16 : 8;
-    const struct block_q8_0 *xb = (const struct block_q8_0 *)(const void *)x;
-    for (int i0 = 0; i0 < nr; i0 += 16) {
-        const uint8_t *gq = wp + (size_t)(i0 / 16) * gsz;
-        int rn = AR_MIN(16, nr - i0);
-        __mmask16 m = (__mmask16)((1u << rn) - 1u);
-        __m512 acc = _mm512_setzero_ps();
-        for (int b = 0; b < nb; b++) {
-            __m512i v[8];
-            const uint8_t *q = pk_block(kind, gq, b, v);
-            int32_t sum = q8_0_block_sum(&xb[b]);
-            __m512i d[8];
-            _Pragma("GCC unroll 8") for (int t = 0; t < 8; t++)
-                d[t] = _mm512_dpbusd_epi32(_mm512_setzero_si512(),
-                                           _mm512_loadu_si512((const void *)(q + 64 * t)),
-                                           _mm512_set1_epi32(load_i32(xb[b].qs + 4 * t)));
-            __m512i p = _mm512_add_epi32(
-                _mm512_add_epi32(_mm512_add_epi32(d[0], d[1]), _mm512_add_epi32(d[2], d[3])),
-                _mm512_add_epi32(_mm512_add_epi32(d[4], d[5]), _mm512_add_epi32(d[6], d[7])));
-            p = _mm512_add_epi32(p, _mm512_set1_epi32(-off * sum));
-            __m512 wd = _mm512_cvtph_ps(_mm256_loadu_si256(
-                cv256(gq + (size_t)b * PK_B(kind) + PK_Q(kind))));
-            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p),
-                                  _mm512_mul_ps(wd, _mm512_set1_ps(f16_to_f32(xb[b].d))), acc);
-        }
-        _mm512_mask_storeu_ps(y + i0, m, acc);
-    }
-}
-
 /* Blocks [b0, b0 + kb) of the groups at weight rows i0 and i0 + 16 (one group where no second
  * starts before nr, or where ng_max is 1): their scales in wd[g], their lane vectors at wq[g]
  * (Q4_0/Q5_0 unpacked into wv[g]), the lanes of their rows in m[g]. It leaves in pf[g] what to
@@ -966,8 +929,8 @@ AR_INLINE void pk_few(const int kind, int nb, int nr, int nc, const uint8_t *wp,
     }
 }
 
-/* The stream order of pk_gemm's few rows (kernels_batch_gemm): one group at a time, block by
- * block as pk_gemv, up to 4 activation rows per pass (more: the group again, from L1 or L2,
+/* The stream order of pk_gemm's one row (always) and few rows (kernels_batch_gemm): one group at
+ * a time, block by block, up to 4 activation rows per pass (more: the group again, from L1 or L2,
  * for each further 4), the block PK_STREAM_AHEAD on asked for into L2 on the first pass (past
  * the group's end: the next group's; past the matrix's end prefetches do not fault). The pairs
  * (pk_few) read two groups' chunks of 8 blocks side by side, so a few rows' products fetch two
@@ -1021,12 +984,14 @@ AR_INLINE void pk_stream_rows(const int kind, const int J, int nb, const uint8_t
         _mm512_mask_storeu_ps(y + (size_t)j * ldy, m, acc[j]);
 }
 
-/* nc (2 to LN_FEW) activation rows in the stream order; xd/xc as pk_few's */
+/* nc (1 to LN_FEW) activation rows in the stream order; xd/xc as pk_few's. One row (decode's
+ * GEMV) prefetches as kernels_gemv_prefetch says, more rows always. */
 AR_INLINE void pk_stream(const int kind, int nb, int nr, int nc, const uint8_t *wp,
                          const uint8_t *x, size_t x_row, const float *xd, const int32_t *xc,
                          float *y, size_t ldy)
 {
     const size_t gsz = (size_t)nb * PK_B(kind);
+    const bool pf = nc > 1 || kernels_gemv_prefetch == GEMV_PREFETCH_L2;
     for (int i0 = 0; i0 < nr; i0 += 16) {
         const uint8_t *gq = wp + (size_t)(i0 / 16) * gsz;
         __mmask16 m = (__mmask16)((1u << AR_MIN(16, nr - i0)) - 1u);
@@ -1037,16 +1002,16 @@ AR_INLINE void pk_stream(const int kind, int nb, int nr, int nc, const uint8_t *
             float *yj = y + (size_t)j * ldy + (size_t)i0;
             switch (AR_MIN(4, nc - j)) {
             case 4:
-                pk_stream_rows(kind, 4, nb, gq, j == 0, xj, x_row, dj, cj, yj, ldy, m);
+                pk_stream_rows(kind, 4, nb, gq, pf && j == 0, xj, x_row, dj, cj, yj, ldy, m);
                 break;
             case 3:
-                pk_stream_rows(kind, 3, nb, gq, j == 0, xj, x_row, dj, cj, yj, ldy, m);
+                pk_stream_rows(kind, 3, nb, gq, pf && j == 0, xj, x_row, dj, cj, yj, ldy, m);
                 break;
             case 2:
-                pk_stream_rows(kind, 2, nb, gq, j == 0, xj, x_row, dj, cj, yj, ldy, m);
+                pk_stream_rows(kind, 2, nb, gq, pf && j == 0, xj, x_row, dj, cj, yj, ldy, m);
                 break;
             default:
-                pk_stream_rows(kind, 1, nb, gq, j == 0, xj, x_row, dj, cj, yj, ldy, m);
+                pk_stream_rows(kind, 1, nb, gq, pf && j == 0, xj, x_row, dj, cj, yj, ldy, m);
                 break;
             }
         }
@@ -1060,21 +1025,24 @@ AR_INLINE void pk_gemm(const int kind, int nb, int nr, int nc, const uint8_t *wp
     const size_t gsz = (size_t)nb * PK_B(kind), wbs = kind == LN_Q8_0 ? PK_B(kind) : 512;
     float xd[LN_JC * LN_KB];
     int32_t xc[LN_JC * LN_KB];
-    if (nc == 1) {
-        pk_gemv(kind, nb, nr, wp, gsz, x, y);
-        return;
-    }
-    if (nc <= LN_FEW && nb <= LN_FEW_NB) {
-        /* few rows (batched decode): the weights in address order, group after group, every
-         * activation block prepared once. The next chunk of the
-         * stream is prefetched (past the matrix's end too: prefetches do not fault): from 2 rows on
-         * the chunk takes long enough that the hardware prefetchers fall behind. On Zen 5, a 151936
-         * x 896 Q8_0 matrix from memory against 16 rows went from 0.24-0.26 of the int8 peak to
-         * 0.33-0.36; against 2, 4 and 8 rows Q8_0 and Q4_0 streamed 0-35 % faster. */
+    if (nc <= LN_FEW && (nc == 1 ? nb <= LN_FEW * LN_FEW_NB : nb <= LN_FEW_NB)) {
+        /* one row (decode) or a few (batched decode): the weights in address order, group
+         * after group, every activation block prepared once (for one row the buffers hold
+         * LN_FEW times LN_FEW_NB blocks, n up to 262144). A few rows: the next chunk of the
+         * stream is prefetched (past the matrix's end too: prefetches do not fault): from 2 rows
+         * on the chunk takes long enough that the hardware prefetchers fall behind. On Zen 5, a
+         * 151936 x 896 Q8_0 matrix from memory against 16 rows went from 0.24-0.26 of the int8
+         * peak to 0.33-0.36; against 2, 4 and 8 rows Q8_0 and Q4_0 streamed 0-35 % faster.
+         * One row always takes the stream order. Intel Xeon (family 6 model 0xcf,
+         * 2026-12-07), one thread, a 650 MB Q8_0 matrix 1024 wide in calls of 4864 rows, GB/s
+         * of the weights (a plain read: 17): the GEMV this replaced, which summed each
+         * activation block inline and added a block's eight products in a tree, 13.4-14.0;
+         * the stream without prefetch 14.5-14.7, with it 16.3-16.8 (4 to 64 blocks ahead
+         * alike); Q4_0 9.6-10.5 -> 14.3-15.3 with it, Q5_0 9.6-9.9 -> 14.4-15.0. */
         static _Thread_local float fxd[LN_FEW * LN_FEW_NB];
         static _Thread_local int32_t fxc[LN_FEW * LN_FEW_NB];
         ln_x_prep(nc, nb, x, x_row, off, fxd, fxc, nb);
-        if (kernels_batch_gemm == BATCH_GEMM_STREAM)
+        if (nc == 1 || kernels_batch_gemm == BATCH_GEMM_STREAM)
             pk_stream(kind, nb, nr, nc, wp, x, x_row, fxd, fxc, y, ldy);
         else
             pk_few(kind, nb, nr, nc, wp, x, x_row, fxd, fxc, y, ldy);
@@ -2017,8 +1985,9 @@ static const char *pkk_tune(void)
 /* The batched decode order of the packed Q8_0/Q4_0/Q5_0 gemm (pk_stream): the stream on Zen 4,
  * where it measured about twice the pairs' rate; the pairs elsewhere, where they were measured
  * (Zen 5, 2026-12-06: against one group at a time in chunks, batched decode steps of 2 to 4
- * rows 1.20-1.31 single-row steps instead of 1.29-1.36) and the stream was not. AR_BATCH_GEMM
- * overrides. */
+ * rows 1.20-1.31 single-row steps instead of 1.29-1.36; Intel Xeon family 6 model 0xcf,
+ * 2026-12-07: the 650 MB matrix of pk_gemm's note against 2 and 4 rows 15.1-16.2 GB/s with
+ * pairs, 15.0-16.0 with the stream, against 8 rows 12.6 and 11.7). AR_BATCH_GEMM overrides. */
 static const char *pk_tune(void)
 {
     const struct ar_cpu_features *cpu = ar_cpu_features_get();
@@ -2030,12 +1999,26 @@ static const char *pk_tune(void)
                                   : "batched decode gemm: two groups side by side";
 }
 
-/* The variant's tuning line (kernel_ops.tuning): the two choices above */
+/* The one-row GEMV's prefetch (pk_stream): on Intel, where it took the stream from 14.5-14.7
+ * to 16.3-16.8 GB/s (pk_gemm's note); not on AMD, where it was measured on the GEMV before it
+ * (Zen 4: 512 to 8192 bytes ahead gained nothing, the GEMV streamed at 0.9 of a plain read).
+ * AR_GEMV_PREFETCH overrides. */
+static const char *pk_gemv_tune(void)
+{
+    enum gemv_prefetch g = kernels_gemv_prefetch_env;
+    if (g == GEMV_PREFETCH_CPU)
+        g = ar_cpu_features_get()->amd ? GEMV_PREFETCH_OFF : GEMV_PREFETCH_L2;
+    kernels_gemv_prefetch = g;
+    return g == GEMV_PREFETCH_L2 ? "decode gemv prefetch 16 blocks ahead into L2"
+                                 : "decode gemv prefetch off";
+}
+
+/* The variant's tuning line (kernel_ops.tuning): the three choices above */
 static void packed_tune(struct kernel_ops *ops)
 {
-    static char line[256];
-    const char *kq = pkk_tune(), *batch = pk_tune();
-    snprintf(line, sizeof(line), "%s; %s", kq, batch);
+    static char line[320];
+    const char *kq = pkk_tune(), *gemv = pk_gemv_tune(), *batch = pk_tune();
+    snprintf(line, sizeof(line), "%s; %s; %s", kq, gemv, batch);
     ops->tuning = line;
 }
 AR_INLINE void pkk_gemm(const int kind, int nb, int nr, int nc, const uint8_t *wp,

@@ -145,8 +145,9 @@ static void bench_json_names_ref_everywhere_under_ar_kernels_ref(void **state)
 }
 
 /* The machine line names the CPU's vendor and family and the per-CPU choice of the kernels in
- * use (the K-quant decode prefetch of the AVX-512 VNNI tables and their batched decode
- * order), which AR_KQ_PREFETCH and AR_BATCH_GEMM override; the ref table makes no such choice.
+ * use (the K-quant decode prefetch of the AVX-512 VNNI tables, their one-row GEMV's prefetch
+ * and their batched decode order), which AR_KQ_PREFETCH, AR_GEMV_PREFETCH and AR_BATCH_GEMM
+ * override; the ref table makes no such choice.
  * Returns the machine line's "tuning". */
 static char *bench_tuning(const char *env)
 {
@@ -181,11 +182,13 @@ static void bench_names_the_per_cpu_choices(void **state)
 {
     /* each override and what the tuning line then says */
     static const char *const overrides[][2] = {
-        {"AR_KQ_PREFETCH=l2", "into L2"},
-        {"AR_KQ_PREFETCH=off", "prefetch off"},
+        {"AR_KQ_PREFETCH=l2", "super-blocks ahead into L2;"},
+        {"AR_KQ_PREFETCH=off", "K-quant decode prefetch off"},
         {"AR_KQ_PREFETCH=l2batch", "into L2 from 3 activation rows"},
         {"AR_BATCH_GEMM=pairs", "two groups side by side"},
         {"AR_BATCH_GEMM=stream", "one group's stream at a time"},
+        {"AR_GEMV_PREFETCH=off", "gemv prefetch off"},
+        {"AR_GEMV_PREFETCH=l2", "gemv prefetch 16 blocks ahead into L2"},
     };
     char *t = bench_tuning("AR_KERNELS=ref");
     (void)state;

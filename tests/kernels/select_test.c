@@ -119,7 +119,7 @@ static void independent_feature_sources_agree(void **state)
 }
 
 /* In a child: set the environment variable var to value (NULL: unset; AR_KERNELS and
- * AR_KQ_PREFETCH start unset), call kernels_get() and check that it names `want` (NULL: any
+ * the tuning overrides start unset), call kernels_get() and check that it names `want` (NULL: any
  * table), that its tuning, where it has one, contains `tuning` (NULL: any), and that exactly
  * `warns` warnings were logged (a bad value warns once, not once per table built). Returns the
  * child's exit code. */
@@ -134,6 +134,7 @@ static int run_child_env(const char *var, const char *value, const char *want, c
         unsetenv("AR_KERNELS");
         unsetenv("AR_KQ_PREFETCH");
         unsetenv("AR_BATCH_GEMM");
+        unsetenv("AR_GEMV_PREFETCH");
         if (value)
             setenv(var, value, 1);
         k = kernels_get();
@@ -316,10 +317,12 @@ static void ar_kq_prefetch_overrides_the_choice_and_warns_once_on_a_bad_value(vo
 {
     (void)state;
     assert_int_equal(run_child_env("AR_KQ_PREFETCH", "l1", NULL, "into L1", 0), CHILD_OK);
-    assert_int_equal(run_child_env("AR_KQ_PREFETCH", "l2", NULL, "into L2", 0), CHILD_OK);
+    assert_int_equal(run_child_env("AR_KQ_PREFETCH", "l2", NULL, "super-blocks ahead into L2;", 0),
+                     CHILD_OK);
     assert_int_equal(run_child_env("AR_KQ_PREFETCH", "l2batch", NULL, "from 3 activation rows", 0),
                      CHILD_OK);
-    assert_int_equal(run_child_env("AR_KQ_PREFETCH", "off", NULL, "prefetch off", 0), CHILD_OK);
+    assert_int_equal(run_child_env("AR_KQ_PREFETCH", "off", NULL, "K-quant decode prefetch off", 0),
+                     CHILD_OK);
     assert_int_equal(run_child_env("AR_KQ_PREFETCH", "L3", NULL, NULL, 1), CHILD_OK);
     assert_int_equal(run_child_env("AR_KQ_PREFETCH", "", NULL, NULL, 0), CHILD_OK);
 }
@@ -335,6 +338,17 @@ static void ar_batch_gemm_overrides_the_order_and_warns_once_on_a_bad_value(void
     assert_int_equal(run_child_env("AR_BATCH_GEMM", "rows", NULL, NULL, 1), CHILD_OK);
 }
 
+static void ar_gemv_prefetch_overrides_the_choice_and_warns_once_on_a_bad_value(void **state)
+{
+    (void)state;
+    assert_int_equal(run_child_env("AR_GEMV_PREFETCH", "off", NULL, "gemv prefetch off", 0),
+                     CHILD_OK);
+    assert_int_equal(
+        run_child_env("AR_GEMV_PREFETCH", "l2", NULL, "gemv prefetch 16 blocks ahead into L2", 0),
+        CHILD_OK);
+    assert_int_equal(run_child_env("AR_GEMV_PREFETCH", "l1", NULL, NULL, 1), CHILD_OK);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -347,6 +361,7 @@ int main(void)
         cmocka_unit_test(ar_kernels_ref_records_ref_for_every_entry),
         cmocka_unit_test(ar_kq_prefetch_overrides_the_choice_and_warns_once_on_a_bad_value),
         cmocka_unit_test(ar_batch_gemm_overrides_the_order_and_warns_once_on_a_bad_value),
+        cmocka_unit_test(ar_gemv_prefetch_overrides_the_choice_and_warns_once_on_a_bad_value),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

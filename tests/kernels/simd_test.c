@@ -371,6 +371,41 @@ static void gemm_rows_do_not_depend_on_batch_size_or_row_split(void **state)
     done(state, "batch-size independence cases", checked);
 }
 
+/* Variant v's packed gemm of type t against its gemm on the unpacked rows, bit for bit, at every
+ * tile of nrs x ncs (the tile starting at the second group where there is one): w holds nr_max
+ * rows, wp the same packed. Returns the number of tiles checked. */
+static int packed_pass(const struct kernel_ops *v, enum ar_type t, int n, const uint8_t *w,
+                       size_t w_row, const uint8_t *wp, int nr_max, const uint8_t *x, size_t x_row,
+                       const int *nrs, int n_nrs, const int *ncs, int n_ncs, const char *order,
+                       float *y1, float *y2)
+{
+    int checked = 0;
+    for (int a = 0; a < n_nrs; a++) {
+        for (int c = 0; c < n_ncs; c++) {
+            int nr = nrs[a], nc = ncs[c], i0 = nr_max - nr >= 16 ? 16 : 0;
+            v->gemm[t](n, nr, nc, w + (size_t)i0 * w_row, w_row, x, x_row, y1, (size_t)nr);
+            v->gemm_packed[t](n, nr, nc, wp + kernels_packed_offset(t, n, i0), x, x_row, y2,
+                              (size_t)nr);
+            for (int k = 0; k < nr * nc; k++)
+                if (memcmp(&y1[k], &y2[k], sizeof(float)) != 0)
+                    fail_msg("%s %s n=%d (%s): packed (%d, %d) of %d x %d: %.9g, gemm %.9g",
+                             v->name, ar_type_name(t), n, order, k % nr, k / nr, nr, nc,
+                             (double)y2[k], (double)y1[k]);
+            checked++;
+        }
+    }
+    return checked;
+}
+
+/* The orders a packed gemm may take per CPU (kernels_internal.h), set in turn by the tests: the
+ * pairs with the one-row GEMV unprefetched, the stream with it prefetched */
+static const struct {
+    enum batch_gemm batch;
+    enum gemv_prefetch gemv;
+    const char *name;
+} packed_orders[] = {{BATCH_GEMM_PAIRS, GEMV_PREFETCH_OFF, "pairs, gemv unprefetched"},
+                     {BATCH_GEMM_STREAM, GEMV_PREFETCH_L2, "stream, gemv prefetched"}};
+
 /* Packed weights (kernels.h "x16"): unpacking gives every row back byte for byte, the
  * reference packed gemm equals the reference gemm bit for bit, and each variant's packed gemm
  * equals its own gemm on the unpacked rows bit for bit, at row counts that leave a partial
@@ -381,6 +416,7 @@ static void packed_gemm_equals_gemm_on_the_unpacked_rows(void **state)
     const struct kernel_ops *vs[MAX_VARIANTS];
     int nv = kernels_variants(vs, MAX_VARIANTS), checked = 0, packed_variants = 0;
     const enum batch_gemm chosen = kernels_batch_gemm;
+    const enum gemv_prefetch chosen_gemv = kernels_gemv_prefetch;
     static const enum ar_type types[] = {AR_TYPE_Q8_0, AR_TYPE_Q4_0, AR_TYPE_Q5_0, AR_TYPE_Q4_K,
                                          AR_TYPE_Q5_K, AR_TYPE_Q6_K, AR_TYPE_F16, AR_TYPE_BF16};
     static const int nrs[] = {1, 15, 16, 17, 40, 67};
@@ -419,33 +455,18 @@ static void packed_gemm_equals_gemm_on_the_unpacked_rows(void **state)
                 kernels_unpack_row(t, wp, n, i, back);
                 assert_memory_equal(back, w + (size_t)i * w_row, w_row);
             }
-            /* each batched decode order (kernels_internal.h), whichever the CPU chose */
-            for (int o = 0; o < 2; o++) {
+            /* each order (kernels_internal.h), whichever the CPU chose */
+            for (int o = 0; o < COUNT(packed_orders); o++) {
                 for (int v = 0; v < nv; v++) {
                     if (!vs[v]->gemm_packed[t])
                         continue;
                     if (bi == 0 && ti == 0 && o == 0)
                         packed_variants++;
-                    kernels_batch_gemm = o == 0 ? BATCH_GEMM_PAIRS : BATCH_GEMM_STREAM;
-                    for (int a = 0; a < COUNT(nrs); a++) {
-                        for (int c = 0; c < COUNT(ncs); c++) {
-                            int nr = nrs[a], nc = ncs[c];
-                            /* the tile starting at the second group where there is one */
-                            int i0 = nr_max - nr >= 16 ? 16 : 0;
-                            vs[v]->gemm[t](n, nr, nc, w + (size_t)i0 * w_row, w_row, x, x_row, y1,
-                                           (size_t)nr);
-                            vs[v]->gemm_packed[t](n, nr, nc, wp + kernels_packed_offset(t, n, i0),
-                                                  x, x_row, y2, (size_t)nr);
-                            for (int k = 0; k < nr * nc; k++)
-                                if (memcmp(&y1[k], &y2[k], sizeof(float)) != 0)
-                                    fail_msg("%s %s n=%d (%s): packed (%d, %d) of %d x %d: %.9g, "
-                                             "gemm %.9g",
-                                             vs[v]->name, ar_type_name(t), n,
-                                             o ? "stream" : "pairs", k % nr, k / nr, nr, nc,
-                                             (double)y2[k], (double)y1[k]);
-                            checked++;
-                        }
-                    }
+                    kernels_batch_gemm = packed_orders[o].batch;
+                    kernels_gemv_prefetch = packed_orders[o].gemv;
+                    checked +=
+                        packed_pass(vs[v], t, n, w, w_row, wp, nr_max, x, x_row, nrs, COUNT(nrs),
+                                    ncs, COUNT(ncs), packed_orders[o].name, y1, y2);
                 }
             }
             free(w);
@@ -457,10 +478,67 @@ static void packed_gemm_equals_gemm_on_the_unpacked_rows(void **state)
         }
     }
     kernels_batch_gemm = chosen;
+    kernels_gemv_prefetch = chosen_gemv;
     /* the reference table has a packed gemm, so every CPU runs this test */
     assert_true(packed_variants >= 1);
     print_message("packed gemm: %d tiles over %d variant(s) with a packed gemm\n", checked,
                   packed_variants);
+}
+
+/* Long rows: the one-row GEMV holds a row's activation sums for up to 16 x 512 blocks (avx512.c
+ * pk_gemm), a few rows' for up to 512; past that the packed gemm takes its many-rows order.
+ * Each side of both bounds, one to three rows, bit for bit against the gemm on the unpacked rows.
+ */
+static void packed_gemm_over_long_rows_equals_gemm(void **state)
+{
+    const struct kernel_ops *vs[MAX_VARIANTS];
+    int nv = kernels_variants(vs, MAX_VARIANTS), checked = 0;
+    const enum batch_gemm chosen = kernels_batch_gemm;
+    const enum gemv_prefetch chosen_gemv = kernels_gemv_prefetch;
+    static const enum ar_type types[] = {AR_TYPE_Q8_0, AR_TYPE_Q4_0, AR_TYPE_Q5_0};
+    static const int nbs[] = {512, 513, 8192, 8193};
+    static const int nrs[] = {17}, ncs[] = {1, 2, 3};
+    const int nr_max = 33, nc_max = 3;
+    (void)state;
+    for (int ti = 0; ti < COUNT(types); ti++) {
+        enum ar_type t = types[ti];
+        for (int bi = 0; bi < COUNT(nbs); bi++) {
+            int n = 32 * nbs[bi];
+            size_t w_row = ar_type_row_size(t, n);
+            size_t x_row = ar_type_row_size(kernels_vec_dot_type(t), n);
+            size_t psize = kernels_packed_size(t, n, nr_max);
+            struct th_rng r = {0x51ab3u + (uint64_t)(ti * 7 + bi)};
+            uint8_t *w = malloc(w_row * nr_max), *x = malloc(x_row * nc_max);
+            uint8_t *wp = ar_malloc_aligned(psize);
+            float *y1 = malloc(sizeof(float) * nr_max * nc_max);
+            float *y2 = malloc(sizeof(float) * nr_max * nc_max);
+            assert_true(w && x && wp && y1 && y2);
+            for (int i = 0; i < nr_max; i++)
+                make_weight_row(&r, t, n, w + (size_t)i * w_row);
+            for (int j = 0; j < nc_max; j++)
+                make_act_row(&r, t, n, x + (size_t)j * x_row);
+            kernels_pack_rows(t, w, w_row, n, nr_max, wp);
+            for (int o = 0; o < COUNT(packed_orders); o++) {
+                kernels_batch_gemm = packed_orders[o].batch;
+                kernels_gemv_prefetch = packed_orders[o].gemv;
+                for (int v = 0; v < nv; v++)
+                    if (vs[v]->gemm_packed[t])
+                        checked +=
+                            packed_pass(vs[v], t, n, w, w_row, wp, nr_max, x, x_row, nrs,
+                                        COUNT(nrs), ncs, COUNT(ncs), packed_orders[o].name, y1, y2);
+            }
+            free(w);
+            free(x);
+            ar_free_aligned(wp);
+            free(y1);
+            free(y2);
+        }
+    }
+    kernels_batch_gemm = chosen;
+    kernels_gemv_prefetch = chosen_gemv;
+    /* at least the reference's packed gemm, every type, every length, both orders */
+    assert_true(checked >= COUNT(types) * COUNT(nbs) * COUNT(packed_orders) * COUNT(ncs));
+    print_message("packed gemm over long rows: %d tiles\n", checked);
 }
 
 /* The stronger form, for every variant (the reference included) and weight type: a 40 x 37
@@ -1036,6 +1114,7 @@ int main(void)
         cmocka_unit_test(int8_peak_loop_computes_the_stated_sum),
         cmocka_unit_test(gemm_outputs_are_bit_identical_for_every_call_split),
         cmocka_unit_test(packed_gemm_equals_gemm_on_the_unpacked_rows),
+        cmocka_unit_test(packed_gemm_over_long_rows_equals_gemm),
     };
     for (int i = 0; i < COUNT(fixed); i++)
         tests[n++] = fixed[i];
