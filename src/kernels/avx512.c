@@ -985,13 +985,13 @@ AR_INLINE void pk_stream_rows(const int kind, const int J, int nb, const uint8_t
 }
 
 /* nc (1 to LN_FEW) activation rows in the stream order; xd/xc as pk_few's. One row (decode's
- * GEMV) prefetches as kernels_gemv_prefetch says, more rows always. */
+ * GEMV) prefetches as kernels_decode_prefetch says, more rows always. */
 AR_INLINE void pk_stream(const int kind, int nb, int nr, int nc, const uint8_t *wp,
                          const uint8_t *x, size_t x_row, const float *xd, const int32_t *xc,
                          float *y, size_t ldy)
 {
     const size_t gsz = (size_t)nb * PK_B(kind);
-    const bool pf = nc > 1 || kernels_gemv_prefetch == GEMV_PREFETCH_L2;
+    const bool pf = nc > 1 || kernels_decode_prefetch == DECODE_PREFETCH_L2;
     for (int i0 = 0; i0 < nr; i0 += 16) {
         const uint8_t *gq = wp + (size_t)(i0 / 16) * gsz;
         __mmask16 m = (__mmask16)((1u << AR_MIN(16, nr - i0)) - 1u);
@@ -1999,25 +1999,28 @@ static const char *pk_tune(void)
                                   : "batched decode gemm: two groups side by side";
 }
 
-/* The one-row GEMV's prefetch (pk_stream): on Intel, where it took the stream from 14.5-14.7
- * to 16.3-16.8 GB/s (pk_gemm's note); not on AMD, where it was measured on the GEMV before it
- * (Zen 4: 512 to 8192 bytes ahead gained nothing, the GEMV streamed at 0.9 of a plain read).
- * AR_GEMV_PREFETCH overrides. */
-static const char *pk_gemv_tune(void)
+/* The software prefetch of the packed Q8_0/Q4_0/Q5_0 GEMV against one row (pk_stream, 16
+ * blocks ahead) and of the packed F16/BF16 gemm (float512.h, FL_PF_AHEAD): on Intel, where it
+ * took the Q8_0 GEMV from 14.5-14.7 GB/s to 16.3-16.8 (pk_gemm's note) and BF16 decode from
+ * 12.2-12.5 to 15.4-15.8; not on AMD, where it was measured on the Q8_0 GEMV before the
+ * stream order (Zen 4: 512 to 8192 bytes ahead gained nothing, the GEMV streamed at 0.9 of a
+ * plain read) and not on the floats. AR_DECODE_PREFETCH overrides. */
+static const char *decode_tune(void)
 {
-    enum gemv_prefetch g = kernels_gemv_prefetch_env;
-    if (g == GEMV_PREFETCH_CPU)
-        g = ar_cpu_features_get()->amd ? GEMV_PREFETCH_OFF : GEMV_PREFETCH_L2;
-    kernels_gemv_prefetch = g;
-    return g == GEMV_PREFETCH_L2 ? "decode gemv prefetch 16 blocks ahead into L2"
-                                 : "decode gemv prefetch off";
+    enum decode_prefetch g = kernels_decode_prefetch_env;
+    if (g == DECODE_PREFETCH_CPU)
+        g = ar_cpu_features_get()->amd ? DECODE_PREFETCH_OFF : DECODE_PREFETCH_L2;
+    kernels_decode_prefetch = g;
+    return g == DECODE_PREFETCH_L2 ? "Q8_0/Q4_0/Q5_0 gemv and F16/BF16 prefetch into L2 (16 "
+                                     "blocks, 8 KiB ahead)"
+                                   : "Q8_0/Q4_0/Q5_0 gemv and F16/BF16 prefetch off";
 }
 
 /* The variant's tuning line (kernel_ops.tuning): the three choices above */
 static void packed_tune(struct kernel_ops *ops)
 {
     static char line[320];
-    const char *kq = pkk_tune(), *gemv = pk_gemv_tune(), *batch = pk_tune();
+    const char *kq = pkk_tune(), *gemv = decode_tune(), *batch = pk_tune();
     snprintf(line, sizeof(line), "%s; %s; %s", kq, gemv, batch);
     ops->tuning = line;
 }

@@ -43,12 +43,13 @@ extern enum kq_prefetch kernels_kq_prefetch_env;
 enum batch_gemm { BATCH_GEMM_CPU = -1, BATCH_GEMM_PAIRS, BATCH_GEMM_STREAM };
 extern enum batch_gemm kernels_batch_gemm_env, kernels_batch_gemm;
 
-/* The packed Q8_0/Q4_0/Q5_0 GEMV against one activation row (decode): the stream order of the
- * few rows above with or without the block 16 on asked for into L2. kernels_gemv_prefetch_env
- * is AR_GEMV_PREFETCH (off or l2) as select.c read it, GEMV_PREFETCH_CPU where unset;
- * kernels_gemv_prefetch the setting in use, resolved per CPU as kernels_batch_gemm is. */
-enum gemv_prefetch { GEMV_PREFETCH_CPU = -1, GEMV_PREFETCH_OFF, GEMV_PREFETCH_L2 };
-extern enum gemv_prefetch kernels_gemv_prefetch_env, kernels_gemv_prefetch;
+/* The software prefetch of the packed Q8_0/Q4_0/Q5_0 GEMV against one activation row (decode,
+ * which takes the stream order of the few rows above, with or without the block 16 on asked
+ * for into L2) and of the packed F16/BF16 gemm (float512.h). kernels_decode_prefetch_env is
+ * AR_DECODE_PREFETCH (off or l2) as select.c read it, DECODE_PREFETCH_CPU where unset;
+ * kernels_decode_prefetch the setting in use, resolved per CPU as kernels_batch_gemm is. */
+enum decode_prefetch { DECODE_PREFETCH_CPU = -1, DECODE_PREFETCH_OFF, DECODE_PREFETCH_L2 };
+extern enum decode_prefetch kernels_decode_prefetch_env, kernels_decode_prefetch;
 
 /* e^x for x already clamped to [-87.3, 88.7] and k = round(x / ln 2), in vectors of W bits
  * (256 or 512; the caller includes immintrin.h): x = k ln2 + r, |r| <= ln2 / 2, a degree-6

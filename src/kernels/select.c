@@ -94,8 +94,8 @@ static const gemm_fn gemm_wrappers[V_COUNT][AR_TYPE_COUNT] = {
 
 enum kq_prefetch kernels_kq_prefetch_env = KQ_PREFETCH_CPU;
 enum batch_gemm kernels_batch_gemm_env = BATCH_GEMM_CPU, kernels_batch_gemm = BATCH_GEMM_PAIRS;
-enum gemv_prefetch kernels_gemv_prefetch_env = GEMV_PREFETCH_CPU,
-                   kernels_gemv_prefetch = GEMV_PREFETCH_OFF;
+enum decode_prefetch kernels_decode_prefetch_env = DECODE_PREFETCH_CPU,
+                     kernels_decode_prefetch = DECODE_PREFETCH_OFF;
 
 /* The index in names (n of them) of the value of the variable var; -1 where it is unset or
  * empty, or, with a warning that lists the values allowed, names none of them */
@@ -119,8 +119,8 @@ static void build_tables(void)
                                            [KQ_PREFETCH_L2_BATCH] = "l2batch"};
     static const char *const batch_names[] = {
         [BATCH_GEMM_PAIRS] = "pairs", [BATCH_GEMM_STREAM] = "stream"};
-    static const char *const gemv_names[] = {
-        [GEMV_PREFETCH_OFF] = "off", [GEMV_PREFETCH_L2] = "l2"};
+    static const char *const decode_names[] = {
+        [DECODE_PREFETCH_OFF] = "off", [DECODE_PREFETCH_L2] = "l2"};
     const struct ar_cpu_features *cpu = ar_cpu_features_get();
     const char *env = getenv("AR_KERNELS");
 
@@ -129,8 +129,8 @@ static void build_tables(void)
         "AR_KQ_PREFETCH", kq_names, (int)AR_ARRAY_LEN(kq_names), "l1, l2, l2batch or off");
     kernels_batch_gemm_env = (enum batch_gemm)env_choice(
         "AR_BATCH_GEMM", batch_names, (int)AR_ARRAY_LEN(batch_names), "pairs or stream");
-    kernels_gemv_prefetch_env = (enum gemv_prefetch)env_choice(
-        "AR_GEMV_PREFETCH", gemv_names, (int)AR_ARRAY_LEN(gemv_names), "off or l2");
+    kernels_decode_prefetch_env = (enum decode_prefetch)env_choice(
+        "AR_DECODE_PREFETCH", decode_names, (int)AR_ARRAY_LEN(decode_names), "off or l2");
 
     kernels_fill_ref(&tables[V_REF]);
     for (int t = 0; t < AR_TYPE_COUNT; t++) {

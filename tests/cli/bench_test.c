@@ -145,10 +145,10 @@ static void bench_json_names_ref_everywhere_under_ar_kernels_ref(void **state)
 }
 
 /* The machine line names the CPU's vendor and family and the per-CPU choice of the kernels in
- * use (the K-quant decode prefetch of the AVX-512 VNNI tables, their one-row GEMV's prefetch
- * and their batched decode order), which AR_KQ_PREFETCH, AR_GEMV_PREFETCH and AR_BATCH_GEMM
- * override; the ref table makes no such choice.
- * Returns the machine line's "tuning". */
+ * use (the K-quant decode prefetch of the AVX-512 VNNI tables, the prefetch of their Q8_0 GEMV
+ * and F16/BF16 gemm, and their batched decode order), which AR_KQ_PREFETCH, AR_DECODE_PREFETCH
+ * and AR_BATCH_GEMM override; the ref table makes no such choice. Returns the machine line's
+ * "tuning". */
 static char *bench_tuning(const char *env)
 {
     char model[512], *tuning = NULL;
@@ -187,8 +187,8 @@ static void bench_names_the_per_cpu_choices(void **state)
         {"AR_KQ_PREFETCH=l2batch", "into L2 from 3 activation rows"},
         {"AR_BATCH_GEMM=pairs", "two groups side by side"},
         {"AR_BATCH_GEMM=stream", "one group's stream at a time"},
-        {"AR_GEMV_PREFETCH=off", "gemv prefetch off"},
-        {"AR_GEMV_PREFETCH=l2", "gemv prefetch 16 blocks ahead into L2"},
+        {"AR_DECODE_PREFETCH=off", "F16/BF16 prefetch off"},
+        {"AR_DECODE_PREFETCH=l2", "F16/BF16 prefetch into L2"},
     };
     char *t = bench_tuning("AR_KERNELS=ref");
     (void)state;

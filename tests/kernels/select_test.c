@@ -134,7 +134,7 @@ static int run_child_env(const char *var, const char *value, const char *want, c
         unsetenv("AR_KERNELS");
         unsetenv("AR_KQ_PREFETCH");
         unsetenv("AR_BATCH_GEMM");
-        unsetenv("AR_GEMV_PREFETCH");
+        unsetenv("AR_DECODE_PREFETCH");
         if (value)
             setenv(var, value, 1);
         k = kernels_get();
@@ -338,15 +338,14 @@ static void ar_batch_gemm_overrides_the_order_and_warns_once_on_a_bad_value(void
     assert_int_equal(run_child_env("AR_BATCH_GEMM", "rows", NULL, NULL, 1), CHILD_OK);
 }
 
-static void ar_gemv_prefetch_overrides_the_choice_and_warns_once_on_a_bad_value(void **state)
+static void ar_decode_prefetch_overrides_the_choice_and_warns_once_on_a_bad_value(void **state)
 {
     (void)state;
-    assert_int_equal(run_child_env("AR_GEMV_PREFETCH", "off", NULL, "gemv prefetch off", 0),
+    assert_int_equal(run_child_env("AR_DECODE_PREFETCH", "off", NULL, "F16/BF16 prefetch off", 0),
                      CHILD_OK);
     assert_int_equal(
-        run_child_env("AR_GEMV_PREFETCH", "l2", NULL, "gemv prefetch 16 blocks ahead into L2", 0),
-        CHILD_OK);
-    assert_int_equal(run_child_env("AR_GEMV_PREFETCH", "l1", NULL, NULL, 1), CHILD_OK);
+        run_child_env("AR_DECODE_PREFETCH", "l2", NULL, "F16/BF16 prefetch into L2", 0), CHILD_OK);
+    assert_int_equal(run_child_env("AR_DECODE_PREFETCH", "l1", NULL, NULL, 1), CHILD_OK);
 }
 
 int main(void)
@@ -361,7 +360,7 @@ int main(void)
         cmocka_unit_test(ar_kernels_ref_records_ref_for_every_entry),
         cmocka_unit_test(ar_kq_prefetch_overrides_the_choice_and_warns_once_on_a_bad_value),
         cmocka_unit_test(ar_batch_gemm_overrides_the_order_and_warns_once_on_a_bad_value),
-        cmocka_unit_test(ar_gemv_prefetch_overrides_the_choice_and_warns_once_on_a_bad_value),
+        cmocka_unit_test(ar_decode_prefetch_overrides_the_choice_and_warns_once_on_a_bad_value),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -397,14 +397,14 @@ static int packed_pass(const struct kernel_ops *v, enum ar_type t, int n, const 
     return checked;
 }
 
-/* The orders a packed gemm may take per CPU (kernels_internal.h), set in turn by the tests: the
- * pairs with the one-row GEMV unprefetched, the stream with it prefetched */
+/* The orders and prefetches a packed gemm may take per CPU (kernels_internal.h), set in turn by
+ * the tests: the pairs unprefetched, the stream prefetched */
 static const struct {
     enum batch_gemm batch;
-    enum gemv_prefetch gemv;
+    enum decode_prefetch prefetch;
     const char *name;
-} packed_orders[] = {{BATCH_GEMM_PAIRS, GEMV_PREFETCH_OFF, "pairs, gemv unprefetched"},
-                     {BATCH_GEMM_STREAM, GEMV_PREFETCH_L2, "stream, gemv prefetched"}};
+} packed_orders[] = {{BATCH_GEMM_PAIRS, DECODE_PREFETCH_OFF, "pairs, unprefetched"},
+                     {BATCH_GEMM_STREAM, DECODE_PREFETCH_L2, "stream, prefetched"}};
 
 /* Packed weights (kernels.h "x16"): unpacking gives every row back byte for byte, the
  * reference packed gemm equals the reference gemm bit for bit, and each variant's packed gemm
@@ -416,7 +416,7 @@ static void packed_gemm_equals_gemm_on_the_unpacked_rows(void **state)
     const struct kernel_ops *vs[MAX_VARIANTS];
     int nv = kernels_variants(vs, MAX_VARIANTS), checked = 0, packed_variants = 0;
     const enum batch_gemm chosen = kernels_batch_gemm;
-    const enum gemv_prefetch chosen_gemv = kernels_gemv_prefetch;
+    const enum decode_prefetch chosen_decode = kernels_decode_prefetch;
     static const enum ar_type types[] = {AR_TYPE_Q8_0, AR_TYPE_Q4_0, AR_TYPE_Q5_0, AR_TYPE_Q4_K,
                                          AR_TYPE_Q5_K, AR_TYPE_Q6_K, AR_TYPE_F16, AR_TYPE_BF16};
     static const int nrs[] = {1, 15, 16, 17, 40, 67};
@@ -463,7 +463,7 @@ static void packed_gemm_equals_gemm_on_the_unpacked_rows(void **state)
                     if (bi == 0 && ti == 0 && o == 0)
                         packed_variants++;
                     kernels_batch_gemm = packed_orders[o].batch;
-                    kernels_gemv_prefetch = packed_orders[o].gemv;
+                    kernels_decode_prefetch = packed_orders[o].prefetch;
                     checked +=
                         packed_pass(vs[v], t, n, w, w_row, wp, nr_max, x, x_row, nrs, COUNT(nrs),
                                     ncs, COUNT(ncs), packed_orders[o].name, y1, y2);
@@ -478,7 +478,7 @@ static void packed_gemm_equals_gemm_on_the_unpacked_rows(void **state)
         }
     }
     kernels_batch_gemm = chosen;
-    kernels_gemv_prefetch = chosen_gemv;
+    kernels_decode_prefetch = chosen_decode;
     /* the reference table has a packed gemm, so every CPU runs this test */
     assert_true(packed_variants >= 1);
     print_message("packed gemm: %d tiles over %d variant(s) with a packed gemm\n", checked,
@@ -494,7 +494,7 @@ static void packed_gemm_over_long_rows_equals_gemm(void **state)
     const struct kernel_ops *vs[MAX_VARIANTS];
     int nv = kernels_variants(vs, MAX_VARIANTS), checked = 0;
     const enum batch_gemm chosen = kernels_batch_gemm;
-    const enum gemv_prefetch chosen_gemv = kernels_gemv_prefetch;
+    const enum decode_prefetch chosen_decode = kernels_decode_prefetch;
     static const enum ar_type types[] = {AR_TYPE_Q8_0, AR_TYPE_Q4_0, AR_TYPE_Q5_0};
     static const int nbs[] = {512, 513, 8192, 8193};
     static const int nrs[] = {17}, ncs[] = {1, 2, 3};
@@ -520,7 +520,7 @@ static void packed_gemm_over_long_rows_equals_gemm(void **state)
             kernels_pack_rows(t, w, w_row, n, nr_max, wp);
             for (int o = 0; o < COUNT(packed_orders); o++) {
                 kernels_batch_gemm = packed_orders[o].batch;
-                kernels_gemv_prefetch = packed_orders[o].gemv;
+                kernels_decode_prefetch = packed_orders[o].prefetch;
                 for (int v = 0; v < nv; v++)
                     if (vs[v]->gemm_packed[t])
                         checked +=
@@ -535,7 +535,7 @@ static void packed_gemm_over_long_rows_equals_gemm(void **state)
         }
     }
     kernels_batch_gemm = chosen;
-    kernels_gemv_prefetch = chosen_gemv;
+    kernels_decode_prefetch = chosen_decode;
     /* at least the reference's packed gemm, every type, every length, both orders */
     assert_true(checked >= COUNT(types) * COUNT(nbs) * COUNT(packed_orders) * COUNT(ncs));
     print_message("packed gemm over long rows: %d tiles\n", checked);
