@@ -1999,29 +1999,13 @@ static const char *pk_tune(void)
                                   : "batched decode gemm: two groups side by side";
 }
 
-/* The software prefetch of the packed Q8_0/Q4_0/Q5_0 GEMV against one row (pk_stream, 16
- * blocks ahead) and of the packed F16/BF16 gemm (float512.h, FL_PF_AHEAD): on Intel, where it
- * took the Q8_0 GEMV from 14.5-14.7 GB/s to 16.3-16.8 (pk_gemm's note) and BF16 decode from
- * 12.2-12.5 to 15.4-15.8; not on AMD, where it was measured on the Q8_0 GEMV before the
- * stream order (Zen 4: 512 to 8192 bytes ahead gained nothing, the GEMV streamed at 0.9 of a
- * plain read) and not on the floats. AR_DECODE_PREFETCH overrides. */
-static const char *decode_tune(void)
-{
-    enum decode_prefetch g = kernels_decode_prefetch_env;
-    if (g == DECODE_PREFETCH_CPU)
-        g = ar_cpu_features_get()->amd ? DECODE_PREFETCH_OFF : DECODE_PREFETCH_L2;
-    kernels_decode_prefetch = g;
-    return g == DECODE_PREFETCH_L2 ? "Q8_0/Q4_0/Q5_0 gemv and F16/BF16 prefetch into L2 (16 "
-                                     "blocks, 8 KiB ahead)"
-                                   : "Q8_0/Q4_0/Q5_0 gemv and F16/BF16 prefetch off";
-}
-
-/* The variant's tuning line (kernel_ops.tuning): the three choices above */
+/* The variant's tuning line (kernel_ops.tuning): the two choices above and select.c's decode
+ * prefetch */
 static void packed_tune(struct kernel_ops *ops)
 {
     static char line[320];
-    const char *kq = pkk_tune(), *gemv = decode_tune(), *batch = pk_tune();
-    snprintf(line, sizeof(line), "%s; %s; %s", kq, gemv, batch);
+    const char *kq = pkk_tune(), *batch = pk_tune();
+    snprintf(line, sizeof(line), "%s; %s; %s", kq, kernels_decode_prefetch_line(), batch);
     ops->tuning = line;
 }
 AR_INLINE void pkk_gemm(const int kind, int nb, int nr, int nc, const uint8_t *wp,
@@ -2854,6 +2838,8 @@ void kernels_fill_avx512(struct kernel_ops *ops)
     ops->int8_peak = int8_peak;
 #ifdef __AVX512VNNI__
     packed_tune(ops);
+#else
+    ops->tuning = kernels_decode_prefetch_line(); /* its F16/BF16 gemm's */
 #endif
 #ifdef __AVX512VNNI__
     ops->int8_peak_insn = "vpdpbusd zmm";

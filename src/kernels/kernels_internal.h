@@ -43,13 +43,17 @@ extern enum kq_prefetch kernels_kq_prefetch_env;
 enum batch_gemm { BATCH_GEMM_CPU = -1, BATCH_GEMM_PAIRS, BATCH_GEMM_STREAM };
 extern enum batch_gemm kernels_batch_gemm_env, kernels_batch_gemm;
 
-/* The software prefetch of the packed Q8_0/Q4_0/Q5_0 GEMV against one activation row (decode,
- * which takes the stream order of the few rows above, with or without the block 16 on asked
- * for into L2) and of the packed F16/BF16 gemm (float512.h). kernels_decode_prefetch_env is
- * AR_DECODE_PREFETCH (off or l2) as select.c read it, DECODE_PREFETCH_CPU where unset;
- * kernels_decode_prefetch the setting in use, resolved per CPU as kernels_batch_gemm is. */
+/* The software prefetch of weights streamed from memory by kernels whose hardware prefetchers
+ * fall behind on some CPUs: the AVX-512 VNNI packed Q8_0/Q4_0/Q5_0 GEMV against one activation
+ * row (which takes the stream order of the few rows above, with or without the block 16 on
+ * asked for into L2), the AVX-512 packed F16/BF16 gemm (float512.h, 8 KiB ahead) and the AVX2
+ * packed Q8_0/Q4_0/Q5_0 gemm (16 blocks ahead). select.c resolves it before the tables are
+ * filled, so that every variant sees it: AR_DECODE_PREFETCH (off or l2), else per CPU vendor
+ * (kernels_decode_prefetch_line says which, for the variants' tuning lines). Read at every
+ * call, so a test may set it to run either. */
 enum decode_prefetch { DECODE_PREFETCH_CPU = -1, DECODE_PREFETCH_OFF, DECODE_PREFETCH_L2 };
-extern enum decode_prefetch kernels_decode_prefetch_env, kernels_decode_prefetch;
+extern enum decode_prefetch kernels_decode_prefetch;
+const char *kernels_decode_prefetch_line(void);
 
 /* e^x for x already clamped to [-87.3, 88.7] and k = round(x / ln 2), in vectors of W bits
  * (256 or 512; the caller includes immintrin.h): x = k ln2 + r, |r| <= ln2 / 2, a degree-6

@@ -94,8 +94,30 @@ static const gemm_fn gemm_wrappers[V_COUNT][AR_TYPE_COUNT] = {
 
 enum kq_prefetch kernels_kq_prefetch_env = KQ_PREFETCH_CPU;
 enum batch_gemm kernels_batch_gemm_env = BATCH_GEMM_CPU, kernels_batch_gemm = BATCH_GEMM_PAIRS;
-enum decode_prefetch kernels_decode_prefetch_env = DECODE_PREFETCH_CPU,
-                     kernels_decode_prefetch = DECODE_PREFETCH_OFF;
+enum decode_prefetch kernels_decode_prefetch = DECODE_PREFETCH_OFF;
+
+/* The decode prefetch (kernels_internal.h) per CPU: on Intel, where (Xeon family 6 model 0xcf,
+ * 2026-12-07, one thread, matrices of 300-650 MB from memory, GB/s of the weights, a plain
+ * read 17) it took the AVX-512 Q8_0 GEMV from 14.5-14.7 to 16.3-16.8 (avx512.c pk_gemm's
+ * note), BF16 from 12.2-12.5 to 15.4-15.8 (float512.h), the AVX2 Q8_0 gemm against one row
+ * from 10.5-10.8 to 15.1-15.2 and Q4_0 from 9.6-9.9 to 13.3-14.3 (avx2.c); not on AMD, where
+ * it was measured on the AVX-512 Q8_0 GEMV before the stream order (Zen 4: 512 to 8192 bytes
+ * ahead gained nothing, the GEMV streamed at 0.9 of a plain read) and the AVX2 Q8_0 decode
+ * read about the bandwidth without it (Zen 4, session 21), and not on the floats. */
+static enum decode_prefetch decode_prefetch_for(const struct ar_cpu_features *cpu,
+                                                enum decode_prefetch env)
+{
+    if (env != DECODE_PREFETCH_CPU)
+        return env;
+    return cpu->amd ? DECODE_PREFETCH_OFF : DECODE_PREFETCH_L2;
+}
+
+const char *kernels_decode_prefetch_line(void)
+{
+    return kernels_decode_prefetch == DECODE_PREFETCH_L2
+               ? "decode stream prefetch into L2 (16 blocks, 8 KiB ahead)"
+               : "decode stream prefetch off";
+}
 
 /* The index in names (n of them) of the value of the variable var; -1 where it is unset or
  * empty, or, with a warning that lists the values allowed, names none of them */
@@ -129,8 +151,9 @@ static void build_tables(void)
         "AR_KQ_PREFETCH", kq_names, (int)AR_ARRAY_LEN(kq_names), "l1, l2, l2batch or off");
     kernels_batch_gemm_env = (enum batch_gemm)env_choice(
         "AR_BATCH_GEMM", batch_names, (int)AR_ARRAY_LEN(batch_names), "pairs or stream");
-    kernels_decode_prefetch_env = (enum decode_prefetch)env_choice(
-        "AR_DECODE_PREFETCH", decode_names, (int)AR_ARRAY_LEN(decode_names), "off or l2");
+    kernels_decode_prefetch = decode_prefetch_for(
+        cpu, (enum decode_prefetch)env_choice("AR_DECODE_PREFETCH", decode_names,
+                                              (int)AR_ARRAY_LEN(decode_names), "off or l2"));
 
     kernels_fill_ref(&tables[V_REF]);
     for (int t = 0; t < AR_TYPE_COUNT; t++) {
