@@ -371,40 +371,60 @@ static void gemm_rows_do_not_depend_on_batch_size_or_row_split(void **state)
     done(state, "batch-size independence cases", checked);
 }
 
-/* Variant v's packed gemm of type t against its gemm on the unpacked rows, bit for bit, at every
- * tile of nrs x ncs (the tile starting at the second group where there is one): w holds nr_max
- * rows, wp the same packed. Returns the number of tiles checked. */
-static int packed_pass(const struct kernel_ops *v, enum ar_type t, int n, const uint8_t *w,
-                       size_t w_row, const uint8_t *wp, int nr_max, const uint8_t *x, size_t x_row,
-                       const int *nrs, int n_nrs, const int *ncs, int n_ncs, const char *order,
-                       float *y1, float *y2)
-{
-    int checked = 0;
-    for (int a = 0; a < n_nrs; a++) {
-        for (int c = 0; c < n_ncs; c++) {
-            int nr = nrs[a], nc = ncs[c], i0 = nr_max - nr >= 16 ? 16 : 0;
-            v->gemm[t](n, nr, nc, w + (size_t)i0 * w_row, w_row, x, x_row, y1, (size_t)nr);
-            v->gemm_packed[t](n, nr, nc, wp + kernels_packed_offset(t, n, i0), x, x_row, y2,
-                              (size_t)nr);
-            for (int k = 0; k < nr * nc; k++)
-                if (memcmp(&y1[k], &y2[k], sizeof(float)) != 0)
-                    fail_msg("%s %s n=%d (%s): packed (%d, %d) of %d x %d: %.9g, gemm %.9g",
-                             v->name, ar_type_name(t), n, order, k % nr, k / nr, nr, nc,
-                             (double)y2[k], (double)y1[k]);
-            checked++;
-        }
-    }
-    return checked;
-}
-
-/* The orders and prefetches a packed gemm may take per CPU (kernels_internal.h), set in turn by
- * the tests: the pairs unprefetched, the stream prefetched */
+/* The orders and prefetches a packed gemm may take per CPU (kernels_internal.h), set in turn:
+ * the pairs unprefetched, the stream prefetched */
 static const struct {
     enum batch_gemm batch;
     enum decode_prefetch prefetch;
     const char *name;
 } packed_orders[] = {{BATCH_GEMM_PAIRS, DECODE_PREFETCH_OFF, "pairs, unprefetched"},
                      {BATCH_GEMM_STREAM, DECODE_PREFETCH_L2, "stream, prefetched"}};
+
+/* In each of packed_orders (the CPU's own restored after), every variant's packed gemm of type
+ * t against its gemm on the unpacked rows, bit for bit, at every tile of nrs x ncs (the tile
+ * starting at the second group where there is one): w holds nr_max rows, wp the same packed.
+ * Returns the number of tiles checked; *variants (if not NULL): the variants with a packed
+ * gemm of t. */
+static int packed_passes(enum ar_type t, int n, const uint8_t *w, size_t w_row, const uint8_t *wp,
+                         int nr_max, const uint8_t *x, size_t x_row, const int *nrs, int n_nrs,
+                         const int *ncs, int n_ncs, float *y1, float *y2, int *variants)
+{
+    const struct kernel_ops *vs[MAX_VARIANTS];
+    const enum batch_gemm chosen = kernels_batch_gemm;
+    const enum decode_prefetch chosen_prefetch = kernels_decode_prefetch;
+    int nv = kernels_variants(vs, MAX_VARIANTS), checked = 0;
+    if (variants)
+        *variants = 0;
+    for (int o = 0; o < COUNT(packed_orders); o++) {
+        kernels_batch_gemm = packed_orders[o].batch;
+        kernels_decode_prefetch = packed_orders[o].prefetch;
+        for (int v = 0; v < nv; v++) {
+            if (!vs[v]->gemm_packed[t])
+                continue;
+            if (variants && o == 0)
+                (*variants)++;
+            for (int a = 0; a < n_nrs; a++) {
+                for (int c = 0; c < n_ncs; c++) {
+                    int nr = nrs[a], nc = ncs[c], i0 = nr_max - nr >= 16 ? 16 : 0;
+                    vs[v]->gemm[t](n, nr, nc, w + (size_t)i0 * w_row, w_row, x, x_row, y1,
+                                   (size_t)nr);
+                    vs[v]->gemm_packed[t](n, nr, nc, wp + kernels_packed_offset(t, n, i0), x, x_row,
+                                          y2, (size_t)nr);
+                    for (int k = 0; k < nr * nc; k++)
+                        if (memcmp(&y1[k], &y2[k], sizeof(float)) != 0)
+                            fail_msg("%s %s n=%d (%s): packed (%d, %d) of %d x %d: %.9g, "
+                                     "gemm %.9g",
+                                     vs[v]->name, ar_type_name(t), n, packed_orders[o].name, k % nr,
+                                     k / nr, nr, nc, (double)y2[k], (double)y1[k]);
+                    checked++;
+                }
+            }
+        }
+    }
+    kernels_batch_gemm = chosen;
+    kernels_decode_prefetch = chosen_prefetch;
+    return checked;
+}
 
 /* Packed weights (kernels.h "x16"): unpacking gives every row back byte for byte, the
  * reference packed gemm equals the reference gemm bit for bit, and each variant's packed gemm
@@ -413,10 +433,7 @@ static const struct {
  * counts. */
 static void packed_gemm_equals_gemm_on_the_unpacked_rows(void **state)
 {
-    const struct kernel_ops *vs[MAX_VARIANTS];
-    int nv = kernels_variants(vs, MAX_VARIANTS), checked = 0, packed_variants = 0;
-    const enum batch_gemm chosen = kernels_batch_gemm;
-    const enum decode_prefetch chosen_decode = kernels_decode_prefetch;
+    int checked = 0, packed_variants = 0;
     static const enum ar_type types[] = {AR_TYPE_Q8_0, AR_TYPE_Q4_0, AR_TYPE_Q5_0, AR_TYPE_Q4_K,
                                          AR_TYPE_Q5_K, AR_TYPE_Q6_K, AR_TYPE_F16, AR_TYPE_BF16};
     static const int nrs[] = {1, 15, 16, 17, 40, 67};
@@ -456,19 +473,11 @@ static void packed_gemm_equals_gemm_on_the_unpacked_rows(void **state)
                 assert_memory_equal(back, w + (size_t)i * w_row, w_row);
             }
             /* each order (kernels_internal.h), whichever the CPU chose */
-            for (int o = 0; o < COUNT(packed_orders); o++) {
-                for (int v = 0; v < nv; v++) {
-                    if (!vs[v]->gemm_packed[t])
-                        continue;
-                    if (bi == 0 && ti == 0 && o == 0)
-                        packed_variants++;
-                    kernels_batch_gemm = packed_orders[o].batch;
-                    kernels_decode_prefetch = packed_orders[o].prefetch;
-                    checked +=
-                        packed_pass(vs[v], t, n, w, w_row, wp, nr_max, x, x_row, nrs, COUNT(nrs),
-                                    ncs, COUNT(ncs), packed_orders[o].name, y1, y2);
-                }
-            }
+            int variants;
+            checked += packed_passes(t, n, w, w_row, wp, nr_max, x, x_row, nrs, COUNT(nrs), ncs,
+                                     COUNT(ncs), y1, y2, &variants);
+            if (bi == 0 && ti == 0)
+                packed_variants = variants;
             free(w);
             free(x);
             ar_free_aligned(wp);
@@ -477,8 +486,6 @@ static void packed_gemm_equals_gemm_on_the_unpacked_rows(void **state)
             free(y2);
         }
     }
-    kernels_batch_gemm = chosen;
-    kernels_decode_prefetch = chosen_decode;
     /* the reference table has a packed gemm, so every CPU runs this test */
     assert_true(packed_variants >= 1);
     print_message("packed gemm: %d tiles over %d variant(s) with a packed gemm\n", checked,
@@ -491,10 +498,7 @@ static void packed_gemm_equals_gemm_on_the_unpacked_rows(void **state)
  */
 static void packed_gemm_over_long_rows_equals_gemm(void **state)
 {
-    const struct kernel_ops *vs[MAX_VARIANTS];
-    int nv = kernels_variants(vs, MAX_VARIANTS), checked = 0;
-    const enum batch_gemm chosen = kernels_batch_gemm;
-    const enum decode_prefetch chosen_decode = kernels_decode_prefetch;
+    int checked = 0;
     static const enum ar_type types[] = {AR_TYPE_Q8_0, AR_TYPE_Q4_0, AR_TYPE_Q5_0};
     static const int nbs[] = {512, 513, 8192, 8193};
     static const int nrs[] = {17}, ncs[] = {1, 2, 3};
@@ -518,15 +522,8 @@ static void packed_gemm_over_long_rows_equals_gemm(void **state)
             for (int j = 0; j < nc_max; j++)
                 make_act_row(&r, t, n, x + (size_t)j * x_row);
             kernels_pack_rows(t, w, w_row, n, nr_max, wp);
-            for (int o = 0; o < COUNT(packed_orders); o++) {
-                kernels_batch_gemm = packed_orders[o].batch;
-                kernels_decode_prefetch = packed_orders[o].prefetch;
-                for (int v = 0; v < nv; v++)
-                    if (vs[v]->gemm_packed[t])
-                        checked +=
-                            packed_pass(vs[v], t, n, w, w_row, wp, nr_max, x, x_row, nrs,
-                                        COUNT(nrs), ncs, COUNT(ncs), packed_orders[o].name, y1, y2);
-            }
+            checked += packed_passes(t, n, w, w_row, wp, nr_max, x, x_row, nrs, COUNT(nrs), ncs,
+                                     COUNT(ncs), y1, y2, NULL);
             free(w);
             free(x);
             ar_free_aligned(wp);
@@ -534,8 +531,6 @@ static void packed_gemm_over_long_rows_equals_gemm(void **state)
             free(y2);
         }
     }
-    kernels_batch_gemm = chosen;
-    kernels_decode_prefetch = chosen_decode;
     /* at least the reference's packed gemm, every type, every length, both orders */
     assert_true(checked >= COUNT(types) * COUNT(nbs) * COUNT(packed_orders) * COUNT(ncs));
     print_message("packed gemm over long rows: %d tiles\n", checked);
