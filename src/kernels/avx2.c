@@ -295,11 +295,8 @@ AR_INLINE void ln8_blocks(const int kind, const bool packed, const int J, int kb
     const __m256i m4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
     const size_t xbs = sizeof(struct block_q8_0);
     for (int b = 0; b < kb; b++) {
-        if (pf) {
-            uintptr_t a = (uintptr_t)(src[0].p + LN8_AHEAD * step);
-            for (uintptr_t l = a & ~(uintptr_t)63; l < a + step; l += 64)
-                _mm_prefetch((const char *)l, _MM_HINT_T1);
-        }
+        if (pf)
+            prefetch_l2(src[0].p + LN8_AHEAD * step, step);
         __m256i p[LN8_J][2];
         _Pragma("GCC unroll 4") for (int j = 0; j < J; j++) p[j][0] = p[j][1] =
             _mm256_setzero_si256();

@@ -953,11 +953,8 @@ AR_INLINE void pk_stream_rows(const int kind, const int J, int nb, const uint8_t
     _Pragma("GCC unroll 4") for (int j = 0; j < J; j++) acc[j] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = gq + (size_t)b * PK_B(kind);
-        if (pf) {
-            uintptr_t a = (uintptr_t)(blk + PK_STREAM_AHEAD * PK_B(kind));
-            for (uintptr_t l = a & ~(uintptr_t)63; l < a + PK_B(kind); l += 64)
-                _mm_prefetch((const char *)l, _MM_HINT_T1);
-        }
+        if (pf)
+            prefetch_l2(blk + PK_STREAM_AHEAD * PK_B(kind), PK_B(kind));
         __m512i v[8];
         const uint8_t *q = pk_block(kind, gq, b, v);
         if (kind == LN_Q8_0) {
@@ -996,22 +993,23 @@ AR_INLINE void pk_stream(const int kind, int nb, int nr, int nc, const uint8_t *
         const uint8_t *gq = wp + (size_t)(i0 / 16) * gsz;
         __mmask16 m = (__mmask16)((1u << AR_MIN(16, nr - i0)) - 1u);
         for (int j = 0; j < nc; j += 4) {
+            const bool pfj = pf && j == 0; /* the first pass over the group */
             const uint8_t *xj = x + (size_t)j * x_row;
             const float *dj = xd + j * nb;
             const int32_t *cj = xc + j * nb;
             float *yj = y + (size_t)j * ldy + (size_t)i0;
             switch (AR_MIN(4, nc - j)) {
             case 4:
-                pk_stream_rows(kind, 4, nb, gq, pf && j == 0, xj, x_row, dj, cj, yj, ldy, m);
+                pk_stream_rows(kind, 4, nb, gq, pfj, xj, x_row, dj, cj, yj, ldy, m);
                 break;
             case 3:
-                pk_stream_rows(kind, 3, nb, gq, pf && j == 0, xj, x_row, dj, cj, yj, ldy, m);
+                pk_stream_rows(kind, 3, nb, gq, pfj, xj, x_row, dj, cj, yj, ldy, m);
                 break;
             case 2:
-                pk_stream_rows(kind, 2, nb, gq, pf && j == 0, xj, x_row, dj, cj, yj, ldy, m);
+                pk_stream_rows(kind, 2, nb, gq, pfj, xj, x_row, dj, cj, yj, ldy, m);
                 break;
             default:
-                pk_stream_rows(kind, 1, nb, gq, pf && j == 0, xj, x_row, dj, cj, yj, ldy, m);
+                pk_stream_rows(kind, 1, nb, gq, pfj, xj, x_row, dj, cj, yj, ldy, m);
                 break;
             }
         }

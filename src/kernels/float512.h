@@ -183,8 +183,8 @@ AR_INLINE void f16_group(const int XN, int n, const uint8_t *gp, const uint8_t *
                 _mm512_store_ps(xf[j] + k, _mm512_cvtph_ps(_mm256_loadu_si256(
                                                cv256(x + (size_t)j * x_row + (size_t)(k0 + k) * 2))));
         for (int k = 0; k < m; k += 8, gp += 8 * 32) {
-            for (int o = 0; pf && o < 8 * 32; o += 64)
-                _mm_prefetch((const char *)gp + FL_PF_AHEAD + o, _MM_HINT_T1);
+            if (pf)
+                prefetch_l2(gp + FL_PF_AHEAD, 8 * 32);
             _Pragma("GCC unroll 8") for (int c = 0; c < 8; c++)
             {
                 __m512 wv = _mm512_cvtph_ps(_mm256_loadu_si256(cv256(gp + c * 32)));
@@ -205,8 +205,8 @@ AR_INLINE void bf16_group(const int XN, int n, const uint8_t *gp, const uint8_t 
 #ifdef __AVX512BF16__
     /* 8 pairs per round: pair v into chain v mod 8 */
     for (int k = 0; k < n; k += 16, gp += 8 * 64, x += 32) {
-        for (int o = 0; pf && o < 8 * 64; o += 64)
-            _mm_prefetch((const char *)gp + FL_PF_AHEAD + o, _MM_HINT_T1);
+        if (pf)
+            prefetch_l2(gp + FL_PF_AHEAD, 8 * 64);
         _Pragma("GCC unroll 8") for (int c = 0; c < 8; c++)
         {
             __m512bh wv = (__m512bh)_mm512_loadu_si512(gp + c * 64);
@@ -222,8 +222,8 @@ AR_INLINE void bf16_group(const int XN, int n, const uint8_t *gp, const uint8_t 
     /* 4 pairs per round: element 2v into chain 2v mod 8, element 2v + 1 into the next */
     const __m512i hi = _mm512_set1_epi32((int32_t)0xffff0000u);
     for (int k = 0; k < n; k += 8, gp += 4 * 64, x += 16) {
-        for (int o = 0; pf && o < 4 * 64; o += 64)
-            _mm_prefetch((const char *)gp + FL_PF_AHEAD + o, _MM_HINT_T1);
+        if (pf)
+            prefetch_l2(gp + FL_PF_AHEAD, 4 * 64);
         _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++)
         {
             __m512i wv = _mm512_loadu_si512(gp + c * 64);

@@ -1,5 +1,6 @@
-/* simd256.h - small helpers on 256-bit integer vectors (AVX2), shared by the kernel files that
- * are compiled with AVX2 or more (avx2.c, avx512.c); each includes it under its own flags. */
+/* simd256.h - small helpers on 256-bit integer vectors (AVX2) and memory, shared by the kernel
+ * files that are compiled with AVX2 or more (avx2.c, avx512.c); each includes it under its own
+ * flags. */
 #ifndef AR_KERNELS_SIMD256_H
 #define AR_KERNELS_SIMD256_H
 
@@ -24,6 +25,16 @@ static inline __attribute__((always_inline)) float load_f32(const void *p)
     float v;
     memcpy(&v, p, sizeof(v));
     return v;
+}
+
+/* Asks for the cache lines covering [p, p + len) into L2: the decode stream prefetch of the
+ * packed weights (kernels_internal.h). Past a mapping's end it reads nothing: prefetches do not
+ * fault. */
+static inline __attribute__((always_inline)) void prefetch_l2(const void *p, size_t len)
+{
+    uintptr_t a = (uintptr_t)p;
+    for (uintptr_t l = a & ~(uintptr_t)63; l < a + len; l += 64)
+        _mm_prefetch((const char *)l, _MM_HINT_T1);
 }
 
 /* The sum of an activation block's 32 quants (exact: the bytes biased to unsigned, summed by
