@@ -41,29 +41,33 @@ AR_INLINE __m256i dot_u8s8(__m256i u, __m256i s)
  * BLOCK(wb, xb, &acc) adds the contribution of one weight block against one activation block
  * to a vector of partial sums; the tile sums the vectors at the end. Fully unrolled, the
  * compiler shares each weight block's loads and unpacking among the RX activation rows (and
- * each activation block's among the RW weight rows). */
+ * each activation block's among the RW weight rows). With pf set (decode, see
+ * DEFINE_GEMM_LOOP) each step asks for as many bytes from pf on into L2 as it reads, pf
+ * advancing as if the tile's RW rows were one stream. */
 
 #define TILE_RW 4
 #define TILE_RX 2
 
 #define DEFINE_TILE(NAME, WT, XT, BLOCK, RW, RX)                                                   \
     static void NAME##_tile_##RW##x##RX(int nb, const uint8_t *w, size_t w_row, const uint8_t *x,  \
-                                        size_t x_row, float *y, size_t ldy)                        \
+                                        size_t x_row, float *y, size_t ldy, const uint8_t *pf)     \
     {                                                                                              \
         __m256 acc[RW][RX];                                                                        \
-        _Pragma("GCC unroll 8") for (int i = 0; i < RW; i++)                                      \
+        _Pragma("GCC unroll 8") for (int i = 0; i < RW; i++)                                       \
             _Pragma("GCC unroll 8") for (int j = 0; j < RX; j++) acc[i][j] = _mm256_setzero_ps();  \
         for (int b = 0; b < nb; b++) {                                                             \
-            _Pragma("GCC unroll 8") for (int i = 0; i < RW; i++)                                  \
+            if (pf)                                                                                \
+                prefetch_l2(pf + (size_t)b * sizeof(WT) * (RW), sizeof(WT) * (RW));                \
+            _Pragma("GCC unroll 8") for (int i = 0; i < RW; i++)                                   \
             {                                                                                      \
                 const WT *wb = (const WT *)(const void *)(w + (size_t)i * w_row) + b;              \
-                _Pragma("GCC unroll 8") for (int j = 0; j < RX; j++)                              \
+                _Pragma("GCC unroll 8") for (int j = 0; j < RX; j++)                               \
                     BLOCK(wb, (const XT *)(const void *)(x + (size_t)j * x_row) + b, &acc[i][j]);  \
             }                                                                                      \
         }                                                                                          \
-        _Pragma("GCC unroll 8") for (int i = 0; i < RW; i++)                                      \
-            _Pragma("GCC unroll 8") for (int j = 0; j < RX; j++)                                  \
-                y[(size_t)j * ldy + (size_t)i] = hsum_ps(acc[i][j]);                               \
+        _Pragma("GCC unroll 8") for (int i = 0; i < RW; i++)                                       \
+            _Pragma("GCC unroll 8") for (int j = 0; j < RX; j++) y[(size_t)j * ldy + (size_t)i] =  \
+                hsum_ps(acc[i][j]);                                                                \
     }
 
 /* Touches the bytes [p, p + size) in order so that the next tile's weight rows stream in
@@ -76,13 +80,22 @@ AR_INLINE void prefetch_bytes(const uint8_t *p, size_t size)
 }
 
 /* gemm: with one activation row, a weight row at a time (a GEMV at memory bandwidth), or with
- * DECODE_RW > 1 the 4 x 1 tile with the next 4 rows prefetched, for tiles whose one row is a
- * single chain of fmas (BF16): there the fma latency, not the memory, bounds a row at a time
- * (the 4 x 1 tile computes each output exactly as the 1 x 1 does). Measured on Zen 5 with
- * AR_KERNELS=avx2, qwen05 BF16 decode efficiency 0.32-0.41 -> 0.39-0.52 on 1 thread, 0.45-0.47
- * -> 0.65-0.70 on 2, with the paired loads below; prefetching two tiles ahead instead of one
- * read 0.31-0.33 on 1 thread. Otherwise whole tiles, then the edges with narrower tiles.
- * vec_dot is the 1 x 1 tile. The tiles take nb in blocks of QK elements. */
+ * DECODE_RW > 1 the 4 x 1 tile, for tiles whose one row is a single chain of fmas (BF16):
+ * there the fma latency, not the memory, bounds a row at a time (the 4 x 1 tile computes each
+ * output exactly as the 1 x 1 does). With the decode prefetch on (kernels_decode_prefetch)
+ * each tile streams into L2 the bytes DECODE_AHEAD past the end of its own as it reads it,
+ * a share per step (the tiles' pf); off, a 4 x 1 tile touches the next 4 rows whole into
+ * L1 before it starts. Measured on Zen 5 with AR_KERNELS=avx2, that took qwen05 BF16 decode
+ * efficiency 0.32-0.41 -> 0.39-0.52 on 1 thread, 0.45-0.47 -> 0.65-0.70 on 2, with the paired
+ * loads below; two tiles ahead read 0.31-0.33 on 1 thread. On a Zen 3 (AMD EPYC family 0x19
+ * model 1, AVX2 only, 2026-12-07; one thread, GB/s of the weights from memory, a plain read
+ * about 17), against that whole-tile touch or none, the stream prefetch took BF16 rows of 896
+ * from 11-12 to 16-17 (from 14 KiB past the tile's start; 7 KiB: 14-16), of 4864 from
+ * 13.5-14.6 to 15.5-17.6, and F16 rows of 896 a row at a time from 13-15 to 16.6-18.4 (8 to
+ * 16 KiB past the row's start).
+ * Otherwise whole tiles, then the edges with narrower tiles. vec_dot is the 1 x 1 tile. The
+ * tiles take nb in blocks of QK elements. */
+#define DECODE_AHEAD 8192
 #define DEFINE_GEMM_LOOP(NAME, QK, DECODE_RW)                                                      \
     static void NAME##_gemm(int n, int nr, int nc, const void *w, size_t w_row, const void *x,     \
                             size_t x_row, float *y, size_t ldy)                                    \
@@ -90,13 +103,19 @@ AR_INLINE void prefetch_bytes(const uint8_t *p, size_t size)
         const uint8_t *wp = w, *xp = x;                                                            \
         int nb = n / (QK), i = 0;                                                                  \
         if (nc == 1) {                                                                             \
+            const bool pf = kernels_decode_prefetch == DECODE_PREFETCH_L2;                         \
             for (; (DECODE_RW) > 1 && i + TILE_RW <= nr; i += TILE_RW) {                           \
-                if (i + 2 * TILE_RW <= nr)                                                         \
-                    prefetch_bytes(wp + (size_t)(i + TILE_RW) * w_row, TILE_RW * w_row);           \
-                NAME##_tile_4x1(nb, wp + (size_t)i * w_row, w_row, xp, x_row, y + i, ldy);         \
+                const uint8_t *wi = wp + (size_t)i * w_row;                                        \
+                if (!pf && i + 2 * TILE_RW <= nr)                                                  \
+                    prefetch_bytes(wi + TILE_RW * w_row, TILE_RW * w_row);                         \
+                NAME##_tile_4x1(nb, wi, w_row, xp, x_row, y + i, ldy,                              \
+                                pf ? wi + TILE_RW * w_row + DECODE_AHEAD : NULL);                  \
             }                                                                                      \
-            for (; i < nr; i++)                                                                    \
-                NAME##_tile_1x1(nb, wp + (size_t)i * w_row, w_row, xp, x_row, y + i, ldy);         \
+            for (; i < nr; i++) {                                                                  \
+                const uint8_t *wi = wp + (size_t)i * w_row;                                        \
+                NAME##_tile_1x1(nb, wi, w_row, xp, x_row, y + i, ldy,                              \
+                                pf ? wi + w_row + DECODE_AHEAD : NULL);                            \
+            }                                                                                      \
             return;                                                                                \
         }                                                                                          \
         for (; i + TILE_RW <= nr; i += TILE_RW) {                                                  \
@@ -106,25 +125,25 @@ AR_INLINE void prefetch_bytes(const uint8_t *p, size_t size)
                 prefetch_bytes(wi + TILE_RW * w_row, TILE_RW * w_row);                             \
             for (; j + TILE_RX <= nc; j += TILE_RX)                                                \
                 NAME##_tile_4x2(nb, wi, w_row, xp + (size_t)j * x_row, x_row,                      \
-                                y + (size_t)j * ldy + i, ldy);                                     \
+                                y + (size_t)j * ldy + i, ldy, NULL);                               \
             for (; j < nc; j++)                                                                    \
                 NAME##_tile_4x1(nb, wi, w_row, xp + (size_t)j * x_row, x_row,                      \
-                                y + (size_t)j * ldy + i, ldy);                                     \
+                                y + (size_t)j * ldy + i, ldy, NULL);                               \
         }                                                                                          \
         for (; i < nr; i++) {                                                                      \
             const uint8_t *wi = wp + (size_t)i * w_row;                                            \
             int j = 0;                                                                             \
             for (; j + TILE_RX <= nc; j += TILE_RX)                                                \
                 NAME##_tile_1x2(nb, wi, w_row, xp + (size_t)j * x_row, x_row,                      \
-                                y + (size_t)j * ldy + i, ldy);                                     \
+                                y + (size_t)j * ldy + i, ldy, NULL);                               \
             for (; j < nc; j++)                                                                    \
                 NAME##_tile_1x1(nb, wi, w_row, xp + (size_t)j * x_row, x_row,                      \
-                                y + (size_t)j * ldy + i, ldy);                                     \
+                                y + (size_t)j * ldy + i, ldy, NULL);                               \
         }                                                                                          \
     }                                                                                              \
     static void NAME##_vec_dot(int n, float *s, const void *x, const void *y)                      \
     {                                                                                              \
-        NAME##_tile_1x1(n / (QK), x, 0, y, 0, s, 0);                                               \
+        NAME##_tile_1x1(n / (QK), x, 0, y, 0, s, 0, NULL);                                         \
     }
 
 #define DEFINE_GEMM(NAME, WT, XT, BLOCK, QK)                                                       \
@@ -875,13 +894,15 @@ AR_INLINE float f16_elem(const ar_f16 *p)
  * 68-74 to 84-86 tokens per CPU second. */
 #define DEFINE_FTILE(NAME, ET, LOAD, LOAD2, PAIRED, ELEM, RW, RX, G)                               \
     static void NAME##_tile_##RW##x##RX(int n, const uint8_t *w, size_t w_row, const uint8_t *x,   \
-                                        size_t x_row, float *y, size_t ldy)                        \
+                                        size_t x_row, float *y, size_t ldy, const uint8_t *pf)     \
     {                                                                                              \
         __m256 acc[RW][RX];                                                                        \
         int k = 0;                                                                                 \
         _Pragma("GCC unroll 8") for (int i = 0; i < RW; i++)                                       \
             _Pragma("GCC unroll 8") for (int j = 0; j < RX; j++) acc[i][j] = _mm256_setzero_ps();  \
         for (; G > 1 && k + 8 * (G) <= n; k += 8 * (G)) {                                          \
+            if (pf)                                                                                \
+                prefetch_l2(pf + (size_t)k * sizeof(ET) * (RW), 8 * (G) * sizeof(ET) * (RW));      \
             _Pragma("GCC unroll 8") for (int i = 0; i < RW; i++)                                   \
             {                                                                                      \
                 const ET *wi = (const ET *)(const void *)(w + (size_t)i * w_row) + k;              \
@@ -900,6 +921,8 @@ AR_INLINE float f16_elem(const ar_f16 *p)
         }                                                                                          \
         for (; (PAIRED) && k + 16 <= n; k += 16) {                                                 \
             __m256 xl[RX], xh[RX];                                                                 \
+            if (pf)                                                                                \
+                prefetch_l2(pf + (size_t)k * sizeof(ET) * (RW), 16 * sizeof(ET) * (RW));           \
             _Pragma("GCC unroll 8") for (int j = 0; j < RX; j++)                                   \
                 LOAD2((const ET *)(const void *)(x + (size_t)j * x_row) + k, &xl[j], &xh[j]);      \
             _Pragma("GCC unroll 8") for (int i = 0; i < RW; i++)                                   \
@@ -911,6 +934,8 @@ AR_INLINE float f16_elem(const ar_f16 *p)
             }                                                                                      \
         }                                                                                          \
         for (; k + 8 <= n; k += 8) {                                                               \
+            if (pf)                                                                                \
+                prefetch_l2(pf + (size_t)k * sizeof(ET) * (RW), 8 * sizeof(ET) * (RW));            \
             _Pragma("GCC unroll 8") for (int i = 0; i < RW; i++)                                   \
             {                                                                                      \
                 __m256 wv = LOAD((const ET *)(const void *)(w + (size_t)i * w_row) + k);           \

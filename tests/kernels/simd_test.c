@@ -305,14 +305,27 @@ static void gemm_matches_reference_dot_on_batch_shapes(void **state)
     done(state, "batch gemm shapes", check_gemm_shapes(state, shapes, COUNT(shapes), "batch gemm"));
 }
 
+/* The decode prefetch settings (kernels_internal.h): the kernels against one activation row
+ * take another path with it on, so the tests of that case run both */
+static const enum decode_prefetch decode_prefetches[] = {DECODE_PREFETCH_OFF, DECODE_PREFETCH_L2};
+
 /* One activation row (decode): kernels may prepare the activation row once per call and
  * stream the weights; rows of an odd block count, and rows longer than 32768 activations
- * (which some kernels take in chunks), over a few weight rows. */
+ * (which some kernels take in chunks), over a few weight rows; the decode prefetch off and
+ * on. */
 static void gemm_matches_reference_dot_for_one_activation_row(void **state)
 {
     static const int shapes[][3] = {{7, 1, 1}, {3, 1, 3}, {9, 1, 28}, {5, 1, 152},
                                     {3, 1, 1027}, {2, 1, 2048}};
-    done(state, "gemv shapes", check_gemm_shapes(state, shapes, COUNT(shapes), "gemv"));
+    const enum decode_prefetch chosen = kernels_decode_prefetch;
+    int checked = 0;
+    for (int p = 0; p < COUNT(decode_prefetches); p++) {
+        kernels_decode_prefetch = decode_prefetches[p];
+        checked += check_gemm_shapes(state, shapes, COUNT(shapes),
+                                     p ? "gemv, decode prefetch on" : "gemv, decode prefetch off");
+    }
+    kernels_decode_prefetch = chosen;
+    done(state, "gemv shapes", checked);
 }
 
 /* Whether a batch row's products depend on the batch: the same weight and activation rows
@@ -545,12 +558,15 @@ static void packed_gemm_over_long_rows_equals_gemm(void **state)
 static void gemm_outputs_are_bit_identical_for_every_call_split(void **state)
 {
     const struct kernel_ops *vs[MAX_VARIANTS];
+    const enum decode_prefetch chosen = kernels_decode_prefetch;
     int nv = kernels_variants(vs, MAX_VARIANTS), checked = 0;
     enum { NR = 40, NC = 37 };
     static const int col_splits[] = {1, 2, 3, 5, 8, 9, 12, 16, 17};
     static const int row_splits[] = {1, 3, 16, 17, NR};
     (void)state;
-    for (int v = 0; v < nv; v++) {
+    for (int vp = 0; vp < nv * COUNT(decode_prefetches); vp++) {
+        const int v = vp % nv;
+        kernels_decode_prefetch = decode_prefetches[vp / nv];
         for (int ti = 0; ti < COUNT(weight_types); ti++) {
             enum ar_type t = weight_types[ti], at = kernels_vec_dot_type(t);
             int bs = ar_type_info(t)->block_size;
@@ -580,9 +596,10 @@ static void gemm_outputs_are_bit_identical_for_every_call_split(void **state)
                         for (int i = 0; i < NR; i++)
                             if (memcmp(&ys[(size_t)j * ldy + (size_t)i],
                                        &y1[(size_t)j * ldy + (size_t)i], sizeof(float)) != 0)
-                                fail_msg("%s %s: output (%d, %d) in calls of %d x %d rows: %.9g, "
-                                         "in one call: %.9g",
+                                fail_msg("%s %s: output (%d, %d) in calls of %d x %d rows "
+                                         "(decode prefetch %s): %.9g, in one call: %.9g",
                                          vs[v]->name, ar_type_name(t), i, j, rs, cs,
+                                         vp / nv ? "on" : "off",
                                          (double)ys[(size_t)j * ldy + (size_t)i],
                                          (double)y1[(size_t)j * ldy + (size_t)i]);
                     checked++;
@@ -605,7 +622,10 @@ static void gemm_outputs_are_bit_identical_for_every_call_split(void **state)
             free(ys);
         }
     }
-    print_message("call-split independence: %d cases over %d variant(s)\n", checked, nv);
+    kernels_decode_prefetch = chosen;
+    print_message("call-split independence: %d cases over %d variant(s), decode prefetch off and "
+                  "on\n",
+                  checked, nv);
 }
 
 /* ---- activation quantizers ---------------------------------------------------------------- */
