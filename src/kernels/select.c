@@ -100,16 +100,20 @@ enum decode_prefetch kernels_decode_prefetch = DECODE_PREFETCH_OFF;
  * 2026-12-07, one thread, matrices of 300-650 MB from memory, GB/s of the weights, a plain
  * read 17) it took the AVX-512 Q8_0 GEMV from 14.5-14.7 to 16.3-16.8 (avx512.c pk_gemm's
  * note), BF16 from 12.2-12.5 to 15.4-15.8 (float512.h), the AVX2 Q8_0 gemm against one row
- * from 10.5-10.8 to 15.1-15.2 and Q4_0 from 9.6-9.9 to 13.3-14.3 (avx2.c); not on AMD, where
- * it was measured on the AVX-512 Q8_0 GEMV before the stream order (Zen 4: 512 to 8192 bytes
- * ahead gained nothing, the GEMV streamed at 0.9 of a plain read) and the AVX2 Q8_0 decode
- * read about the bandwidth without it (Zen 4, session 21), and not on the floats. */
+ * from 10.5-10.8 to 15.1-15.2 and Q4_0 from 9.6-9.9 to 13.3-14.3 (avx2.c); and on an AMD
+ * without AVX-512 (Zen 3, family 0x19 model 1, 2026-12-07; qwen05 decode efficiency on 1 / 2
+ * threads, off -> on): Q8_0 0.88 / 0.90 -> 0.92 / 0.87, Q4_0 0.66 / 0.78 -> 0.83 / 0.88,
+ * Q4_K_M 0.71 / 0.80 -> 0.86 / 0.83, and the AVX2 F16/BF16 GEMV (avx2.c DEFINE_GEMM_LOOP).
+ * Not on the AMDs with AVX-512, where it was measured on the AVX-512 Q8_0 GEMV before the
+ * stream order (Zen 4: 512 to 8192 bytes ahead gained nothing, the GEMV streamed at 0.9 of a
+ * plain read) and the AVX2 Q8_0 decode read about the bandwidth without it (Zen 4, session
+ * 21). */
 static enum decode_prefetch decode_prefetch_for(const struct ar_cpu_features *cpu,
                                                 enum decode_prefetch env)
 {
     if (env != DECODE_PREFETCH_CPU)
         return env;
-    return cpu->amd ? DECODE_PREFETCH_OFF : DECODE_PREFETCH_L2;
+    return cpu->amd && cpu->avx512f ? DECODE_PREFETCH_OFF : DECODE_PREFETCH_L2;
 }
 
 const char *kernels_decode_prefetch_line(void)
