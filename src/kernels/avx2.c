@@ -1,6 +1,6 @@
 /* avx2.c - SIMD kernels for CPUs with avx2 + fma + f16c, chosen at run time by select.c.
  * Every entry matches ref.c: quantizers byte for byte, integer-sum dot products up to the
- * order of the float accumulation. Q8_0, Q4_0, Q5_0, Q4_K and Q6_K weights go through lane
+ * order of the float accumulation. Q8_0, Q4_0, Q5_0, Q4_K, Q5_K and Q6_K weights go through lane
  * kernels (8 weight rows in the lanes of a vector, packed at load or gathered from the file's
  * layout);
  * the other types through register tiles (TILE_RW weight rows by TILE_RX activation rows) so
@@ -490,21 +490,21 @@ DEFINE_LN8(q8_0, LN8_Q8_0, struct block_q8_0)
 DEFINE_LN8(q4_0, LN8_Q4_0, struct block_q4_0)
 DEFINE_LN8(q5_0, LN8_Q5_0, struct block_q5_0)
 
-/* ---- Q4_K and Q6_K: 8 weight rows in the lanes of one vector --------------------------------
+/* ---- Q4_K, Q5_K and Q6_K: 8 weight rows in the lanes of one vector --------------------------
  * As the lane kernels above, over super-blocks of 256 (kernels.h, "x16": scales first, then d
  * (and dmin), then the quants as lane vectors; or gathered from the file's rows). Per output
- * and super-block the exact int32 sum of Q4_K's sum_j sc_j * sum(q * x over sub-block j),
- * and of its mins sum_j m_j * (activation sum of sub-block j); or Q6_K's
+ * and super-block the exact int32 sum of Q4_K's (Q5_K's) sum_j sc_j * sum(q * x over sub-block
+ * j), and of its mins sum_j m_j * (activation sum of sub-block j); or Q6_K's
  * sum_s sc_s * (sum(q * x) - 32 * bsum_s); then acc = fma(float(isum), d * xd, acc) and for
- * Q4_K acc = fnmadd(float(mins), dmin * xd, acc): the arithmetic of the AVX-512 lane kernels,
- * so packed and unpacked, any split, and vec_dot give the same bits. The int16 sums of
- * vpmaddubsw stay within range: Q4_K 16 products of 15 * 127 before one vpmaddwd by the
- * sub-block's scale, Q6_K 4 products of 63 * 127. */
+ * Q4_K and Q5_K acc = fnmadd(float(mins), dmin * xd, acc): the arithmetic of the AVX-512 lane
+ * kernels, so packed and unpacked, any split, and vec_dot give the same bits. The int16 sums
+ * of vpmaddubsw stay within range: Q4_K 16 products of 15 * 127 before one vpmaddwd by the
+ * sub-block's scale, Q5_K 8 of 31 * 127, Q6_K 4 of 63 * 127. */
 
-enum { LK8_Q4_K, LK8_Q6_K };
+enum { LK8_Q4_K, LK8_Q5_K, LK8_Q6_K };
 
 /* bytes of a packed super-block of 16 rows, and where its fields lie (kernels.h) */
-#define LK8_PB(kind) ((kind) == LK8_Q4_K ? 2304 : 3392)
+#define LK8_PB(kind) ((kind) == LK8_Q4_K ? 2304 : (kind) == LK8_Q5_K ? 2816 : 3392)
 
 /* One half's (8 rows') int16 pairs for vpmaddwd, built from the rows' scale bytes:
  * pair (lane byte a, lane byte b) of v as int16s, unsigned (Q4_K) or signed (Q6_K) */
@@ -578,7 +578,12 @@ AR_INLINE void lk8_blocks(const int kind, const bool packed, const int J, int kb
             xb[j] = xb0[j] + b;
             isum[j][0] = isum[j][1] = ms[j][0] = ms[j][1] = _mm256_setzero_si256();
         }
-        if (kind == LK8_Q4_K) {
+        if (kind != LK8_Q6_K) {
+            /* Q5_K: the quants after the 32 bytes of fifth bits (packed: 8 lane vectors); an
+             * int16 sum takes 4 lane vectors' products */
+            const size_t qs_pk = kind == LK8_Q5_K ? 768 : 256, qs_file = kind == LK8_Q5_K ? 48 : 16;
+            const int per = kind == LK8_Q5_K ? 4 : 8;
+            const __m256i m10 = _mm256_set1_epi8(0x10);
             __m256i sc[2][2], mn[2][2];
             _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) lk8_q4k_scales(
                 ln8_dwords(packed, &src[h], h, 0, 4), ln8_dwords(packed, &src[h], h, 64, 8),
@@ -592,11 +597,18 @@ AR_INLINE void lk8_blocks(const int kind, const bool packed, const int J, int kb
                     _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++)
                     {
                         w[h] = ln8_dwords(packed, &src[h], h,
-                                          256 + 512 * (size_t)(g / 2) + 64 * (size_t)t,
-                                          16 + 32 * (size_t)(g / 2) + 4 * (size_t)t);
+                                          qs_pk + 512 * (size_t)(g / 2) + 64 * (size_t)t,
+                                          qs_file + 32 * (size_t)(g / 2) + 4 * (size_t)t);
                         if (g & 1)
                             w[h] = _mm256_srli_epi16(w[h], 4);
                         w[h] = _mm256_and_si256(w[h], m4);
+                        if (kind == LK8_Q5_K) {
+                            /* bit g of qh bytes 4t..4t+3 to bit 4 */
+                            __m256i e = ln8_dwords(packed, &src[h], h, 256 + 64 * (size_t)t,
+                                                   16 + 4 * (size_t)t);
+                            e = g <= 4 ? _mm256_slli_epi16(e, 4 - g) : _mm256_srli_epi16(e, g - 4);
+                            w[h] = _mm256_or_si256(w[h], _mm256_and_si256(e, m10));
+                        }
                     }
                     _Pragma("GCC unroll 4") for (int j = 0; j < J; j++)
                     {
@@ -604,15 +616,16 @@ AR_INLINE void lk8_blocks(const int kind, const bool packed, const int J, int kb
                         _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++)
                         {
                             __m256i d = _mm256_maddubs_epi16(w[h], xv);
-                            s16[j][h] = t == 0 ? d : _mm256_add_epi16(s16[j][h], d);
+                            s16[j][h] = t % per == 0 ? d : _mm256_add_epi16(s16[j][h], d);
                         }
                     }
-                }
-                _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++)
-                {
-                    __m256i scp = lk8_pair(sc[h][g / 4], g % 4, g % 4, false);
-                    _Pragma("GCC unroll 4") for (int j = 0; j < J; j++) isum[j][h] =
-                        _mm256_add_epi32(isum[j][h], _mm256_madd_epi16(s16[j][h], scp));
+                    if (t % per == per - 1)
+                        _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++)
+                        {
+                            __m256i scp = lk8_pair(sc[h][g / 4], g % 4, g % 4, false);
+                            _Pragma("GCC unroll 4") for (int j = 0; j < J; j++) isum[j][h] =
+                                _mm256_add_epi32(isum[j][h], _mm256_madd_epi16(s16[j][h], scp));
+                        }
                 }
             }
             /* mins: pairs (m_2u, m_2u+1) against the activation sums of sub-blocks 2u, 2u + 1 */
@@ -693,16 +706,17 @@ AR_INLINE void lk8_blocks(const int kind, const bool packed, const int J, int kb
         {
             __m256 wd, wmin = _mm256_setzero_ps();
             if (packed) {
-                const uint8_t *dp = src[h].p + (kind == LK8_Q4_K ? 192 : 256) + 16 * (size_t)h;
+                const uint8_t *dp = src[h].p + (kind != LK8_Q6_K ? 192 : 256) + 16 * (size_t)h;
                 wd = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)dp));
-                if (kind == LK8_Q4_K)
+                if (kind != LK8_Q6_K)
                     wmin =
                         _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(dp + 32)));
             } else {
-                /* Q4_K: d and dmin the dword at 0; Q6_K: d the low half of the dword at 208 */
-                __m256i dw = ln8_dwords(false, &src[h], h, 0, kind == LK8_Q4_K ? 0 : 208);
+                /* Q4_K, Q5_K: d and dmin the dword at 0; Q6_K: d the low half of the dword at
+                 * 208 */
+                __m256i dw = ln8_dwords(false, &src[h], h, 0, kind != LK8_Q6_K ? 0 : 208);
                 wd = ln8_f16_halves(dw, 0);
-                if (kind == LK8_Q4_K)
+                if (kind != LK8_Q6_K)
                     wmin = ln8_f16_halves(dw, 1);
             }
             _Pragma("GCC unroll 4") for (int j = 0; j < J; j++)
@@ -710,7 +724,7 @@ AR_INLINE void lk8_blocks(const int kind, const bool packed, const int J, int kb
                 __m256 xd = _mm256_set1_ps(xb[j]->d);
                 acc[j][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[j][h]), _mm256_mul_ps(wd, xd),
                                             acc[j][h]);
-                if (kind == LK8_Q4_K)
+                if (kind != LK8_Q6_K)
                     acc[j][h] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(ms[j][h]),
                                                  _mm256_mul_ps(wmin, xd), acc[j][h]);
             }
@@ -723,7 +737,9 @@ AR_INLINE void lk8_blocks(const int kind, const bool packed, const int J, int kb
 AR_INLINE void lk8_gemm(const int kind, const bool packed, int nb, int nr, int nc, const uint8_t *w,
                         size_t w_row, const uint8_t *x, size_t x_row, float *y, size_t ldy)
 {
-    const size_t bs = kind == LK8_Q4_K ? sizeof(struct block_q4_K) : sizeof(struct block_q6_K);
+    const size_t bs = kind == LK8_Q4_K   ? sizeof(struct block_q4_K)
+                      : kind == LK8_Q5_K ? sizeof(struct block_q5_K)
+                                         : sizeof(struct block_q6_K);
     const size_t gsz = (size_t)nb * LK8_PB(kind);
     for (int j0 = 0; j0 < nc; j0 += LN8_J) {
         int jn = AR_MIN(LN8_J, nc - j0);
@@ -766,73 +782,8 @@ AR_INLINE void lk8_gemm(const int kind, const bool packed, int nb, int nr, int n
         lk8_gemm(KIND, false, n / QK_K, 1, 1, w, sizeof(WT), x, 0, s, 1);                          \
     }
 DEFINE_LK8(q4_K, LK8_Q4_K, struct block_q4_K)
+DEFINE_LK8(q5_K, LK8_Q5_K, struct block_q5_K)
 DEFINE_LK8(q6_K, LK8_Q6_K, struct block_q6_K)
-
-/* ---- K-quants against Q8_K activations ------------------------------------------------------ */
-
-/* The 8 six-bit scales and mins of a Q4_K/Q5_K block (layout in ref.c's k_scale_min). */
-AR_INLINE void k_scales_mins(const uint8_t *q, uint8_t *sc, uint8_t *m)
-{
-    for (int j = 0; j < 4; j++) {
-        sc[j] = q[j] & 63;
-        m[j] = q[j + 4] & 63;
-        sc[j + 4] = (uint8_t)((q[j + 8] & 0x0f) | ((q[j] >> 6) << 4));
-        m[j + 4] = (uint8_t)((q[j + 8] >> 4) | ((q[j + 4] >> 6) << 4));
-    }
-}
-
-/* Shuffle mask that broadcasts int16 element k of each 128-bit lane to the whole lane. */
-AR_INLINE __m256i bcast16_mask(int k)
-{
-    return _mm256_set1_epi16((short)(((2 * k + 1) << 8) | (2 * k)));
-}
-
-/* Block of Q4_K (qh NULL) or Q5_K: d * yd * sum_j sc_j * sum(q * y) - dmin * yd * sum_j m_j *
- * (bsums of sub-block j). */
-AR_INLINE void qk45_block(ar_f16 dh, ar_f16 dminh, const uint8_t *scales, const uint8_t *qs,
-                          const uint8_t *qh, const struct block_q8_K *x, __m256 *acc)
-{
-    uint8_t sc[8], m[8];
-    k_scales_mins(scales, sc, m);
-    /* the 8 scales as int16 in both lanes; mins duplicated per bsum pair: m0 m0 m1 m1 .. m7 m7 */
-    __m128i sc16 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(const void *)sc));
-    __m256i scv = _mm256_broadcastsi128_si256(sc16);
-    __m128i m16 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(const void *)m));
-    __m256i mv = _mm256_set_m128i(_mm_unpackhi_epi16(m16, m16), _mm_unpacklo_epi16(m16, m16));
-    const __m256i m4 = _mm256_set1_epi8(0x0f);
-    __m256i hbits = qh ? _mm256_loadu_si256((const __m256i *)(const void *)qh) : _mm256_setzero_si256();
-    __m256i isum = _mm256_setzero_si256();
-    for (int c = 0; c < 4; c++) {
-        __m256i raw = _mm256_loadu_si256((const __m256i *)(const void *)(qs + 32 * c));
-        __m256i lo = _mm256_and_si256(raw, m4);
-        __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
-        if (qh) {
-            __m256i b0 = _mm256_set1_epi8((char)(1 << (2 * c)));
-            __m256i b1 = _mm256_set1_epi8((char)(2 << (2 * c)));
-            __m256i s16 = _mm256_set1_epi8(16);
-            lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hbits, b0), b0), s16));
-            hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hbits, b1), b1), s16));
-        }
-        __m256i ylo = _mm256_loadu_si256((const __m256i *)(const void *)(x->qs + 64 * c));
-        __m256i yhi = _mm256_loadu_si256((const __m256i *)(const void *)(x->qs + 64 * c + 32));
-        __m256i plo = _mm256_maddubs_epi16(lo, ylo);
-        __m256i phi = _mm256_maddubs_epi16(hi, yhi);
-        plo = _mm256_madd_epi16(plo, _mm256_shuffle_epi8(scv, bcast16_mask(2 * c)));
-        phi = _mm256_madd_epi16(phi, _mm256_shuffle_epi8(scv, bcast16_mask(2 * c + 1)));
-        isum = _mm256_add_epi32(isum, _mm256_add_epi32(plo, phi));
-    }
-    __m256i msum = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(const void *)x->bsums), mv);
-    float d = f16_to_f32(dh) * x->d;
-    float dmin = f16_to_f32(dminh) * x->d;
-    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(d), *acc);
-    *acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_set1_ps(dmin), *acc);
-}
-
-AR_INLINE void q5_K_block(const struct block_q5_K *w, const struct block_q8_K *x, __m256 *acc)
-{
-    qk45_block(w->d, w->dmin, w->scales, w->qs, w->qh, x, acc);
-}
-DEFINE_GEMM(q5_K, struct block_q5_K, struct block_q8_K, q5_K_block, QK_K)
 
 /* ---- float weights: F32, F16, BF16 (8 elements per step, scalar tail) ----------------------- */
 
@@ -1372,6 +1323,7 @@ void kernels_fill_avx2(struct kernel_ops *ops)
     ops->gemm_packed[AR_TYPE_Q4_0] = q4_0_gemm_packed;
     ops->gemm_packed[AR_TYPE_Q5_0] = q5_0_gemm_packed;
     ops->gemm_packed[AR_TYPE_Q4_K] = q4_K_gemm_packed;
+    ops->gemm_packed[AR_TYPE_Q5_K] = q5_K_gemm_packed;
     ops->gemm_packed[AR_TYPE_Q6_K] = q6_K_gemm_packed;
 
     ops->dot_f32 = dot_f32;
