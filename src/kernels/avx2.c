@@ -214,13 +214,20 @@ DEFINE_GEMM(q5_1, struct block_q5_1, struct block_q8_0, q5_1_block, QK5_1)
  * each pair at most 2 * 128 * 127, within int16), then acc = fma(float(sum), d_w * d_x, acc),
  * blocks in order: the arithmetic of the AVX-512 lane kernels, so every split of rows or
  * columns, packed or not, gives the same bits. Decode reads each packed group once in
- * address order (both halves of a block together); activation rows go LN8_J at a time. */
+ * address order (both halves of a block together); activation rows go LN8_J at a time over
+ * a group, LN8_ROWS of them before the next group. */
 
 enum { LN8_Q8_0, LN8_Q4_0, LN8_Q5_0 };
 
 #define LN8_J 2
-/* blocks per pass: their activation scales and sums prepared once per pass */
-#define LN8_CHUNK 1024
+/* Activation rows are taken LN8_ROWS at a time: each group of 16 weight rows, read once from
+ * memory (or L3), serves them all from L1/L2, LN8_J rows per pass over the group. Before, the
+ * passes went over the whole matrix, so a batched decode step of 4 sequences read the weights
+ * twice from beyond L2 (see ln8_gemm). */
+#define LN8_ROWS 16
+/* blocks per chunk: their activation scales and sums prepared once per chunk of LN8_ROWS
+ * rows */
+#define LN8_CHUNK 256
 /* With the decode prefetch on (kernels_decode_prefetch), the packed block this many on is
  * asked for into L2 as each is computed: without, the hardware prefetchers fell behind the
  * stream on an Intel Xeon (family 6 model 0xcf, 2026-12-07; one thread, a 400 MB Q8_0 matrix
@@ -412,28 +419,28 @@ AR_INLINE void ln8_store(float *p, int n, __m256 v)
 }
 
 /* Rows [0, nr) of w (packed: the group stream, kernels.h "x16"; else the file's rows, w_row
- * bytes apart) times nc activation rows: y[j * ldy + i]. */
+ * bytes apart) times nc activation rows: y[j * ldy + i]. Activation rows LN8_ROWS at a time,
+ * blocks LN8_CHUNK at a time, then each group of 16 weight rows against those rows, LN8_J per
+ * pass; every output's blocks in order, so any order of rows and passes gives the same bits. */
 AR_INLINE void ln8_gemm(const int kind, const bool packed, int nb, int nr, int nc, const uint8_t *w,
                         size_t w_row, const uint8_t *x, size_t x_row, float *y, size_t ldy)
 {
-    static _Thread_local float fxd[LN8_J * LN8_CHUNK];
-    static _Thread_local int32_t fxs[LN8_J * LN8_CHUNK];
+    static _Thread_local float fxd[LN8_ROWS * LN8_CHUNK];
+    static _Thread_local int32_t fxs[LN8_ROWS * LN8_CHUNK];
     const int32_t off = kind == LN8_Q8_0 ? 0 : kind == LN8_Q5_0 ? 16 : 8;
     const size_t bs = kind == LN8_Q8_0   ? sizeof(struct block_q8_0)
                       : kind == LN8_Q5_0 ? sizeof(struct block_q5_0)
                                          : sizeof(struct block_q4_0);
-    const size_t gsz = (size_t)nb * LN8_PB(kind);
-    /* the first pass over the weights only: later ones find them in the caches or follow it */
+    const size_t gsz = (size_t)nb * LN8_PB(kind), step = packed ? LN8_PB(kind) : bs;
+    /* the first pass over a group's chunk only: the later ones find it in L1/L2 */
     const bool pf = packed && kernels_decode_prefetch == DECODE_PREFETCH_L2;
-    for (int j0 = 0; j0 < nc; j0 += LN8_J) {
-        int jn = AR_MIN(LN8_J, nc - j0);
+    for (int r0 = 0; r0 < nc; r0 += LN8_ROWS) {
+        int rows = AR_MIN(LN8_ROWS, nc - r0);
         for (int c0 = 0; c0 < nb; c0 += LN8_CHUNK) {
             int kb = AR_MIN(LN8_CHUNK, nb - c0);
-            const int8_t *xq[LN8_J];
-            for (int j = 0; j < jn; j++) {
+            for (int j = 0; j < rows; j++) {
                 const struct block_q8_0 *xb =
-                    (const struct block_q8_0 *)(const void *)(x + (size_t)(j0 + j) * x_row) + c0;
-                xq[j] = xb->qs;
+                    (const struct block_q8_0 *)(const void *)(x + (size_t)(r0 + j) * x_row) + c0;
                 for (int b = 0; b < kb; b++) {
                     fxd[j * LN8_CHUNK + b] = f16_to_f32(xb[b].d);
                     fxs[j * LN8_CHUNK + b] = off ? -off * q8_0_block_sum(&xb[b]) : 0;
@@ -441,31 +448,36 @@ AR_INLINE void ln8_gemm(const int kind, const bool packed, int nb, int nr, int n
             }
             for (int i0 = 0; i0 < nr; i0 += 16) {
                 int rn = AR_MIN(16, nr - i0);
-                struct ln8_src src[2];
-                size_t step = packed ? LN8_PB(kind) : bs;
-                __m256 acc[LN8_J][2];
-                ln8_group_src(packed,
-                              packed ? w + (size_t)(i0 / 16) * gsz + (size_t)c0 * LN8_PB(kind)
-                                     : w + (size_t)i0 * w_row + (size_t)c0 * bs,
-                              w_row, rn, src);
-                for (int j = 0; j < jn; j++)
-                    for (int h = 0; h < 2; h++)
-                        acc[j][h] = _mm256_setzero_ps();
-                if (c0 > 0) {
-                    for (int j = 0; j < jn; j++)
+                const uint8_t *g0 = packed ? w + (size_t)(i0 / 16) * gsz + (size_t)c0 * step
+                                           : w + (size_t)i0 * w_row + (size_t)c0 * bs;
+                for (int j0 = 0; j0 < rows; j0 += LN8_J) {
+                    int jn = AR_MIN(LN8_J, rows - j0);
+                    const int8_t *xq[LN8_J];
+                    struct ln8_src src[2];
+                    __m256 acc[LN8_J][2];
+                    ln8_group_src(packed, g0, w_row, rn, src);
+                    for (int j = 0; j < jn; j++) {
+                        float *yj = y + (size_t)(r0 + j0 + j) * ldy + (size_t)i0;
+                        xq[j] =
+                            ((const struct block_q8_0 *)(const void *)(x + (size_t)(r0 + j0 + j) *
+                                                                               x_row) +
+                             c0)
+                                ->qs;
                         for (int h = 0; h < 2; h++)
                             acc[j][h] =
-                                ln8_load(y + (size_t)(j0 + j) * ldy + (size_t)i0 + 8 * (size_t)h,
-                                         rn - 8 * h);
+                                c0 > 0 ? ln8_load(yj + 8 * h, rn - 8 * h) : _mm256_setzero_ps();
+                    }
+                    if (jn == 2)
+                        ln8_blocks(kind, packed, 2, kb, src, step, xq, fxd + j0 * LN8_CHUNK,
+                                   fxs + j0 * LN8_CHUNK, pf && j0 == 0, acc);
+                    else
+                        ln8_blocks(kind, packed, 1, kb, src, step, xq, fxd + j0 * LN8_CHUNK,
+                                   fxs + j0 * LN8_CHUNK, pf && j0 == 0, acc);
+                    for (int j = 0; j < jn; j++)
+                        for (int h = 0; h < 2; h++)
+                            ln8_store(y + (size_t)(r0 + j0 + j) * ldy + (size_t)i0 + 8 * (size_t)h,
+                                      rn - 8 * h, acc[j][h]);
                 }
-                if (jn == 2)
-                    ln8_blocks(kind, packed, 2, kb, src, step, xq, fxd, fxs, pf && j0 == 0, acc);
-                else
-                    ln8_blocks(kind, packed, 1, kb, src, step, xq, fxd, fxs, pf && j0 == 0, acc);
-                for (int j = 0; j < jn; j++)
-                    for (int h = 0; h < 2; h++)
-                        ln8_store(y + (size_t)(j0 + j) * ldy + (size_t)i0 + 8 * (size_t)h,
-                                  rn - 8 * h, acc[j][h]);
             }
         }
     }
@@ -567,7 +579,7 @@ AR_INLINE void lk8_prefetch(const bool packed, const uint8_t *p, size_t bytes, i
  * halves (src; step bytes apart): acc[j][h] as above. */
 AR_INLINE void lk8_blocks(const int kind, const bool packed, const int J, int kb,
                           struct ln8_src src[2], size_t step,
-                          const struct block_q8_K *const xb0[LN8_J], __m256 acc[LN8_J][2])
+                          const struct block_q8_K *const xb0[LN8_J], bool pf, __m256 acc[LN8_J][2])
 {
     const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
     for (int b = 0; b < kb; b++) {
@@ -590,7 +602,7 @@ AR_INLINE void lk8_blocks(const int kind, const bool packed, const int J, int kb
                 ln8_dwords(packed, &src[h], h, 128, 12), sc[h], mn[h]);
             for (int g = 0; g < 8; g++) {
                 __m256i s16[LN8_J][2];
-                lk8_prefetch(packed, src[0].p + LK8_AHEAD * step, LK8_PB(kind), g);
+                lk8_prefetch(packed && pf, src[0].p + LK8_AHEAD * step, LK8_PB(kind), g);
                 _Pragma("GCC unroll 8") for (int t = 0; t < 8; t++)
                 {
                     __m256i w[2];
@@ -647,7 +659,7 @@ AR_INLINE void lk8_blocks(const int kind, const bool packed, const int J, int kb
             for (int g = 0; g < 8; g++) {
                 const int hh = g / 4, k = g % 4;
                 __m256i s16[LN8_J][2], scp[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
-                lk8_prefetch(packed, src[0].p + LK8_AHEAD * step, LK8_PB(kind), g);
+                lk8_prefetch(packed && pf, src[0].p + LK8_AHEAD * step, LK8_PB(kind), g);
                 _Pragma("GCC unroll 8") for (int t = 0; t < 8; t++)
                 {
                     __m256i w[2];
@@ -733,35 +745,41 @@ AR_INLINE void lk8_blocks(const int kind, const bool packed, const int J, int kb
     }
 }
 
-/* Rows [0, nr) of w (packed or the file's rows) times nc Q8_K activation rows */
+/* Rows [0, nr) of w (packed or the file's rows) times nc Q8_K activation rows, in ln8_gemm's
+ * order: LN8_ROWS activation rows at a time, each group of 16 weight rows against them LN8_J
+ * per pass, the K-quant prefetch (lk8_prefetch) on a group's first pass only */
 AR_INLINE void lk8_gemm(const int kind, const bool packed, int nb, int nr, int nc, const uint8_t *w,
                         size_t w_row, const uint8_t *x, size_t x_row, float *y, size_t ldy)
 {
     const size_t bs = kind == LK8_Q4_K   ? sizeof(struct block_q4_K)
                       : kind == LK8_Q5_K ? sizeof(struct block_q5_K)
                                          : sizeof(struct block_q6_K);
-    const size_t gsz = (size_t)nb * LK8_PB(kind);
-    for (int j0 = 0; j0 < nc; j0 += LN8_J) {
-        int jn = AR_MIN(LN8_J, nc - j0);
-        const struct block_q8_K *xb[LN8_J];
-        for (int j = 0; j < jn; j++)
-            xb[j] = (const struct block_q8_K *)(const void *)(x + (size_t)(j0 + j) * x_row);
+    const size_t gsz = (size_t)nb * LK8_PB(kind), step = packed ? LK8_PB(kind) : bs;
+    for (int r0 = 0; r0 < nc; r0 += LN8_ROWS) {
+        int rows = AR_MIN(LN8_ROWS, nc - r0);
         for (int i0 = 0; i0 < nr; i0 += 16) {
             int rn = AR_MIN(16, nr - i0);
-            struct ln8_src src[2];
-            __m256 acc[LN8_J][2];
-            ln8_group_src(packed, packed ? w + (size_t)(i0 / 16) * gsz : w + (size_t)i0 * w_row,
-                          w_row, rn, src);
-            for (int j = 0; j < jn; j++)
-                acc[j][0] = acc[j][1] = _mm256_setzero_ps();
-            if (jn == 2)
-                lk8_blocks(kind, packed, 2, nb, src, packed ? LK8_PB(kind) : bs, xb, acc);
-            else
-                lk8_blocks(kind, packed, 1, nb, src, packed ? LK8_PB(kind) : bs, xb, acc);
-            for (int j = 0; j < jn; j++)
-                for (int h = 0; h < 2; h++)
-                    ln8_store(y + (size_t)(j0 + j) * ldy + (size_t)i0 + 8 * (size_t)h, rn - 8 * h,
-                              acc[j][h]);
+            for (int j0 = 0; j0 < rows; j0 += LN8_J) {
+                int jn = AR_MIN(LN8_J, rows - j0);
+                const struct block_q8_K *xb[LN8_J];
+                struct ln8_src src[2];
+                __m256 acc[LN8_J][2];
+                for (int j = 0; j < jn; j++)
+                    xb[j] = (const struct block_q8_K *)(const void *)(x + (size_t)(r0 + j0 + j) *
+                                                                              x_row);
+                ln8_group_src(packed, packed ? w + (size_t)(i0 / 16) * gsz : w + (size_t)i0 * w_row,
+                              w_row, rn, src);
+                for (int j = 0; j < jn; j++)
+                    acc[j][0] = acc[j][1] = _mm256_setzero_ps();
+                if (jn == 2)
+                    lk8_blocks(kind, packed, 2, nb, src, step, xb, j0 == 0, acc);
+                else
+                    lk8_blocks(kind, packed, 1, nb, src, step, xb, j0 == 0, acc);
+                for (int j = 0; j < jn; j++)
+                    for (int h = 0; h < 2; h++)
+                        ln8_store(y + (size_t)(r0 + j0 + j) * ldy + (size_t)i0 + 8 * (size_t)h,
+                                  rn - 8 * h, acc[j][h]);
+            }
         }
     }
 }
