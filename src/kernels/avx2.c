@@ -225,9 +225,10 @@ enum { LN8_Q8_0, LN8_Q4_0, LN8_Q5_0 };
  * passes went over the whole matrix, so a batched decode step of 4 sequences read the weights
  * twice from beyond L2 (see ln8_gemm). */
 #define LN8_ROWS 16
-/* blocks per chunk: their activation scales and sums prepared once per chunk of LN8_ROWS
- * rows */
-#define LN8_CHUNK 256
+/* activation scales and sums prepared at once, per row and block: a chunk of blocks is
+ * LN8_SCALES over the rows taken (one row: 4096 blocks, rows of up to 131072; 16 rows: 256),
+ * so that decode reads each group's stream in one piece */
+#define LN8_SCALES 4096
 /* With the decode prefetch on (kernels_decode_prefetch), the packed block this many on is
  * asked for into L2 as each is computed: without, the hardware prefetchers fell behind the
  * stream on an Intel Xeon (family 6 model 0xcf, 2026-12-07; one thread, a 400 MB Q8_0 matrix
@@ -312,11 +313,11 @@ AR_INLINE __m256i ln8_q5_high(const bool packed, __m256i e, int u)
 }
 
 /* J activation rows (quants xq[j], block b of row j at xq[j] + b * sizeof(struct block_q8_0),
- * scales and offset sums xd/xs at j * LN8_CHUNK + b) against blocks [0, kb) of one group's
+ * scales and offset sums xd/xs at j * xn + b) against blocks [0, kb) of one group's
  * two halves (src[2]; step: bytes from one block to the next): acc[j][h] as above. */
 AR_INLINE void ln8_blocks(const int kind, const bool packed, const int J, int kb,
                           struct ln8_src src[2], size_t step, const int8_t *const xq[LN8_J],
-                          const float *xd, const int32_t *xs, bool pf, __m256 acc[LN8_J][2])
+                          const float *xd, const int32_t *xs, int xn, bool pf, __m256 acc[LN8_J][2])
 {
     const __m256i m4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
     const size_t xbs = sizeof(struct block_q8_0);
@@ -389,8 +390,8 @@ AR_INLINE void ln8_blocks(const int kind, const bool packed, const int J, int kb
             ln8_scales(kind, packed, &src[h], h);
         _Pragma("GCC unroll 4") for (int j = 0; j < J; j++)
         {
-            __m256 xdb = _mm256_set1_ps(xd[j * LN8_CHUNK + b]);
-            __m256i off = _mm256_set1_epi32(xs[j * LN8_CHUNK + b]);
+            __m256 xdb = _mm256_set1_ps(xd[(size_t)j * xn + b]);
+            __m256i off = _mm256_set1_epi32(xs[(size_t)j * xn + b]);
             _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) acc[j][h] =
                 _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(p[j][h], off)),
                                 _mm256_mul_ps(wd[h], xdb), acc[j][h]);
@@ -420,13 +421,13 @@ AR_INLINE void ln8_store(float *p, int n, __m256 v)
 
 /* Rows [0, nr) of w (packed: the group stream, kernels.h "x16"; else the file's rows, w_row
  * bytes apart) times nc activation rows: y[j * ldy + i]. Activation rows LN8_ROWS at a time,
- * blocks LN8_CHUNK at a time, then each group of 16 weight rows against those rows, LN8_J per
+ * blocks LN8_SCALES / rows at a time, then each group of 16 weight rows against them, LN8_J per
  * pass; every output's blocks in order, so any order of rows and passes gives the same bits. */
 AR_INLINE void ln8_gemm(const int kind, const bool packed, int nb, int nr, int nc, const uint8_t *w,
                         size_t w_row, const uint8_t *x, size_t x_row, float *y, size_t ldy)
 {
-    static _Thread_local float fxd[LN8_ROWS * LN8_CHUNK];
-    static _Thread_local int32_t fxs[LN8_ROWS * LN8_CHUNK];
+    static _Thread_local float fxd[LN8_SCALES];
+    static _Thread_local int32_t fxs[LN8_SCALES];
     const int32_t off = kind == LN8_Q8_0 ? 0 : kind == LN8_Q5_0 ? 16 : 8;
     const size_t bs = kind == LN8_Q8_0   ? sizeof(struct block_q8_0)
                       : kind == LN8_Q5_0 ? sizeof(struct block_q5_0)
@@ -436,14 +437,15 @@ AR_INLINE void ln8_gemm(const int kind, const bool packed, int nb, int nr, int n
     const bool pf = packed && kernels_decode_prefetch == DECODE_PREFETCH_L2;
     for (int r0 = 0; r0 < nc; r0 += LN8_ROWS) {
         int rows = AR_MIN(LN8_ROWS, nc - r0);
-        for (int c0 = 0; c0 < nb; c0 += LN8_CHUNK) {
-            int kb = AR_MIN(LN8_CHUNK, nb - c0);
+        const int chunk = LN8_SCALES / rows;
+        for (int c0 = 0; c0 < nb; c0 += chunk) {
+            int kb = AR_MIN(chunk, nb - c0);
             for (int j = 0; j < rows; j++) {
                 const struct block_q8_0 *xb =
                     (const struct block_q8_0 *)(const void *)(x + (size_t)(r0 + j) * x_row) + c0;
                 for (int b = 0; b < kb; b++) {
-                    fxd[j * LN8_CHUNK + b] = f16_to_f32(xb[b].d);
-                    fxs[j * LN8_CHUNK + b] = off ? -off * q8_0_block_sum(&xb[b]) : 0;
+                    fxd[j * chunk + b] = f16_to_f32(xb[b].d);
+                    fxs[j * chunk + b] = off ? -off * q8_0_block_sum(&xb[b]) : 0;
                 }
             }
             for (int i0 = 0; i0 < nr; i0 += 16) {
@@ -468,11 +470,11 @@ AR_INLINE void ln8_gemm(const int kind, const bool packed, int nb, int nr, int n
                                 c0 > 0 ? ln8_load(yj + 8 * h, rn - 8 * h) : _mm256_setzero_ps();
                     }
                     if (jn == 2)
-                        ln8_blocks(kind, packed, 2, kb, src, step, xq, fxd + j0 * LN8_CHUNK,
-                                   fxs + j0 * LN8_CHUNK, pf && j0 == 0, acc);
+                        ln8_blocks(kind, packed, 2, kb, src, step, xq, fxd + j0 * chunk,
+                                   fxs + j0 * chunk, chunk, pf && j0 == 0, acc);
                     else
-                        ln8_blocks(kind, packed, 1, kb, src, step, xq, fxd + j0 * LN8_CHUNK,
-                                   fxs + j0 * LN8_CHUNK, pf && j0 == 0, acc);
+                        ln8_blocks(kind, packed, 1, kb, src, step, xq, fxd + j0 * chunk,
+                                   fxs + j0 * chunk, chunk, pf && j0 == 0, acc);
                     for (int j = 0; j < jn; j++)
                         for (int h = 0; h < 2; h++)
                             ln8_store(y + (size_t)(r0 + j0 + j) * ldy + (size_t)i0 + 8 * (size_t)h,
