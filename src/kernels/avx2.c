@@ -563,18 +563,16 @@ AR_INLINE __m256i lk8_q6k_scale_pair(const bool packed, const struct ln8_src *s,
     return lk8_pair(ln8_dwords(false, s, h, 0, 192 + 4 * (size_t)(a / 4)), a % 4, b % 4, true);
 }
 
-/* Software prefetch into L2 of the packed super-block LK8_AHEAD further on, an eighth of its
- * lines per group g: as on AVX-512 (see pkk_tune there), a super-block takes long enough
- * to compute that the hardware prefetchers fall behind the stream. Past the matrix's end it
- * reads nothing (prefetches do not fault). */
+/* Where on (the packed layout, a group's first pass), software prefetch into L2 of the
+ * super-block LK8_AHEAD further on, an eighth of its lines per group g: as on AVX-512 (see
+ * pkk_tune there), a super-block takes long enough to compute that the hardware prefetchers
+ * fall behind the stream. Past the matrix's end it reads nothing (prefetches do not fault). */
 #define LK8_AHEAD 8
-AR_INLINE void lk8_prefetch(const bool packed, const uint8_t *p, size_t bytes, int g)
+AR_INLINE void lk8_prefetch(const bool on, const uint8_t *p, size_t bytes, int g)
 {
-    if (!packed)
-        return;
-    size_t lines = bytes / 64;
-    for (size_t l = lines * (size_t)g / 8; l < lines * (size_t)(g + 1) / 8; l++)
-        _mm_prefetch((const char *)p + 64 * l, _MM_HINT_T1);
+    size_t lines = bytes / 64, l0 = lines * (size_t)g / 8, l1 = lines * (size_t)(g + 1) / 8;
+    if (on)
+        prefetch_l2(p + 64 * l0, 64 * (l1 - l0));
 }
 
 /* J activation rows (their super-blocks at xb[j]) against kb super-blocks of one group's two

@@ -28,8 +28,8 @@ static inline __attribute__((always_inline)) float load_f32(const void *p)
 }
 
 /* Asks for the cache lines covering [p, p + len) into L2: the decode stream prefetch of the
- * packed weights (kernels_internal.h). Past a mapping's end it reads nothing: prefetches do not
- * fault. */
+ * weights (kernels_internal.h) and AVX2's K-quant prefetch. Past a mapping's end it reads
+ * nothing: prefetches do not fault. */
 static inline __attribute__((always_inline)) void prefetch_l2(const void *p, size_t len)
 {
     uintptr_t a = (uintptr_t)p;
