@@ -220,12 +220,13 @@ DEFINE_GEMM(q5_1, struct block_q5_1, struct block_q8_0, q5_1_block, QK5_1)
 enum { LN8_Q8_0, LN8_Q4_0, LN8_Q5_0 };
 
 #define LN8_J 2
-/* Q8_0 takes up to 3 activation rows per pass: its products need a vpsignb each beside the
+/* Q8_0 takes up to 4 activation rows per pass: its products need a vpsignb each beside the
  * vpmaddubsw and vpmaddwd, and each lane vector of weights a vpxor and vpsignb of its own, so
  * the more rows share those the fewer instructions per product (the Q4_0 and Q5_0 sums in
- * int16 leave no registers for a third row). Zen 3, gemm_peak's Q8_0 tile, median of 6:
- * 0.59 -> 0.61 of the int8 peak. */
-#define LN8_J_MAX 3
+ * int16 leave no registers for a third row). Zen 3, gemm_peak's Q8_0 tile, median of 6: 0.59
+ * of the int8 peak with 2 rows, 0.60-0.61 with 3, 0.62 with 4 (its 8 sums, the weights and
+ * their magnitudes, the broadcast row and a product: 14 of the 16 registers). */
+#define LN8_J_MAX 4
 /* Activation rows are taken LN8_ROWS at a time: each group of 16 weight rows, read once from
  * memory (or L3), serves them all from L1/L2, LN8_J rows per pass over the group. Before, the
  * passes went over the whole matrix, so a batched decode step of 4 sequences read the weights
@@ -438,7 +439,7 @@ AR_INLINE void ln8_store(float *p, int n, __m256 v)
 /* Rows [0, nr) of w (packed: the group stream, kernels.h "x16"; else the file's rows, w_row
  * bytes apart) times nc activation rows: y[j * ldy + i]. Activation rows LN8_ROWS at a time,
  * blocks LN8_SCALES / rows at a time, then each group of 16 weight rows against them, LN8_J (Q8_0:
- * 3) per pass; every output's blocks in order, so any order of rows and passes gives the same bits.
+ * 4) per pass; every output's blocks in order, so any order of rows and passes gives the same bits.
  */
 AR_INLINE void ln8_gemm(const int kind, const bool packed, int nb, int nr, int nc, const uint8_t *w,
                         size_t w_row, const uint8_t *x, size_t x_row, float *y, size_t ldy)
@@ -474,8 +475,7 @@ AR_INLINE void ln8_gemm(const int kind, const bool packed, int nb, int nr, int n
                     float *yj[LN8_J_MAX];
                     struct ln8_src src[2];
                     __m256 acc[LN8_J_MAX][2];
-                    /* Q8_0: threes, but two pairs for the last four rows */
-                    jn = AR_MIN(kind == LN8_Q8_0 && rows - j0 != 4 ? 3 : 2, rows - j0);
+                    jn = AR_MIN(kind == LN8_Q8_0 ? 4 : 2, rows - j0);
                     ln8_group_src(packed, g0, w_row, rn, src);
                     for (int j = 0; j < jn; j++) {
                         const uint8_t *xr = x + (size_t)(r0 + j0 + j) * x_row;
@@ -488,7 +488,9 @@ AR_INLINE void ln8_gemm(const int kind, const bool packed, int nb, int nr, int n
                     const float *xd = fxd + j0 * chunk;
                     const int32_t *xs = fxs + j0 * chunk;
                     const bool pf1 = pf && j0 == 0;
-                    if (jn == 3)
+                    if (jn == 4)
+                        ln8_blocks(kind, packed, 4, kb, src, step, xq, xd, xs, chunk, pf1, acc);
+                    else if (jn == 3)
                         ln8_blocks(kind, packed, 3, kb, src, step, xq, xd, xs, chunk, pf1, acc);
                     else if (jn == 2)
                         ln8_blocks(kind, packed, 2, kb, src, step, xq, xd, xs, chunk, pf1, acc);
