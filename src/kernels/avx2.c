@@ -222,10 +222,13 @@ enum { LN8_Q8_0, LN8_Q4_0, LN8_Q5_0 };
 #define LN8_J 2
 /* Q8_0 takes up to 4 activation rows per pass: its products need a vpsignb each beside the
  * vpmaddubsw and vpmaddwd, and each lane vector of weights a vpxor and vpsignb of its own, so
- * the more rows share those the fewer instructions per product (the Q4_0 and Q5_0 sums in
- * int16 leave no registers for a third row). Zen 3, gemm_peak's Q8_0 tile, median of 6: 0.59
- * of the int8 peak with 2 rows, 0.60-0.61 with 3, 0.62 with 4 (its 8 sums, the weights and
- * their magnitudes, the broadcast row and a product: 14 of the 16 registers). */
+ * the more rows share those the fewer instructions per product. Zen 3, gemm_peak's Q8_0 tile,
+ * median of 6: 0.59 of the int8 peak with 2 rows, 0.60-0.61 with 3, 0.62 with 4 (its 8 sums,
+ * the weights and their magnitudes, the broadcast row and a product: 14 of the 16 registers).
+ * Q5_0 takes 3: unpacking its fifth bits costs about as much as its products, and sharing it
+ * over 3 rows paid more than its int16 sums (no registers for them with 3 rows: each lane
+ * vector's products go to int32 at once); gemm_peak Q5_0 256 x 896 x 64 (the forward pass's
+ * calls), median of 5: 0.62 -> 0.73. Q4_0 keeps pairs. */
 #define LN8_J_MAX 4
 /* Activation rows are taken LN8_ROWS at a time: each group of 16 weight rows, read once from
  * memory (or L3), serves them all from L1/L2, LN8_J rows per pass over the group. Before, the
@@ -394,6 +397,10 @@ AR_INLINE void ln8_blocks(const int kind, const bool packed, const int J, int kb
                     {
                         __m256i d = _mm256_add_epi16(_mm256_maddubs_epi16(lo[h], xa),
                                                      _mm256_maddubs_epi16(hi[h], xb));
+                        if (J > 2) { /* no registers for int16 sums */
+                            p[j][h] = _mm256_add_epi32(p[j][h], _mm256_madd_epi16(d, ones));
+                            continue;
+                        }
                         s16[j][h] = t % per == 0 ? d : _mm256_add_epi16(s16[j][h], d);
                         if (t % per == per - 1)
                             p[j][h] = _mm256_add_epi32(p[j][h], _mm256_madd_epi16(s16[j][h], ones));
@@ -439,7 +446,8 @@ AR_INLINE void ln8_store(float *p, int n, __m256 v)
 /* Rows [0, nr) of w (packed: the group stream, kernels.h "x16"; else the file's rows, w_row
  * bytes apart) times nc activation rows: y[j * ldy + i]. Activation rows LN8_ROWS at a time,
  * blocks LN8_SCALES / rows at a time, then each group of 16 weight rows against them, LN8_J (Q8_0:
- * 4) per pass; every output's blocks in order, so any order of rows and passes gives the same bits.
+ * 4, Q5_0: 3) per pass; every output's blocks in order, so any order of rows and passes gives the
+ * same bits.
  */
 AR_INLINE void ln8_gemm(const int kind, const bool packed, int nb, int nr, int nc, const uint8_t *w,
                         size_t w_row, const uint8_t *x, size_t x_row, float *y, size_t ldy)
@@ -475,7 +483,10 @@ AR_INLINE void ln8_gemm(const int kind, const bool packed, int nb, int nr, int n
                     float *yj[LN8_J_MAX];
                     struct ln8_src src[2];
                     __m256 acc[LN8_J_MAX][2];
-                    jn = AR_MIN(kind == LN8_Q8_0 ? 4 : 2, rows - j0);
+                    jn = AR_MIN(kind == LN8_Q8_0                     ? 4
+                                : kind == LN8_Q5_0 && rows - j0 != 4 ? 3
+                                                                     : 2,
+                                rows - j0);
                     ln8_group_src(packed, g0, w_row, rn, src);
                     for (int j = 0; j < jn; j++) {
                         const uint8_t *xr = x + (size_t)(r0 + j0 + j) * x_row;
