@@ -214,8 +214,8 @@ DEFINE_GEMM(q5_1, struct block_q5_1, struct block_q8_0, q5_1_block, QK5_1)
  * each pair at most 2 * 128 * 127, within int16), then acc = fma(float(sum), d_w * d_x, acc),
  * blocks in order: the arithmetic of the AVX-512 lane kernels, so every split of rows or
  * columns, packed or not, gives the same bits. Decode reads each packed group once in
- * address order (both halves of a block together); activation rows go LN8_J (Q8_0: up to
- * LN8_J_MAX) at a time over a group, LN8_ROWS of them before the next group. */
+ * address order (both halves of a block together); activation rows go LN8_J (Q8_0: 4,
+ * Q5_0: 3) at a time over a group, LN8_ROWS of them before the next group. */
 
 enum { LN8_Q8_0, LN8_Q4_0, LN8_Q5_0 };
 
