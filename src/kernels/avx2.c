@@ -214,22 +214,22 @@ DEFINE_GEMM(q5_1, struct block_q5_1, struct block_q8_0, q5_1_block, QK5_1)
  * each pair at most 2 * 128 * 127, within int16), then acc = fma(float(sum), d_w * d_x, acc),
  * blocks in order: the arithmetic of the AVX-512 lane kernels, so every split of rows or
  * columns, packed or not, gives the same bits. Decode reads each packed group once in
- * address order (both halves of a block together); activation rows go LN8_J (Q8_0: 4,
- * Q5_0: 3) at a time over a group, LN8_ROWS of them before the next group. */
+ * address order (both halves of a block together); activation rows go LN8_J at a time over
+ * a group, LN8_ROWS of them before the next group. */
 
 enum { LN8_Q8_0, LN8_Q4_0, LN8_Q5_0 };
 
-#define LN8_J 2
-/* Q8_0 takes up to 4 activation rows per pass: its products need a vpsignb each beside the
- * vpmaddubsw and vpmaddwd, and each lane vector of weights a vpxor and vpsignb of its own, so
- * the more rows share those the fewer instructions per product. Zen 3, gemm_peak's Q8_0 tile,
- * median of 6: 0.59 of the int8 peak with 2 rows, 0.60-0.61 with 3, 0.62 with 4 (its 8 sums,
- * the weights and their magnitudes, the broadcast row and a product: 14 of the 16 registers).
- * Q5_0 takes 3: unpacking its fifth bits costs about as much as its products, and sharing it
- * over 3 rows paid more than its int16 sums (no registers for them with 3 rows: each lane
- * vector's products go to int32 at once); gemm_peak Q5_0 256 x 896 x 64 (the forward pass's
- * calls), median of 5: 0.62 -> 0.73. Q4_0 keeps pairs. */
-#define LN8_J_MAX 4
+/* Up to 4 activation rows per pass, in every lane kernel here and the K-quant ones below: a
+ * lane vector of weights is loaded and unpacked (Q8_0: a vpxor and its magnitude; Q4_0, Q5_0
+ * and the K-quants: nibbles, high bits) once for all of them, so the more rows share it the
+ * fewer instructions per product; with more than 2 rows Q4_0's and Q5_0's products go to int32
+ * at once (no registers for int16 sums), and the K-quants' sums and accumulators no longer fit
+ * in the 16 registers (the compiler keeps some on the stack, touched once per sub-block or
+ * super-block). Zen 3, gemm_peak's tiles, medians of 5-7, fraction of the int8 peak with 2 -> 4
+ * rows: Q8_0 4864 x 896 x 512 0.59 -> 0.62; Q4_0 0.78 -> 0.89; Q5_0 (2 -> 3 -> 4) 256 x 896 x 64,
+ * the forward pass's calls, 0.62 -> 0.71 -> 0.77; Q4_K 3072 x 1024 x 512 0.71 -> 0.85 (3 rows:
+ * 0.77), 256 x 4864 x 64 0.75 -> 0.88; Q6_K 0.49 -> 0.59 and 0.51 -> 0.62; Q5_K 0.48 -> 0.61. */
+#define LN8_J 4
 /* Activation rows are taken LN8_ROWS at a time: each group of 16 weight rows, read once from
  * memory (or L3), serves them all from L1/L2, LN8_J rows per pass over the group. Before, the
  * passes went over the whole matrix, so a batched decode step of 4 sequences read the weights
@@ -326,16 +326,15 @@ AR_INLINE __m256i ln8_q5_high(const bool packed, __m256i e, int u)
  * scales and offset sums xd/xs at j * xn + b) against blocks [0, kb) of one group's
  * two halves (src[2]; step: bytes from one block to the next): acc[j][h] as above. */
 AR_INLINE void ln8_blocks(const int kind, const bool packed, const int J, int kb,
-                          struct ln8_src src[2], size_t step, const int8_t *const xq[LN8_J_MAX],
-                          const float *xd, const int32_t *xs, int xn, bool pf,
-                          __m256 acc[LN8_J_MAX][2])
+                          struct ln8_src src[2], size_t step, const int8_t *const xq[LN8_J],
+                          const float *xd, const int32_t *xs, int xn, bool pf, __m256 acc[LN8_J][2])
 {
     const __m256i m4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
     const size_t xbs = sizeof(struct block_q8_0);
     for (int b = 0; b < kb; b++) {
         if (pf)
             prefetch_l2(src[0].p + LN8_AHEAD * step, step);
-        __m256i p[LN8_J_MAX][2];
+        __m256i p[LN8_J][2];
         _Pragma("GCC unroll 4") for (int j = 0; j < J; j++) p[j][0] = p[j][1] =
             _mm256_setzero_si256();
         if (kind == LN8_Q8_0) {
@@ -373,7 +372,7 @@ AR_INLINE void ln8_blocks(const int kind, const bool packed, const int J, int kb
             if (kind == LN8_Q5_0)
                 _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) e[h] =
                     ln8_dwords(packed, &src[h], h, 256, 2);
-            __m256i s16[LN8_J_MAX][2];
+            __m256i s16[LN8_J][2];
             _Pragma("GCC unroll 4") for (int t = 0; t < 4; t++)
             {
                 __m256i lo[2], hi[2];
@@ -445,9 +444,8 @@ AR_INLINE void ln8_store(float *p, int n, __m256 v)
 
 /* Rows [0, nr) of w (packed: the group stream, kernels.h "x16"; else the file's rows, w_row
  * bytes apart) times nc activation rows: y[j * ldy + i]. Activation rows LN8_ROWS at a time,
- * blocks LN8_SCALES / rows at a time, then each group of 16 weight rows against them, LN8_J (Q8_0:
- * 4, Q5_0: 3) per pass; every output's blocks in order, so any order of rows and passes gives the
- * same bits.
+ * blocks LN8_SCALES / rows at a time, then each group of 16 weight rows against them, LN8_J per
+ * pass; every output's blocks in order, so any order of rows and passes gives the same bits.
  */
 AR_INLINE void ln8_gemm(const int kind, const bool packed, int nb, int nr, int nc, const uint8_t *w,
                         size_t w_row, const uint8_t *x, size_t x_row, float *y, size_t ldy)
@@ -479,14 +477,11 @@ AR_INLINE void ln8_gemm(const int kind, const bool packed, int nb, int nr, int n
                 const uint8_t *g0 = packed ? w + (size_t)(i0 / 16) * gsz + (size_t)c0 * step
                                            : w + (size_t)i0 * w_row + (size_t)c0 * bs;
                 for (int j0 = 0, jn; j0 < rows; j0 += jn) {
-                    const int8_t *xq[LN8_J_MAX];
-                    float *yj[LN8_J_MAX];
+                    const int8_t *xq[LN8_J];
+                    float *yj[LN8_J];
                     struct ln8_src src[2];
-                    __m256 acc[LN8_J_MAX][2];
-                    jn = AR_MIN(kind == LN8_Q8_0                     ? 4
-                                : kind == LN8_Q5_0 && rows - j0 != 4 ? 3
-                                                                     : 2,
-                                rows - j0);
+                    __m256 acc[LN8_J][2];
+                    jn = AR_MIN(LN8_J, rows - j0);
                     ln8_group_src(packed, g0, w_row, rn, src);
                     for (int j = 0; j < jn; j++) {
                         const uint8_t *xr = x + (size_t)(r0 + j0 + j) * x_row;
@@ -802,7 +797,11 @@ AR_INLINE void lk8_gemm(const int kind, const bool packed, int nb, int nr, int n
                               w_row, rn, src);
                 for (int j = 0; j < jn; j++)
                     acc[j][0] = acc[j][1] = _mm256_setzero_ps();
-                if (jn == 2)
+                if (jn == 4)
+                    lk8_blocks(kind, packed, 4, nb, src, step, xb, j0 == 0, acc);
+                else if (jn == 3)
+                    lk8_blocks(kind, packed, 3, nb, src, step, xb, j0 == 0, acc);
+                else if (jn == 2)
                     lk8_blocks(kind, packed, 2, nb, src, step, xb, j0 == 0, acc);
                 else
                     lk8_blocks(kind, packed, 1, nb, src, step, xb, j0 == 0, acc);

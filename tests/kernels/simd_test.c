@@ -450,7 +450,7 @@ static void packed_gemm_equals_gemm_on_the_unpacked_rows(void **state)
     static const enum ar_type types[] = {AR_TYPE_Q8_0, AR_TYPE_Q4_0, AR_TYPE_Q5_0, AR_TYPE_Q4_K,
                                          AR_TYPE_Q5_K, AR_TYPE_Q6_K, AR_TYPE_F16, AR_TYPE_BF16};
     static const int nrs[] = {1, 15, 16, 17, 40, 67};
-    static const int ncs[] = {1, 2, 5, 8, 13, 16, 17, 33, 48, 49, 70};
+    static const int ncs[] = {1, 2, 5, 7, 8, 13, 16, 17, 33, 48, 49, 70};
     static const int nbs[] = {1, 3, 8, 9, 24};
     (void)state;
     assert_int_equal(kernels_packed_group(AR_TYPE_Q4_1, 256), 0);
