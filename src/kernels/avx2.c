@@ -230,6 +230,20 @@ enum { LN8_Q8_0, LN8_Q4_0, LN8_Q5_0 };
  * the forward pass's calls, 0.62 -> 0.71 -> 0.77; Q4_K 3072 x 1024 x 512 0.71 -> 0.85 (3 rows:
  * 0.77), 256 x 4864 x 64 0.75 -> 0.88; Q6_K 0.49 -> 0.59 and 0.51 -> 0.62; Q5_K 0.48 -> 0.61. */
 #define LN8_J 4
+/* FN(kind, packed, J, ...) with J the constant jn (1 .. LN8_J): each pass size gets its own
+ * unrolled copy of the lane and K-quant kernels */
+_Static_assert(LN8_J == 4, "LN8_PASS names every pass size up to LN8_J");
+#define LN8_PASS(FN, jn, kind, packed, ...)                                                        \
+    do {                                                                                           \
+        if ((jn) == 4)                                                                             \
+            FN(kind, packed, 4, __VA_ARGS__);                                                      \
+        else if ((jn) == 3)                                                                        \
+            FN(kind, packed, 3, __VA_ARGS__);                                                      \
+        else if ((jn) == 2)                                                                        \
+            FN(kind, packed, 2, __VA_ARGS__);                                                      \
+        else                                                                                       \
+            FN(kind, packed, 1, __VA_ARGS__);                                                      \
+    } while (0)
 /* Activation rows are taken LN8_ROWS at a time: each group of 16 weight rows, read once from
  * memory (or L3), serves them all from L1/L2, LN8_J rows per pass over the group. Before, the
  * passes went over the whole matrix, so a batched decode step of 4 sequences read the weights
@@ -494,14 +508,8 @@ AR_INLINE void ln8_gemm(const int kind, const bool packed, int nb, int nr, int n
                     const float *xd = fxd + j0 * chunk;
                     const int32_t *xs = fxs + j0 * chunk;
                     const bool pf1 = pf && j0 == 0;
-                    if (jn == 4)
-                        ln8_blocks(kind, packed, 4, kb, src, step, xq, xd, xs, chunk, pf1, acc);
-                    else if (jn == 3)
-                        ln8_blocks(kind, packed, 3, kb, src, step, xq, xd, xs, chunk, pf1, acc);
-                    else if (jn == 2)
-                        ln8_blocks(kind, packed, 2, kb, src, step, xq, xd, xs, chunk, pf1, acc);
-                    else
-                        ln8_blocks(kind, packed, 1, kb, src, step, xq, xd, xs, chunk, pf1, acc);
+                    LN8_PASS(ln8_blocks, jn, kind, packed, kb, src, step, xq, xd, xs, chunk, pf1,
+                             acc);
                     for (int j = 0; j < jn; j++)
                         for (int h = 0; h < 2; h++)
                             ln8_store(yj[j] + 8 * h, rn - 8 * h, acc[j][h]);
@@ -808,14 +816,7 @@ AR_INLINE void lk8_gemm(const int kind, const bool packed, int nb, int nr, int n
                               w_row, rn, src);
                 for (int j = 0; j < jn; j++)
                     acc[j][0] = acc[j][1] = _mm256_setzero_ps();
-                if (jn == 4)
-                    lk8_blocks(kind, packed, 4, nb, src, step, xb, j0 == 0, acc);
-                else if (jn == 3)
-                    lk8_blocks(kind, packed, 3, nb, src, step, xb, j0 == 0, acc);
-                else if (jn == 2)
-                    lk8_blocks(kind, packed, 2, nb, src, step, xb, j0 == 0, acc);
-                else
-                    lk8_blocks(kind, packed, 1, nb, src, step, xb, j0 == 0, acc);
+                LN8_PASS(lk8_blocks, jn, kind, packed, nb, src, step, xb, j0 == 0, acc);
                 for (int j = 0; j < jn; j++)
                     for (int h = 0; h < 2; h++)
                         ln8_store(y + (size_t)(r0 + j0 + j) * ldy + (size_t)i0 + 8 * (size_t)h,
